@@ -1,0 +1,75 @@
+"""minipar: a from-scratch, educational distributed-training runtime.
+
+    import minipar
+    minipar.init()                          # MPI under mpiexec, torch under torchrun
+    minipar.all_reduce(x, algorithm="ring")
+    with minipar.trace() as t: ...
+
+`import minipar` is light (no torch, no MPI, no numpy): each name below is loaded on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    # runtime
+    "init": "minipar.runtime",
+    "finalize": "minipar.runtime",
+    "is_initialized": "minipar.runtime",
+    "get_rank": "minipar.runtime",
+    "get_world_size": "minipar.runtime",
+    "get_backend": "minipar.runtime",
+    "new_group": "minipar.runtime",
+    # collectives
+    "broadcast": "minipar.collectives.api",
+    "all_reduce": "minipar.collectives.api",
+    "reduce": "minipar.collectives.api",
+    "all_gather_into_tensor": "minipar.collectives.api",
+    "all_gather": "minipar.collectives.api",
+    "reduce_scatter_tensor": "minipar.collectives.api",
+    "scatter": "minipar.collectives.api",
+    "gather": "minipar.collectives.api",
+    "all_to_all_single": "minipar.collectives.api",
+    "barrier": "minipar.collectives.api",
+    "algorithms": "minipar.collectives.api",
+    "register_algorithm": "minipar.collectives.api",
+    "Work": "minipar.collectives.work",
+    # the rest
+    "ReduceOp": "minipar.ops",
+    "trace": "minipar.ledger",
+    "MiniparError": "minipar.errors",
+    "CommTimeoutError": "minipar.errors",
+    "MessageSizeError": "minipar.errors",
+    "MismatchError": "minipar.errors",
+    "NotInitializedError": "minipar.errors",
+}
+_SUBMODULES = {
+    "cost",
+    "comm",
+    "collectives",
+    "buffers",
+    "ops",
+    "errors",
+    "runtime",
+    "parallel",
+    "ledger",
+}
+
+__all__ = sorted(_LAZY) + sorted(_SUBMODULES)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"minipar.{name}")
+    raise AttributeError(f"module 'minipar' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

@@ -1,0 +1,309 @@
+"""The public collectives, with torch.distributed's names and arguments plus `algorithm=`.
+
+Each function checks its arguments on the calling rank before any byte moves (so a bad root, op
+or output size raises the same error on every rank that passed it), picks the algorithm, and
+runs it now or, with `async_op=True`, on the progress thread (see work.py).
+
+Differences from torch.distributed, on purpose:
+- `src` / `dst` are ranks *in the group* (torch's `group_src` / `group_dst`); on the default
+  group that is the same number.
+- numpy arrays are accepted wherever tensors are.
+- all_to_all_single supports equal splits only (split sizes, if given, must all be equal).
+"""
+
+from __future__ import annotations
+
+from minipar import buffers, runtime
+from minipar.collectives import registry, work
+from minipar.collectives.call import Call
+from minipar.errors import MismatchError
+from minipar.ops import ReduceOp, as_op, check_op, finish_
+
+algorithms = registry.algorithms
+register_algorithm = registry.register_algorithm
+
+
+def _root(root, comm, what: str) -> int:
+    if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < comm.size:
+        raise ValueError(
+            f"{what}={root!r} is not a rank of group {comm.name} (world size {comm.size}; "
+            f"valid: 0..{comm.size - 1})"
+        )
+    return root
+
+
+def _matching(out, inp, out_what: str, in_what: str, ratio: int = 1, inverse: bool = False):
+    """Check out has the same kind and dtype as inp and numel(out) == ratio * numel(inp)."""
+    if not buffers.same_kind(out, inp) or buffers.dtype_name(out) != buffers.dtype_name(inp):
+        raise ValueError(
+            f"{out_what} is {buffers.describe(out)} but {in_what} is {buffers.describe(inp)}; "
+            "they must have the same type, dtype and device"
+        )
+    a, b = buffers.numel(out), buffers.numel(inp)
+    want = b // ratio if inverse else b * ratio
+    if a != want or (inverse and b % ratio):
+        rule = f"numel({in_what}) / {ratio}" if inverse else f"{ratio} x numel({in_what})"
+        raise ValueError(
+            f"{out_what} has {a} elements but must have {rule} = "
+            f"{b / ratio if inverse else want:g} (world size {ratio})"
+        )
+
+
+def _run(
+    comm, collective: str, algorithm, nbytes: int, args, async_op: bool, finish=None, fingerprint=()
+):
+    """Pick the algorithm, create the Call (its tag) now, then run it here or asynchronously."""
+    name, fn = registry.pick(collective, algorithm, nbytes, comm.size)
+    if runtime.debug_enabled():
+        _check_same_call(comm, (collective, name, *fingerprint))
+    call = Call(comm, collective, name)
+
+    def run():
+        fn(call, *args)
+        if finish is not None:
+            finish()
+
+    if async_op:
+        return work.submit(run, f"{collective} ({name}) on group {comm.name}")
+    run()
+    return None
+
+
+def _check_same_call(comm, fingerprint) -> None:
+    """Debug mode: all ranks of the group must be making the same call with matching arguments."""
+    fingerprint = (comm._seq, *fingerprint)
+    seen = comm.allgather_object(fingerprint)
+    if any(f != seen[0] for f in seen):
+        lines = "\n".join(f"  rank {r}: {f}" for r, f in enumerate(seen))
+        raise MismatchError(
+            f"ranks of group {comm.name} disagree on the collective call "
+            f"(sequence, collective, algorithm, dtype, count, root, op):\n{lines}"
+        )
+
+
+def _fp(x, root=None, op=None):
+    return (buffers.dtype_name(x), buffers.numel(x), root, getattr(op, "name", None))
+
+
+def broadcast(tensor, src: int, group=None, algorithm="auto", async_op=False):
+    """Copy `tensor` of rank `src` into `tensor` on every rank of the group (in place)."""
+    comm = runtime.resolve(group)
+    buffers.check(tensor, "tensor", writable=True)
+    src = _root(src, comm, "src")
+    x = buffers.flat(tensor)
+    return _run(
+        comm, "broadcast", algorithm, buffers.nbytes(x), (x, src), async_op, fingerprint=_fp(x, src)
+    )
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=False):
+    """Reduce `tensor` over the group; every rank ends with the result in `tensor`."""
+    comm = runtime.resolve(group)
+    op = as_op(op)
+    buffers.check(tensor, "tensor", writable=True)
+    check_op(op, tensor)
+    x = buffers.flat(tensor)
+    return _run(
+        comm,
+        "all_reduce",
+        algorithm,
+        buffers.nbytes(x),
+        (x, op),
+        async_op,
+        finish=lambda: finish_(x, op, comm.size),
+        fingerprint=_fp(x, None, op),
+    )
+
+
+def reduce(tensor, dst: int, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=False):
+    """Reduce `tensor` over the group into `tensor` on rank `dst` (others keep theirs)."""
+    comm = runtime.resolve(group)
+    op = as_op(op)
+    buffers.check(tensor, "tensor", writable=True)
+    check_op(op, tensor)
+    dst = _root(dst, comm, "dst")
+    x = buffers.flat(tensor)
+
+    def finish():
+        if comm.rank == dst:
+            finish_(x, op, comm.size)
+
+    return _run(
+        comm,
+        "reduce",
+        algorithm,
+        buffers.nbytes(x),
+        (x, dst, op),
+        async_op,
+        finish=finish,
+        fingerprint=_fp(x, dst, op),
+    )
+
+
+def all_gather_into_tensor(
+    output_tensor, input_tensor, group=None, algorithm="auto", async_op=False
+):
+    """Every rank's `input_tensor`, concatenated in rank order, into `output_tensor`."""
+    comm = runtime.resolve(group)
+    buffers.check(output_tensor, "output_tensor", writable=True)
+    buffers.check(input_tensor, "input_tensor")
+    _matching(output_tensor, input_tensor, "output_tensor", "input_tensor", comm.size)
+    out, inp = buffers.flat(output_tensor), buffers.flat(input_tensor)
+    return _run(
+        comm,
+        "all_gather",
+        algorithm,
+        buffers.nbytes(out),
+        (out, inp),
+        async_op,
+        fingerprint=_fp(inp),
+    )
+
+
+def all_gather(tensor_list, tensor, group=None, algorithm="auto", async_op=False):
+    """Every rank's `tensor` into `tensor_list[rank]` (a list of group-size tensors)."""
+    comm = runtime.resolve(group)
+    buffers.check(tensor, "tensor")
+    _check_list(tensor_list, tensor, comm, "tensor_list")
+    inp = buffers.flat(tensor)
+    out = buffers.empty(inp, comm.size * len(inp))
+    n = len(inp)
+
+    def scatter_into_list():
+        for r, t in enumerate(tensor_list):
+            buffers.copy_(buffers.flat(t), out[r * n : (r + 1) * n])
+
+    return _run(
+        comm,
+        "all_gather",
+        algorithm,
+        buffers.nbytes(out),
+        (out, inp),
+        async_op,
+        finish=scatter_into_list,
+        fingerprint=_fp(inp),
+    )
+
+
+def _check_list(tensors, like, comm, what: str) -> None:
+    if not isinstance(tensors, (list, tuple)) or len(tensors) != comm.size:
+        got = len(tensors) if isinstance(tensors, (list, tuple)) else type(tensors).__name__
+        raise ValueError(
+            f"{what} must be a list of {comm.size} tensors (the group size), got {got}"
+        )
+    for i, t in enumerate(tensors):
+        buffers.check(t, f"{what}[{i}]")
+        _matching(t, like, f"{what}[{i}]", "tensor")
+
+
+def reduce_scatter_tensor(
+    output, input, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=False
+):
+    """Reduce `input` (group-size blocks) over the group; rank r gets block r in `output`."""
+    comm = runtime.resolve(group)
+    op = as_op(op)
+    buffers.check(output, "output", writable=True)
+    buffers.check(input, "input")
+    check_op(op, input)
+    _matching(output, input, "output", "input", comm.size, inverse=True)
+    out, inp = buffers.flat(output), buffers.flat(input)
+    return _run(
+        comm,
+        "reduce_scatter",
+        algorithm,
+        buffers.nbytes(inp),
+        (out, inp, op),
+        async_op,
+        finish=lambda: finish_(out, op, comm.size),
+        fingerprint=_fp(inp, None, op),
+    )
+
+
+def scatter(tensor, scatter_list=None, src: int = 0, group=None, algorithm="auto", async_op=False):
+    """Rank `src` sends scatter_list[r] to rank r, which receives it into `tensor`."""
+    comm = runtime.resolve(group)
+    buffers.check(tensor, "tensor", writable=True)
+    src = _root(src, comm, "src")
+    out = buffers.flat(tensor)
+    inp = None
+    if comm.rank == src:
+        _check_list(scatter_list, tensor, comm, "scatter_list")
+        inp = buffers.empty(out, comm.size * len(out))
+        for r, t in enumerate(scatter_list):
+            buffers.copy_(inp[r * len(out) : (r + 1) * len(out)], buffers.flat(t))
+    nbytes = comm.size * buffers.nbytes(out)
+    return _run(
+        comm, "scatter", algorithm, nbytes, (out, inp, src), async_op, fingerprint=_fp(out, src)
+    )
+
+
+def gather(tensor, gather_list=None, dst: int = 0, group=None, algorithm="auto", async_op=False):
+    """Every rank's `tensor` into gather_list[rank] on rank `dst`."""
+    comm = runtime.resolve(group)
+    buffers.check(tensor, "tensor")
+    dst = _root(dst, comm, "dst")
+    inp = buffers.flat(tensor)
+    out, finish = None, None
+    if comm.rank == dst:
+        _check_list(gather_list, tensor, comm, "gather_list")
+        out = buffers.empty(inp, comm.size * len(inp))
+        n = len(inp)
+
+        def finish():
+            for r, t in enumerate(gather_list):
+                buffers.copy_(buffers.flat(t), out[r * n : (r + 1) * n])
+
+    nbytes = comm.size * buffers.nbytes(inp)
+    return _run(
+        comm,
+        "gather",
+        algorithm,
+        nbytes,
+        (out, inp, dst),
+        async_op,
+        finish=finish,
+        fingerprint=_fp(inp, dst),
+    )
+
+
+def all_to_all_single(
+    output,
+    input,
+    output_split_sizes=None,
+    input_split_sizes=None,
+    group=None,
+    algorithm="auto",
+    async_op=False,
+):
+    """Block j of rank i's `input` goes to block i of rank j's `output` (equal blocks)."""
+    comm = runtime.resolve(group)
+    buffers.check(output, "output", writable=True)
+    buffers.check(input, "input")
+    for what, splits in (
+        ("output_split_sizes", output_split_sizes),
+        ("input_split_sizes", input_split_sizes),
+    ):
+        if splits is not None and len(set(splits)) > 1:
+            raise ValueError(f"{what}={list(splits)}: minipar supports equal splits only")
+    _matching(output, input, "output", "input")
+    if buffers.numel(input) % comm.size:
+        raise ValueError(
+            f"input has {buffers.numel(input)} elements, not divisible by the group size "
+            f"{comm.size}"
+        )
+    out, inp = buffers.flat(output), buffers.flat(input)
+    return _run(
+        comm,
+        "all_to_all",
+        algorithm,
+        buffers.nbytes(inp),
+        (out, inp),
+        async_op,
+        fingerprint=_fp(inp),
+    )
+
+
+def barrier(group=None, algorithm="auto", async_op=False):
+    """Return only when every rank of the group has entered (dissemination algorithm)."""
+    comm = runtime.resolve(group)
+    return _run(comm, "barrier", algorithm, 0, (), async_op)

@@ -1,0 +1,129 @@
+"""Linear algorithms: the root talks to every other rank, one after the other.
+
+This is what a student writes first, and the baseline every other algorithm is measured against:
+p - 1 steps, and all the traffic crosses the root's one link. Each function numbers its steps by
+peer (the message with the k-th other rank is step k), which is how the root's link serialises
+them, even though the sends are all posted at once.
+
+The reductions here combine in rank order, x0 op x1 op ... op x(p-1), so on every dtype the result
+equals a sequential left-to-right reduction on one process, bit for bit.
+"""
+
+from __future__ import annotations
+
+from minipar import buffers
+from minipar.ops import reduce_
+
+
+def _others(rank: int, p: int):
+    """(step, peer) for each rank but this one, in rank order."""
+    peers = [q for q in range(p) if q != rank]
+    return list(enumerate(peers))
+
+
+def broadcast_linear(call, x, root: int) -> None:
+    """The root sends all n bytes to each of the p-1 others: (p-1) n bytes, p-1 steps."""
+    if call.rank == root:
+        requests = []
+        for step, q in _others(root, call.size):
+            call.step = step
+            requests.append(call.isend(x, q))
+        call.wait(requests)
+    else:
+        call.step = _step_of(call.rank, root)
+        call.recv(x, root)
+
+
+def _step_of(rank: int, root: int) -> int:
+    return rank if rank < root else rank - 1
+
+
+def reduce_linear(call, x, root: int, op) -> None:
+    """Everyone sends n bytes to the root, which reduces in rank order: p-1 steps; the root
+    receives (p-1) n bytes and needs one n-element scratch buffer."""
+    if call.rank != root:
+        call.step = _step_of(call.rank, root)
+        call.send(x, root)
+        return
+    incoming = [buffers.empty(x, len(x)) for _ in range(call.size - 1)]
+    requests = []
+    for step, q in _others(root, call.size):
+        call.step = step
+        requests.append(call.irecv(incoming[step], q))
+    call.wait(requests)
+    if root == 0:
+        for part in incoming:
+            reduce_(x, part, op)
+        return
+    total = incoming[0]  # x0, then op with x1, ..., inserting the root's own x at its place
+    parts = incoming[1:root] + [x] + incoming[root:]
+    for part in parts:
+        reduce_(total, part, op)
+    buffers.copy_(x, total)
+
+
+def all_reduce_linear(call, x, op) -> None:
+    """Linear reduce to rank 0, then linear broadcast: 2 (p-1) steps, rank 0 moves 2 (p-1) n
+    bytes. Bitwise a left-to-right sum, identical on every rank."""
+    reduce_linear(call, x, 0, op)
+    broadcast_linear(call, x, 0)
+
+
+def scatter_linear(call, out, inp, root: int) -> None:
+    """The root sends block q to rank q: (p-1) n bytes from the root in p-1 steps."""
+    n = len(out)
+    if call.rank != root:
+        call.step = _step_of(call.rank, root)
+        call.recv(out, root)
+        return
+    requests = []
+    for step, q in _others(root, call.size):
+        call.step = step
+        requests.append(call.isend(inp[q * n : (q + 1) * n], q))
+    buffers.copy_(out, inp[root * n : (root + 1) * n])
+    call.wait(requests)
+
+
+def gather_linear(call, out, inp, root: int) -> None:
+    """Every rank sends its block to the root: (p-1) n bytes into the root in p-1 steps."""
+    n = len(inp)
+    if call.rank != root:
+        call.step = _step_of(call.rank, root)
+        call.send(inp, root)
+        return
+    requests = []
+    for step, q in _others(root, call.size):
+        call.step = step
+        requests.append(call.irecv(out[q * n : (q + 1) * n], q))
+    buffers.copy_(out[root * n : (root + 1) * n], inp)
+    call.wait(requests)
+
+
+def all_gather_linear(call, out, inp) -> None:
+    """Gather to rank 0, then rank 0 broadcasts all p n elements to each rank: 2 (p-1) steps,
+    rank 0 sends (p-1) p n bytes. Simple, and exactly why rings exist."""
+    gather_linear(call, out, inp, 0)
+    broadcast_linear(call, out, 0)
+
+
+def reduce_scatter_linear(call, out, inp, op) -> None:
+    """Reduce all p n elements to rank 0, then scatter the blocks: 2 (p-1) steps. The
+    reduction is in rank order, so each block equals a left-to-right reduction bitwise."""
+    total = buffers.empty(inp, len(inp))
+    buffers.copy_(total, inp)
+    reduce_linear(call, total, 0, op)
+    scatter_linear(call, out, total, 0)
+
+
+def all_to_all_linear(call, out, inp) -> None:
+    """Every rank posts all its sends and receives at once (MPI's basic linear all-to-all):
+    (p-1) n bytes out and in per rank, p-1 steps numbered by peer distance."""
+    p, r, n = call.size, call.rank, len(inp) // call.size
+    requests = []
+    for k in range(1, p):
+        call.step = k - 1
+        dst, src = (r + k) % p, (r - k) % p
+        requests.append(call.irecv(out[src * n : (src + 1) * n], src))
+        requests.append(call.isend(inp[dst * n : (dst + 1) * n], dst))
+    buffers.copy_(out[r * n : (r + 1) * n], inp[r * n : (r + 1) * n])
+    call.wait(requests)

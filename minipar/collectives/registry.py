@@ -1,0 +1,91 @@
+"""Which algorithms each collective has, and how `algorithm=` picks one.
+
+Schedules are data: this table is the whole list. `algorithms("all_reduce")` reads it, `auto`
+asks minipar.cost for the cheapest entry, and a student's own function joins it with
+`register_algorithm("all_reduce", "my_ring", fn)` (or is passed directly as `algorithm=fn`).
+"""
+
+from __future__ import annotations
+
+from minipar import cost
+from minipar.collectives import bruck, double_tree, linear, pairwise, recursive, ring, tree
+from minipar.collectives.barrier import barrier_dissemination
+
+ALGORITHMS = {
+    "broadcast": {
+        "linear": linear.broadcast_linear,
+        "tree": tree.broadcast_tree,
+        "ring": ring.broadcast_ring,
+    },
+    "reduce": {"linear": linear.reduce_linear, "tree": tree.reduce_tree},
+    "all_reduce": {
+        "linear": linear.all_reduce_linear,
+        "tree": tree.all_reduce_tree,
+        "ring": ring.all_reduce_ring,
+        "recursive_doubling": recursive.all_reduce_recursive_doubling,
+        "rabenseifner": recursive.all_reduce_rabenseifner,
+        "double_tree": double_tree.all_reduce_double_tree,
+    },
+    "all_gather": {
+        "linear": linear.all_gather_linear,
+        "ring": ring.all_gather_ring,
+        "recursive_doubling": recursive.all_gather_recursive_doubling,
+        "bruck": bruck.all_gather_bruck,
+    },
+    "reduce_scatter": {
+        "linear": linear.reduce_scatter_linear,
+        "ring": ring.reduce_scatter_ring,
+        "recursive_halving": recursive.reduce_scatter_recursive_halving,
+    },
+    "scatter": {"linear": linear.scatter_linear, "tree": tree.scatter_tree},
+    "gather": {"linear": linear.gather_linear, "tree": tree.gather_tree},
+    "all_to_all": {"linear": linear.all_to_all_linear, "pairwise": pairwise.all_to_all_pairwise},
+    "barrier": {"dissemination": barrier_dissemination},
+}
+
+# the torch.distributed names of the same collectives
+ALIASES = {
+    "all_gather_into_tensor": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "all_to_all_single": "all_to_all",
+}
+_BUILTIN = {name: set(table) for name, table in ALGORITHMS.items()}
+
+
+def canonical(collective: str) -> str:
+    name = ALIASES.get(collective, collective)
+    if name not in ALGORITHMS:
+        raise ValueError(
+            f"unknown collective {collective!r}; choose one of {', '.join(sorted(ALGORITHMS))}"
+        )
+    return name
+
+
+def algorithms(collective: str) -> list[str]:
+    """The names `algorithm=` accepts for this collective, "auto" first."""
+    return ["auto", *ALGORITHMS[canonical(collective)]]
+
+
+def register_algorithm(collective: str, name: str, fn) -> None:
+    """Add (or replace) a user algorithm; fn(call, ...) has the built-ins' signature."""
+    collective = canonical(collective)
+    if name == "auto" or name in _BUILTIN[collective]:
+        raise ValueError(f"{name!r} is a built-in {collective} algorithm; pick another name")
+    ALGORITHMS[collective][name] = fn
+
+
+def pick(collective: str, algorithm, nbytes: int, size: int):
+    """(name, function) for a call; "auto" asks the cost model, among the built-ins."""
+    collective = canonical(collective)
+    table = ALGORITHMS[collective]
+    if callable(algorithm):
+        return getattr(algorithm, "__name__", "custom"), algorithm
+    if algorithm == "auto":
+        name = cost.choose(collective, sorted(_BUILTIN[collective]), nbytes, size)
+        return name, table[name]
+    if algorithm not in table:
+        raise ValueError(
+            f"unknown {collective} algorithm {algorithm!r}; choose one of "
+            f"{', '.join(algorithms(collective))}"
+        )
+    return algorithm, table[algorithm]

@@ -1,0 +1,82 @@
+"""Async collectives: `async_op=True` returns a Work handle, and a progress thread does the work.
+
+One daemon thread per process takes queued collectives in the order they were issued and runs
+them to completion, so communication proceeds while the caller computes (DDP overlapping the
+gradient all-reduce with the backward pass) without the caller polling. The call's tag is taken
+in the caller's thread at issue time, so async and blocking collectives in flight together never
+match each other's messages. This needs MPI_THREAD_MULTIPLE (checked by minipar.init).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+from minipar.errors import CommTimeoutError
+
+
+class Work:
+    """Like torch.distributed's Work: `wait()` blocks (and re-raises the call's error),
+    `is_completed()` polls."""
+
+    def __init__(self, description: str = "collective"):
+        self.description = description
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self._done.wait(timeout):
+            raise CommTimeoutError(f"{self.description} did not finish within {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        self._error = error
+        self._done.set()
+
+
+class _ProgressThread:
+    def __init__(self):
+        self.jobs: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._loop, name="minipar-progress", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            work, run = job
+            try:
+                run()
+            except BaseException as error:  # handed to whoever waits on the Work
+                work._finish(error)
+            else:
+                work._finish()
+
+
+_progress: list[_ProgressThread] = []
+
+
+def submit(run, description: str) -> Work:
+    """Queue `run()` on the progress thread; returns its Work."""
+    if not _progress:
+        _progress.append(_ProgressThread())
+    work = Work(description)
+    _progress[0].jobs.put((work, run))
+    return work
+
+
+def shutdown() -> None:
+    """Let queued collectives finish, then stop the progress thread (minipar.finalize)."""
+    if _progress:
+        progress = _progress.pop()
+        progress.jobs.put(None)
+        progress.thread.join()

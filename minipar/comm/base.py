@@ -1,0 +1,231 @@
+"""What every transport offers: ranks, point-to-point messages, requests that time out, sub-groups.
+
+A transport moves the bytes of one contiguous buffer from one rank to another and nothing more.
+Everything above it (collectives, strategies, lessons) talks to this interface only, so the same
+ring all-reduce runs over mpi4py under mpiexec and over torch.distributed under torchrun.
+
+Tags: user point-to-point messages use tags below `COLLECTIVE_TAG_BASE`; each collective call
+takes one tag above it from its group's sequence number, so collectives in flight at the same
+time (async ones, or on different threads) never match each other's messages.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from minipar import buffers, ledger
+from minipar.errors import CommTimeoutError, MiniparError
+
+COLLECTIVE_TAG_BASE = 1 << 15  # user tags live in [0, 2**15), as MPI guarantees at least that
+COLLECTIVE_TAG_SPAN = 1 << 14  # sequence numbers wrap here; 16384 calls in flight never happen
+DEFAULT_TIMEOUT = 300.0  # seconds; generous, because a first CUDA call or a cold start is slow
+
+_SPIN_SECONDS = 2e-3  # busy-poll this long (keeps small-message latency low), then yield
+
+
+def env_timeout() -> float:
+    value = os.environ.get("MINIPAR_TIMEOUT")
+    if not value:
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"MINIPAR_TIMEOUT must be a number of seconds, got {value!r}") from None
+    if seconds <= 0:
+        raise ValueError(f"MINIPAR_TIMEOUT must be positive, got {value!r}")
+    return seconds
+
+
+class Request:
+    """A message in flight. `test()` polls, `wait()` blocks until done or the timeout.
+
+    Transports subclass this and implement `_poll()`, returning True once the message is
+    complete (and having checked its size), and optionally `_finish()` (copy a staged buffer back).
+    """
+
+    def __init__(self, comm: Communicator, kind: str, peer: int, tag: int, nbytes: int):
+        self.comm, self.kind, self.peer, self.tag, self.nbytes = comm, kind, peer, tag, nbytes
+        self.done = False
+
+    blocking = False  # True: cannot be polled, wait_all calls _block(seconds) instead
+
+    def _poll(self) -> bool:  # pragma: no cover - every transport overrides it
+        raise NotImplementedError
+
+    def _block(self, seconds: float) -> bool:  # pragma: no cover
+        """Wait up to `seconds`; True when complete. Only for requests with `blocking = True`."""
+        raise NotImplementedError
+
+    def _finish(self) -> None:
+        pass
+
+    def test(self) -> bool:
+        if not self.done and self._poll():
+            self._finish()
+            self.done = True
+        return self.done
+
+    def wait(self, timeout: float | None = None) -> None:
+        wait_all([self], timeout if timeout is not None else self.comm.timeout)
+
+    def describe(self) -> str:
+        direction = "to" if self.kind == "send" else "from"
+        return (
+            f"{self.kind} of {self.nbytes} bytes {direction} rank {self.peer} (tag {self.tag}) "
+            f"on group {self.comm.name}, as rank {self.comm.rank}"
+        )
+
+
+def wait_all(requests, timeout: float, context: str = "") -> None:
+    """Wait for every request; on timeout raise CommTimeoutError naming the first one pending.
+
+    Polls rather than blocking inside MPI so that a wait can time out, and so that ranks sharing
+    a core (oversubscribed) hand it over: after a short busy spin each poll yields CPU and GIL.
+    Requests that cannot be polled (gloo's point-to-point work) block with the time that is left.
+    """
+    start = time.monotonic()
+    pending = [r for r in requests if not r.test()]
+    blocking = [r for r in pending if r.blocking]
+    pending = [r for r in pending if not r.blocking]
+    while pending:
+        pending = [r for r in pending if not r.test()]
+        if not pending:
+            break
+        elapsed = time.monotonic() - start
+        if elapsed > timeout:
+            raise _timeout(pending[0], timeout, context)
+        if elapsed > _SPIN_SECONDS:
+            time.sleep(0 if elapsed < 0.05 else 1e-4)
+    for request in blocking:
+        left = timeout - (time.monotonic() - start)
+        if not request._block(max(left, 1e-3)):
+            raise _timeout(request, timeout, context)
+        request._finish()
+        request.done = True
+
+
+def _timeout(request, timeout: float, context: str) -> CommTimeoutError:
+    where = f"{context}: " if context else ""
+    return CommTimeoutError(
+        f"{where}timed out after {timeout:g} s waiting for {request.describe()}"
+    )
+
+
+class Communicator:
+    """A group of ranks that can message each other. Transports implement the `_i*` methods."""
+
+    backend = "none"
+
+    def __init__(self, rank: int, size: int, name: str, timeout: float, global_ranks):
+        self.rank, self.size, self.name, self.timeout = rank, size, name, timeout
+        self.global_ranks = list(global_ranks)  # the world rank of each rank of this group
+        self._seq = 0
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} rank {self.rank} of {self.size}>"
+
+    # -- point to point -------------------------------------------------------------------
+    def isend(self, buf, dst: int, tag: int = 0) -> Request:
+        """Start sending all of `buf` to rank `dst` of this group."""
+        self._check_peer(dst, "dst")
+        self._check_tag(tag)
+        buffers.check(buf, "send buffer")
+        ledger.record(self, "p2p", "p2p", -1, 0, "send", dst, buffers.nbytes(buf))
+        return self._post_send(buf, dst, tag)
+
+    def irecv(self, buf, src: int, tag: int = 0) -> Request:
+        """Start receiving exactly `nbytes(buf)` bytes from rank `src` into `buf`."""
+        self._check_peer(src, "src")
+        self._check_tag(tag)
+        buffers.check(buf, "receive buffer", writable=True)
+        ledger.record(self, "p2p", "p2p", -1, 0, "recv", src, buffers.nbytes(buf))
+        return self._post_recv(buf, src, tag)
+
+    def send(self, buf, dst: int, tag: int = 0) -> None:
+        self.isend(buf, dst, tag).wait()
+
+    def recv(self, buf, src: int, tag: int = 0) -> None:
+        self.irecv(buf, src, tag).wait()
+
+    def sendrecv(self, sendbuf, dst: int, recvbuf, src: int, tag: int = 0) -> None:
+        """Send to `dst` and receive from `src` at once (both posted before either waits)."""
+        reqs = [self.irecv(recvbuf, src, tag), self.isend(sendbuf, dst, tag)]
+        wait_all(reqs, self.timeout)
+
+    def barrier(self) -> None:
+        """The transport's own barrier (MPI_Ibarrier, or torch's), bounded by the timeout.
+
+        `minipar.barrier()` is the hand-written dissemination barrier in collectives/barrier.py.
+        """
+        wait_all([self._post_barrier()], self.timeout, f"barrier on group {self.name}")
+
+    # -- collectives bookkeeping --------------------------------------------------------
+    def next_collective_tag(self) -> tuple[int, int]:
+        """(sequence number, tag) for the next collective call on this group."""
+        seq = self._seq
+        self._seq += 1
+        return seq, COLLECTIVE_TAG_BASE + seq % COLLECTIVE_TAG_SPAN
+
+    # -- checks -----------------------------------------------------------------------------
+    def _check_peer(self, peer, what: str) -> None:
+        if not isinstance(peer, int) or isinstance(peer, bool) or not 0 <= peer < self.size:
+            raise ValueError(
+                f"{what} rank {peer!r} is out of range for group {self.name} of world size "
+                f"{self.size} (valid: 0..{self.size - 1})"
+            )
+
+    def _check_tag(self, tag) -> None:
+        if not isinstance(tag, int) or isinstance(tag, bool) or not 0 <= tag < COLLECTIVE_TAG_BASE:
+            raise ValueError(f"tag {tag!r} must be an int in [0, {COLLECTIVE_TAG_BASE})")
+
+    # -- what each transport implements -------------------------------------------------
+    def _post_send(self, buf, dst: int, tag: int) -> Request:  # pragma: no cover
+        raise NotImplementedError
+
+    def _post_recv(self, buf, src: int, tag: int) -> Request:  # pragma: no cover
+        raise NotImplementedError
+
+    def _post_barrier(self) -> Request:  # pragma: no cover
+        raise NotImplementedError
+
+    def allgather_object(self, obj) -> list:  # pragma: no cover
+        """Control plane: every rank's small picklable object, in rank order."""
+        raise NotImplementedError
+
+    def split(self, ranks, name: str | None = None):  # pragma: no cover
+        """Collective over this group: a Communicator for the members of `ranks`, NonMember else."""
+        raise NotImplementedError
+
+    def abort(self, code: int = 1) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+
+def check_ranks(ranks, size: int) -> list[int]:
+    """Validate a new group's rank list against the parent's size."""
+    ranks = list(ranks)
+    for r in ranks:
+        if not isinstance(r, int) or not 0 <= r < size:
+            raise ValueError(f"group rank {r!r} is out of range for world size {size}")
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"group ranks {ranks} contain duplicates")
+    if not ranks:
+        raise ValueError("a group needs at least one rank")
+    return ranks
+
+
+class NonMember:
+    """What `new_group(ranks)` gives a rank that is not in `ranks`; any use raises."""
+
+    def __init__(self, ranks, rank: int):
+        self.ranks, self.caller = list(ranks), rank
+        self.name = f"group{self.ranks}"
+
+    def __getattr__(self, attr):
+        raise MiniparError(
+            f"rank {self.caller} is not a member of group {self.ranks}; "
+            f"only its members may use it (tried .{attr})"
+        )
+
+    def __repr__(self) -> str:
+        return f"<NonMember of group {self.ranks} (rank {self.caller})>"

@@ -1,0 +1,152 @@
+"""The MPI transport: mpi4py's buffer calls (uppercase Isend/Irecv), never pickle on the data path.
+
+Every buffer crosses as raw bytes (`MPI.BYTE`), so every dtype works, bfloat16 and float16
+included, and the receiver checks that exactly as many bytes arrived as its buffer holds.
+CUDA tensors go straight to MPI when it is CUDA-aware, else through pinned host buffers
+(see comm/cuda.py).
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+
+from minipar import buffers
+from minipar.comm import cuda
+from minipar.comm.base import Communicator, NonMember, Request, check_ranks, wait_all
+from minipar.errors import MessageSizeError
+
+
+def _mpi():
+    from mpi4py import MPI
+
+    return MPI
+
+
+class MPIRequest(Request):
+    def __init__(self, comm, kind, peer, tag, nbytes, mpi_request, keep, staged=None, target=None):
+        super().__init__(comm, kind, peer, tag, nbytes)
+        self._req, self._keep = mpi_request, keep  # keep: the buffer MPI is using, kept alive
+        self._staged, self._target = staged, target
+        self._status = _mpi().Status()
+
+    def _poll(self) -> bool:
+        MPI = _mpi()
+        try:
+            done = self._req.Test(self._status)
+        except MPI.Exception as error:
+            if error.Get_error_class() == MPI.ERR_TRUNCATE:
+                raise MessageSizeError(
+                    f"message from rank {self.peer} (tag {self.tag}) on group {self.comm.name} "
+                    f"is larger than the {self.nbytes}-byte receive buffer of rank "
+                    f"{self.comm.rank}; sizes must match on both sides"
+                ) from None
+            raise
+        if done and self.kind == "recv":
+            got = self._status.Get_count(MPI.BYTE)
+            if got != self.nbytes:
+                raise MessageSizeError(
+                    f"rank {self.comm.rank} of group {self.comm.name} expected {self.nbytes} "
+                    f"bytes from rank {self.peer} (tag {self.tag}) but {got} arrived; "
+                    "sizes must match on both sides"
+                )
+        return done
+
+    def _finish(self) -> None:
+        if self._staged is not None:
+            if self._target is not None:  # a staged receive: host -> device
+                self._target.reshape(-1).view(self._staged.dtype).copy_(self._staged)
+            self.comm._pool.give(self._staged)
+            self._staged = None
+
+
+class MPIBarrierRequest(MPIRequest):
+    def describe(self) -> str:
+        return f"the other ranks of group {self.comm.name} to reach the barrier"
+
+
+class MPICommunicator(Communicator):
+    """A group of MPI ranks (an mpi4py communicator)."""
+
+    backend = "mpi"
+
+    def __init__(self, mpi_comm, name: str, timeout: float, global_ranks=None):
+        if global_ranks is None:
+            global_ranks = range(mpi_comm.Get_size())
+        super().__init__(mpi_comm.Get_rank(), mpi_comm.Get_size(), name, timeout, global_ranks)
+        self.mpi = mpi_comm
+        self._pool = None
+
+    def _wire(self, buf, outgoing: bool):
+        """(what MPI reads or writes, staged host copy or None)."""
+        if not buffers.is_cuda(buf):
+            return buffers.as_bytes(buf), None
+        cuda.synchronize(buf)
+        raw = buf.reshape(-1).view(buffers._torch().uint8)
+        if cuda.mpi_cuda_aware()[0]:
+            return raw, None
+        if self._pool is None:
+            self._pool = cuda.PinnedPool()
+        staged = self._pool.take(raw.numel())
+        if outgoing:
+            staged.copy_(raw)
+        return staged.numpy(), staged
+
+    def _post_send(self, buf, dst, tag) -> Request:
+        wire, staged = self._wire(buf, outgoing=True)
+        req = self.mpi.Isend([wire, _mpi().BYTE], dst, tag)
+        return MPIRequest(self, "send", dst, tag, buffers.nbytes(buf), req, wire, staged)
+
+    def _post_recv(self, buf, src, tag) -> Request:
+        wire, staged = self._wire(buf, outgoing=False)
+        req = self.mpi.Irecv([wire, _mpi().BYTE], src, tag)
+        target = buf if staged is not None else None
+        return MPIRequest(self, "recv", src, tag, buffers.nbytes(buf), req, wire, staged, target)
+
+    def _post_barrier(self) -> Request:
+        return MPIBarrierRequest(self, "barrier", -1, -1, 0, self.mpi.Ibarrier(), None)
+
+    def allgather_object(self, obj) -> list:
+        """Pickled control messages (small): lengths, then the bytes, both with timeouts."""
+        MPI = _mpi()
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+        sizes = np.zeros(self.size, dtype=np.int64)
+        req = self.mpi.Iallgather([np.array([data.size], dtype=np.int64), MPI.INT64_T], sizes)
+        wait_all([MPIBarrierRequest(self, "barrier", -1, -1, 0, req, sizes)], self.timeout)
+        out = np.empty(int(sizes.sum()), dtype=np.uint8)
+        req = self.mpi.Iallgatherv([data, MPI.BYTE], [out, (sizes, None), MPI.BYTE])
+        wait_all([MPIBarrierRequest(self, "barrier", -1, -1, 0, req, out)], self.timeout)
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        return [pickle.loads(out[a:b].tobytes()) for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def split(self, ranks, name: str | None = None):
+        ranks = check_ranks(ranks, self.size)
+        MPI = _mpi()
+        member = self.rank in ranks
+        color = 0 if member else MPI.UNDEFINED
+        key = ranks.index(self.rank) if member else 0
+        sub = self.mpi.Split(color, key)
+        if not member:
+            return NonMember(ranks, self.rank)
+        glob = [self.global_ranks[r] for r in ranks]
+        return MPICommunicator(sub, name or f"group{glob}", self.timeout, glob)
+
+    def abort(self, code: int = 1) -> None:
+        self.mpi.Abort(code)
+
+
+def world(timeout: float) -> MPICommunicator:
+    """COMM_WORLD, with MPI initialised at the thread level async collectives need."""
+    import mpi4py
+
+    mpi4py.rc.thread_level = "multiple"
+    MPI = _mpi()
+    provided = MPI.Query_thread()
+    if provided < MPI.THREAD_MULTIPLE:
+        raise RuntimeError(
+            f"MPI provides thread level {provided}, but minipar needs MPI_THREAD_MULTIPLE "
+            f"({MPI.THREAD_MULTIPLE}) so a progress thread can run collectives; "
+            f"this MPI is: {MPI.Get_library_version().splitlines()[0]}"
+        )
+    return MPICommunicator(MPI.COMM_WORLD, "world", timeout)

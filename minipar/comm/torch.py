@@ -1,0 +1,178 @@
+"""The torch.distributed transport: point-to-point on an already-initialised process group.
+
+With it everything minipar builds runs under torchrun or `torch.multiprocessing.spawn` +
+`init_process_group`, not only under mpiexec. Buffers cross as raw bytes (uint8 views), so every
+dtype works. gloo moves CPU tensors (CUDA ones are staged through the host); nccl moves CUDA
+tensors (CPU ones are staged through the current device).
+
+Differences from the MPI transport, all from gloo itself:
+- gloo's point-to-point work cannot be polled, so waits block with the time left (same timeouts);
+- a size mismatch is caught by gloo, which aborts the process with "Received data size doesn't
+  match expected size" rather than raising;
+- `split` calls `torch.distributed.new_group`, which every rank of the world must call.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import sys
+
+from minipar import buffers
+from minipar.comm.base import Communicator, NonMember, Request, check_ranks
+
+
+def _dist():
+    import torch.distributed as dist
+
+    return dist
+
+
+class TorchRequest(Request):
+    blocking = True
+
+    def __init__(self, comm, kind, peer, tag, nbytes, work, staged=None, target=None):
+        super().__init__(comm, kind, peer, tag, nbytes)
+        self._work, self._staged, self._target = work, staged, target
+
+    def _poll(self) -> bool:
+        return False
+
+    def _block(self, seconds: float) -> bool:
+        try:
+            self._work.wait(datetime.timedelta(seconds=seconds))
+        except RuntimeError as error:
+            if "Timed out" in str(error) or "timed out" in str(error):
+                return False
+            raise
+        return True
+
+    def _finish(self) -> None:
+        if self._target is not None:
+            self._target.reshape(-1).view(self._staged.dtype).copy_(self._staged)
+
+
+class TorchBarrierRequest(TorchRequest):
+    blocking = False
+
+    def _poll(self) -> bool:
+        return self._work.is_completed()
+
+    def describe(self) -> str:
+        return f"the other ranks of group {self.comm.name} to reach the barrier"
+
+
+class TorchCommunicator(Communicator):
+    """A torch.distributed process group (the default one when `group` is None)."""
+
+    backend = "torch"
+
+    def __init__(self, group=None, name: str = "world", timeout: float = 300.0):
+        dist = _dist()
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialised; call init_process_group")
+        self.group = group if group is not None else dist.group.WORLD
+        size = dist.get_world_size(self.group)
+        glob = dist.get_process_group_ranks(self.group)
+        super().__init__(dist.get_rank(self.group), size, name, timeout, glob)
+        self.pg_backend = dist.get_backend(self.group)
+
+    def _wire(self, buf, outgoing: bool):
+        """(tensor torch.distributed moves, or a staged copy of it; staged or None)."""
+        import torch
+
+        raw = (
+            buf.reshape(-1).view(torch.uint8)
+            if buffers.is_torch(buf)
+            else torch.from_numpy(buffers.as_bytes(buf))
+        )
+        want_cuda = self.pg_backend == "nccl"
+        if raw.is_cuda == want_cuda:
+            return raw, None
+        if raw.is_cuda:
+            torch.cuda.current_stream(raw.device).synchronize()
+        device = torch.device("cuda", torch.cuda.current_device()) if want_cuda else "cpu"
+        staged = (
+            raw.to(device)
+            if outgoing
+            else torch.empty(raw.numel(), dtype=torch.uint8, device=device)
+        )
+        return staged, staged
+
+    def _post_send(self, buf, dst, tag) -> Request:
+        wire, staged = self._wire(buf, outgoing=True)
+        work = _dist().isend(wire, self.global_ranks[dst], group=self.group, tag=tag)
+        return TorchRequest(self, "send", dst, tag, buffers.nbytes(buf), work, staged)
+
+    def _post_recv(self, buf, src, tag) -> Request:
+        wire, staged = self._wire(buf, outgoing=False)
+        work = _dist().irecv(wire, self.global_ranks[src], group=self.group, tag=tag)
+        target = buf if staged is not None else None
+        if target is not None and not buffers.is_torch(buf):
+            import torch
+
+            target = torch.from_numpy(buffers.as_bytes(buf))
+        return TorchRequest(self, "recv", src, tag, buffers.nbytes(buf), work, staged, target)
+
+    def _post_barrier(self) -> Request:
+        work = _dist().barrier(group=self.group, async_op=True)
+        return TorchBarrierRequest(self, "barrier", -1, -1, 0, work)
+
+    def allgather_object(self, obj) -> list:
+        out = [None] * self.size
+        _dist().all_gather_object(out, obj, group=self.group)
+        return out
+
+    def split(self, ranks, name: str | None = None):
+        ranks = check_ranks(ranks, self.size)
+        glob = [self.global_ranks[r] for r in ranks]
+        group = _dist().new_group(glob)  # every rank of the world calls this, members or not
+        if self.rank not in ranks:
+            return NonMember(ranks, self.rank)
+        return TorchCommunicator(group, name or f"group{glob}", self.timeout)
+
+    def abort(self, code: int = 1) -> None:
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def init_from_env(backend: str | None = None, timeout: float = 300.0) -> None:
+    """init_process_group from torchrun's RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT."""
+    import torch
+
+    dist = _dist()
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+
+
+def init_from_mpi(mpi_comm, backend: str = "gloo", timeout: float = 300.0) -> None:
+    """Start torch.distributed inside an MPI job, one torch rank per MPI rank, same numbering.
+
+    Rank 0 picks a free TCP port and tells the others over MPI; the address is MASTER_ADDR if
+    set, 127.0.0.1 when every rank is on one host, else rank 0's host name. With
+    backend="nccl" each rank must own a GPU (rank modulo the local GPU count).
+    """
+    import torch
+
+    dist = _dist()
+    hosts = mpi_comm.allgather(socket.gethostname())
+    port = None
+    if mpi_comm.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+    port = mpi_comm.bcast(port, root=0)
+    addr = os.environ.get("MASTER_ADDR") or ("127.0.0.1" if len(set(hosts)) == 1 else hosts[0])
+    if backend == "nccl":
+        torch.cuda.set_device(mpi_comm.Get_rank() % torch.cuda.device_count())
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{addr}:{port}",
+        rank=mpi_comm.Get_rank(),
+        world_size=mpi_comm.Get_size(),
+        timeout=datetime.timedelta(seconds=timeout),
+    )

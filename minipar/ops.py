@@ -1,0 +1,105 @@
+"""Reduction operators: what `op=` means, and the one kernel every reducing collective calls.
+
+Semantics match torch.distributed:
+- SUM, PRODUCT: integers wrap around on overflow (two's complement, as numpy and torch do);
+  on bool, SUM is logical or and PRODUCT logical and.
+- MIN, MAX: elementwise; NaN propagates (numpy's `minimum`/`maximum`, torch's likewise).
+- AVG: SUM, then a division by the group size at the end. Floating point only: an integer
+  average would have to round, and torch's NCCL and gloo disagree on how, so minipar refuses it.
+IEEE addition and multiplication are commutative bit for bit, so `a op b == b op a` exactly; the
+algorithms rely on this (and on reducing each chunk in one place) for identical results on every
+rank.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+from minipar import buffers
+
+
+class ReduceOp(enum.Enum):
+    SUM = "sum"
+    PRODUCT = "product"
+    MIN = "min"
+    MAX = "max"
+    AVG = "avg"
+
+    def __repr__(self) -> str:
+        return f"ReduceOp.{self.name}"
+
+
+_NUMPY = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.AVG: np.add,
+    ReduceOp.PRODUCT: np.multiply,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+}
+_NUMPY_BOOL = {
+    ReduceOp.SUM: np.logical_or,
+    ReduceOp.PRODUCT: np.logical_and,
+    ReduceOp.MIN: np.logical_and,
+    ReduceOp.MAX: np.logical_or,
+}
+
+
+def as_op(op) -> ReduceOp:
+    """Accept ReduceOp members, their names ('sum', 'SUM') and torch.distributed.ReduceOp."""
+    if isinstance(op, ReduceOp):
+        return op
+    name = getattr(op, "name", None) or str(op).rsplit(".", 1)[-1]
+    try:
+        return ReduceOp[name.upper()]
+    except KeyError:
+        choices = ", ".join(m.name for m in ReduceOp)
+        raise ValueError(f"unknown reduction op {op!r}; choose one of {choices}") from None
+
+
+def check_op(op: ReduceOp, x) -> None:
+    """Refuse an op that has no meaning for x's dtype, naming both."""
+    if op is ReduceOp.AVG and not buffers.is_floating(x):
+        raise ValueError(
+            f"ReduceOp.AVG needs a floating-point dtype, got {buffers.dtype_name(x)} "
+            "(use SUM and divide, choosing your own rounding)"
+        )
+    if op is ReduceOp.AVG and buffers.dtype_name(x) == "bool":
+        raise ValueError("ReduceOp.AVG is not defined for bool")
+
+
+def reduce_(dst, src, op: ReduceOp) -> None:
+    """dst = dst (op) src, elementwise and in place. AVG reduces as SUM; see `finish_`."""
+    if buffers.is_torch(dst):
+        _reduce_torch(dst, src, op)
+    elif dst.dtype == np.bool_:
+        _NUMPY_BOOL[op](dst, src, out=dst)
+    else:
+        _NUMPY[op](dst, src, out=dst)
+
+
+def _reduce_torch(dst, src, op: ReduceOp) -> None:
+    torch = buffers._torch()
+    if dst.dtype == torch.bool:
+        if op in (ReduceOp.SUM, ReduceOp.MAX):
+            dst.logical_or_(src)
+        else:
+            dst.logical_and_(src)
+    elif op in (ReduceOp.SUM, ReduceOp.AVG):
+        dst.add_(src)
+    elif op is ReduceOp.PRODUCT:
+        dst.mul_(src)
+    elif op is ReduceOp.MIN:
+        torch.minimum(dst, src, out=dst)
+    else:
+        torch.maximum(dst, src, out=dst)
+
+
+def finish_(x, op: ReduceOp, size: int) -> None:
+    """The last touch of a reduction: AVG divides the summed buffer by the group size."""
+    if op is ReduceOp.AVG and size > 1:
+        if buffers.is_torch(x):
+            x.div_(size)
+        else:
+            np.divide(x, size, out=x, casting="unsafe")

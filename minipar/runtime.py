@@ -1,0 +1,160 @@
+"""Starting and stopping minipar: which transport, the default group, timeouts, debug mode.
+
+Like torch.distributed there is one default group (the world) that collectives use when
+`group=None`; every other group is passed explicitly. `init()` is idempotent.
+
+    minipar.init()               # "auto": MPI under mpiexec/srun, torch under torchrun or an
+                                 # initialised torch.distributed, else a world of one (MPI)
+    minipar.init(backend="mpi", timeout=10, debug=True)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+from minipar.comm.base import NonMember, env_timeout
+from minipar.errors import NotInitializedError
+
+_MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
+_TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
+
+
+class _State:
+    """The process's default group and settings (the one piece of global state, like c10d's)."""
+
+    world = None
+    debug = False
+    hook_installed = False
+
+
+_state = _State()
+
+
+def detect_backend() -> str:
+    """'mpi' or 'torch', by the launcher that started this process."""
+    if any(v in os.environ for v in _MPI_ENV):
+        return "mpi"
+    torch = sys.modules.get("torch")
+    if (
+        torch is not None
+        and torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+    ):
+        return "torch"
+    if all(v in os.environ for v in _TORCHRUN_ENV):
+        return "torch"
+    if "SLURM_PROCID" in os.environ:
+        return "mpi"
+    return "mpi"  # a world of one (MPI singleton init), or a larger one mpi4py still reports
+
+
+def init(backend: str = "auto", timeout: float | None = None, debug: bool | None = None):
+    """Start minipar (idempotent) and return the default group.
+
+    backend: "auto", "mpi" or "torch" (adopt torch.distributed's default group, initialising it
+    from torchrun's environment if needed). timeout: seconds any wait may take before it raises
+    CommTimeoutError (default MINIPAR_TIMEOUT or 300). debug: cross-rank argument checks before
+    every collective (default MINIPAR_DEBUG=1).
+    """
+    if backend not in ("auto", "mpi", "torch"):
+        raise ValueError(f"backend must be 'auto', 'mpi' or 'torch', got {backend!r}")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    _state.debug = bool(debug) if debug is not None else os.environ.get("MINIPAR_DEBUG") == "1"
+    if _state.world is not None:
+        if timeout is not None:
+            _state.world.timeout = timeout
+        return _state.world
+    seconds = timeout if timeout is not None else env_timeout()
+    if backend == "auto":
+        backend = detect_backend()
+    if backend == "mpi":
+        from minipar.comm import mpi
+
+        _state.world = mpi.world(seconds)
+    else:
+        from minipar.comm import torch as torch_comm
+
+        if not torch_comm._dist().is_initialized():
+            torch_comm.init_from_env(timeout=seconds)
+        _state.world = torch_comm.TorchCommunicator(None, "world", seconds)
+    _install_excepthook()
+    return _state.world
+
+
+def is_initialized() -> bool:
+    return _state.world is not None
+
+
+def world():
+    """The default group; raises NotInitializedError before init() or after finalize()."""
+    if _state.world is None:
+        raise NotInitializedError(
+            "minipar is not initialised: call minipar.init() first (and not after finalize())"
+        )
+    return _state.world
+
+
+def resolve(group):
+    """The group a collective runs on: the default one for None; NonMember raises on use."""
+    if group is None:
+        return world()
+    world()  # a collective after finalize() fails here, even with an explicit group
+    if isinstance(group, NonMember):
+        group.rank  # noqa: B018  (raises the not-a-member error)
+    return group
+
+
+def debug_enabled() -> bool:
+    return _state.debug
+
+
+def get_rank(group=None) -> int:
+    return resolve(group).rank
+
+
+def get_world_size(group=None) -> int:
+    return resolve(group).size
+
+
+def get_backend(group=None) -> str:
+    return resolve(group).backend
+
+
+def new_group(ranks, name: str | None = None):
+    """A group of the given world ranks; every rank calls it. Non-members get a NonMember."""
+    return world().split(ranks, name)
+
+
+def finalize() -> None:
+    """Stop minipar: wait for async work, stop the progress thread, forget the default group."""
+    if _state.world is None:
+        return
+    from minipar.collectives import work
+
+    work.shutdown()
+    _state.world = None
+
+
+def _install_excepthook() -> None:
+    """An uncaught exception on any rank ends the whole job: print it with the rank, then abort."""
+    if _state.hook_installed:
+        return
+    _state.hook_installed = True
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        comm = _state.world
+        if comm is None or comm.size == 1:
+            return previous(kind, value, tb)
+        rank = comm.global_ranks[comm.rank]
+        text = "".join(traceback.format_exception(kind, value, tb))
+        prefixed = "".join(f"[rank {rank}] {line}\n" for line in text.rstrip().splitlines())
+        sys.stderr.write(prefixed)
+        sys.stderr.write(f"[rank {rank}] minipar: aborting the job after an uncaught exception\n")
+        sys.stderr.flush()
+        comm.abort(1)
+
+    sys.excepthook = hook
