@@ -21,7 +21,10 @@ COLLECTIVE_TAG_BASE = 1 << 15  # user tags live in [0, 2**15), as MPI guarantees
 COLLECTIVE_TAG_SPAN = 1 << 14  # sequence numbers wrap here; 16384 calls in flight never happen
 DEFAULT_TIMEOUT = 300.0  # seconds; generous, because a first CUDA call or a cold start is slow
 
-_SPIN_SECONDS = 2e-3  # busy-poll this long (keeps small-message latency low), then yield
+# busy-poll this long (keeps small-message latency low), then yield; when ranks outnumber cores
+# (the launcher sets MINIPAR_OVERSUBSCRIBED=1) spinning only steals the core from the peer we
+# wait for, so yield at once
+_SPIN_SECONDS = 0.0 if os.environ.get("MINIPAR_OVERSUBSCRIBED") == "1" else 2e-3
 
 
 def env_timeout() -> float:

@@ -21,6 +21,7 @@ import sys
 
 from minipar import buffers
 from minipar.comm.base import Communicator, NonMember, Request, check_ranks
+from minipar.errors import MessageSizeError
 
 
 def _dist():
@@ -53,6 +54,31 @@ class TorchRequest(Request):
             self._target.reshape(-1).view(self._staged.dtype).copy_(self._staged)
 
 
+class SelfRequest(Request):
+    """A message to or from this same rank (gloo cannot send to itself): a local mailbox."""
+
+    def __init__(self, comm, kind, tag, buf):
+        super().__init__(comm, kind, comm.rank, tag, buffers.nbytes(buf))
+        self._buf = buf
+        if kind == "send":
+            comm._mailbox.setdefault(tag, []).append(buffers.as_bytes(buf).copy())
+
+    def _poll(self) -> bool:
+        if self.kind == "send":
+            return True
+        waiting = self.comm._mailbox.get(self.tag)
+        if not waiting:
+            return False
+        data = waiting.pop(0)
+        if data.size != self.nbytes:
+            raise MessageSizeError(
+                f"rank {self.comm.rank} expected {self.nbytes} bytes from itself (tag "
+                f"{self.tag}) but {data.size} were sent"
+            )
+        buffers.as_bytes(self._buf)[:] = data
+        return True
+
+
 class TorchBarrierRequest(TorchRequest):
     blocking = False
 
@@ -77,6 +103,7 @@ class TorchCommunicator(Communicator):
         glob = dist.get_process_group_ranks(self.group)
         super().__init__(dist.get_rank(self.group), size, name, timeout, glob)
         self.pg_backend = dist.get_backend(self.group)
+        self._mailbox: dict[int, list] = {}
 
     def _wire(self, buf, outgoing: bool):
         """(tensor torch.distributed moves, or a staged copy of it; staged or None)."""
@@ -101,11 +128,15 @@ class TorchCommunicator(Communicator):
         return staged, staged
 
     def _post_send(self, buf, dst, tag) -> Request:
+        if dst == self.rank:
+            return SelfRequest(self, "send", tag, buf)
         wire, staged = self._wire(buf, outgoing=True)
         work = _dist().isend(wire, self.global_ranks[dst], group=self.group, tag=tag)
         return TorchRequest(self, "send", dst, tag, buffers.nbytes(buf), work, staged)
 
     def _post_recv(self, buf, src, tag) -> Request:
+        if src == self.rank:
+            return SelfRequest(self, "recv", tag, buf)
         wire, staged = self._wire(buf, outgoing=False)
         work = _dist().irecv(wire, self.global_ranks[src], group=self.group, tag=tag)
         target = buf if staged is not None else None

@@ -1,0 +1,84 @@
+"""Runs a suite's cases on one rank and writes the results as JSON (see minipar.testing).
+
+    python -m minipar.testing.worker SUITE.py OUTDIR [--backend mpi|torch] [--size N] [--only NAME]
+
+With --backend torch it starts N processes with torch.multiprocessing.spawn, brings up a gloo
+process group in each, and runs the same cases over minipar's torch.distributed transport.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+
+
+def load_suite(path: str):
+    spec = importlib.util.spec_from_file_location(f"suite_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_cases(path: str, outdir: str, backend: str, only=None) -> None:
+    import minipar
+
+    comm = minipar.init(backend=backend)
+    cases = load_suite(path).cases(comm.size)
+    results, out = {}, os.path.join(outdir, f"rank{comm.rank}.json")
+    for name, fn in cases.items():
+        if only and name not in only:
+            continue
+        start = time.perf_counter()
+        try:
+            fn()
+            results[name] = {"ok": True}
+        except BaseException:  # noqa: BLE001  (report everything, keep going)
+            results[name] = {"ok": False, "error": traceback.format_exc()}
+        results[name]["seconds"] = round(time.perf_counter() - start, 4)
+        with open(out + ".tmp", "w") as f:
+            json.dump(results, f)
+        os.replace(out + ".tmp", out)
+    comm.barrier()  # nobody tears the transport down while others still use it
+    minipar.finalize()
+
+
+def _spawned(rank: int, size: int, port: int, path: str, outdir: str, only) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
+    )
+    try:
+        run_cases(path, outdir, "torch", only)
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("suite")
+    parser.add_argument("outdir")
+    parser.add_argument("--backend", default="mpi", choices=["mpi", "torch"])
+    parser.add_argument("--size", type=int, default=1, help="ranks to spawn (torch backend)")
+    parser.add_argument("--only", action="append")
+    args = parser.parse_args(argv)
+    if args.backend == "mpi":
+        run_cases(args.suite, args.outdir, "mpi", args.only)
+        return
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_spawned, args=(args.size, port, args.suite, args.outdir, args.only), nprocs=args.size)
+
+
+if __name__ == "__main__":
+    main()
