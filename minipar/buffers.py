@@ -8,6 +8,7 @@ Policy for awkward inputs (documented in docs/errors.md and tested):
 - non-contiguous arrays and tensors are refused with a ValueError (a silent copy would make an
   in-place collective or a receive write into memory the caller never sees);
 - read-only numpy arrays are refused as destinations;
+- numpy arrays of Python objects (dtype object) are refused with a TypeError;
 - anything that is not a numpy array or torch tensor is refused with a TypeError naming its type.
 """
 
@@ -34,6 +35,11 @@ def is_cuda(x) -> bool:
 def check(x, what: str = "buffer", writable: bool = False) -> None:
     """Raise a clear error unless `x` is a contiguous numpy array or torch tensor."""
     if isinstance(x, np.ndarray):
+        if x.dtype.hasobject:
+            raise TypeError(
+                f"{what} is a numpy array of dtype {x.dtype} (Python objects); minipar moves "
+                "the raw bytes of numeric and bool arrays only"
+            )
         if not x.flags.c_contiguous:
             raise ValueError(
                 f"{what} is a non-contiguous numpy array (strides {x.strides}); "
@@ -56,7 +62,12 @@ def check(x, what: str = "buffer", writable: bool = False) -> None:
 
 
 def flat(x):
-    """A 1-D view of all of `x`'s elements (no copy)."""
+    """A 1-D view of all of `x`'s elements (no copy). A torch tensor is detached first: like
+    torch.distributed, collectives write into a tensor that requires grad without autograd
+    seeing it (else an in-place reduction would fail half-way through a collective)."""
+    if is_torch(x):
+        x = x.detach()
+        return x.as_strided((x.numel(),), (1,))  # stride 1 even for 0- and 1-element tensors
     return x.reshape(-1)
 
 
@@ -69,12 +80,20 @@ def itemsize(x) -> int:
 
 
 def nbytes(x) -> int:
+    if isinstance(x, np.ndarray):  # the common case, on every message: keep it cheap
+        return x.nbytes
     return numel(x) * itemsize(x)
+
+
+_DTYPE_NAMES: dict = {}  # str(numpy dtype) takes microseconds; every collective call asks
 
 
 def dtype_name(x) -> str:
     """'float32', 'bfloat16', 'int8', ... the same name for numpy and torch."""
-    return str(x.dtype).removeprefix("torch.")
+    name = _DTYPE_NAMES.get(x.dtype)
+    if name is None:
+        name = _DTYPE_NAMES[x.dtype] = str(x.dtype).removeprefix("torch.")
+    return name
 
 
 def device_name(x) -> str:
@@ -109,16 +128,32 @@ def same_kind(a, b) -> bool:
     return not is_torch(a) or a.device == b.device
 
 
+def overlaps(a, b) -> bool:
+    """Whether two contiguous buffers of the same kind share any byte of memory."""
+    if nbytes(a) == 0 or nbytes(b) == 0 or is_torch(a) != is_torch(b):
+        return False
+    if not is_torch(a):
+        return np.may_share_memory(a, b)  # exact for contiguous arrays (it compares extents)
+    if a.device != b.device:
+        return False
+    return a.data_ptr() < b.data_ptr() + nbytes(b) and b.data_ptr() < a.data_ptr() + nbytes(a)
+
+
+def byte_view(x):
+    """x's bytes as a 1-D uint8 buffer of the same kind and device (a torch tensor stays one)."""
+    if is_torch(x):
+        return x.as_strided((x.numel(),), (1,)).view(_torch().uint8)
+    return x.reshape(-1).view(np.uint8)
+
+
 def as_bytes(x):
     """The bytes of a contiguous CPU buffer as a 1-D uint8 numpy array (zero copy).
 
     This is how every dtype crosses MPI, bfloat16 included: MPI has no bfloat16, and the receiver
     reinterprets the bytes in its own buffer's dtype.
     """
-    if is_torch(x):
-        torch = _torch()
-        return x.reshape(-1).view(torch.uint8).numpy()
-    return x.reshape(-1).view(np.uint8)
+    view = byte_view(x)  # stride 1 even for 0- and 1-element tensors
+    return view.numpy() if is_torch(x) else view
 
 
 def describe(x) -> str:

@@ -15,8 +15,11 @@ scatter or gather, one rank's whole send buffer of an all-to-all.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import asdict, dataclass
 
 SEGMENT_BYTES = 1 << 18  # must match collectives.ring.SEGMENT_BYTES (checked by a test)
 
@@ -37,16 +40,72 @@ class Link:
 # ~5 GB/s numpy reduction. `minipar bench --fit` measures the real numbers of a machine.
 SHARED_MEMORY = Link("shared-memory", alpha=20e-6, beta=1 / 5e9, gamma=1 / 5e9, source="typical")
 
-_default = [SHARED_MEMORY]
+# -- presets: real links, for the lessons' "what would this cost on a cluster" questions ----------
+# beta is 1 / (bandwidth in ONE direction): a ring step sends and receives at once, each way at
+# full rate. gamma is the GPU's reduction cost: adding two bytes into one moves 3 bytes of HBM.
+# alpha (one message's latency through NCCL-class software) is on no datasheet: the values are
+# round, typical figures, and labelled as assumed.
+_HBM3E = 8e12  # B200 HBM3e, 8 TB/s: NVIDIA B200 datasheet; the seed, chapter 3
+_GPU_GAMMA = 3 / _HBM3E
+
+HBM3E = Link("hbm3e", 1e-6, 1 / _HBM3E, _GPU_GAMMA, "B200 datasheet: HBM3e 8 TB/s; alpha assumed")
+NVLINK5 = Link(  # B200 datasheet / the seed: NVLink 5, 1.8 TB/s per GPU, both directions
+    "nvlink5", 3e-6, 1 / 900e9, _GPU_GAMMA, "B200: NVLink 5 1.8 TB/s = 900 GB/s each way"
+)
+NVLINK4 = Link(  # H100 SXM datasheet: NVLink 4, 900 GB/s per GPU, both directions; HBM3 3.35 TB/s
+    "nvlink4", 3e-6, 1 / 450e9, 3 / 3.35e12, "H100: NVLink 4 900 GB/s = 450 GB/s each way"
+)
+PCIE5 = Link(  # PCIe 5.0: 32 GT/s x 16 lanes, 128b/130b coding = 63 GB/s per direction
+    "pcie5", 5e-6, 1 / 64e9, _GPU_GAMMA, "PCIe 5.0 x16: ~64 GB/s each way"
+)
+IB_NDR = Link(  # InfiniBand NDR (ConnectX-7): 400 Gb/s per port = 50 GB/s per direction
+    "ib_ndr", 6e-6, 1 / 50e9, _GPU_GAMMA, "InfiniBand NDR 400 Gb/s = 50 GB/s each way, per NIC"
+)
+PRESETS = {link.name: link for link in (HBM3E, NVLINK5, NVLINK4, PCIE5, IB_NDR, SHARED_MEMORY)}
+
+LINK_ENV = "MINIPAR_LINK"  # a JSON file written by `minipar bench --fit`
+_default: list = [None]
 
 
 def default_link() -> Link:
-    """The link `algorithm="auto"` prices with. Set it the same on every rank."""
+    """The link `algorithm="auto"` prices with: set_default_link's, else the JSON file named by
+    MINIPAR_LINK (from `minipar bench --fit`), else SHARED_MEMORY. Set it the same on every rank
+    (an environment variable is: mpiexec passes it to every rank)."""
+    if _default[0] is None:
+        path = os.environ.get(LINK_ENV)
+        _default[0] = load_link(path) if path else SHARED_MEMORY
     return _default[0]
 
 
 def set_default_link(link: Link) -> None:
     _default[0] = link
+
+
+def save_link(link: Link, path: str, **measured) -> None:
+    """Write a link (and any measurements behind it) as JSON, for load_link / MINIPAR_LINK."""
+    record = {**asdict(link), "measured": measured}
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(record, f, indent=2)
+
+
+def load_link(path: str) -> Link:
+    """The Link stored by save_link (`minipar bench --fit`)."""
+    with open(path) as f:
+        record = json.load(f)
+    try:
+        return Link(
+            str(record["name"]),
+            float(record["alpha"]),
+            float(record["beta"]),
+            float(record["gamma"]),
+            str(record.get("source", path)),
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(
+            f"{path} is not a link file (needs name, alpha, beta, gamma): {error}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -126,5 +185,74 @@ def predict(collective: str, algorithm: str, nbytes: float, world_size: int, lin
 
 
 def choose(collective: str, candidates, nbytes: float, world_size: int, link=None) -> str:
-    """The candidate algorithm with the lowest predicted time (ties: the first listed)."""
+    """The candidate algorithm with the lowest predicted time (ties: the first listed).
+
+    Every `algorithm="auto"` call asks this, so answers are cached (pricing all candidates
+    costs tens of microseconds of Python, more than a small all-reduce itself)."""
+    return _choose(collective, tuple(candidates), nbytes, world_size, link or default_link())
+
+
+@functools.lru_cache(maxsize=4096)
+def _choose(collective: str, candidates: tuple, nbytes: float, world_size: int, link) -> str:
     return min(candidates, key=lambda a: predict(collective, a, nbytes, world_size, link))
+
+
+def crossover(collective: str, small: str, large: str, world_size: int, link=None):
+    """The message size (bytes) above which `large` is predicted faster than `small`, or None
+    if one wins at every size from 1 B to 1 TiB. Bisection on the sign of the difference."""
+
+    def large_wins(n: float) -> bool:
+        return predict(collective, large, n, world_size, link) < predict(
+            collective, small, n, world_size, link
+        )
+
+    lo, hi = 1.0, float(1 << 40)
+    if large_wins(lo) or not large_wins(hi):
+        return None
+    while hi / lo > 1.001:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if large_wins(mid) else (mid, hi)
+    return hi
+
+
+# -- the hierarchy: GPUs in NVLink domains, domains joined by InfiniBand ----------------------
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """Nodes of `per_node` GPUs joined by `intra`; nodes joined by `inter`, one NIC per GPU."""
+
+    intra: Link
+    inter: Link
+    per_node: int = 8
+
+
+DGX_B200 = Hierarchy(NVLINK5, IB_NDR, 8)  # 8 B200 per NVLink domain, 8 NDR NICs per node
+DGX_H100 = Hierarchy(NVLINK4, IB_NDR, 8)
+
+
+def all_reduce_on_cluster(
+    nbytes: float, nodes: int, algorithm: str = "hierarchical", hierarchy: Hierarchy = DGX_B200
+) -> float:
+    """Seconds to all-reduce nbytes on every GPU of `nodes` nodes.
+
+    "ring": one flat ring over all p = nodes * per_node GPUs. Every step moves n/p bytes over
+    every link at once and ends when the slowest lands, so with more than one node each of the
+    2 (p-1) steps costs an InfiniBand hop: 2 (p-1) (alpha_ib + n/p beta_ib).
+    "hierarchical": ring reduce-scatter inside each node (NVLink), then each GPU all-reduces its
+    n/per_node shard with the same-numbered GPU of every other node (per_node rings at once, one
+    per NIC), then ring all-gather inside the node. InfiniBand carries per_node times fewer bytes
+    per GPU: 2 (m-1)/m * n/per_node instead of 2 (p-1)/p * n.
+    """
+    h, g = hierarchy, hierarchy.per_node
+    p = nodes * g
+    if algorithm == "ring":
+        slow = h.inter if nodes > 1 else h.intra
+        link = Link("flat", slow.alpha, slow.beta, h.intra.gamma)
+        return predict("all_reduce", "ring", nbytes, p, link)
+    if algorithm != "hierarchical":
+        raise ValueError(f"algorithm must be 'ring' or 'hierarchical', got {algorithm!r}")
+    inside = predict("reduce_scatter", "ring", nbytes, g, h.intra)
+    inside += predict("all_gather", "ring", nbytes, g, h.intra)
+    across = predict("all_reduce", "ring", nbytes / g, nodes, h.inter) if nodes > 1 else 0.0
+    return inside + across

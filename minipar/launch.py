@@ -9,7 +9,9 @@ rank, and a timeout that kills the whole job so nothing is left behind.
 
 from __future__ import annotations
 
+import argparse
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -119,3 +121,75 @@ def run_command(cmd, env, timeout: float | None = None, capture: bool = False):
         except ProcessLookupError:
             pass
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+# -- the `minipar run` command ------------------------------------------------------------------
+
+EXAMPLES = """\
+examples:
+  minipar run -n 4 script.py                  script.py on 4 ranks
+  minipar run -n 4 script.py --lr 0.1         arguments after the script go to the script
+  minipar run -n 2 -- script.py -n 7          '--' ends minipar's options
+  minipar run -n 8 -m minipar.demos.ring_shift   a module instead of a script
+  minipar run -n 4 --timeout 60 script.py     kill the whole job after 60 s (exit 124)
+
+The exit status is the job's: 0 when every rank exited 0. More ranks than cores is fine
+(oversubscribed: waits yield the core instead of spinning). MINIPAR_MPIEXEC picks the mpiexec.
+"""
+
+
+def configure(parser) -> None:
+    parser.epilog = EXAMPLES
+    parser.add_argument("-n", "--np", dest="n", type=int, default=1, metavar="N",
+                        help="number of ranks (default 1)")  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=None, metavar="S",
+                        help="kill the whole job after S seconds and exit 124")  # fmt: skip
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the mpiexec command line instead of running it")  # fmt: skip
+    parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE ...",
+                        help="run a module (python -m MODULE), with its arguments")  # fmt: skip
+    parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="script.py [args]",
+                        help="the script and its arguments")  # fmt: skip
+
+
+def python_argv(args) -> list[str]:
+    """The python arguments of the job, from `-m module ...` or `[--] script.py ...`."""
+    argv = list(args.argv)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if args.module:
+        if argv:
+            raise ValueError("give either -m MODULE or a script, not both")
+        return ["-m", *args.module]
+    if not argv:
+        raise ValueError("nothing to run: give a script (minipar run -n 4 script.py) or -m MODULE")
+    if argv[0].startswith("-"):
+        raise ValueError(f"unknown option {argv[0]!r} before the script")
+    if not os.path.exists(argv[0]):
+        raise ValueError(f"no such script: {argv[0]}")
+    return argv
+
+
+def main(args) -> int:
+    """`minipar run`: the job's output streams through as it happens; returns the job's status."""
+    from rich.console import Console
+
+    err = Console(stderr=True, highlight=False)
+    try:
+        cmd, env = command(args.n, python_argv(args))
+    except (ValueError, FileNotFoundError) as error:
+        err.print(f"[bold red]minipar run:[/] {error}")
+        return 2
+    if args.dry_run:
+        print(shlex.join(cmd))
+        return 0
+    try:
+        done = run_command(cmd, env, args.timeout, capture=False)
+    except KeyboardInterrupt:
+        err.print("[bold red]minipar run:[/] interrupted, job killed")
+        return 130
+    if done.returncode == 124 and args.timeout is not None:
+        err.print(f"[bold red]minipar run:[/] job killed after {args.timeout:g} s (--timeout)")
+    elif done.returncode != 0:
+        err.print(f"[bold red]minipar run:[/] job exited with status {done.returncode}")
+    return done.returncode

@@ -3,12 +3,15 @@
 Semantics match torch.distributed:
 - SUM, PRODUCT: integers wrap around on overflow (two's complement, as numpy and torch do);
   on bool, SUM is logical or and PRODUCT logical and.
-- MIN, MAX: elementwise; NaN propagates (numpy's `minimum`/`maximum`, torch's likewise).
+- MIN, MAX: elementwise; NaN propagates (numpy's `minimum`/`maximum`, torch's likewise);
+  refused on complex dtypes, which have no order.
 - AVG: SUM, then a division by the group size at the end. Floating point only: an integer
   average would have to round, and torch's NCCL and gloo disagree on how, so minipar refuses it.
-IEEE addition and multiplication are commutative bit for bit, so `a op b == b op a` exactly; the
-algorithms rely on this (and on reducing each chunk in one place) for identical results on every
-rank.
+Identical results on every rank: most algorithms reduce each element in one place and copy the
+result. Where two ranks compute the same combination (recursive doubling), both must put the
+operands in the same order: `a op b` and `b op a` differ in the last bits for MIN/MAX of -0.0 and
++0.0 and for NaN payloads, so `reduce_(..., reverse=True)` lets the higher rank compute
+`incoming op mine`, exactly what its partner computes.
 """
 
 from __future__ import annotations
@@ -65,35 +68,38 @@ def check_op(op: ReduceOp, x) -> None:
             f"ReduceOp.AVG needs a floating-point dtype, got {buffers.dtype_name(x)} "
             "(use SUM and divide, choosing your own rounding)"
         )
-    if op is ReduceOp.AVG and buffers.dtype_name(x) == "bool":
-        raise ValueError("ReduceOp.AVG is not defined for bool")
+    if op in (ReduceOp.MIN, ReduceOp.MAX) and buffers.dtype_name(x).startswith("complex"):
+        raise ValueError(
+            f"ReduceOp.{op.name} needs an ordered dtype, got {buffers.dtype_name(x)} "
+            "(complex numbers have no order)"
+        )
 
 
-def reduce_(dst, src, op: ReduceOp) -> None:
-    """dst = dst (op) src, elementwise and in place. AVG reduces as SUM; see `finish_`."""
+def reduce_(dst, src, op: ReduceOp, reverse: bool = False) -> None:
+    """dst = dst (op) src elementwise, in place; with reverse, dst = src (op) dst.
+    AVG reduces as SUM; see `finish_`."""
+    a, b = (src, dst) if reverse else (dst, src)
     if buffers.is_torch(dst):
-        _reduce_torch(dst, src, op)
+        _reduce_torch(dst, a, b, op)
     elif dst.dtype == np.bool_:
-        _NUMPY_BOOL[op](dst, src, out=dst)
+        _NUMPY_BOOL[op](a, b, out=dst)
     else:
-        _NUMPY[op](dst, src, out=dst)
+        _NUMPY[op](a, b, out=dst)
 
 
-def _reduce_torch(dst, src, op: ReduceOp) -> None:
+def _reduce_torch(dst, a, b, op: ReduceOp) -> None:
     torch = buffers._torch()
     if dst.dtype == torch.bool:
-        if op in (ReduceOp.SUM, ReduceOp.MAX):
-            dst.logical_or_(src)
-        else:
-            dst.logical_and_(src)
-    elif op in (ReduceOp.SUM, ReduceOp.AVG):
-        dst.add_(src)
-    elif op is ReduceOp.PRODUCT:
-        dst.mul_(src)
-    elif op is ReduceOp.MIN:
-        torch.minimum(dst, src, out=dst)
+        kernel = torch.logical_or if op in (ReduceOp.SUM, ReduceOp.MAX) else torch.logical_and
     else:
-        torch.maximum(dst, src, out=dst)
+        kernel = {
+            ReduceOp.SUM: torch.add,
+            ReduceOp.AVG: torch.add,
+            ReduceOp.PRODUCT: torch.mul,
+            ReduceOp.MIN: torch.minimum,
+            ReduceOp.MAX: torch.maximum,
+        }[op]
+    kernel(a, b, out=dst)
 
 
 def finish_(x, op: ReduceOp, size: int) -> None:

@@ -60,13 +60,15 @@ def init(backend: str = "auto", timeout: float | None = None, debug: bool | None
     """
     if backend not in ("auto", "mpi", "torch"):
         raise ValueError(f"backend must be 'auto', 'mpi' or 'torch', got {backend!r}")
-    if timeout is not None and not timeout > 0:
+    if timeout is not None and (not isinstance(timeout, (int, float)) or not timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    _state.debug = bool(debug) if debug is not None else os.environ.get("MINIPAR_DEBUG") == "1"
-    if _state.world is not None:
+    if _state.world is not None:  # already running: change only what the caller passed
         if timeout is not None:
             _state.world.timeout = timeout
+        if debug is not None:
+            _state.debug = bool(debug)
         return _state.world
+    _state.debug = bool(debug) if debug is not None else os.environ.get("MINIPAR_DEBUG") == "1"
     seconds = timeout if timeout is not None else env_timeout()
     if backend == "auto":
         backend = detect_backend()
@@ -104,6 +106,11 @@ def resolve(group):
     world()  # a collective after finalize() fails here, even with an explicit group
     if isinstance(group, NonMember):
         group.rank  # noqa: B018  (raises the not-a-member error)
+    if not isinstance(getattr(group, "size", None), int) or not hasattr(group, "_post_send"):
+        raise TypeError(
+            f"group must be None (the default group) or a group from minipar.new_group, "
+            f"got {type(group).__module__}.{type(group).__qualname__}"
+        )
     return group
 
 
@@ -158,3 +165,20 @@ def _install_excepthook() -> None:
         comm.abort(1)
 
     sys.excepthook = hook
+
+
+def exit_inside_collective(call, leaving: SystemExit) -> None:
+    """sys.exit() inside a collective dooms it on every other rank: say where it happened, then
+    end the whole job at once (the others would otherwise wait out their timeout)."""
+    comm = call.comm
+    if comm.size == 1:
+        return
+    rank = comm.global_ranks[comm.rank]
+    code = leaving.code if isinstance(leaving.code, int) and leaving.code else 1
+    sys.stderr.write(
+        f"[rank {rank}] minipar: sys.exit({leaving.code!r}) inside {call.collective} (algorithm "
+        f"{call.algorithm}) on group {comm.name}, step {call.step}; the other ranks cannot "
+        "finish it, aborting the job\n"
+    )
+    sys.stderr.flush()
+    (_state.world or comm).abort(code)

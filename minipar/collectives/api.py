@@ -13,10 +13,15 @@ Differences from torch.distributed, on purpose:
 
 from __future__ import annotations
 
+import pickle
+
+import numpy as np
+
 from minipar import buffers, runtime
 from minipar.collectives import registry, work
 from minipar.collectives.call import Call
-from minipar.errors import MismatchError
+from minipar.comm.base import CONTROL_TAG, wait_all
+from minipar.errors import MiniparError, MismatchError
 from minipar.ops import ReduceOp, as_op, check_op, finish_
 
 algorithms = registry.algorithms
@@ -59,7 +64,11 @@ def _run(
     call = Call(comm, collective, name)
 
     def run():
-        fn(call, *args)
+        try:
+            fn(call, *args)
+        except SystemExit as leaving:  # the others could never finish this call: end the job
+            runtime.exit_inside_collective(call, leaving)
+            raise
         if finish is not None:
             finish()
 
@@ -70,19 +79,88 @@ def _run(
 
 
 def _check_same_call(comm, fingerprint) -> None:
-    """Debug mode: all ranks of the group must be making the same call with matching arguments."""
+    """Debug mode: all ranks of the group must be making the same call with matching arguments.
+
+    Every rank sends its fingerprint (sequence number, collective, algorithm, dtype, shape, root,
+    op; pickled into FINGERPRINT_BYTES) to every other rank: p - 1 small messages out and in,
+    on a tag of their own, with the group's timeout (which then names a rank that never came).
+    Every rank sees the same p fingerprints, so on a mismatch every rank raises the same
+    MismatchError, before the call takes its tag: the group stays usable.
+    """
+    if comm.size == 1:
+        return
     fingerprint = (comm._seq, *fingerprint)
-    seen = comm.allgather_object(fingerprint)
-    if any(f != seen[0] for f in seen):
-        lines = "\n".join(f"  rank {r}: {f}" for r, f in enumerate(seen))
-        raise MismatchError(
-            f"ranks of group {comm.name} disagree on the collective call "
-            f"(sequence, collective, algorithm, dtype, count, root, op):\n{lines}"
-        )
+    mine = _encode(fingerprint)
+    inbox, requests = {}, []
+    for q in range(comm.size):
+        if q != comm.rank:
+            inbox[q] = np.empty_like(mine)
+            requests.append(comm._post_recv(inbox[q], q, CONTROL_TAG))
+            requests.append(comm._post_send(mine, q, CONTROL_TAG))
+    context = (
+        f"debug check before {fingerprint[1]} (call #{comm._seq}) on group {comm.name}, "
+        f"rank {comm.rank}"
+    )
+    wait_all(requests, comm.timeout, context)
+    if all(np.array_equal(got, mine) for got in inbox.values()):
+        return
+    inbox[comm.rank] = mine
+    seen = [_decode(inbox[q]) for q in range(comm.size)]
+    raise MismatchError(_mismatch_message(comm.name, seen))
 
 
-def _fp(x, root=None, op=None):
-    return (buffers.dtype_name(x), buffers.numel(x), root, getattr(op, "name", None))
+FINGERPRINT_BYTES = 1024
+
+
+def _encode(fingerprint):
+    """The fingerprint pickled into a fixed-size uint8 buffer (8-byte length, then the pickle)."""
+    data = pickle.dumps(fingerprint)
+    if len(data) > FINGERPRINT_BYTES - 8:
+        raise MiniparError(f"debug-mode fingerprint too large to exchange: {fingerprint!r}")
+    out = np.zeros(FINGERPRINT_BYTES, dtype=np.uint8)
+    out[:8] = np.frombuffer(np.int64(len(data)).tobytes(), dtype=np.uint8)
+    out[8 : 8 + len(data)] = np.frombuffer(data, dtype=np.uint8)
+    return out
+
+
+def _decode(buf):
+    n = int(buf[:8].view(np.int64)[0])
+    return pickle.loads(buf[8 : 8 + n].tobytes())
+
+
+def _mismatch_message(group: str, seen) -> str:
+    """Which ranks called what, one line per distinct call (ranks that agree share a line)."""
+    calls: dict = {}
+    for rank, f in enumerate(seen):
+        calls.setdefault(f, []).append(rank)
+    lines = []
+    for f, ranks in calls.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+        lines.append(f"  {who}: {_render(f)}")
+    return (
+        f"ranks of group {group} disagree on the collective call (debug mode); "
+        "every rank must make the same calls in the same order with matching arguments:\n"
+        + "\n".join(lines)
+    )
+
+
+def _render(f) -> str:
+    """(seq, collective, algorithm, dtype, shape, root name, root, op) -> readable text."""
+    seq, collective, algorithm = f[:3]
+    parts = [f"algorithm={algorithm!r}"]
+    if len(f) > 3:
+        dtype, shape, root_name, root, op = f[3:]
+        parts += [f"dtype={dtype}", f"shape={shape}"]
+        if root_name is not None:
+            parts.append(f"{root_name}={root}")
+        if op is not None:
+            parts.append(f"op={op}")
+    return f"call #{seq} {collective}({', '.join(parts)})"
+
+
+def _fp(x, root_name=None, root=None, op=None):
+    """The arguments debug mode compares: dtype, shape (the caller's), root, op."""
+    return (buffers.dtype_name(x), tuple(x.shape), root_name, root, getattr(op, "name", None))
 
 
 def broadcast(tensor, src: int, group=None, algorithm="auto", async_op=False):
@@ -92,7 +170,13 @@ def broadcast(tensor, src: int, group=None, algorithm="auto", async_op=False):
     src = _root(src, comm, "src")
     x = buffers.flat(tensor)
     return _run(
-        comm, "broadcast", algorithm, buffers.nbytes(x), (x, src), async_op, fingerprint=_fp(x, src)
+        comm,
+        "broadcast",
+        algorithm,
+        buffers.nbytes(x),
+        (x, src),
+        async_op,
+        fingerprint=_fp(tensor, "src", src),
     )
 
 
@@ -111,7 +195,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=F
         (x, op),
         async_op,
         finish=lambda: finish_(x, op, comm.size),
-        fingerprint=_fp(x, None, op),
+        fingerprint=_fp(tensor, op=op),
     )
 
 
@@ -136,7 +220,7 @@ def reduce(tensor, dst: int, op=ReduceOp.SUM, group=None, algorithm="auto", asyn
         (x, dst, op),
         async_op,
         finish=finish,
-        fingerprint=_fp(x, dst, op),
+        fingerprint=_fp(tensor, "dst", dst, op),
     )
 
 
@@ -156,7 +240,7 @@ def all_gather_into_tensor(
         buffers.nbytes(out),
         (out, inp),
         async_op,
-        fingerprint=_fp(inp),
+        fingerprint=_fp(input_tensor),
     )
 
 
@@ -164,7 +248,7 @@ def all_gather(tensor_list, tensor, group=None, algorithm="auto", async_op=False
     """Every rank's `tensor` into `tensor_list[rank]` (a list of group-size tensors)."""
     comm = runtime.resolve(group)
     buffers.check(tensor, "tensor")
-    _check_list(tensor_list, tensor, comm, "tensor_list")
+    _check_list(tensor_list, tensor, comm, "tensor_list", writable=True)
     inp = buffers.flat(tensor)
     out = buffers.empty(inp, comm.size * len(inp))
     n = len(inp)
@@ -181,19 +265,24 @@ def all_gather(tensor_list, tensor, group=None, algorithm="auto", async_op=False
         (out, inp),
         async_op,
         finish=scatter_into_list,
-        fingerprint=_fp(inp),
+        fingerprint=_fp(tensor),
     )
 
 
-def _check_list(tensors, like, comm, what: str) -> None:
+def _check_list(tensors, like, comm, what: str, writable: bool = False) -> None:
     if not isinstance(tensors, (list, tuple)) or len(tensors) != comm.size:
         got = len(tensors) if isinstance(tensors, (list, tuple)) else type(tensors).__name__
         raise ValueError(
             f"{what} must be a list of {comm.size} tensors (the group size), got {got}"
         )
     for i, t in enumerate(tensors):
-        buffers.check(t, f"{what}[{i}]")
+        buffers.check(t, f"{what}[{i}]", writable=writable)
         _matching(t, like, f"{what}[{i}]", "tensor")
+        if tuple(t.shape) != tuple(like.shape):
+            raise ValueError(
+                f"{what}[{i}] has shape {tuple(t.shape)} but tensor has shape "
+                f"{tuple(like.shape)}; every entry must have the tensor's shape"
+            )
 
 
 def reduce_scatter_tensor(
@@ -215,7 +304,7 @@ def reduce_scatter_tensor(
         (out, inp, op),
         async_op,
         finish=lambda: finish_(out, op, comm.size),
-        fingerprint=_fp(inp, None, op),
+        fingerprint=_fp(input, op=op),
     )
 
 
@@ -233,7 +322,13 @@ def scatter(tensor, scatter_list=None, src: int = 0, group=None, algorithm="auto
             buffers.copy_(inp[r * len(out) : (r + 1) * len(out)], buffers.flat(t))
     nbytes = comm.size * buffers.nbytes(out)
     return _run(
-        comm, "scatter", algorithm, nbytes, (out, inp, src), async_op, fingerprint=_fp(out, src)
+        comm,
+        "scatter",
+        algorithm,
+        nbytes,
+        (out, inp, src),
+        async_op,
+        fingerprint=_fp(tensor, "src", src),
     )
 
 
@@ -245,7 +340,7 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, algorithm="auto",
     inp = buffers.flat(tensor)
     out, finish = None, None
     if comm.rank == dst:
-        _check_list(gather_list, tensor, comm, "gather_list")
+        _check_list(gather_list, tensor, comm, "gather_list", writable=True)
         out = buffers.empty(inp, comm.size * len(inp))
         n = len(inp)
 
@@ -262,7 +357,7 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, algorithm="auto",
         (out, inp, dst),
         async_op,
         finish=finish,
-        fingerprint=_fp(inp, dst),
+        fingerprint=_fp(tensor, "dst", dst),
     )
 
 
@@ -286,6 +381,11 @@ def all_to_all_single(
         if splits is not None and len(set(splits)) > 1:
             raise ValueError(f"{what}={list(splits)}: minipar supports equal splits only")
     _matching(output, input, "output", "input")
+    if buffers.overlaps(output, input):
+        raise ValueError(
+            "all_to_all_single needs separate output and input buffers (they share memory: "
+            "blocks would be overwritten before they are sent)"
+        )
     if buffers.numel(input) % comm.size:
         raise ValueError(
             f"input has {buffers.numel(input)} elements, not divisible by the group size "
@@ -299,7 +399,7 @@ def all_to_all_single(
         buffers.nbytes(inp),
         (out, inp),
         async_op,
-        fingerprint=_fp(inp),
+        fingerprint=_fp(input),
     )
 
 

@@ -33,6 +33,8 @@ class Call:
         self.step = first + n
 
     def _log(self, kind: str, peer: int, buf) -> None:
+        if not ledger.active():
+            return  # nothing records: skip the bookkeeping (it costs as much as a tiny message)
         ledger.record(
             self.comm,
             self.collective,
@@ -52,12 +54,15 @@ class Call:
         self._log("recv", src, buf)
         return self.comm._post_recv(buf, src, self.tag)
 
-    def wait(self, requests) -> None:
-        context = (
+    def context(self) -> str:
+        """Where this rank is, for a timeout's message (built only if one happens)."""
+        return (
             f"{self.collective} (algorithm {self.algorithm}) on group {self.comm.name}, "
             f"rank {self.rank}, step {self.step}"
         )
-        wait_all(list(requests), self.comm.timeout, context)
+
+    def wait(self, requests) -> None:
+        wait_all(requests, self.comm.timeout, self.context)
 
     def send(self, buf, dst: int) -> None:
         self.wait([self.isend(buf, dst)])

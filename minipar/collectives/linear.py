@@ -15,41 +15,47 @@ from minipar import buffers
 from minipar.ops import reduce_
 
 
-def _others(rank: int, p: int):
-    """(step, peer) for each rank but this one, in rank order."""
-    peers = [q for q in range(p) if q != rank]
-    return list(enumerate(peers))
+def _others(call, rank: int):
+    """(step, peer) for each rank but `rank`, in rank order; steps continue the call's count."""
+    peers = [q for q in range(call.size) if q != rank]
+    return [(call.step + k, q) for k, q in enumerate(peers)]
+
+
+def _step_of(call, rank: int, root: int) -> int:
+    """The step in which `rank` exchanges with the root."""
+    return call.step + (rank if rank < root else rank - 1)
+
+
+def _then(call, first: int) -> None:
+    """Start a second phase after the first phase's p - 1 steps (ranks left it unevenly)."""
+    call.step = first + call.size - 1
 
 
 def broadcast_linear(call, x, root: int) -> None:
     """The root sends all n bytes to each of the p-1 others: (p-1) n bytes, p-1 steps."""
     if call.rank == root:
         requests = []
-        for step, q in _others(root, call.size):
+        for step, q in _others(call, root):
             call.step = step
             requests.append(call.isend(x, q))
         call.wait(requests)
     else:
-        call.step = _step_of(call.rank, root)
+        call.step = _step_of(call, call.rank, root)
         call.recv(x, root)
-
-
-def _step_of(rank: int, root: int) -> int:
-    return rank if rank < root else rank - 1
 
 
 def reduce_linear(call, x, root: int, op) -> None:
     """Everyone sends n bytes to the root, which reduces in rank order: p-1 steps; the root
     receives (p-1) n bytes and needs one n-element scratch buffer."""
     if call.rank != root:
-        call.step = _step_of(call.rank, root)
+        call.step = _step_of(call, call.rank, root)
         call.send(x, root)
         return
     incoming = [buffers.empty(x, len(x)) for _ in range(call.size - 1)]
     requests = []
-    for step, q in _others(root, call.size):
+    for i, (step, q) in enumerate(_others(call, root)):
         call.step = step
-        requests.append(call.irecv(incoming[step], q))
+        requests.append(call.irecv(incoming[i], q))
     call.wait(requests)
     if root == 0:
         for part in incoming:
@@ -65,7 +71,9 @@ def reduce_linear(call, x, root: int, op) -> None:
 def all_reduce_linear(call, x, op) -> None:
     """Linear reduce to rank 0, then linear broadcast: 2 (p-1) steps, rank 0 moves 2 (p-1) n
     bytes. Bitwise a left-to-right sum, identical on every rank."""
+    first = call.step
     reduce_linear(call, x, 0, op)
+    _then(call, first)
     broadcast_linear(call, x, 0)
 
 
@@ -73,11 +81,11 @@ def scatter_linear(call, out, inp, root: int) -> None:
     """The root sends block q to rank q: (p-1) n bytes from the root in p-1 steps."""
     n = len(out)
     if call.rank != root:
-        call.step = _step_of(call.rank, root)
+        call.step = _step_of(call, call.rank, root)
         call.recv(out, root)
         return
     requests = []
-    for step, q in _others(root, call.size):
+    for step, q in _others(call, root):
         call.step = step
         requests.append(call.isend(inp[q * n : (q + 1) * n], q))
     buffers.copy_(out, inp[root * n : (root + 1) * n])
@@ -88,11 +96,11 @@ def gather_linear(call, out, inp, root: int) -> None:
     """Every rank sends its block to the root: (p-1) n bytes into the root in p-1 steps."""
     n = len(inp)
     if call.rank != root:
-        call.step = _step_of(call.rank, root)
+        call.step = _step_of(call, call.rank, root)
         call.send(inp, root)
         return
     requests = []
-    for step, q in _others(root, call.size):
+    for step, q in _others(call, root):
         call.step = step
         requests.append(call.irecv(out[q * n : (q + 1) * n], q))
     buffers.copy_(out[root * n : (root + 1) * n], inp)
@@ -102,7 +110,9 @@ def gather_linear(call, out, inp, root: int) -> None:
 def all_gather_linear(call, out, inp) -> None:
     """Gather to rank 0, then rank 0 broadcasts all p n elements to each rank: 2 (p-1) steps,
     rank 0 sends (p-1) p n bytes. Simple, and exactly why rings exist."""
+    first = call.step
     gather_linear(call, out, inp, 0)
+    _then(call, first)
     broadcast_linear(call, out, 0)
 
 
@@ -111,7 +121,9 @@ def reduce_scatter_linear(call, out, inp, op) -> None:
     reduction is in rank order, so each block equals a left-to-right reduction bitwise."""
     total = buffers.empty(inp, len(inp))
     buffers.copy_(total, inp)
+    first = call.step
     reduce_linear(call, total, 0, op)
+    _then(call, first)
     scatter_linear(call, out, total, 0)
 
 

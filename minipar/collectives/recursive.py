@@ -51,9 +51,9 @@ def all_reduce_recursive_doubling(call, x, op) -> None:
     """Exchange the whole buffer with r XOR 2^k and reduce, for k = 0 .. log2 p - 1.
 
     p a power of two: log2 p steps, n log2 p bytes sent per rank. Otherwise log2 p2 + 2 steps
-    and one more n-byte message on the folded ranks. Partners compute a op b and b op a, equal
-    bit for bit (IEEE + and * commute), so every rank ends identical; it is not a left-to-right
-    sum (the association is a balanced tree).
+    and one more n-byte message on the folded ranks. Both partners compute (lower rank's data) op
+    (higher rank's data), so every rank ends bitwise identical, even for MIN of -0.0 and +0.0;
+    it is not a left-to-right sum (the association is a balanced tree).
     """
     p2, rem = layout.fold(call.size)
     me = _fold_in(call, x, op, rem)
@@ -62,7 +62,7 @@ def all_reduce_recursive_doubling(call, x, op) -> None:
         for k in call.rounds(p2.bit_length() - 1):
             partner = layout.unfolded_rank(me ^ (1 << k), rem)
             call.sendrecv(x, partner, incoming, partner)
-            reduce_(x, incoming, op)
+            reduce_(x, incoming, op, reverse=partner < call.rank)  # both compute low op high
     _fold_out(call, x, rem, me)
 
 

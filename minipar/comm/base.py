@@ -19,6 +19,7 @@ from minipar.errors import CommTimeoutError, MiniparError
 
 COLLECTIVE_TAG_BASE = 1 << 15  # user tags live in [0, 2**15), as MPI guarantees at least that
 COLLECTIVE_TAG_SPAN = 1 << 14  # sequence numbers wrap here; 16384 calls in flight never happen
+CONTROL_TAG = COLLECTIVE_TAG_BASE + COLLECTIVE_TAG_SPAN  # debug mode's fingerprint exchange
 DEFAULT_TIMEOUT = 300.0  # seconds; generous, because a first CUDA call or a cold start is slow
 
 # busy-poll this long (keeps small-message latency low), then yield; when ranks outnumber cores
@@ -80,8 +81,9 @@ class Request:
         )
 
 
-def wait_all(requests, timeout: float, context: str = "") -> None:
-    """Wait for every request; on timeout raise CommTimeoutError naming the first one pending.
+def wait_all(requests, timeout: float, context="") -> None:
+    """Wait for every request; on timeout raise CommTimeoutError naming the first one pending
+    (after `context`: a string, or a function returning one, called only on a timeout).
 
     Polls rather than blocking inside MPI so that a wait can time out, and so that ranks sharing
     a core (oversubscribed) hand it over: after a short busy spin each poll yields CPU and GIL.
@@ -108,7 +110,8 @@ def wait_all(requests, timeout: float, context: str = "") -> None:
         request.done = True
 
 
-def _timeout(request, timeout: float, context: str) -> CommTimeoutError:
+def _timeout(request, timeout: float, context) -> CommTimeoutError:
+    context = context() if callable(context) else context  # a callable: built only when needed
     where = f"{context}: " if context else ""
     return CommTimeoutError(
         f"{where}timed out after {timeout:g} s waiting for {request.describe()}"
@@ -192,8 +195,9 @@ class Communicator:
     def _post_barrier(self) -> Request:  # pragma: no cover
         raise NotImplementedError
 
-    def allgather_object(self, obj) -> list:  # pragma: no cover
-        """Control plane: every rank's small picklable object, in rank order."""
+    def allgather_object(self, obj, context: str = "") -> list:  # pragma: no cover
+        """Control plane: every rank's small picklable object, in rank order, within the timeout
+        (`context` opens the timeout's message: what the all-gather was for)."""
         raise NotImplementedError
 
     def split(self, ranks, name: str | None = None):  # pragma: no cover
@@ -225,8 +229,8 @@ class NonMember:
         self.name = f"group{self.ranks}"
 
     def __getattr__(self, attr):
-        raise MiniparError(
-            f"rank {self.caller} is not a member of group {self.ranks}; "
+        raise MiniparError(  # the same words on every non-member (the rank is in the prefix)
+            f"the calling rank is not a member of group {self.ranks}; "
             f"only its members may use it (tried .{attr})"
         )
 

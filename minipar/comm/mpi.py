@@ -17,11 +17,15 @@ from minipar.comm import cuda
 from minipar.comm.base import Communicator, NonMember, Request, check_ranks, wait_all
 from minipar.errors import MessageSizeError
 
+_MPI = []  # the mpi4py.MPI module, once imported (a function-level import costs ~0.5 us a call)
+
 
 def _mpi():
-    from mpi4py import MPI
+    if not _MPI:
+        from mpi4py import MPI
 
-    return MPI
+        _MPI.append(MPI)
+    return _MPI[0]
 
 
 class MPIRequest(Request):
@@ -29,7 +33,7 @@ class MPIRequest(Request):
         super().__init__(comm, kind, peer, tag, nbytes)
         self._req, self._keep = mpi_request, keep  # keep: the buffer MPI is using, kept alive
         self._staged, self._target = staged, target
-        self._status = _mpi().Status()
+        self._status = _mpi().Status() if kind == "recv" else None  # to check the size
 
     def _poll(self) -> bool:
         MPI = _mpi()
@@ -56,14 +60,22 @@ class MPIRequest(Request):
     def _finish(self) -> None:
         if self._staged is not None:
             if self._target is not None:  # a staged receive: host -> device
-                self._target.reshape(-1).view(self._staged.dtype).copy_(self._staged)
+                buffers.byte_view(self._target).copy_(self._staged)
             self.comm._pool.give(self._staged)
             self._staged = None
 
 
 class MPIBarrierRequest(MPIRequest):
+    """A nonblocking MPI collective (Ibarrier, Iallgather): done when every rank has joined."""
+
+    what = "reach the barrier"
+
     def describe(self) -> str:
-        return f"the other ranks of group {self.comm.name} to reach the barrier"
+        return f"the other ranks of group {self.comm.name} to {self.what}"
+
+
+class MPIControlRequest(MPIBarrierRequest):
+    what = "join a control all-gather (allgather_object)"
 
 
 class MPICommunicator(Communicator):
@@ -80,10 +92,12 @@ class MPICommunicator(Communicator):
 
     def _wire(self, buf, outgoing: bool):
         """(what MPI reads or writes, staged host copy or None)."""
+        if isinstance(buf, np.ndarray):
+            return buf, None  # MPI reads its bytes as they are (`[buf, MPI.BYTE]`), any shape
         if not buffers.is_cuda(buf):
             return buffers.as_bytes(buf), None
         cuda.synchronize(buf)
-        raw = buf.reshape(-1).view(buffers._torch().uint8)
+        raw = buffers.byte_view(buf)
         if cuda.mpi_cuda_aware()[0]:
             return raw, None
         if self._pool is None:
@@ -107,16 +121,17 @@ class MPICommunicator(Communicator):
     def _post_barrier(self) -> Request:
         return MPIBarrierRequest(self, "barrier", -1, -1, 0, self.mpi.Ibarrier(), None)
 
-    def allgather_object(self, obj) -> list:
-        """Pickled control messages (small): lengths, then the bytes, both with timeouts."""
+    def allgather_object(self, obj, context: str = "") -> list:
+        """Pickled control messages (small): lengths, then the bytes, both with timeouts.
+        `context` opens the timeout's message (what the all-gather was for)."""
         MPI = _mpi()
         data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
         sizes = np.zeros(self.size, dtype=np.int64)
         req = self.mpi.Iallgather([np.array([data.size], dtype=np.int64), MPI.INT64_T], sizes)
-        wait_all([MPIBarrierRequest(self, "barrier", -1, -1, 0, req, sizes)], self.timeout)
+        wait_all([MPIControlRequest(self, "barrier", -1, -1, 0, req, sizes)], self.timeout, context)
         out = np.empty(int(sizes.sum()), dtype=np.uint8)
         req = self.mpi.Iallgatherv([data, MPI.BYTE], [out, (sizes, None), MPI.BYTE])
-        wait_all([MPIBarrierRequest(self, "barrier", -1, -1, 0, req, out)], self.timeout)
+        wait_all([MPIControlRequest(self, "barrier", -1, -1, 0, req, out)], self.timeout, context)
         bounds = np.concatenate([[0], np.cumsum(sizes)])
         return [pickle.loads(out[a:b].tobytes()) for a, b in zip(bounds[:-1], bounds[1:])]
 

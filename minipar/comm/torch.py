@@ -14,13 +14,15 @@ Differences from the MPI transport, all from gloo itself:
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
+import pickle
 import socket
 import sys
 
 from minipar import buffers
-from minipar.comm.base import Communicator, NonMember, Request, check_ranks
+from minipar.comm.base import Communicator, NonMember, Request, check_ranks, wait_all
 from minipar.errors import MessageSizeError
 
 
@@ -51,7 +53,7 @@ class TorchRequest(Request):
 
     def _finish(self) -> None:
         if self._target is not None:
-            self._target.reshape(-1).view(self._staged.dtype).copy_(self._staged)
+            buffers.byte_view(self._target).copy_(self._staged)
 
 
 class SelfRequest(Request):
@@ -89,6 +91,11 @@ class TorchBarrierRequest(TorchRequest):
         return f"the other ranks of group {self.comm.name} to reach the barrier"
 
 
+class TorchControlRequest(TorchBarrierRequest):
+    def describe(self) -> str:
+        return f"the other ranks of group {self.comm.name} to join a control all-gather"
+
+
 class TorchCommunicator(Communicator):
     """A torch.distributed process group (the default one when `group` is None)."""
 
@@ -110,7 +117,7 @@ class TorchCommunicator(Communicator):
         import torch
 
         raw = (
-            buf.reshape(-1).view(torch.uint8)
+            buffers.byte_view(buf)
             if buffers.is_torch(buf)
             else torch.from_numpy(buffers.as_bytes(buf))
         )
@@ -150,10 +157,28 @@ class TorchCommunicator(Communicator):
         work = _dist().barrier(group=self.group, async_op=True)
         return TorchBarrierRequest(self, "barrier", -1, -1, 0, work)
 
-    def allgather_object(self, obj) -> list:
-        out = [None] * self.size
-        _dist().all_gather_object(out, obj, group=self.group)
-        return out
+    def allgather_object(self, obj, context: str = "") -> list:
+        """Pickled control messages: lengths, then the padded bytes, each an async all_gather
+        polled within the timeout (torch's own all_gather_object would wait for the process
+        group's timeout, 30 minutes by default)."""
+        import torch
+
+        device = torch.device("cpu")
+        if self.pg_backend == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
+        sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(self.size)]
+        mine = torch.tensor([data.numel()], dtype=torch.int64, device=device)
+        self._control(_dist().all_gather(sizes, mine, group=self.group, async_op=True), context)
+        counts = [int(n) for n in sizes]
+        padded = torch.zeros(max(counts), dtype=torch.uint8, device=device)
+        padded[: data.numel()] = data
+        outs = [torch.empty_like(padded) for _ in range(self.size)]
+        self._control(_dist().all_gather(outs, padded, group=self.group, async_op=True), context)
+        return [pickle.loads(o[:n].cpu().numpy().tobytes()) for o, n in zip(outs, counts)]
+
+    def _control(self, work, context: str) -> None:
+        wait_all([TorchControlRequest(self, "barrier", -1, -1, 0, work)], self.timeout, context)
 
     def split(self, ranks, name: str | None = None):
         ranks = check_ranks(ranks, self.size)
@@ -200,6 +225,7 @@ def init_from_mpi(mpi_comm, backend: str = "gloo", timeout: float = 300.0) -> No
     addr = os.environ.get("MASTER_ADDR") or ("127.0.0.1" if len(set(hosts)) == 1 else hosts[0])
     if backend == "nccl":
         torch.cuda.set_device(mpi_comm.Get_rank() % torch.cuda.device_count())
+    atexit.register(_destroy)  # before MPI finalizes (atexit runs last-registered first)
     dist.init_process_group(
         backend,
         init_method=f"tcp://{addr}:{port}",
@@ -207,3 +233,9 @@ def init_from_mpi(mpi_comm, backend: str = "gloo", timeout: float = 300.0) -> No
         world_size=mpi_comm.Get_size(),
         timeout=datetime.timedelta(seconds=timeout),
     )
+
+
+def _destroy() -> None:
+    dist = _dist()
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,190 @@
+"""`minipar bench`: launch one job that times the collectives, then print and save what it found.
+
+The ranks (minipar/bench/ranks.py) write one JSON line per finished cell; this process follows
+the file for the progress bar, then computes bandwidths, ratios, predictions and roofline
+fractions (report.py) and prints them (table.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+
+from minipar.bench import spec
+
+EPILOG = """\
+examples:
+  minipar bench all_reduce -n 2 --against mpi,torch --json out.json
+  minipar bench all_reduce --sizes 8B:64MiB:x4 --algorithms ring,recursive_doubling
+  minipar bench all_gather,reduce_scatter --sizes 1MiB,64MiB --against mpi
+  minipar bench --fit                 measure alpha, beta, gamma; store them for the cost model
+  minipar bench all_reduce --plot busbw.png
+
+Times are the median (min, max) over iterations of the slowest rank's time; each iteration
+starts at a barrier. busbw follows nccl-tests (all-reduce: algbw x 2(n-1)/n). With more ranks
+than cores the ranks take turns on a core: such numbers support no claims.
+"""
+
+
+def configure(parser) -> None:
+    parser.description = "Time minipar's collective algorithms against MPI and torch.distributed."
+    parser.epilog = EPILOG
+    add = parser.add_argument
+    add(
+        "collective",
+        nargs="?",
+        default="all_reduce",
+        help=f"one of {', '.join(spec.COLLECTIVES)}, a comma list, or 'all' (default all_reduce)",
+    )
+    add("-n", "--ranks", type=int, default=2, help="number of ranks (default 2)")
+    add("--sizes", default="8B:64MiB", help="START:END[:xF] or a list (default 8B:64MiB)")
+    add("--dtype", default="float32", choices=spec.DTYPES)
+    add("--algorithms", default="all", help="comma list of minipar algorithms, or 'all'")
+    add("--against", default="mpi,torch", help="references: mpi, torch, both, or 'none'")
+    add("--iters", type=int, default=None, help="iterations per cell (default: adapt to size)")
+    add("--warmup", type=int, default=2, help="warm-up calls per cell (default 2)")
+    add("--budget", type=float, default=0.05, help="seconds of timed calls per cell (default)")
+    add("--json", metavar="PATH", help="write one record per row as a JSON list")
+    add("--plot", metavar="PATH.png", help="draw busbw against size (matplotlib)")
+    add("--fit", action="store_true", help="measure this machine's alpha, beta, gamma first")
+    add("--fit-path", default=None, help="where --fit stores the link (default: user cache)")
+    add("--timeout", type=float, default=900, help="seconds before the whole job is killed")
+
+
+def default_fit_path() -> str:
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "minipar", "link.json")
+
+
+def job_spec(args) -> dict:
+    """The ranks' instructions, validated here so a typo fails before anything launches."""
+    from minipar.collectives import registry
+
+    collectives = spec.parse_collectives(args.collective)
+    against = [] if args.against in ("none", "") else args.against.split(",")
+    for impl in against:
+        if impl not in ("mpi", "torch"):
+            raise ValueError(f"--against takes mpi and/or torch, got {impl!r}")
+    algorithms = {}
+    for c in collectives:
+        known = registry.algorithms(c)
+        wanted = known if args.algorithms == "all" else args.algorithms.split(",")
+        algorithms[c] = [a for a in wanted if a in known]
+        if args.algorithms != "all" and not algorithms[c] and len(collectives) == 1:
+            raise ValueError(f"{c} has none of {args.algorithms}; it has {', '.join(known)}")
+    return {
+        "collectives": collectives,
+        "sizes": spec.parse_sizes(args.sizes),
+        "dtype": args.dtype,
+        "algorithms": algorithms,
+        "against": against,
+        "iters": args.iters,
+        "warmup": args.warmup,
+        "budget": args.budget,
+        "fit": bool(args.fit),
+        "fit_path": os.path.abspath(args.fit_path or default_fit_path()),
+    }
+
+
+def cell_count(job: dict) -> int:
+    per_size = sum(len(job["algorithms"][c]) + len(job["against"]) for c in job["collectives"])
+    return per_size * len(job["sizes"])
+
+
+def launch_job(job: dict, n: int, timeout: float, progress=None) -> tuple[list[dict], object]:
+    """Run the ranks; returns (the events rank 0 wrote, the CompletedProcess)."""
+    from minipar import launch
+
+    folder = tempfile.mkdtemp(prefix="minipar-bench-")
+    spec_path, out_path = os.path.join(folder, "job.json"), os.path.join(folder, "out.jsonl")
+    with open(spec_path, "w") as f:
+        json.dump(job, f)
+    open(out_path, "w").close()
+    os.environ.setdefault("MINIPAR_TIMEOUT", "120")
+    done = []
+    argv = ["-m", "minipar.bench.ranks", spec_path, out_path]
+    worker = threading.Thread(
+        target=lambda: done.append(launch.run(n, argv, timeout=timeout, capture=True))
+    )
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.2)
+        if progress is not None:
+            progress(_read(out_path))
+    return _read(out_path), done[0]
+
+
+def _read(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.endswith("\n")]
+
+
+def run_with_progress(job: dict, args, console) -> tuple[list[dict], object]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
+    with Progress(*columns, TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("benchmarking", total=cell_count(job))
+
+        def progress(events):
+            cells = [e for e in events if e["type"] in ("row", "skip")]
+            if cells:
+                what = f"{cells[-1]['collective']} {spec.format_size(cells[-1]['nbytes'])}"
+                bar.update(task, completed=len(cells), description=f"benchmarking {what}")
+
+        return launch_job(job, args.ranks, args.timeout, progress)
+
+
+def show(console, job: dict, events: list[dict]) -> list[dict]:
+    """Print the header, tables, skips, fit and goals; return the records."""
+    from minipar import cost
+    from minipar.bench import fit, report, table
+
+    head = next(e for e in events if e["type"] == "header")
+    fitted = next((e for e in events if e["type"] == "fit"), None)
+    link = fit.as_link(fitted) if fitted else cost.default_link()
+    rows = report.records(events, job["dtype"], link)
+    table.header(console, head, link.name)
+    for collective in job["collectives"]:
+        table.rows_table(console, rows, collective)
+    for e in events:
+        if e["type"] == "skip":
+            where = f"{e['implementation']} {e['collective']} {spec.format_size(e['nbytes'])}"
+            console.print(f"[yellow]skipped[/] {where}: {e['reason']}")
+    if fitted:
+        table.fit_panel(console, fitted, rows, link)
+    table.goals_table(console, rows, head["oversubscribed"])
+    return rows
+
+
+def main(args) -> int:
+    from rich.console import Console
+
+    console = Console()
+    try:
+        job = job_spec(args)
+    except ValueError as error:
+        console.print(f"[red]minipar bench: {error}[/]")
+        return 2
+    start = time.monotonic()
+    events, proc = run_with_progress(job, args, console)
+    if not any(e["type"] == "done" for e in events):
+        console.print(f"[red]minipar bench: the job failed (exit {proc.returncode}):[/]")
+        console.print((proc.stderr or "")[-4000:], markup=False, highlight=False)
+        return 1
+    rows = show(console, job, events)
+    console.print(f"[dim]{len(rows)} rows in {time.monotonic() - start:.0f} s[/]")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+        console.print(f"wrote {args.json}")
+    if args.plot:
+        from minipar.bench import plot
+
+        head = next(e for e in events if e["type"] == "header")
+        plot.busbw(rows, args.plot, head)
+        console.print(f"wrote {args.plot}")
+    return 0

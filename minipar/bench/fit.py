@@ -1,0 +1,95 @@
+"""`minipar bench --fit`: this machine's alpha, beta and gamma, measured through minipar itself.
+
+    alpha   half the round trip of an 8-byte ping-pong between ranks 0 and 1 (comm.send/recv)
+    beta    the slope of a two-way exchange's time between 4 MiB and 16 MiB (comm.sendrecv):
+            every step of a ring or butterfly sends and receives at once, and on shared memory
+            the same core does both copies, so a one-way ping-pong would flatter the link
+    gamma   seconds per byte of `np.add(a, b, out=a)` on 16 MiB, every rank at once
+
+The one-way large-message bandwidth is measured too and stored beside them, for comparison.
+Ranks other than 0 and 1 wait at the barriers while the pair measures.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import time
+
+SMALL, LARGE = 4 << 20, 16 << 20
+
+
+def _pair_times(comm, timer, nbytes: int, iters: int, exchange: bool) -> float:
+    """Median seconds per message (ping-pong: half a round trip; exchange: one sendrecv)."""
+    import numpy as np
+
+    out, back = np.zeros(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+    me, times = comm.rank, []
+    for _ in range(iters):
+        timer.barrier()
+        start = time.perf_counter()
+        if me in (0, 1) and exchange:
+            comm.sendrecv(out, 1 - me, back, 1 - me)
+        elif me == 0:
+            comm.send(out, 1)
+            comm.recv(back, 1)
+        elif me == 1:
+            comm.recv(back, 0)
+            comm.send(back, 0)
+        times.append((time.perf_counter() - start) / (1 if exchange else 2))
+    mine = float(np.median(times)) if me in (0, 1) else 0.0
+    return timer.max_over_ranks(mine)
+
+
+def _reduce_rate(timer, nbytes: int) -> float:
+    from minipar import roofline
+
+    _, add_rate = roofline.kernel_rates(nbytes, "float32", timer.barrier, timer.max_over_ranks)
+    return add_rate
+
+
+def measure(comm, timer) -> dict:
+    """alpha, beta, gamma (seconds, s/byte, s/byte) and the raw measurements, on every rank."""
+    if comm.size < 2:
+        raise ValueError("--fit needs at least 2 ranks (it times messages between two of them)")
+    alpha = _pair_times(comm, timer, 8, 500, exchange=False)
+    small = _pair_times(comm, timer, SMALL, 10, exchange=True)
+    large = _pair_times(comm, timer, LARGE, 5, exchange=True)
+    one_way = _pair_times(comm, timer, LARGE, 5, exchange=False)
+    beta = max((large - small) / (LARGE - SMALL), 1e-13)
+    add_rate = _reduce_rate(timer, LARGE)
+    return {
+        "alpha": alpha,
+        "beta": beta,
+        "gamma": 1 / add_rate,
+        "exchange_GBps": 1 / beta / 1e9,
+        "one_way_GBps": LARGE / one_way / 1e9,
+        "reduce_GBps": add_rate / 1e9,
+        "host": socket.gethostname(),
+        "ranks": comm.size,
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    }
+
+
+def as_link(fit: dict):
+    from minipar import cost
+
+    source = f"minipar bench --fit, {fit['ranks']} ranks on {fit['host']}, {fit['date']}"
+    return cost.Link(f"fitted:{fit['host']}", fit["alpha"], fit["beta"], fit["gamma"], source)
+
+
+def measured_crossover(rows, small: str, large: str):
+    """The smallest size from which `large` is faster than `small` at every size measured
+    (all_reduce minipar rows), or None when it never is; "below" when it always is."""
+    times = {}
+    for r in rows:
+        if r["collective"] == "all_reduce" and r["implementation"] == "minipar":
+            times.setdefault(r["nbytes"], {})[r["algorithm"]] = r["time_s_median"]
+    sizes = sorted(n for n, t in times.items() if small in t and large in t)
+    wins = [times[n][large] < times[n][small] for n in sizes]
+    if not sizes or not wins[-1]:
+        return None
+    first = len(wins)
+    while first > 0 and wins[first - 1]:
+        first -= 1
+    return "below" if first == 0 else sizes[first]

@@ -1,0 +1,131 @@
+"""The operation each benchmark cell times: one collective call, by minipar, MPI or torch.
+
+`make(impl, collective, algorithm, nbytes, dtype, ctx)` allocates the buffers once and returns a
+function of no arguments that makes one call (or None when the implementation cannot run that
+dtype, e.g. MPI has no bfloat16 reduction). Buffers start as zeros, so repeated in-place sums
+never overflow or turn into slow denormals. Every call is in place where the API allows it, as
+DDP uses all-reduce: minipar and torch are in place by design, MPI gets MPI_IN_PLACE.
+"""
+
+from __future__ import annotations
+
+from minipar.bench.spec import ITEMSIZE
+
+
+class Context:
+    """What the ops need from the job: the minipar group, mpi4py's communicator, torch.dist."""
+
+    def __init__(self, comm, mpi_comm, dist=None):
+        self.comm, self.mpi, self.dist = comm, mpi_comm, dist
+        self.rank, self.size = comm.rank, comm.size
+
+
+def _numpy_dtype(dtype: str):
+    import numpy as np
+
+    return None if dtype == "bfloat16" else np.dtype(dtype)
+
+
+def _buffer(count: int, dtype: str, torch_tensor: bool = False):
+    """Zeros: numpy when numpy has the dtype (and torch was not asked for), else torch."""
+    if not torch_tensor and _numpy_dtype(dtype) is not None:
+        import numpy as np
+
+        return np.zeros(count, _numpy_dtype(dtype))
+    import torch
+
+    return torch.zeros(count, dtype=getattr(torch, dtype))
+
+
+def make(impl: str, collective: str, algorithm: str, nbytes: int, dtype: str, ctx: Context):
+    count = nbytes // ITEMSIZE[dtype]
+    block = count // ctx.size
+    if impl == "minipar":
+        return _minipar(collective, algorithm, count, block, dtype, ctx)
+    if impl == "mpi":
+        return _mpi(collective, count, block, dtype, ctx)
+    if impl == "torch":
+        return _torch(collective, count, block, dtype, ctx)
+    raise ValueError(f"unknown implementation {impl!r}")
+
+
+def _minipar(collective, algorithm, count, block, dtype, ctx):
+    import minipar
+
+    p, root = ctx.size, 0
+    x = _buffer(count, dtype)
+    small = _buffer(block, dtype)
+    alg = {"algorithm": algorithm}
+    if collective == "all_reduce":
+        return lambda: minipar.all_reduce(x, **alg)
+    if collective == "all_gather":
+        return lambda: minipar.all_gather_into_tensor(x, small, **alg)
+    if collective == "reduce_scatter":
+        return lambda: minipar.reduce_scatter_tensor(small, x, **alg)
+    if collective == "broadcast":
+        return lambda: minipar.broadcast(x, root, **alg)
+    if collective == "reduce":
+        return lambda: minipar.reduce(x, root, **alg)
+    if collective == "all_to_all":
+        out = _buffer(count, dtype)
+        return lambda: minipar.all_to_all_single(out, x, **alg)
+    blocks = [_buffer(block, dtype) for _ in range(p)] if ctx.rank == root else None
+    if collective == "scatter":
+        return lambda: minipar.scatter(small, blocks, root, **alg)
+    if collective == "gather":
+        return lambda: minipar.gather(small, blocks, root, **alg)
+    raise ValueError(f"no benchmark for {collective!r}")
+
+
+def _mpi(collective, count, block, dtype, ctx):
+    from mpi4py import MPI
+
+    np_dtype = _numpy_dtype(dtype)
+    if np_dtype is None:
+        return None  # MPI has no bfloat16
+    comm, root, me = ctx.mpi, 0, ctx.rank
+    x, small = _buffer(count, dtype), _buffer(block, dtype)
+    if collective == "all_reduce":
+        return lambda: comm.Allreduce(MPI.IN_PLACE, x)
+    if collective == "all_gather":
+        return lambda: comm.Allgather(small, x)
+    if collective == "reduce_scatter":
+        return lambda: comm.Reduce_scatter_block(x, small)
+    if collective == "broadcast":
+        return lambda: comm.Bcast(x, root)
+    if collective == "reduce":
+        return lambda: comm.Reduce(MPI.IN_PLACE if me == root else x, x, root=root)
+    if collective == "all_to_all":
+        out = _buffer(count, dtype)
+        return lambda: comm.Alltoall(x, out)
+    if collective == "scatter":
+        return lambda: comm.Scatter(x, small, root)
+    if collective == "gather":
+        return lambda: comm.Gather(small, x, root)
+    raise ValueError(f"no benchmark for {collective!r}")
+
+
+def _torch(collective, count, block, dtype, ctx):
+    dist, root = ctx.dist, 0
+    if dist is None:
+        return None
+    x, small = _buffer(count, dtype, True), _buffer(block, dtype, True)
+    if collective == "all_reduce":
+        return lambda: dist.all_reduce(x)
+    if collective == "all_gather":
+        return lambda: dist.all_gather_into_tensor(x, small)
+    if collective == "reduce_scatter":
+        return lambda: dist.reduce_scatter_tensor(small, x)
+    if collective == "broadcast":
+        return lambda: dist.broadcast(x, root)
+    if collective == "reduce":
+        return lambda: dist.reduce(x, root)
+    if collective == "all_to_all":
+        out = _buffer(count, dtype, True)
+        return lambda: dist.all_to_all_single(out, x)
+    blocks = [_buffer(block, dtype, True) for _ in range(ctx.size)] if ctx.rank == root else None
+    if collective == "scatter":
+        return lambda: dist.scatter(small, blocks, src=root)
+    if collective == "gather":
+        return lambda: dist.gather(small, blocks, dst=root)
+    raise ValueError(f"no benchmark for {collective!r}")

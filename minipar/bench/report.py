@@ -1,0 +1,108 @@
+"""From the ranks' raw times to the records, the table, and the issue's performance goals.
+
+One record per (collective, size, implementation, algorithm), with the keys of `--json`:
+collective, algorithm, implementation, world_size, nbytes, dtype, time_s_median, time_s_min,
+time_s_max, algbw_GBps, busbw_GBps, predicted_s, roofline_fraction, and a few more (ratio_mpi,
+ratio_torch, prediction_error, iters, chosen).
+
+    algbw = nbytes / time          busbw = algbw * spec.bus_factor(collective, p)
+    ratio_mpi = time / MPI's time (same collective and size), ratio_torch likewise
+    prediction_error = (predicted - measured) / measured
+    roofline_fraction = roofline.lower_bound(...) / time
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from minipar import cost, roofline
+from minipar.bench import spec
+
+KEYS = ["collective", "algorithm", "implementation", "world_size", "nbytes", "dtype",
+        "time_s_median", "time_s_min", "time_s_max", "algbw_GBps", "busbw_GBps", "predicted_s",
+        "roofline_fraction"]  # fmt: skip
+
+
+def records(events: list[dict], dtype: str, link) -> list[dict]:
+    """The rows of a run (events as the ranks wrote them), with every derived field."""
+    header = next(e for e in events if e["type"] == "header")
+    p = header["world_size"]
+    roofs = {(e["collective"], e["nbytes"]): e for e in events if e["type"] == "roof"}
+    rows = [_record(e, p, dtype, link, roofs) for e in events if e["type"] == "row"]
+    native = {(r["collective"], r["nbytes"], r["implementation"]): r["time_s_median"]
+              for r in rows if r["algorithm"] == "native"}  # fmt: skip
+    for r in rows:
+        for impl in ("mpi", "torch"):
+            ref = native.get((r["collective"], r["nbytes"], impl))
+            r[f"ratio_{impl}"] = r["time_s_median"] / ref if ref else None
+    return rows
+
+
+def _record(event: dict, p: int, dtype: str, link, roofs) -> dict:
+    times, n, collective = event["times"], event["nbytes"], event["collective"]
+    median = statistics.median(times)
+    algbw = n / median / 1e9
+    record = {key: event.get(key) for key in ("collective", "algorithm", "implementation")}
+    record.update(world_size=p, nbytes=n, dtype=dtype, time_s_median=median)
+    record.update(time_s_min=min(times), time_s_max=max(times), algbw_GBps=algbw)
+    record["busbw_GBps"] = algbw * spec.bus_factor(collective, p)
+    predicted = None
+    if event["implementation"] == "minipar":
+        algorithm = event.get("chosen") or event["algorithm"]
+        try:
+            predicted = cost.predict(collective, algorithm, n, p, link)
+        except ValueError:  # a user-registered algorithm has no formula
+            pass
+    record["predicted_s"] = predicted
+    record["prediction_error"] = (predicted - median) / median if predicted else None
+    roof = roofs.get((collective, n))
+    floor = roof and roofline.lower_bound(collective, n, p, roof["copy_Bps"], roof["add_Bps"])
+    record["roofline_fraction"] = floor / median if floor else None
+    record["iters"] = len(times)
+    if event.get("chosen"):
+        record["chosen"] = event["chosen"]
+    return record
+
+
+def label(r: dict) -> str:
+    if r["implementation"] == "mpi":
+        return "MPI (native)"
+    if r["implementation"] == "torch":
+        return "torch (gloo)"
+    return f"auto → {r['chosen']}" if r.get("chosen") else r["algorithm"]
+
+
+def goals(rows: list[dict]) -> list[tuple[str, float | None, float, str]]:
+    """The issue's goals for all_reduce / all_gather / reduce_scatter, as (goal, measured worst
+    value, limit, "<=" or ">="); None where the run did not measure it."""
+
+    def pick(collective, algorithm, impl="minipar", min_bytes=0, exact=None):
+        return [r for r in rows if r["collective"] == collective and r["implementation"] == impl
+                and r["algorithm"] == algorithm and r["nbytes"] >= min_bytes
+                and (exact is None or r["nbytes"] == exact)]  # fmt: skip
+
+    def worst(rs, key, fn=max):
+        values = [r[key] for r in rs if r.get(key) is not None]
+        return fn(values) if values else None
+
+    mib64, mib1 = 64 << 20, 1 << 20
+    minipar_rows = [r for r in rows if r["implementation"] == "minipar"]
+    latency = pick("all_reduce", "recursive_doubling", exact=8) + pick(
+        "all_reduce", "tree", exact=8
+    )
+    best_latency = worst(latency, "ratio_mpi", min)
+    return [
+        ("ring all_reduce 64 MiB: fraction of roofline",
+         worst(pick("all_reduce", "ring", exact=mib64), "roofline_fraction", min), 0.70, ">="),
+        ("ring all_reduce >= 1 MiB: time / MPI (worst size)",
+         worst(pick("all_reduce", "ring", min_bytes=mib1), "ratio_mpi"), 1.0, "<="),
+        ("latency-optimal all_reduce 8 B: time / MPI (best of rd, tree)", best_latency, 2.0, "<="),
+        ("auto: time / gloo (worst size)",
+         worst([r for r in minipar_rows if r["algorithm"] == "auto"], "ratio_torch"), 0.5, "<="),
+        ("every minipar algorithm: time / gloo (worst)", worst(minipar_rows, "ratio_torch"), 1.0,
+         "<="),
+        ("ring all_gather 64 MiB: time / MPI",
+         worst(pick("all_gather", "ring", exact=mib64), "ratio_mpi"), 1.0, "<="),
+        ("ring reduce_scatter 64 MiB: time / MPI",
+         worst(pick("reduce_scatter", "ring", exact=mib64), "ratio_mpi"), 1.0, "<="),
+    ]  # fmt: skip

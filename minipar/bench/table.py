@@ -1,0 +1,127 @@
+"""What `minipar bench` prints: the run header, one table per collective, the fit, the goals."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.panel import Panel
+from rich.table import Table
+
+from minipar.bench import fit, report
+from minipar.bench.spec import format_size
+
+
+def _t(seconds) -> str:
+    if seconds is None:
+        return ""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def _x(ratio) -> str:
+    if ratio is None:
+        return ""
+    style = "green" if ratio <= 1 else "red"
+    return f"[{style}]{ratio:.2f}x[/]"
+
+
+def _pct(value) -> str:
+    return "" if value is None else f"{100 * value:+.0f}%" if abs(value) < 10 else f"{value:+.0f}x"
+
+
+def header(console, head: dict, link_name: str) -> None:
+    lines = [
+        f"MPI      {head['mpi_library']}  (mpi4py {head['mpi4py']})",
+        f"torch    {head['torch'] or 'not loaded'}"
+        + (f"  backend {head['torch_backend']}" if head.get("torch_backend") else ""),
+        f"ranks    {head['world_size']} on {head['cores']} cores ({head['host']})",
+        f"model    predictions priced on link {link_name!r}",
+    ]
+    if head["oversubscribed"]:
+        lines.append(
+            "[bold red]OVERSUBSCRIBED: more ranks than cores; these numbers support no claims "
+            "(ranks take turns on a core)[/]"
+        )
+    console.print(Panel("\n".join(lines), title="minipar bench", expand=False))
+
+
+def rows_table(console, rows: list[dict], collective: str) -> None:
+    mine = [r for r in rows if r["collective"] == collective]
+    if not mine:
+        return
+    p = mine[0]["world_size"]
+    table = Table(title=f"{collective} on {p} ranks ({mine[0]['dtype']})", box=box.SIMPLE_HEAD)
+    for name in ("size", "implementation", "median", "min", "max", "algbw GB/s", "busbw GB/s",
+                 "x MPI", "x gloo", "model", "error", "roofline"):  # fmt: skip
+        table.add_column(name, justify="left" if name == "implementation" else "right")
+    last = None
+    for r in mine:
+        if last is not None and r["nbytes"] != last:
+            table.add_section()
+        last = r["nbytes"]
+        table.add_row(
+            format_size(r["nbytes"]),
+            report.label(r),
+            _t(r["time_s_median"]),
+            _t(r["time_s_min"]),
+            _t(r["time_s_max"]),
+            f"{r['algbw_GBps']:.3f}",
+            f"{r['busbw_GBps']:.3f}",
+            _x(r.get("ratio_mpi")),
+            _x(r.get("ratio_torch")),
+            _t(r["predicted_s"]),
+            _pct(r.get("prediction_error")),
+            "" if r["roofline_fraction"] is None else f"{100 * r['roofline_fraction']:.0f}%",
+        )
+    console.print(table)
+
+
+def fit_panel(console, measured: dict, rows: list[dict], link) -> None:
+    from minipar import cost
+
+    p = measured["ranks"]
+    lines = [
+        f"alpha  {measured['alpha'] * 1e6:.1f} µs   (8-byte ping-pong, half a round trip)",
+        f"beta   {measured['beta'] * 1e9:.3f} ns/B = {measured['exchange_GBps']:.2f} GB/s "
+        f"(two-way exchange; one way: {measured['one_way_GBps']:.2f} GB/s)",
+        f"gamma  {measured['gamma'] * 1e9:.3f} ns/B = {measured['reduce_GBps']:.2f} GB/s "
+        "(numpy add, every rank at once)",
+        f"saved  {measured['path']}   use it: MINIPAR_LINK={measured['path']} "
+        "or minipar.cost.load_link(path)",
+    ]
+    for small in ("tree", "recursive_doubling"):
+        predicted = cost.crossover("all_reduce", small, "ring", p, link)
+        seen = fit.measured_crossover(rows, small, "ring")
+        lines.append(
+            f"ring beats {small}: predicted from "
+            + (format_size(predicted) if predicted else "no size (never or always)")
+            + ", measured from "
+            + (
+                "the smallest size measured"
+                if seen == "below"
+                else format_size(seen)
+                if seen
+                else "no size measured (or not in this sweep)"
+            )
+        )
+    console.print(Panel("\n".join(lines), title=f"fitted link on {p} ranks", expand=False))
+
+
+def goals_table(console, rows: list[dict], oversubscribed: bool) -> None:
+    results = [g for g in report.goals(rows) if g[1] is not None]
+    if not results:
+        return
+    title = "performance goals (issue 4)" + (
+        " — OVERSUBSCRIBED, no claims" if oversubscribed else ""
+    )
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    for name in ("goal", "measured", "target", ""):
+        table.add_column(name, justify="left" if name == "goal" else "right")
+    for goal, value, limit, sense in results:
+        ok = value <= limit if sense == "<=" else value >= limit
+        shown = f"{100 * value:.0f}%" if "roofline" in goal else f"{value:.2f}x"
+        target = f"{sense} {100 * limit:.0f}%" if "roofline" in goal else f"{sense} {limit:g}x"
+        table.add_row(goal, shown, target, "[green]met[/]" if ok else "[red]missed[/]")
+    console.print(table)

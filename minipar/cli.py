@@ -1,0 +1,126 @@
+"""The `minipar` command: one entry point, one module per subcommand.
+
+    minipar run -n 4 script.py        minipar doctor        minipar tour
+    minipar lesson 03                 minipar bench         minipar grade
+
+Each subcommand lives in its own module, which exposes `configure(parser)` (adds its arguments,
+sets `parser.epilog` to a few examples) and `main(args) -> int` (the exit status). Only the module
+of the command being run is imported, so `minipar --help` stays fast (no torch, no MPI), and a
+command whose module is missing or broken never stops the others from working.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+import minipar
+
+# name -> (module, one-line summary); the order is the order of `minipar --help`
+COMMANDS = {
+    "run": ("minipar.launch", "run a script or module on N ranks under mpiexec"),
+    "doctor": ("minipar.doctor", "check MPI, torch and CUDA, and run a 2-rank smoke job"),
+    "tour": ("minipar.tour", "the guided demo: ping-pong, ring shift, collectives, lessons"),
+    "lesson": ("minipar.lesson", "run one lesson and print what moved where"),
+    "bench": ("minipar.bench", "time the collectives' algorithms against the cost model"),
+    "exercises": ("minipar.exercises", "list, build or check the student exercises"),
+    "grade": ("minipar.grade", "grade the exercises with the lessons' tests"),
+    "train": ("minipar.train", "train a tiny model with data, tensor and pipeline parallelism"),
+    "plan": ("minipar.plan", "plan a parallel layout for a model on a cluster"),
+}
+
+DESCRIPTION = """\
+minipar: a from-scratch, educational distributed-training runtime.
+Hand-written collectives on MPI point-to-point messages, checked against MPI and
+torch.distributed; data, tensor and pipeline parallelism built on top of them."""
+
+EPILOG = """\
+examples:
+  minipar tour                      the guided demo (start here)
+  minipar doctor                    is MPI/torch/CUDA set up? can 2 ranks talk?
+  minipar run -n 4 script.py        run script.py on 4 ranks
+  minipar run -n 4 -m mymodule      run a module on 4 ranks
+  minipar COMMAND --help            the options and examples of one command
+"""
+
+
+def available(name: str) -> bool:
+    """Whether the command's module is installed (found without importing it)."""
+    try:
+        return importlib.util.find_spec(COMMANDS[name][0]) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _selected(argv: list[str]) -> str | None:
+    """The subcommand named on the command line (the first argument not starting with '-')."""
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg
+    return None
+
+
+def build_parser(selected: str | None = None):
+    """The parser; only the `selected` command's module is imported to configure its parser."""
+    parser = argparse.ArgumentParser(
+        prog="minipar",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"minipar {minipar.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, summary) in COMMANDS.items():
+        if name != selected and not available(name):
+            continue
+        child = sub.add_parser(
+            name,
+            help=summary,
+            description=summary,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        if name == selected:
+            module = importlib.import_module(module_name)
+            module.configure(child)
+            if not child.epilog and getattr(module, "EXAMPLES", None):
+                child.epilog = module.EXAMPLES
+            child.set_defaults(_main=module.main)
+    return parser
+
+
+def _fail(message: str) -> int:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold red]minipar:[/] {message}", highlight=False)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    selected = _selected(argv)
+    if selected in COMMANDS and not available(selected):
+        module_name = COMMANDS[selected][0]
+        return _fail(
+            f"the '{selected}' command is not available in this installation "
+            f"(its module {module_name} is missing)"
+        )
+    try:
+        parser = build_parser(selected if selected in COMMANDS else None)
+    except Exception as error:  # a broken command module must say so, not crash with a trace
+        module_name = COMMANDS[selected][0]
+        return _fail(f"cannot load the '{selected}' command from {module_name}: {error!r}")
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        status = args._main(args)
+    except KeyboardInterrupt:
+        return 130
+    return int(status or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

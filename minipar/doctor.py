@@ -1,0 +1,179 @@
+"""`minipar doctor`: is this machine ready to run minipar, and what will it run on?
+
+It looks at the MPI library mpi4py loads (version, flavor, the mpiexec that belongs to it), at
+torch (version, gloo and NCCL, CUDA devices) and at the cores, then launches a 2-rank smoke job
+(minipar.demos.smoke) that sends a message around a ring and all-reduces a vector. Questions only
+an initialised MPI answers (thread level, CUDA-aware transfers) are asked inside that job, so the
+doctor's own process never calls MPI_Init. Exit 0 when minipar can run.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from dataclasses import asdict, dataclass
+
+from minipar import launch
+
+EXAMPLES = """\
+examples:
+  minipar doctor                  the table, then a 2-rank smoke job
+  minipar doctor --json           the same as JSON (for scripts and bug reports)
+  minipar doctor --no-smoke       only look, launch nothing (ask MPI in a 1-rank job)
+
+Exit status 0 when minipar can run here: mpi4py imports, an mpiexec is found, and the smoke
+job's ranks exchanged messages and agreed on an all-reduce.
+"""
+
+
+@dataclass
+class Check:
+    name: str
+    value: str
+    status: str = "ok"  # "ok", "warn" (works, but read the note) or "fail" (minipar cannot run)
+    note: str = ""
+
+
+def mpi_checks() -> list[Check]:
+    """The MPI library and its mpiexec, without initialising MPI."""
+    try:
+        import mpi4py
+
+        version = launch.mpi_library_version()
+        from mpi4py import MPI
+    except ImportError as error:
+        return [Check("mpi4py", "not importable", "fail", f"{error}; pip install mpi4py mpich")]
+    checks = [
+        Check("mpi4py", mpi4py.__version__),
+        Check("MPI library", " ".join(version.splitlines()[0].split())),
+        Check("MPI flavor", launch.mpi_flavor()),
+        Check("MPI standard", "{}.{}".format(*MPI.Get_version())),
+    ]
+    try:
+        checks.append(Check("mpiexec", launch.find_mpiexec()))
+    except FileNotFoundError as error:
+        checks.append(Check("mpiexec", "not found", "fail", str(error)))
+    return checks
+
+
+def torch_checks() -> list[Check]:
+    """torch, its distributed backends, and the CUDA devices it sees."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as error:
+        note = f"{error}: numpy buffers only; pip install torch"
+        return [Check("torch", "not installed", "warn", note)]
+    checks = [Check("torch", torch.__version__)]
+    if not dist.is_available():
+        return checks + [Check("torch.distributed", "not built in", "warn")]
+    yes = {True: "available", False: "not available"}
+    checks.append(Check("gloo", yes[dist.is_gloo_available()]))
+    checks.append(Check("nccl", yes[dist.is_nccl_available()]))
+    if torch.cuda.is_available():
+        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        summary = f"{len(names)} x {names[0]}" if len(set(names)) == 1 else ", ".join(names)
+        checks.append(Check("CUDA devices", summary, note=f"CUDA {torch.version.cuda}"))
+    else:
+        checks.append(Check("CUDA devices", "none", note="CPU tensors only"))
+    return checks
+
+
+def machine_checks() -> list[Check]:
+    n = launch.cores()
+    note = f"jobs of more than {n} ranks run oversubscribed (waits yield the core)"
+    return [
+        Check("python", f"{platform.python_version()} ({platform.machine()})"),
+        Check("cores", str(n), note=note),
+    ]
+
+
+def smoke_checks(ranks: int = 2, timeout: float = 60) -> list[Check]:
+    """Launch the smoke job and turn what its rank 0 printed into checks."""
+    from minipar.demos.smoke import PREFIX
+
+    try:
+        done = launch.run(ranks, ["-m", "minipar.demos.smoke"], timeout=timeout, capture=True)
+    except (FileNotFoundError, ValueError) as error:
+        return [Check(f"{ranks}-rank smoke job", "not started", "fail", str(error))]
+    lines = [ln for ln in (done.stdout or "").splitlines() if ln.startswith(PREFIX)]
+    if done.returncode != 0 or not lines:
+        tail = " | ".join((done.stderr or done.stdout or "").strip().splitlines()[-3:])
+        return [Check(f"{ranks}-rank smoke job", f"exit {done.returncode}", "fail", tail)]
+    facts = json.loads(lines[-1][len(PREFIX) :])
+    agreed = facts["ring_ok"] and facts["all_reduce_ok"]
+    checks = [
+        Check("thread level", facts["thread_level"]),
+        Check(
+            "CUDA-aware MPI", "yes" if facts["cuda_aware"] else "no", note=facts["cuda_aware_why"]
+        ),
+    ]
+    if ranks > 1:
+        what = f"ring shift + all-reduce in {facts['seconds']:.2f} s"
+        checks.append(Check(f"{ranks}-rank smoke job", "passed" if agreed else "wrong results",
+                            "ok" if agreed else "fail", what))  # fmt: skip
+    return checks
+
+
+def collect(smoke: bool = True, timeout: float = 60) -> dict:
+    """Every check, and whether minipar can run ("ok": no check failed)."""
+    checks = mpi_checks()
+    mpi_ok = all(c.status != "fail" for c in checks)
+    checks += torch_checks() + machine_checks()
+    if mpi_ok:
+        checks += smoke_checks(2 if smoke else 1, timeout)
+    cuda = next((c for c in checks if c.name == "CUDA devices"), None)
+    aware = next((c for c in checks if c.name == "CUDA-aware MPI"), None)
+    if cuda and aware and cuda.value != "none" and aware.value == "no":
+        aware.status = "warn"
+        aware.note += "; CUDA tensors are staged through pinned host memory"
+    return {"ok": all(c.status != "fail" for c in checks), "checks": [asdict(c) for c in checks]}
+
+
+MARKS = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]FAIL[/]"}
+
+
+def table(report: dict, title: str = "minipar doctor", notes: bool = True):
+    from rich.table import Table
+
+    grid = Table(title=title, title_justify="left")
+    grid.add_column("check", style="bold")
+    grid.add_column("value", overflow="fold")
+    grid.add_column("", no_wrap=True)
+    if notes:
+        grid.add_column("note", style="dim", overflow="fold")
+    for c in report["checks"]:
+        row = [c["name"], c["value"], MARKS[c["status"]]] + ([c["note"]] if notes else [])
+        grid.add_row(*row)
+    return grid
+
+
+def verdict(report: dict) -> str:
+    if report["ok"]:
+        return "[bold green]minipar can run here.[/]"
+    failed = ", ".join(c["name"] for c in report["checks"] if c["status"] == "fail")
+    return f"[bold red]minipar cannot run here yet:[/] fix {failed} (see the notes above)."
+
+
+def configure(parser) -> None:
+    parser.epilog = EXAMPLES
+    parser.add_argument("--json", action="store_true", help="print the checks as JSON")
+    parser.add_argument("--no-smoke", action="store_true",
+                        help="no 2-rank smoke job (only a 1-rank probe)")  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=60, metavar="S",
+                        help="seconds the smoke job may take (default 60)")  # fmt: skip
+
+
+def main(args) -> int:
+    report = collect(smoke=not args.no_smoke, timeout=args.timeout)
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        print()
+    else:
+        from rich.console import Console
+
+        console = Console(highlight=False)
+        console.print(table(report))
+        console.print(verdict(report))
+    return 0 if report["ok"] else 1

@@ -1,0 +1,209 @@
+"""`minipar grade`: run the exercises' tests against exercises/ (or solutions/) and report.
+
+    minipar grade                 every exercise in exercises/
+    minipar grade 03              only lesson 03's exercises
+    minipar grade --solutions     the worked answers (all must pass: what CI checks)
+    minipar grade --impl DIR      a folder of exNN_*.py files (a student's copy)
+
+The tests are tests/test_exercises.py, the same ones CI runs against solutions/; the grader runs
+pytest on them with `--impl` and sorts each test into passed, failed (with the first line of the
+error) or not started (the exercise still raises NotImplementedError). Exit status 0 only when
+every test passed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from minipar import exercises
+
+TESTS = Path("tests") / "test_exercises.py"
+EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Exit))\b:?\s*(.*)$")
+
+
+@dataclass
+class Result:
+    exercise: str  # ex03_ring_allreduce
+    test: str  # what was checked, e.g. "values on 4 ranks"
+    status: str  # "passed", "failed" or "not started"
+    detail: str = ""  # the first line of the error, or the NotImplementedError's hint
+
+
+def _exercise_and_test(nodeid: str) -> tuple[str, str]:
+    """('ex03_ring_allreduce', 'values on 4 ranks') from a test id. Multi-rank tests are
+    test_ranks[SIZE-EXERCISE/CASE]; the others are named test_EXERCISE_WHAT[PARAMS]."""
+    name = nodeid.split("::")[-1]
+    ranks = re.fullmatch(r"test_ranks\[(\d+)-(ex\d\d_\w+)/(.+)\]", name)
+    if ranks:
+        size, exercise, what = ranks.groups()
+        return exercise, f"{what} on {size} rank{'' if size == '1' else 's'}"
+    for stem in sorted((p.stem for p in exercises.sources()), key=len, reverse=True):
+        if name.startswith(f"test_{stem}"):
+            return stem, name[len(stem) + 5 :].lstrip("_") or name
+    return "?", name
+
+
+def _last_error(traceback_text: str) -> tuple[str, str] | None:
+    """(exception name, message) of the last exception line of a formatted traceback."""
+    found = None
+    for line in traceback_text.splitlines():
+        match = EXCEPTION_LINE.match(line.strip())
+        if match:
+            found = match.groups()
+    return found
+
+
+def classify(error: BaseException | None) -> tuple[str, str]:
+    """(status, detail) for a test's outcome: `error` is the exception it raised (None if it
+    passed). Multi-rank failures arrive as one AssertionError holding every rank's traceback;
+    the first failing rank's own last error is the one reported."""
+    if error is None:
+        return "passed", ""
+    if isinstance(error, NotImplementedError):
+        return "not started", str(error)
+    message = str(error).strip()
+    if "--- rank" in message:
+        found = _last_error(message.split("--- rank", 2)[1])
+        if found and found[0] == "NotImplementedError":
+            return "not started", found[1]
+        if found:
+            return "failed", f"{found[0]}: {found[1]}"
+    first = message.splitlines()[0] if message else ""
+    if isinstance(error, AssertionError):
+        return "failed", first or "AssertionError"
+    return "failed", f"{type(error).__name__}: {first}"
+
+
+class Collector:
+    """A pytest plugin that keeps each test's outcome and exception."""
+
+    def __init__(self):
+        self.results: list[Result] = []
+
+    def _record(self, item, error) -> None:
+        exercise, test = _exercise_and_test(item.nodeid)
+        status, detail = classify(error)
+        self.results.append(Result(exercise, test, status, detail[:300]))
+
+    def pytest_runtest_makereport(self, item, call):
+        if call.when == "call":
+            self._record(item, call.excinfo.value if call.excinfo else None)
+        elif call.when == "setup" and call.excinfo is not None:
+            self._record(item, call.excinfo.value)
+
+
+def run(impl: str = "exercises", lesson: str | None = None, root: Path | None = None,
+        verbose: bool = False) -> list[Result]:  # fmt: skip
+    """Run the exercise tests against `impl` in this process; the results, one per test."""
+    import pytest
+
+    root = root or exercises.ROOT
+    tests = root / TESTS
+    if not tests.exists():
+        raise FileNotFoundError(f"{tests} not found: grade from a clone of the repository")
+    folder = exercises.tree(impl)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no folder {folder}")
+    args = [str(tests), f"--impl={folder}", "-p", "no:cacheprovider"]
+    if not verbose:  # the report is ours; pytest's own output only with --verbose
+        args += ["-o", "addopts=", "-p", "no:terminal"]
+    if lesson:
+        args += ["-k", f"ex{int(lesson):02d}"]
+    collector = Collector()
+    pytest.main(args, plugins=[collector])
+    return collector.results
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+EXAMPLES = """\
+examples:
+  minipar grade                   grade every exercise in exercises/
+  minipar grade 03                only lesson 03's exercises
+  minipar grade --solutions       the worked answers (instructors, CI): all must pass
+  minipar grade --impl ~/mine     a folder holding your own exNN_*.py files
+  minipar grade --json out.json   also write the results as JSON (for a course's records)
+"""
+
+
+def configure(parser) -> None:
+    parser.epilog = EXAMPLES
+    parser.add_argument("lesson", nargs="?", default=None, metavar="NN",
+                        help="only this lesson's exercises (02, 03, 04)")  # fmt: skip
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--solutions", action="store_true", help="grade solutions/ instead")
+    which.add_argument("--impl", default=None, metavar="DIR", help="grade the files in DIR")
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the results here")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output")
+
+
+STYLE = {"passed": "green", "failed": "bold red", "not started": "yellow"}
+
+
+def verdict(mine: list[Result]) -> str:
+    if all(r.status == "passed" for r in mine):
+        return "passed"
+    return "not started" if all(r.status == "not started" for r in mine) else "failed"
+
+
+def report(console, results: list[Result], impl: str, shown: int = 3) -> None:
+    """One row per exercise (counts and verdict), then the first failures of each with their
+    first error line, and the hint of each exercise not started yet."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    by_exercise: dict[str, list[Result]] = {}
+    for r in results:
+        by_exercise.setdefault(r.exercise, []).append(r)
+    table = Table(title=f"minipar grade: {impl}", box=box.SIMPLE_HEAD, title_justify="left")
+    for col in ("exercise", "passed", "failed", "not started", "result"):
+        table.add_column(col, justify="left" if col in ("exercise", "result") else "right")
+    for exercise, mine in sorted(by_exercise.items()):
+        counts = [sum(r.status == s for r in mine) for s in STYLE]
+        v = verdict(mine)
+        table.add_row(exercise, *map(str, counts), f"[{STYLE[v]}]{v}[/]")
+    console.print(table)
+    for exercise, mine in sorted(by_exercise.items()):
+        failed = [r for r in mine if r.status == "failed"]
+        waiting = [r for r in mine if r.status == "not started"]
+        if failed:
+            console.print(f"[bold red]{exercise}[/]: {len(failed)} failed")
+            for r in failed[:shown]:
+                console.print(f"  {escape(r.test)}: {escape(r.detail)}", overflow="fold")
+            if len(failed) > shown:
+                console.print(f"  ... and {len(failed) - shown} more")
+        elif waiting:
+            console.print(f"[yellow]{exercise}[/]: not started; hint: {escape(waiting[0].detail)}")
+    total = {s: sum(r.status == s for r in results) for s in STYLE}
+    console.print(", ".join(f"[{STYLE[s]}]{n} {s}[/]" for s, n in total.items()) + " (tests)")
+
+
+def main(args) -> int:
+    from rich.console import Console
+
+    console, err = Console(highlight=False), Console(stderr=True, highlight=False)
+    impl = "solutions" if args.solutions else (args.impl or "exercises")
+    try:
+        results = run(impl, args.lesson, verbose=args.verbose)
+    except (FileNotFoundError, ValueError) as error:
+        err.print(f"[bold red]minipar grade:[/] {error}")
+        return 2
+    if not results:
+        err.print("[bold red]minipar grade:[/] no tests ran (is the lesson number right?)")
+        return 2
+    report(console, results, str(exercises.tree(impl)))
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=1))
+    return 0 if all(r.status == "passed" for r in results) else 1
+
+
+if __name__ == "__main__":
+    import argparse
+
+    _parser = argparse.ArgumentParser(prog="minipar grade")
+    configure(_parser)
+    raise SystemExit(main(_parser.parse_args()))

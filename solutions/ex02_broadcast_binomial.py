@@ -1,0 +1,36 @@
+"""Exercise 02, binomial-tree broadcast (lessons 02 and 03).
+
+Number the ranks relative to the root, vr = (rank - root) mod p. In step k = 0, 1, ... every
+rank that already has the data (vr < 2^k) sends it to vr + 2^k, if that rank exists:
+
+    p = 8, root 0     step 0: 0->1     step 1: 0->2 1->3     step 2: 0->4 1->5 2->6 3->7
+
+The set of ranks holding the data doubles each step, so ceil(log2 p) steps suffice (against p-1
+for the linear broadcast); every message carries all n bytes. Number the steps with
+`for k in call.rounds(steps)`: the grader reads the trace ledger and checks you took
+ceil(log2 p) steps and that no rank sent more than one message per step.
+
+    minipar.broadcast(x, src=0, algorithm=broadcast_binomial)
+
+Grade it: minipar grade 02
+"""
+
+
+def tree_depth(p: int) -> int:
+    """ceil(log2 p): the number of steps of a binomial tree over p ranks (0 for p = 1)."""
+    return (p - 1).bit_length()
+
+
+def broadcast_binomial(call, x, root: int) -> None:
+    """Binomial broadcast of x from `root`: ceil(log2 p) steps, n bytes per message."""
+    p = call.size
+    vr = (call.rank - root) % p  # my rank, counted from the root
+    # BEGIN SOLUTION hint: for k in call.rounds(tree_depth(p)): mask = 1 << k; vr < mask and
+    # hint: vr + mask < p: send x to (rank + mask) % p; mask <= vr < 2 * mask: recv x from rank - mask
+    for k in call.rounds(tree_depth(p)):
+        mask = 1 << k
+        if vr < mask and vr + mask < p:
+            call.send(x, (call.rank + mask) % p)
+        elif mask <= vr < 2 * mask:
+            call.recv(x, (call.rank - mask) % p)
+    # END SOLUTION

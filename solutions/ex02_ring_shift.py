@@ -1,0 +1,23 @@
+"""Exercise 02, ring shift (lesson 02: ranks and point-to-point).
+
+Every rank sends its buffer `x` to the rank `shift` places to its right and receives, into
+`out`, the buffer of the rank `shift` places to its left:
+
+    out on rank r  <-  x of rank (r - shift) mod p          (p ranks, 4 here, shift 1)
+    0 -> 1 -> 2 -> 3 -> 0
+
+`call` is what minipar hands every algorithm: call.rank, call.size and the point-to-point
+methods call.send, call.recv, call.sendrecv, call.isend, call.irecv, call.wait. Careful: if
+every rank sends before it receives, large messages deadlock (minipar lesson 02 --break
+send-first).
+
+Grade it: minipar grade 02
+"""
+
+
+def ring_shift(call, x, out, shift: int = 1) -> None:
+    """out <- x of rank (rank - shift) mod size; x goes to rank (rank + shift) mod size."""
+    # BEGIN SOLUTION hint: one call.sendrecv(x, right, out, left) with right = (rank + shift) % size
+    p, r = call.size, call.rank
+    call.sendrecv(x, (r + shift) % p, out, (r - shift) % p)
+    # END SOLUTION

@@ -1,0 +1,114 @@
+"""Fault injection: one rank misbehaves in the middle of a job; the job must still end, non-zero,
+within the timeout, and its output must name the rank that misbehaved.
+
+    MINIPAR_TIMEOUT=3 mpiexec -n 2 python tests/faults/inject.py MODE     # MPI transport
+    MINIPAR_TIMEOUT=3 python tests/faults/inject.py MODE --torch 2        # torch (gloo), spawned
+
+Rank 1 is the faulty one. Modes:
+  ok             nobody misbehaves: the control, it must exit 0
+  raise_mid      raises inside a collective, between its two steps
+  raise_between  raises between two collectives, while the others wait in the second
+  sys_exit_mid   sys.exit(3) inside a collective
+  sys_exit       sys.exit(3) instead of joining a collective
+  os_exit_mid    os._exit(3) inside a collective (no Python cleanup at all)
+  other_call     calls broadcast while the others call all_reduce
+  other_count    calls all_reduce with twice the others' count
+Add --debug to run with minipar's cross-rank checks (MINIPAR_DEBUG=1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+
+import numpy as np
+
+FAULTY = 1
+MODES = [
+    "ok",
+    "raise_mid",
+    "raise_between",
+    "sys_exit_mid",
+    "sys_exit",
+    "os_exit_mid",
+    "other_call",
+    "other_count",
+]
+
+
+def misbehave(mode: str) -> None:
+    if mode.startswith("raise"):
+        raise RuntimeError(f"injected fault ({mode})")
+    if mode.startswith("sys_exit"):
+        sys.exit(3)
+    if mode.startswith("os_exit"):
+        os._exit(3)
+
+
+def two_step_ring(mode: str):
+    """A ring all-reduce-like algorithm of two steps; rank FAULTY misbehaves between them."""
+
+    def algorithm(call, x, op):
+        right, left = (call.rank + 1) % call.size, (call.rank - 1) % call.size
+        for step in call.rounds(2):
+            if step == 1 and call.rank == FAULTY and mode.endswith("_mid"):
+                misbehave(mode)
+            incoming = np.empty_like(x)
+            call.sendrecv(x.copy(), right, incoming, left)
+
+    algorithm.__name__ = "two_step_ring"
+    return algorithm
+
+
+def main(mode: str) -> None:
+    import minipar
+
+    world = minipar.init()
+    r = world.rank
+    x = np.full(8, float(r))
+    minipar.all_reduce(x)  # a healthy first call: every rank is up and talking
+    assert (x == sum(range(world.size))).all(), x
+    if r == FAULTY and mode in ("raise_between", "sys_exit"):
+        misbehave(mode)
+    if r == FAULTY and mode == "other_call":
+        minipar.broadcast(x, 0)
+    elif r == FAULTY and mode == "other_count":
+        minipar.all_reduce(np.ones(16))
+    elif mode.endswith("_mid"):
+        minipar.all_reduce(x, algorithm=two_step_ring(mode))
+    else:
+        minipar.all_reduce(x)
+    minipar.barrier()
+    print(f"rank {r}: finished", flush=True)
+    minipar.finalize()
+
+
+def _spawned(rank: int, size: int, port: int, mode: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
+    )
+    main(mode)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=MODES)
+    parser.add_argument("--torch", type=int, metavar="N", help="spawn N ranks over gloo")
+    parser.add_argument("--debug", action="store_true")
+    args = parser.parse_args()
+    if args.debug:
+        os.environ["MINIPAR_DEBUG"] = "1"
+    if args.torch is None:
+        main(args.mode)
+    else:
+        import torch.multiprocessing as mp
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        mp.spawn(_spawned, args=(args.torch, port, args.mode), nprocs=args.torch)

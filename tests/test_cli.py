@@ -1,0 +1,211 @@
+"""The `minipar` command: help, `run`, `doctor`, and how light `import minipar` is."""
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from minipar import cli
+
+HEAVY = ("torch", "numpy", "mpi4py")
+
+
+def minipar(*args, timeout=90):
+    """Run `python -m minipar ARGS` (what the console script runs); return the CompletedProcess."""
+    cmd = [sys.executable, "-m", "minipar", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def script(tmp_path, body: str) -> str:
+    path = tmp_path / "job.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+# -- help -------------------------------------------------------------------------------------
+
+
+def test_top_level_help_lists_the_commands():
+    done = minipar("--help")
+    assert done.returncode == 0, done.stderr
+    for name in ("run", "doctor", "tour"):
+        assert f"    {name} " in done.stdout
+    assert "examples:" in done.stdout
+
+
+@pytest.mark.parametrize("name", [n for n in cli.COMMANDS if cli.available(n)])
+def test_each_command_help_shows_examples(name, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([name, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert f"usage: minipar {name}" in out
+    assert "example" in out.lower(), f"`minipar {name} --help` shows no examples"
+
+
+def test_help_imports_no_torch_numpy_or_mpi():
+    code = (
+        "import sys; from minipar import cli; cli.build_parser().format_help(); "
+        f"print([m for m in {HEAVY!r} if m in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_missing_command_module_is_a_clear_message_and_spares_the_others(monkeypatch, capsys):
+    monkeypatch.setitem(cli.COMMANDS, "ghost", ("minipar.no_such_module", "not written yet"))
+    assert cli.main(["ghost"]) == 2
+    assert "minipar.no_such_module is missing" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--help"])
+    assert exit_info.value.code == 0
+    assert "ghost" not in capsys.readouterr().out  # not offered while it does not exist
+
+
+def test_broken_command_module_is_reported_not_raised(monkeypatch, tmp_path, capsys):
+    (tmp_path / "broken_command.py").write_text("raise RuntimeError('half-written')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(cli.COMMANDS, "broken", ("broken_command", "a module that fails"))
+    assert cli.main(["broken"]) == 2
+    assert "half-written" in capsys.readouterr().err
+
+
+def test_no_command_prints_help(capsys):
+    assert cli.main([]) == 0
+    assert "usage: minipar" in capsys.readouterr().out
+
+
+# -- run --------------------------------------------------------------------------------------
+
+
+def test_run_two_ranks_exit_zero_and_both_ranks_speak(tmp_path):
+    path = script(
+        tmp_path,
+        """
+        import sys
+        import numpy as np
+        import minipar
+        comm = minipar.init()
+        got = np.zeros(1, dtype=np.int64)
+        comm.sendrecv(np.array([comm.rank]), (comm.rank + 1) % 2, got, (comm.rank + 1) % 2)
+        print(f"rank {comm.rank} of {comm.size} got {got[0]} argv {sys.argv[1:]}", flush=True)
+        minipar.finalize()
+        """,
+    )
+    done = minipar("run", "-n", "2", "--", path, "-n", "7", "--flag")
+    assert done.returncode == 0, done.stderr
+    assert "rank 0 of 2 got 1 argv ['-n', '7', '--flag']" in done.stdout
+    assert "rank 1 of 2 got 0 argv ['-n', '7', '--flag']" in done.stdout
+
+
+def test_run_module_on_four_ranks():
+    done = minipar("run", "-n", "4", "-m", "minipar.demos.smoke")
+    assert done.returncode == 0, done.stderr
+    facts = json.loads(done.stdout.split("MINIPAR_SMOKE ", 1)[1].splitlines()[0])
+    assert facts["size"] == 4 and facts["ring_ok"] and facts["all_reduce_ok"]
+
+
+def test_failing_rank_gives_nonzero_exit_quickly(tmp_path):
+    path = script(
+        tmp_path,
+        """
+        import time
+        import minipar
+        comm = minipar.init()
+        if comm.rank == 1:
+            raise RuntimeError("rank one fails on purpose")
+        time.sleep(60)  # the others would wait; the abort must end them
+        """,
+    )
+    start = time.monotonic()
+    done = minipar("run", "-n", "3", "--timeout", "45", path)
+    assert done.returncode not in (0, 124), done.stderr
+    assert time.monotonic() - start < 30
+    assert "rank one fails on purpose" in done.stderr
+    assert "job exited with status" in done.stderr
+
+
+def test_timeout_kills_a_hung_job(tmp_path):
+    path = script(tmp_path, "import time\ntime.sleep(120)\n")
+    start = time.monotonic()
+    done = minipar("run", "-n", "2", "--timeout", "3", path)
+    assert done.returncode == 124
+    assert time.monotonic() - start < 20
+    assert "killed after 3 s" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["run", "-n", "2"], "nothing to run"),
+        (["run", "-n", "2", "no_such_script.py"], "no such script"),
+        (["run", "-n", "0", "-m", "json.tool"], "positive integer"),
+        (["run", "-n", "2", "-m", "json.tool", "extra.py"], None),  # extra.py goes to the module
+    ],
+)
+def test_run_bad_arguments(args, message, capsys):
+    if message is None:  # not an error: what follows -m belongs to the module
+        ns = cli.build_parser("run").parse_args(args)
+        assert ns.module == ["json.tool", "extra.py"] and ns.argv == []
+        return
+    assert cli.main(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_run_dry_run_prints_mpiexec_line(capsys):
+    assert cli.main(["run", "-n", "3", "--dry-run", "-m", "minipar.demos.smoke"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert "mpiexec" in line and "-n 3" in line and line.endswith("-m minipar.demos.smoke")
+
+
+# -- doctor -----------------------------------------------------------------------------------
+
+
+def test_doctor_json_says_minipar_can_run():
+    done = minipar("doctor", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert report["ok"] is True
+    for name in ("MPI library", "mpiexec", "CUDA-aware MPI", "torch", "gloo", "cores"):
+        assert name in checks, f"doctor does not report {name}"
+    assert checks["2-rank smoke job"]["value"] == "passed"
+    assert checks["thread level"]["value"] == "MPI_THREAD_MULTIPLE"
+    assert checks["CUDA-aware MPI"]["value"] in ("yes", "no") and checks["CUDA-aware MPI"]["note"]
+
+
+def test_doctor_table_and_verdict_render():
+    from rich.console import Console
+
+    from minipar import doctor
+
+    report = {"ok": False, "checks": [
+        {"name": "mpiexec", "value": "not found", "status": "fail", "note": "pip install mpich"},
+        {"name": "torch", "value": "2.x", "status": "ok", "note": ""},
+    ]}  # fmt: skip
+    console = Console(record=True, width=100)
+    console.print(doctor.table(report))
+    console.print(doctor.verdict(report))
+    text = console.export_text()
+    assert "FAIL" in text and "pip install mpich" in text
+    assert "cannot run here yet: fix mpiexec" in text
+
+
+# -- import minipar -----------------------------------------------------------------------------
+
+
+def test_import_minipar_is_light_and_fast():
+    code = f"import sys, minipar; print([m for m in {HEAVY!r} if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", f"import minipar pulled in {done.stdout.strip()}"
+    seconds = []
+    for _ in range(3):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import minipar"], check=True)
+        seconds.append(time.perf_counter() - start)
+    assert min(seconds) < 0.3, f"python -c 'import minipar' took {min(seconds):.3f} s"

@@ -1,0 +1,116 @@
+"""`minipar tour`: minipar's own steps end to end, and how the lessons' steps plug in."""
+
+import argparse
+import importlib.machinery
+import subprocess
+import sys
+import time
+import types
+
+import pytest
+
+from minipar import tour
+
+
+def test_quick_tour_runs_every_core_step():
+    start = time.monotonic()
+    cmd = [sys.executable, "-m", "minipar", "tour", "--quick", "--no-lessons"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    seconds = time.monotonic() - start
+    out = done.stdout
+    assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
+    assert "minipar can run here" in out
+    assert "ping-pong between rank 0 and rank 1" in out and "16 MiB" not in out  # quick sizes
+    assert out.count("ABCD") == 4  # every rank of the ring ended with every letter
+    for algorithm in ("ring", "tree", "recursive_doubling"):
+        assert f"│ {algorithm} " in out
+    assert "all_reduce of 4.0 MiB on 4 ranks" in out
+    assert "WRONG SUM" not in out
+    for step in ("doctor", "ping-pong", "ring-shift", "all-reduce"):
+        assert f"│ {step} " in out and "FAILED" not in out
+    assert seconds < 60, f"the quick tour took {seconds:.0f} s"
+
+
+def test_list_names_the_steps(capsys):
+    assert tour.main(_args(list=True, no_lessons=True)) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[0] for line in out.splitlines()] == [
+        "doctor",
+        "ping-pong",
+        "ring-shift",
+        "all-reduce",
+    ]
+
+
+def test_unknown_step_is_an_error(capsys):
+    assert tour.main(_args(only=["nope"], no_lessons=True)) == 2
+    assert "no step named nope" in capsys.readouterr().out
+
+
+# -- lessons plug in through minipar.lesson.tour_steps() ----------------------------------------
+
+
+def _args(**kw):
+    base = dict(quick=True, no_lessons=False, only=None, list=False, timeout=60)
+    return argparse.Namespace(**{**base, **kw})
+
+
+@pytest.fixture
+def fake_lessons(monkeypatch):
+    """A stand-in minipar.lesson whose tour_steps() returns every kind of item."""
+    calls = []
+
+    def one():
+        """Lesson one: the cost model"""
+        calls.append("one")
+
+    def two(quick):
+        calls.append(("two", quick))
+        return 0
+
+    def broken():
+        raise RuntimeError("lesson three is broken")
+
+    module = types.ModuleType("minipar.lesson")
+    module.__spec__ = importlib.machinery.ModuleSpec("minipar.lesson", None)
+    module.tour_steps = lambda: [
+        one,
+        ("Lesson two", two),
+        ("Lesson three", broken),
+        ("Lesson four", [sys.executable, "-c", "print('four ran')"]),
+        ("Lesson five", [sys.executable, "-c", "raise SystemExit(3)"]),
+    ]
+    monkeypatch.setitem(sys.modules, "minipar.lesson", module)
+    return calls
+
+
+def test_lesson_items_become_steps(fake_lessons):
+    steps = tour.lesson_steps()
+    assert [s.title for s in steps] == [
+        "Lesson one: the cost model",
+        "Lesson two",
+        "Lesson three",
+        "Lesson four",
+        "Lesson five",
+    ]
+    assert [s.name for s in steps] == [f"lesson-{i}" for i in range(1, 6)]
+
+
+def test_lesson_steps_run_and_failures_are_counted(fake_lessons, capfd):
+    status = tour.main(_args(only=["lesson"]))
+    out = capfd.readouterr().out
+    assert status == 1  # lessons three and five failed
+    assert fake_lessons == ["one", ("two", True)]  # quick is passed to those that take it
+    assert "four ran" in out and "lesson three is broken" in out
+    rows = [line for line in out.splitlines() if "│ lesson-" in line]
+    assert [("passed" in r) for r in rows] == [True, True, False, True, False]
+
+
+def test_passed_semantics():
+    assert tour.passed(None) and tour.passed(True) and tour.passed(0)
+    assert not tour.passed(False) and not tour.passed(1) and not tour.passed("0")
+
+
+def test_bad_item_is_a_type_error():
+    with pytest.raises(TypeError, match="cannot run"):
+        tour.as_step(42, 1)
