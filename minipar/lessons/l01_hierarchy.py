@@ -88,7 +88,18 @@ def claims() -> list[str]:
         fmt_time(allreduce_gradients(seven, 8, "nvlink5")),
         fmt_time(allreduce_gradients(seven, 8, "ib_ndr")),
         fmt_time(seven * GRADIENT_BYTES / hardware.rate(hardware.link("hbm3e"))),
+        *(f"{gpu.hbm_bytes / 1e9:.0f} GB" for gpu in hardware.GPUS),
+        fmt_rate(hardware.B200.nvlink_total),
+        fmt_rate(hardware.B200.hbm_rate),
+        *(fmt_rate(hardware.rate(hardware.link(name))) for name in ("pcie5", "ib_ndr")),
+        f"{slower('nvlink5'):.2g} times",
+        f"{slower('ib_ndr'):.0f} times",
     ]
+
+
+def slower(name: str) -> float:
+    """How many times longer a transfer takes over link `name` than at HBM3e speed."""
+    return hardware.rate(hardware.link("hbm3e")) / hardware.rate(hardware.link(name))
 
 
 # -- the measurements on this machine ---------------------------------------------------------

@@ -65,6 +65,12 @@ WHAT = {
 }
 
 
+def claims() -> list[str]:
+    """Buffers lessons/02_collectives.md quotes for 4 ranks; tests/test_lessons.py checks them."""
+    return [show(start(2, 4)), show(expected("all_reduce", 4)[0]),
+            show(expected("all_to_all", 4)[1]), show(expected("gather", 4)[ROOT])]  # fmt: skip
+
+
 def run(name: str, r: int, p: int):
     """Run collective `name` on this rank: (before, after) buffers."""
     x = start(r, p)

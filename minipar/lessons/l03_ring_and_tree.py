@@ -21,7 +21,7 @@ import minipar
 from minipar import cost, launch
 from minipar.collectives import ring
 from minipar.lessons import planted
-from minipar.lessons.page import Page, fmt_bytes, fmt_time
+from minipar.lessons.page import Page, fmt_bytes, fmt_rate, fmt_time
 
 ALL_REDUCE = ["linear", "tree", "ring", "recursive_doubling", "rabenseifner", "double_tree"]
 FORMULAS = {  # (steps, bytes sent by the busiest rank), n = buffer bytes, p a power of two
@@ -79,6 +79,7 @@ def claims() -> list[str]:
         f"{rd4.bytes_sent:g} n",
         fmt_bytes(crossover("recursive_doubling", "ring", 4, TEXT_LINK)),
         fmt_bytes(crossover("recursive_doubling", "ring", 8, TEXT_LINK)),
+        f"alpha {fmt_time(TEXT_LINK.alpha)}, {fmt_rate(1 / TEXT_LINK.beta)}",
     ]
 
 

@@ -56,6 +56,9 @@ def claims() -> list[str]:
         f"{bus_factor(4):g}",
         f"{bus_factor(8):g}",
         *(fmt_time(seconds) for *_, seconds in cluster_rows()),
+        f"({GRADIENTS_7B / 1e9:.0f} GB)",
+        fmt_rate(1 / cost.NVLINK5.beta),
+        f"{cost.DGX_B200.per_node} times fewer bytes",
     ]
 
 

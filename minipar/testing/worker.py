@@ -42,11 +42,24 @@ def run_cases(path: str, outdir: str, backend: str, only=None) -> None:
         except BaseException:  # noqa: BLE001  (report everything, keep going)
             results[name] = {"ok": False, "error": traceback.format_exc()}
         results[name]["seconds"] = round(time.perf_counter() - start, 4)
+        _realign(comm, results[name]["ok"])
         with open(out + ".tmp", "w") as f:
             json.dump(results, f)
         os.replace(out + ".tmp", out)
     comm.barrier()  # nobody tears the transport down while others still use it
     minipar.finalize()
+
+
+def _realign(comm, ok: bool) -> None:
+    """After a case failed on some rank, put every rank's collective sequence number (and so its
+    message tags) back in step, so that one failure does not make every later case time out."""
+    timeout, comm.timeout = comm.timeout, 3 * comm.timeout + 5  # others may still be waiting
+    try:
+        seen = comm.allgather_object((ok, comm._seq))
+    finally:
+        comm.timeout = timeout
+    if not all(flag for flag, _ in seen):
+        comm._seq = max(seq for _, seq in seen)
 
 
 def _spawned(rank: int, size: int, port: int, path: str, outdir: str, only) -> None:

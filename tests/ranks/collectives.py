@@ -437,6 +437,15 @@ def barrier_case():
     assert left >= max(arrivals) - 1e-3, "left the barrier before the last rank arrived"
 
 
+def thread_level_case():
+    """Async collectives run on a progress thread: MPI must provide MPI_THREAD_MULTIPLE."""
+    if minipar.get_backend() != "mpi":
+        return
+    from mpi4py import MPI
+
+    assert MPI.Query_thread() == MPI.THREAD_MULTIPLE, MPI.Query_thread()
+
+
 REDUCING = ["all_reduce", "reduce", "reduce_scatter"]
 MOVING = ["broadcast", "all_gather", "scatter", "gather", "all_to_all"]
 
@@ -463,4 +472,5 @@ def cases(size):
     table["in_flight"] = in_flight_case
     table["async_progress"] = progress_case
     table["ring_memory"] = memory_case
+    table["thread_level"] = thread_level_case
     return table

@@ -100,7 +100,9 @@ def broadcast_binomial_ledger():
         steps = max(s for s, _, _ in everyone)
         assert steps == want.steps, f"took {steps} steps; a binomial tree takes {want.steps}"
         busiest = max(b for _, b, _ in everyone)
-        assert busiest == want.bytes_sent, f"the busiest rank sent {busiest}, want {want.bytes_sent}"
+        assert busiest == want.bytes_sent, (
+            f"the busiest rank sent {busiest}, want {want.bytes_sent}"
+        )
         for rank, (_, _, steps_of_sends) in enumerate(everyone):
             assert len(steps_of_sends) == len(set(steps_of_sends)), (
                 f"rank {rank} sent twice in one step ({steps_of_sends}): number the steps with "

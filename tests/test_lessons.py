@@ -1,0 +1,100 @@
+"""The lessons: each runs (quick) under the launcher and prints its key lines; each break-it lab
+catches its planted bug; every number a lesson's text states is computed by its module."""
+
+import importlib
+import os
+
+import pytest
+
+from minipar import lesson
+from minipar.lessons import LESSONS, find
+
+READY = [entry for entry in LESSONS if lesson.exists(entry)]
+KEY_LINES = {
+    "01": ["Lesson 01", "1120 GB", "needs >= 6 GPUs", "rank-to-rank bandwidth", "Try this"],
+    "02": ["Lesson 02", "[60 64 68 72]", "[3 13 23 33]", "all_to_all", "Try this"],
+    "03": ["step 5 (all-gather)", "0+1+2+3", "messages", "measured ring", "Try this"],
+    "04": ["busbw", "MPI_Allreduce", "roofline", "hierarchical", "Try this"],
+}
+LABS = {
+    ("02", "send-first"): "8 MiB: the timeout caught the deadlock",
+    ("03", "wrong-chunk"): "caught",
+    ("03", "last-bit"): "the bitwise check across ranks catches it",
+    ("04", "no-wait"): "the roofline check catches it",
+}
+
+
+@pytest.fixture(autouse=True)
+def wide_output(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")  # rank 0's tables, unwrapped, so lines can be matched
+
+
+def run(number, *, lab=None):
+    done = lesson.run_lesson(number, quick=True, lab=lab, timeout=120, capture=True)
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("number", [entry.number for entry in READY])
+def test_lesson_runs_quick(number):
+    status, out = run(number)
+    assert status == 0, out[-3000:]
+    for line in KEY_LINES[number]:
+        assert line in out, f"lesson {number}: {line!r} missing from:\n{out[-3000:]}"
+    assert "FAIL" not in out
+    assert out.count("Lesson ") == 1, "only rank 0 prints"
+
+
+@pytest.mark.parametrize("number,lab", list(LABS))
+def test_break_it_lab_catches_the_bug(number, lab):
+    status, out = run(number, lab=lab)
+    assert status == 0, out[-3000:]
+    assert LABS[(number, lab)] in out, out[-3000:]
+
+
+def test_every_lab_is_tested():
+    assert {(e.number, lab) for e in READY for lab in e.breaks} == set(LABS)
+
+
+@pytest.mark.parametrize("entry", READY, ids=lambda e: e.number)
+def test_text_states_what_the_module_computes(entry):
+    path = lesson.text_path(entry)
+    text = path.read_text()
+    module = importlib.import_module(entry.module)
+    missing = [claim for claim in module.claims() if claim not in text]
+    assert not missing, f"{entry.text} does not state {missing} (computed by {entry.module})"
+    assert "## Try this" in text
+    for lab in entry.breaks:
+        assert f"--break {lab}" in text, f"{entry.text} does not describe its lab {lab}"
+
+
+def test_list_and_lookup(capsys):
+    args = type("Args", (), {"which": "list"})()
+    assert lesson.main(args) == 0
+    out = capsys.readouterr().out
+    for entry in READY:
+        assert entry.number in out
+    assert "ready" in out
+    assert find("3") is find("03") is find("ring_and_tree")
+    with pytest.raises(ValueError, match="no lesson"):
+        find("99")
+
+
+def test_bad_lab_and_unwritten_lesson_are_refused():
+    with pytest.raises(ValueError, match="has no lab"):
+        lesson.run_lesson("03", lab="nope")
+    planned = [e for e in LESSONS if not lesson.exists(e)]
+    if planned:
+        with pytest.raises(ValueError, match="not written yet"):
+            lesson.run_lesson(planned[0].number)
+
+
+def test_tour_steps_cover_every_ready_lesson():
+    steps = lesson.tour_steps()
+    assert [title.split(":")[0] for title, _ in steps] == [f"Lesson {e.number}" for e in READY]
+    assert all(callable(fn) for _, fn in steps)
+
+
+def test_lessons_package_is_light():
+    code = "import sys, minipar.lessons, minipar.lesson; print('numpy' in sys.modules)"
+    out = os.popen(f'"{os.sys.executable}" -c "{code}"').read().strip()
+    assert out == "False", "listing lessons must not import numpy (or MPI, or torch)"
