@@ -28,6 +28,6 @@ def broadcast_binomial(call, x, root: int) -> None:
     p = call.size
     vr = (call.rank - root) % p  # my rank, counted from the root
     raise NotImplementedError(
-        "for k in call.rounds(tree_depth(p)): mask = 1 << k; vr < mask and vr + mask < p: send x "
-        "to (rank + mask) % p; mask <= vr < 2 * mask: recv x from rank - mask"
+        "for k in call.rounds(tree_depth(p)): mask = 1 << k; if vr < mask and vr + mask < p: send"
+        " x to (rank + mask) % p; if mask <= vr < 2 * mask: receive x from (rank - mask) % p"
     )

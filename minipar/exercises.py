@@ -54,14 +54,27 @@ PLUGS = [
     ("ex02_broadcast_linear", "broadcast_linear", "broadcast", "student_linear"),
     ("ex02_broadcast_binomial", "broadcast_binomial", "broadcast", "student_binomial"),
     ("ex03_ring_allreduce", "all_reduce_ring", "all_reduce", "student_ring"),
-    ("ex03_recursive_doubling", "all_reduce_recursive_doubling", "all_reduce",
-     "student_recursive_doubling"),
-]  # fmt: skip
+    (
+        "ex03_recursive_doubling",
+        "all_reduce_recursive_doubling",
+        "all_reduce",
+        "student_recursive_doubling",
+    ),
+]
+
+
+def repo_root() -> Path:
+    """The minipar checkout: the current folder if it is one, else the one this package was
+    installed from (pip install -e .)."""
+    here = Path.cwd()
+    if (here / "solutions").is_dir() and (here / "tests" / "test_exercises.py").is_file():
+        return here
+    return ROOT
 
 
 def tree(which: str) -> Path:
-    """'exercises', 'solutions' (in the repository) or a path to a folder of exercise files."""
-    path = ROOT / which if which in ("exercises", "solutions") else Path(which)
+    """'exercises', 'solutions' (in the checkout) or a path to a folder of exercise files."""
+    path = repo_root() / which if which in ("exercises", "solutions") else Path(which)
     return path.resolve()
 
 
@@ -109,8 +122,11 @@ def _raise(indent: str, message: str) -> list[str]:
         return [one]
     width = 100 - len(indent) - 8
     pieces = textwrap.wrap(message, width, drop_whitespace=False, break_on_hyphens=False)
-    return [f"{indent}raise NotImplementedError(",
-            *(f"{indent}    {_quoted(piece)}" for piece in pieces), f"{indent})"]  # fmt: skip
+    return [
+        f"{indent}raise NotImplementedError(",
+        *(f"{indent}    {_quoted(piece)}" for piece in pieces),
+        f"{indent})",
+    ]
 
 
 def lesson_of(path: Path) -> str:
@@ -206,12 +222,19 @@ examples:
 def configure(parser) -> None:
     parser.epilog = EXAMPLES
     action = parser.add_mutually_exclusive_group()
-    action.add_argument("--generate", action="store_true",
-                        help="write exercises/ from solutions/ (instructors)")  # fmt: skip
-    action.add_argument("--check", action="store_true",
-                        help="exit 1 if exercises/ differs from what --generate writes")  # fmt: skip
-    parser.add_argument("--force", action="store_true",
-                        help="with --generate: overwrite exercises a student has started")  # fmt: skip
+    action.add_argument(
+        "--generate", action="store_true", help="write exercises/ from solutions/ (instructors)"
+    )
+    action.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 if exercises/ differs from what --generate writes",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="with --generate: overwrite exercises a student has started",
+    )
 
 
 def main(args) -> int:
@@ -221,14 +244,18 @@ def main(args) -> int:
     try:
         if args.generate:
             written = generate(force=args.force)
-            console.print(f"wrote {len(written)} file(s) in {tree('exercises')}: "
-                          + (", ".join(written) or "all up to date"))  # fmt: skip
+            console.print(
+                f"wrote {len(written)} file(s) in {tree('exercises')}: "
+                + (", ".join(written) or "all up to date")
+            )
             return 0
         if args.check:
             wrong = stale()
             if wrong:
-                err.print(f"[bold red]exercises/ is out of date:[/] {', '.join(wrong)}; run "
-                          "`minipar exercises --generate`")  # fmt: skip
+                err.print(
+                    f"[bold red]exercises/ is out of date:[/] {', '.join(wrong)}; run "
+                    "`minipar exercises --generate`"
+                )
                 return 1
             console.print("exercises/ is up to date with solutions/")
             return 0

@@ -95,12 +95,16 @@ class Collector:
             self._record(item, call.excinfo.value)
 
 
-def run(impl: str = "exercises", lesson: str | None = None, root: Path | None = None,
-        verbose: bool = False) -> list[Result]:  # fmt: skip
+def run(
+    impl: str = "exercises",
+    lesson: str | None = None,
+    root: Path | None = None,
+    verbose: bool = False,
+) -> list[Result]:
     """Run the exercise tests against `impl` in this process; the results, one per test."""
     import pytest
 
-    root = root or exercises.ROOT
+    root = root or exercises.repo_root()
     tests = root / TESTS
     if not tests.exists():
         raise FileNotFoundError(f"{tests} not found: grade from a clone of the repository")
@@ -131,8 +135,13 @@ examples:
 
 def configure(parser) -> None:
     parser.epilog = EXAMPLES
-    parser.add_argument("lesson", nargs="?", default=None, metavar="NN",
-                        help="only this lesson's exercises (02, 03, 04)")  # fmt: skip
+    parser.add_argument(
+        "lesson",
+        nargs="?",
+        default=None,
+        metavar="NN",
+        help="only this lesson's exercises (02, 03, 04)",
+    )
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--solutions", action="store_true", help="grade solutions/ instead")
     which.add_argument("--impl", default=None, metavar="DIR", help="grade the files in DIR")

@@ -28,11 +28,12 @@ examples:
   minipar lesson 04 --read                print the lesson's text
 """
 
-ROOT = Path(__file__).resolve().parent.parent  # the repository, for an editable install
-
 
 def text_path(lesson: LessonInfo) -> Path:
-    return ROOT / lesson.text
+    """lessons/NN_name.md in the current folder if it is there, else in the checkout minipar was
+    installed from (pip install -e .)."""
+    here = Path.cwd() / lesson.text
+    return here if here.is_file() else Path(__file__).resolve().parent.parent / lesson.text
 
 
 def exists(lesson: LessonInfo) -> bool:
@@ -48,8 +49,14 @@ def status(lesson: LessonInfo) -> str:
     return "ready" if text_path(lesson).exists() else "ready (text not found)"
 
 
-def run_lesson(key: str, n: int | None = None, quick: bool = False, lab: str | None = None,
-               timeout: float | None = None, capture: bool = False):  # fmt: skip
+def run_lesson(
+    key: str,
+    n: int | None = None,
+    quick: bool = False,
+    lab: str | None = None,
+    timeout: float | None = None,
+    capture: bool = False,
+):
     """Run a lesson's module under the launcher; returns the CompletedProcess."""
     from minipar import launch
 
@@ -59,7 +66,12 @@ def run_lesson(key: str, n: int | None = None, quick: bool = False, lab: str | N
     if lab is not None and lab not in lesson.breaks:
         labs = ", ".join(lesson.breaks) or "none"
         raise ValueError(f"lesson {lesson.number} has no lab {lab!r} (its labs: {labs})")
-    argv = ["-m", lesson.module, *(["--quick"] if quick else []), *(["--break", lab] if lab else [])]
+    argv = [
+        "-m",
+        lesson.module,
+        *(["--quick"] if quick else []),
+        *(["--break", lab] if lab else []),
+    ]
     cmd, env = launch.command(n or lesson.ranks, argv)
     if sys.stdout.isatty() and not capture:  # ranks print through a pipe: keep colour and width
         env.setdefault("FORCE_COLOR", "1")
@@ -86,16 +98,38 @@ def tour_steps() -> list:
 
 def configure(parser) -> None:
     parser.epilog = EXAMPLES
-    parser.add_argument("which", nargs="?", default="list", metavar="NN|list",
-                        help="a lesson number (01, 2, ...) or 'list' (the default)")  # fmt: skip
-    parser.add_argument("-n", "--np", dest="n", type=int, default=None, metavar="N",
-                        help="number of ranks (default: the lesson's own)")  # fmt: skip
+    parser.add_argument(
+        "which",
+        nargs="?",
+        default="list",
+        metavar="NN|list",
+        help="a lesson number (01, 2, ...) or 'list' (the default)",
+    )
+    parser.add_argument(
+        "-n",
+        "--np",
+        dest="n",
+        type=int,
+        default=None,
+        metavar="N",
+        help="number of ranks (default: the lesson's own)",
+    )
     parser.add_argument("--quick", action="store_true", help="the short version")
-    parser.add_argument("--break", dest="lab", default=None, metavar="LAB",
-                        help="run the lesson's break-it lab LAB instead (see `list`)")  # fmt: skip
+    parser.add_argument(
+        "--break",
+        dest="lab",
+        default=None,
+        metavar="LAB",
+        help="run the lesson's break-it lab LAB instead (see `list`)",
+    )
     parser.add_argument("--read", action="store_true", help="print the lesson's text")
-    parser.add_argument("--timeout", type=float, default=None, metavar="S",
-                        help="kill the lesson's job after S seconds (exit 124)")  # fmt: skip
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="kill the lesson's job after S seconds (exit 124)",
+    )
 
 
 def list_lessons(console) -> None:
@@ -103,13 +137,21 @@ def list_lessons(console) -> None:
     from rich.table import Table
 
     table = Table(title="minipar lessons", box=box.SIMPLE_HEAD, title_justify="left")
-    for col in ("#", "title", "ranks", "what it shows", "labs (--break)", "status"):
-        table.add_column(col, justify="right" if col in ("#", "ranks") else "left")
+    table.add_column("#", justify="right")
+    table.add_column("lesson: what it shows", ratio=1)
+    table.add_column("ranks", justify="right")
+    table.add_column("labs (--break)")
+    table.add_column("status", no_wrap=True)
     for lesson in LESSONS:
         state = status(lesson)
         style = "green" if state == "ready" else ("dim" if state == "planned" else "yellow")
-        table.add_row(lesson.number, lesson.title, str(lesson.ranks), lesson.shows,
-                      ", ".join(lesson.breaks), f"[{style}]{state}[/]")  # fmt: skip
+        table.add_row(
+            lesson.number,
+            f"[bold]{lesson.title}[/]\n[dim]{lesson.shows}[/]",
+            str(lesson.ranks),
+            "\n".join(lesson.breaks),
+            f"[{style}]{state}[/]",
+        )
     console.print(table)
     console.print("Run one: minipar lesson 01    Read one: minipar lesson 01 --read")
 

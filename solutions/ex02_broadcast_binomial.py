@@ -25,8 +25,9 @@ def broadcast_binomial(call, x, root: int) -> None:
     """Binomial broadcast of x from `root`: ceil(log2 p) steps, n bytes per message."""
     p = call.size
     vr = (call.rank - root) % p  # my rank, counted from the root
-    # BEGIN SOLUTION hint: for k in call.rounds(tree_depth(p)): mask = 1 << k; vr < mask and
-    # hint: vr + mask < p: send x to (rank + mask) % p; mask <= vr < 2 * mask: recv x from rank - mask
+    # BEGIN SOLUTION hint: for k in call.rounds(tree_depth(p)): mask = 1 << k;
+    # hint: if vr < mask and vr + mask < p: send x to (rank + mask) % p;
+    # hint: if mask <= vr < 2 * mask: receive x from (rank - mask) % p
     for k in call.rounds(tree_depth(p)):
         mask = 1 << k
         if vr < mask and vr + mask < p:

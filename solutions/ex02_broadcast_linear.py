@@ -15,8 +15,8 @@ Grade it: minipar grade 02
 
 def broadcast_linear(call, x, root: int) -> None:
     """Rank `root` sends x to each other rank; the others receive it into x."""
-    # BEGIN SOLUTION hint: on the root, call.isend(x, q) to every q != root, then call.wait(requests);
-    # hint: everyone else: call.recv(x, root)
+    # BEGIN SOLUTION hint: on the root, call.isend(x, q) to every q != root, then
+    # hint: call.wait(requests); everyone else: call.recv(x, root)
     if call.rank == root:
         requests = [call.isend(x, q) for q in range(call.size) if q != root]
         call.wait(requests)

@@ -31,8 +31,9 @@ def all_reduce_ring(call, x, op) -> None:
     edges = layout.bounds(len(x), p)  # chunk c is x[edges[c] : edges[c + 1]]
     right, left = (r + 1) % p, (r - 1) % p
     scratch = buffers.empty(x, edges[1] - edges[0])  # chunk 0 is the largest
-    # BEGIN SOLUTION hint: reduce-scatter: for s in call.rounds(p - 1): sendrecv chunk (r-s-1) % p
-    # hint: to the right, chunk (r-s-2) % p from the left into scratch, then reduce_(that chunk, scratch, op)
+    # BEGIN SOLUTION hint: reduce-scatter: for s in call.rounds(p - 1): sendrecv chunk
+    # hint: (r-s-1) % p to the right and chunk (r-s-2) % p from the left into scratch,
+    # hint: then reduce_(that chunk of x, scratch, op)
     for s in call.rounds(p - 1):
         send_c, recv_c = (r - s - 1) % p, (r - s - 2) % p
         mine = layout.chunk(x, edges, recv_c)

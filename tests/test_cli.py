@@ -199,13 +199,18 @@ def test_doctor_table_and_verdict_render():
 
 
 def test_import_minipar_is_light_and_fast():
-    code = f"import sys, minipar; print([m for m in {HEAVY!r} if m in sys.modules])"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]", f"import minipar pulled in {done.stdout.strip()}"
+    """No torch, numpy or mpi4py at import; the import itself well under 0.3 s (the best of 3
+    runs, timed inside the interpreter so a loaded machine's slow start-up does not count)."""
+    code = (
+        "import sys, time; start = time.perf_counter(); import minipar; "
+        "seconds = time.perf_counter() - start; "
+        f"print(seconds, [m for m in {HEAVY!r} if m in sys.modules])"
+    )
     seconds = []
     for _ in range(3):
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import minipar"], check=True)
-        seconds.append(time.perf_counter() - start)
-    assert min(seconds) < 0.3, f"python -c 'import minipar' took {min(seconds):.3f} s"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        took, heavy = done.stdout.split(" ", 1)
+        assert heavy.strip() == "[]", f"import minipar pulled in {heavy.strip()}"
+        seconds.append(float(took))
+    assert min(seconds) < 0.3, f"import minipar took {min(seconds):.3f} s"

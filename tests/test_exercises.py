@@ -20,7 +20,7 @@ def test_ranks(size, name, exercise_impl):
     harness.run_suite(SUITE, size, "mpi").check(name)
 
 
-# -- ex04: the alpha-beta fit (one process) ---------------------------------------------------------
+# -- ex04: the alpha-beta fit (one process) --------------------------------------------------------
 
 
 def ex04(impl: str):

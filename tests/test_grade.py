@@ -53,7 +53,9 @@ def test_strip_refuses_broken_markers(bad, message):
 
 
 def test_long_hints_wrap_to_fit_the_line():
-    text, _ = exercises.strip("    # BEGIN SOLUTION hint: " + "word " * 60 + "\n    # END SOLUTION\n")
+    text, _ = exercises.strip(
+        "    # BEGIN SOLUTION hint: " + "word " * 60 + "\n    # END SOLUTION\n"
+    )
     assert all(len(line) <= 100 for line in text.splitlines())
     namespace = {}
     exec(compile("def f():\n" + text, "exercise", "exec"), namespace)
@@ -92,7 +94,7 @@ def test_classify_reads_the_harness_message():
     )
     assert grade.classify(not_started) == ("not started", "send chunk r")
     failed = AssertionError(
-        "x failed:\n--- rank 1 ---\nTraceback (most recent call last):\n  File \"a.py\"\n"
+        'x failed:\n--- rank 1 ---\nTraceback (most recent call last):\n  File "a.py"\n'
         "AssertionError: rank 1 has [1 2]\n--- rank 2 ---\nAssertionError: other"
     )
     assert grade.classify(failed) == ("failed", "AssertionError: rank 1 has [1 2]")

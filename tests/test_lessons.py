@@ -2,7 +2,8 @@
 catches its planted bug; every number a lesson's text states is computed by its module."""
 
 import importlib
-import os
+import subprocess
+import sys
 
 import pytest
 
@@ -95,6 +96,9 @@ def test_tour_steps_cover_every_ready_lesson():
 
 
 def test_lessons_package_is_light():
-    code = "import sys, minipar.lessons, minipar.lesson; print('numpy' in sys.modules)"
-    out = os.popen(f'"{os.sys.executable}" -c "{code}"').read().strip()
-    assert out == "False", "listing lessons must not import numpy (or MPI, or torch)"
+    code = (
+        "import sys, minipar.lessons, minipar.lesson; "
+        "print(sorted({'numpy', 'torch', 'mpi4py'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+    assert out.strip() == "[]", f"listing lessons must not import {out.strip()}"

@@ -74,16 +74,39 @@ LESSONS = [
         min_ranks=2,
     ),
     # written with their capability issues, on the same framework
-    LessonInfo("05", "05_data_parallel", "Data parallelism: DDP, ZeRO, FSDP", 4,
-               "gradients all-reduced, optimizer state sharded", "minipar.lessons.l05_data_parallel"),
-    LessonInfo("06", "06_tensor_parallel", "Tensor parallelism", 4,
-               "column and row parallel layers, a collective in every layer",
-               "minipar.lessons.l06_tensor_parallel"),
-    LessonInfo("07", "07_pipeline_parallel", "Pipeline parallelism", 4,
-               "stages, micro-batches and the bubble", "minipar.lessons.l07_pipeline_parallel"),
-    LessonInfo("08", "08_putting_it_together", "Putting it together: DP x TP x PP", 8,
-               "a tiny GPT on a 3D mesh", "minipar.lessons.l08_putting_it_together"),
-]  # fmt: skip
+    LessonInfo(
+        "05",
+        "05_data_parallel",
+        "Data parallelism: DDP, ZeRO, FSDP",
+        4,
+        "gradients all-reduced, optimizer state sharded",
+        "minipar.lessons.l05_data_parallel",
+    ),
+    LessonInfo(
+        "06",
+        "06_tensor_parallel",
+        "Tensor parallelism",
+        4,
+        "column and row parallel layers, a collective in every layer",
+        "minipar.lessons.l06_tensor_parallel",
+    ),
+    LessonInfo(
+        "07",
+        "07_pipeline_parallel",
+        "Pipeline parallelism",
+        4,
+        "stages, micro-batches and the bubble",
+        "minipar.lessons.l07_pipeline_parallel",
+    ),
+    LessonInfo(
+        "08",
+        "08_putting_it_together",
+        "Putting it together: DP x TP x PP",
+        8,
+        "a tiny GPT on a 3D mesh",
+        "minipar.lessons.l08_putting_it_together",
+    ),
+]
 
 
 def find(key: str) -> LessonInfo:

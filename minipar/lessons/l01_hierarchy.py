@@ -1,4 +1,4 @@
-"""Lesson 01: why parallelism, and the hierarchy of memories and links (text: lessons/01_hierarchy.md).
+"""Lesson 01: why parallelism, and the hierarchy of memory and links (lessons/01_hierarchy.md).
 
     minipar lesson 01            # python -m minipar.lessons.l01_hierarchy on 2 ranks
 
@@ -138,8 +138,13 @@ def memory_section(page: Page) -> None:
     rows = []
     for part, b in BYTES_PER_PARAM.items():
         rows.append((part, b, *(f"{p * b / 1e9:.0f} GB" for p in MODELS.values())))
-    rows.append(("total", sum(BYTES_PER_PARAM.values()), *(
-        f"{training_bytes(p) / 1e9:.0f} GB" for p in MODELS.values())))  # fmt: skip
+    rows.append(
+        (
+            "total",
+            sum(BYTES_PER_PARAM.values()),
+            *(f"{training_bytes(p) / 1e9:.0f} GB" for p in MODELS.values()),
+        )
+    )
     page.table(
         "Training state (activations not counted)",
         ["what", "bytes/param>", *(f"{m}>" for m in MODELS)],

@@ -67,8 +67,12 @@ WHAT = {
 
 def claims() -> list[str]:
     """Buffers lessons/02_collectives.md quotes for 4 ranks; tests/test_lessons.py checks them."""
-    return [show(start(2, 4)), show(expected("all_reduce", 4)[0]),
-            show(expected("all_to_all", 4)[1]), show(expected("gather", 4)[ROOT])]  # fmt: skip
+    return [
+        show(start(2, 4)),
+        show(expected("all_reduce", 4)[0]),
+        show(expected("all_to_all", 4)[1]),
+        show(expected("gather", 4)[ROOT]),
+    ]
 
 
 def run(name: str, r: int, p: int):
@@ -117,16 +121,23 @@ def ring_shift_section(page: Page) -> None:
     page.prediction("a ring shift: rank r sends x to r+1 and receives from r-1")
     x, out = start(r, p), np.zeros(p, np.int64)
     want = [start((q - 1) % p, p) for q in range(p)]
-    page.table(None, ["rank>", "before", "will receive"], [
-        (q, show(start(q, p)), show(want[q])) for q in range(p)])  # fmt: skip
+    page.table(
+        None,
+        ["rank>", "before", "will receive"],
+        [(q, show(start(q, p)), show(want[q])) for q in range(p)],
+    )
     comm.sendrecv(x, (r + 1) % p, out, (r - 1) % p)  # both posted before either waits
     got = page.gather(out)
     page.measurement("after comm.sendrecv(x, right, out, left)")
-    page.table(None, ["rank>", "received", "ok"], [
-        (q, show(got[q]), "yes" if np.array_equal(got[q], want[q]) else "NO")
-        for q in range(p)])  # fmt: skip
-    page.check(all(np.array_equal(g, w) for g, w in zip(got, want)), "every rank got its left "
-               "neighbour's vector")  # fmt: skip
+    page.table(
+        None,
+        ["rank>", "received", "ok"],
+        [(q, show(got[q]), "yes" if np.array_equal(got[q], want[q]) else "NO") for q in range(p)],
+    )
+    page.check(
+        all(np.array_equal(g, w) for g, w in zip(got, want)),
+        "every rank got its left neighbour's vector",
+    )
 
 
 def zoo_section(page: Page) -> None:
@@ -147,8 +158,18 @@ def zoo_section(page: Page) -> None:
         page.table(
             None,
             ["rank>", "before", "predicted", "after (minipar)", "ok", "sent bytes>", "steps>"],
-            [(q, show(rep[0]), show(want[q]), show(rep[1]), "yes" if ok[q] else "NO", rep[4],
-              rep[5]) for q, rep in enumerate(report)],  # fmt: skip
+            [
+                (
+                    q,
+                    show(rep[0]),
+                    show(want[q]),
+                    show(rep[1]),
+                    "yes" if ok[q] else "NO",
+                    rep[4],
+                    rep[5],
+                )
+                for q, rep in enumerate(report)
+            ],
             caption=f"algorithm {report[0][3][0]}; messages "
             + " ".join(m for rep in report for m in rep[2]),
         )
@@ -221,16 +242,24 @@ def lab_send_first(page: Page) -> None:
             if nbytes < 8 << 20:
                 page.check(stuck == 0, "4 KiB: no rank stuck (MPI buffered the small sends)")
             else:
-                page.check(stuck > 0, f"8 MiB: the timeout caught the deadlock ({stuck} rank(s) "
-                           "gave up waiting and named the message)")  # fmt: skip
+                page.check(
+                    stuck > 0,
+                    f"8 MiB: the timeout caught the deadlock ({stuck} rank(s) "
+                    "gave up waiting and named the message)",
+                )
     finally:
         comm.timeout = saved
     page.say("The fix: comm.sendrecv(x, right, out, left), as the lesson's ring shift does.")
 
 
 def main(argv=None) -> int:
-    page = Page("02", "Ranks, point-to-point and the collective zoo", ("send-first",),
-                argv=argv, min_ranks=2)  # fmt: skip
+    page = Page(
+        "02",
+        "Ranks, point-to-point and the collective zoo",
+        ("send-first",),
+        argv=argv,
+        min_ranks=2,
+    )
     if page.enough and page.lab == "send-first":
         lab_send_first(page)
     elif page.enough:

@@ -93,8 +93,12 @@ def formulas_section(page: Page, nbytes: int) -> None:
     for a in ALL_REDUCE:
         t = cost.traffic("all_reduce", a, nbytes, p)
         rows.append((a, *FORMULAS[a], t.steps, fmt_bytes(t.bytes_sent) + ("" if t.exact else "*")))
-    page.table(None, ["algorithm", "steps", "bytes sent", "steps>", "bytes sent>"], rows,
-               caption="* an upper bound")  # fmt: skip
+    page.table(
+        None,
+        ["algorithm", "steps", "bytes sent", "steps>", "bytes sent>"],
+        rows,
+        caption="* an upper bound",
+    )
 
 
 def ring_steps_section(page: Page) -> None:
@@ -128,8 +132,9 @@ def ring_steps_section(page: Page) -> None:
             ]
             got = ",".join(str(c) for c in changed)
             rows.append((q, got, *cells))
-        page.table(f"step {s - 1} ({phase})", ["rank>", "received chunk", *map(str, range(p))],
-                   rows)  # fmt: skip
+        page.table(
+            f"step {s - 1} ({phase})", ["rank>", "received chunk", *map(str, range(p))], rows
+        )
     full = "+".join(str(q) for q in range(p))
     page.check(
         all(contributors(v) == full for q in range(p) for v in history[q][-1]),
@@ -183,14 +188,33 @@ def ledger_section(page: Page) -> None:
         seen = page.gather((t.steps, t.bytes_sent()))
         steps, sent = max(s for s, _ in seen), max(b for _, b in seen)
         want = cost.traffic("all_reduce", a, nbytes, p)
-        ok = steps == want.steps and (sent == want.bytes_sent if want.exact else
-                                      sent <= want.bytes_sent)  # fmt: skip
+        ok = steps == want.steps and (
+            sent == want.bytes_sent if want.exact else sent <= want.bytes_sent
+        )
         good &= ok and bool(np.all(x == p))
-        rows.append((a, want.steps, steps, fmt_bytes(want.bytes_sent), fmt_bytes(sent),
-                     "yes" if ok else "NO"))  # fmt: skip
-    page.table(None, ["algorithm", "formula steps>", "ledger steps>", "formula bytes>",
-                      "ledger bytes>", "match"], rows,
-               caption="ledger: the busiest rank; double_tree's formula is a bound")  # fmt: skip
+        rows.append(
+            (
+                a,
+                want.steps,
+                steps,
+                fmt_bytes(want.bytes_sent),
+                fmt_bytes(sent),
+                "yes" if ok else "NO",
+            )
+        )
+    page.table(
+        None,
+        [
+            "algorithm",
+            "formula steps>",
+            "ledger steps>",
+            "formula bytes>",
+            "ledger bytes>",
+            "match",
+        ],
+        rows,
+        caption="ledger: the busiest rank; double_tree's formula is a bound",
+    )
     page.check(good, "every algorithm's ledger matches its formula, and every sum is right")
 
 
@@ -225,14 +249,18 @@ def crossover_section(page: Page) -> None:
         times = [time_all_reduce(page, a, nbytes, reps) for a in pair]
         model = [cost.predict("all_reduce", a, nbytes, p, link) for a in pair]
         winners.append(pair[int(np.argmin(times))])
-        rows.append((fmt_bytes(nbytes), *map(fmt_time, model), *map(fmt_time, times),
-                     winners[-1]))  # fmt: skip
+        rows.append((fmt_bytes(nbytes), *map(fmt_time, model), *map(fmt_time, times), winners[-1]))
     page.measurement("both algorithms on this machine")
-    page.table(None, ["size>", "model rd>", "model ring>", "measured rd>", "measured ring>",
-                      "faster"], rows)  # fmt: skip
+    page.table(
+        None,
+        ["size>", "model rd>", "model ring>", "measured rd>", "measured ring>", "faster"],
+        rows,
+    )
     if page.size > launch.cores():
-        page.say("[yellow]More ranks than cores: every step waits for the scheduler, so the "
-                 "latency terms are inflated and the measured crossover moves up.[/]")  # fmt: skip
+        page.say(
+            "[yellow]More ranks than cores: every step waits for the scheduler, so the "
+            "latency terms are inflated and the measured crossover moves up.[/]"
+        )
 
 
 # -- the break-it labs ---------------------------------------------------------------------------
@@ -255,14 +283,20 @@ def lab_wrong_chunk(page: Page) -> None:
     for q, (buf, _, _) in enumerate(seen):
         wrong = np.flatnonzero(buf != reference)
         bad += len(wrong)
-        rows.append((q, *[f"[red]{v:.0f}[/]" if c in wrong else f"{v:.0f}" for c, v in
-                          enumerate(buf)]))  # fmt: skip
-    page.table("the expected sums, then every rank's chunks after the broken all-reduce",
-               ["rank>", *map(str, range(p))], rows)  # fmt: skip
+        rows.append(
+            (q, *[f"[red]{v:.0f}[/]" if c in wrong else f"{v:.0f}" for c, v in enumerate(buf)])
+        )
+    page.table(
+        "the expected sums, then every rank's chunks after the broken all-reduce",
+        ["rank>", *map(str, range(p))],
+        rows,
+    )
     want = cost.traffic("all_reduce", "ring", p * 8, p)
     ledger_ok = all(s == want.steps and b == want.bytes_sent for _, s, b in seen)
-    page.say(f"The ledger check cannot see it: steps and bytes match the ring's formula "
-             f"({'yes' if ledger_ok else 'no'}). The value check can:")  # fmt: skip
+    page.say(
+        f"The ledger check cannot see it: steps and bytes match the ring's formula "
+        f"({'yes' if ledger_ok else 'no'}). The value check can:"
+    )
     page.check(bad > 0, f"checking against numpy's sum caught {bad} wrong chunk(s)")
 
 
@@ -285,20 +319,28 @@ def lab_last_bit(page: Page) -> None:
         results[name] = (everyone, close, same)
     everyone = results["planted"][0]
     i = int(np.argmax(np.any(np.stack(everyone) != everyone[0], axis=0)))
-    page.table(f"element {i} on every rank (planted all-reduce)", ["rank>", "value", "bits"],
-               [(q, f"{e[i]:.9g}", f"{e[i : i + 1].view(np.uint32)[0]:032b}")
-                for q, e in enumerate(everyone)])  # fmt: skip
-    page.table(None, ["all-reduce", "close to the exact sum", "bitwise identical on all ranks"],
-               [(n, "yes" if c else "NO", "yes" if s else "NO")
-                for n, (_, c, s) in results.items()])  # fmt: skip
+    page.table(
+        f"element {i} on every rank (planted all-reduce)",
+        ["rank>", "value", "bits"],
+        [
+            (q, f"{e[i]:.9g}", f"{e[i : i + 1].view(np.uint32)[0]:032b}")
+            for q, e in enumerate(everyone)
+        ],
+    )
+    page.table(
+        None,
+        ["all-reduce", "close to the exact sum", "bitwise identical on all ranks"],
+        [(n, "yes" if c else "NO", "yes" if s else "NO") for n, (_, c, s) in results.items()],
+    )
     page.check(results["planted"][1], "an allclose check passes the planted bug (too weak)")
     page.check(not results["planted"][2], "the bitwise check across ranks catches it")
     page.check(results["minipar ring"][2], "minipar's ring is bitwise identical on every rank")
 
 
 def main(argv=None) -> int:
-    page = Page("03", "Ring and tree algorithms", ("wrong-chunk", "last-bit"), argv=argv,
-                min_ranks=2)  # fmt: skip
+    page = Page(
+        "03", "Ring and tree algorithms", ("wrong-chunk", "last-bit"), argv=argv, min_ranks=2
+    )
     if page.enough and page.lab:
         {"wrong-chunk": lab_wrong_chunk, "last-bit": lab_last_bit}[page.lab](page)
     elif page.enough:

@@ -122,7 +122,7 @@ def fmt_time(seconds: float) -> str:
 
 def fmt_rate(bytes_per_second: float) -> str:
     """Bytes per second in decimal units, as datasheets quote bandwidth: 900 GB/s, 1.8 TB/s."""
-    for unit, scale in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6)):
+    for unit, scale in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
         if bytes_per_second >= scale:
             return f"{bytes_per_second / scale:.3g} {unit}"
     return f"{bytes_per_second:.3g} B/s"

@@ -50,7 +50,7 @@ def ring_shift_case(shift: int, count: int):
     return case
 
 
-# -- ex02: broadcasts --------------------------------------------------------------------------------
+# -- ex02: broadcasts ------------------------------------------------------------------------------
 
 
 def broadcast_every_root(module: str, function: str):
@@ -114,7 +114,7 @@ def broadcast_binomial_ledger():
     return case
 
 
-# -- ex03: all-reduces -------------------------------------------------------------------------------
+# -- ex03: all-reduces -----------------------------------------------------------------------------
 
 
 def all_reduce_values(module: str, function: str):
@@ -153,8 +153,9 @@ def all_reduce_bitwise(module: str, function: str):
         w = world()
         fn = student(module, function)
         x = np.random.default_rng(w.rank).standard_normal(4099).astype(np.float32)
-        inputs = [np.random.default_rng(r).standard_normal(4099).astype(np.float32)
-                  for r in range(w.size)]  # fmt: skip
+        inputs = [
+            np.random.default_rng(r).standard_normal(4099).astype(np.float32) for r in range(w.size)
+        ]
         minipar.all_reduce(x, algorithm=fn)
         exact = np.sum(np.stack(inputs).astype(np.float64), axis=0)
         assert np.allclose(x, exact, rtol=1e-5, atol=1e-5), "not the sum"
@@ -184,14 +185,15 @@ def all_reduce_ledger(module: str, function: str, algorithm: str):
     return case
 
 
-def all_reduce_plugged(module: str, function: str, name: str):
-    """Registered by name, the student's algorithm runs through minipar like a built-in (here
-    an AVG, which minipar finishes after the algorithm's sum, on a 2-D float16 array)."""
+def all_reduce_plugged(name: str):
+    """Registered by name (minipar.exercises.register), the student's algorithm runs through
+    minipar like a built-in: here an AVG, which minipar finishes after the algorithm's sum, on a
+    2-D float16 array."""
 
     def case():
         w = world()
-        minipar.register_algorithm("all_reduce", name, student(module, function))
-        assert name in minipar.algorithms("all_reduce")
+        registered = exercises.register(IMPL)  # minipar.register_algorithm for each exercise
+        assert f"all_reduce/{name}" in registered and name in minipar.algorithms("all_reduce")
         x = np.full((5, 7), w.rank + 1, dtype=np.float16)
         minipar.all_reduce(x, op=minipar.ReduceOp.AVG, algorithm=name)
         want = np.full((5, 7), sum(range(1, w.size + 1)) / w.size, dtype=np.float16)
@@ -223,7 +225,5 @@ def cases(size):
         table[f"{module}/ops"] = all_reduce_ops(module, function)
         table[f"{module}/bitwise_identical"] = all_reduce_bitwise(module, function)
         table[f"{module}/ledger"] = all_reduce_ledger(module, function, algorithm)
-        table[f"{module}/plugs_into_minipar"] = all_reduce_plugged(
-            module, function, f"student_{algorithm}"
-        )
+        table[f"{module}/plugs_into_minipar"] = all_reduce_plugged(f"student_{algorithm}")
     return table
