@@ -125,6 +125,13 @@ def _fold(p: int) -> tuple[int, int]:
     return p2, p - p2
 
 
+def _doubling_blocks(p: int) -> int:
+    """Blocks the busiest rank sends in a folded recursive-doubling all-gather's butterfly: in
+    step k, participant 0's group of 2^k stands for 2^k + min(2^k, rem) ranks' blocks."""
+    p2, rem = _fold(p)
+    return sum((1 << k) + min(1 << k, rem) for k in range(p2.bit_length() - 1))
+
+
 def traffic(collective: str, algorithm: str, nbytes: float, p: int) -> Traffic:
     """Steps and bytes of one call. Exact when p divides nbytes evenly, unless noted."""
     N, L = nbytes, _log2ceil(p)
@@ -150,7 +157,11 @@ def traffic(collective: str, algorithm: str, nbytes: float, p: int) -> Traffic:
         ("all_reduce", "double_tree"): (2 * (p.bit_length() - 1), 2 * N, N),
         ("all_gather", "linear"): (2 * (p - 1), (p - 1) * N, 0),
         ("all_gather", "ring"): (p - 1, (p - 1) / p * N, 0),
-        ("all_gather", "recursive_doubling"): (k2 + 2 * extra, (p - 1) / p * N + extra * N, 0),
+        ("all_gather", "recursive_doubling"): (
+            k2 + 2 * extra,
+            _doubling_blocks(p) * N / p + extra * N,
+            0,
+        ),
         ("all_gather", "bruck"): (L, (p - 1) / p * N, 0),
         ("reduce_scatter", "linear"): (2 * (p - 1), N, (p - 1) * N),
         ("reduce_scatter", "ring"): (p - 1, (p - 1) / p * N, (p - 1) / p * N),
@@ -162,7 +173,7 @@ def traffic(collective: str, algorithm: str, nbytes: float, p: int) -> Traffic:
         ("scatter", "linear"): (p - 1, (p - 1) / p * N, 0),
         ("scatter", "tree"): (L, (p - 1) / p * N, 0),
         ("gather", "linear"): (p - 1, N / p, 0),
-        ("gather", "tree"): (L, min(1 << (L - 1), p - (1 << (L - 1))) * N / p, 0),
+        ("gather", "tree"): (L, max(min(1 << k, p - (1 << k)) for k in range(L)) * N / p, 0),
         ("all_to_all", "linear"): (p - 1, (p - 1) / p * N, 0),
         ("all_to_all", "pairwise"): (p - 1, (p - 1) / p * N, 0),
         ("barrier", "dissemination"): (L, 0, 0),

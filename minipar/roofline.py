@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import time
 
+MIN_BYTES = 256 << 10
+
 
 def lower_bound(collective: str, nbytes: float, p: int, copy_rate: float, add_rate: float):
     """Seconds: the floor under `collective` of nbytes on p ranks (rates in bytes/s)."""
@@ -60,11 +62,13 @@ def kernel_rates(nbytes: int, dtype, barrier, reduce_max, min_seconds: float = 0
     `barrier()` lines the ranks up before each repetition and `reduce_max(t)` returns the
     largest of every rank's t, the same on every rank (the kernels finish when the slowest rank
     does; the repetition count must agree). Repeats for about min_seconds (at least 3 times)
-    and keeps each kernel's median.
+    and keeps each kernel's median. Buffers smaller than MIN_BYTES are measured at MIN_BYTES:
+    below that one numpy call costs more than the bytes it moves, and the floor is about
+    bandwidth, not call overhead.
     """
     import numpy as np
 
-    count = max(1, nbytes // np.dtype(dtype).itemsize)
+    count = max(MIN_BYTES, nbytes) // np.dtype(dtype).itemsize
     a, b = np.zeros(count, dtype), np.zeros(count, dtype)
     kernels = {"copy": lambda: np.copyto(b, a), "add": lambda: np.add(a, b, out=a)}
     rates = {}

@@ -28,7 +28,7 @@ def test_quick_tour_runs_every_core_step():
     assert "WRONG SUM" not in out
     for step in ("doctor", "ping-pong", "ring-shift", "all-reduce"):
         assert f"│ {step} " in out and "FAILED" not in out
-    assert seconds < 60, f"the quick tour took {seconds:.0f} s"
+    assert seconds < 90, f"the quick tour took {seconds:.0f} s"  # ~8 s on 2 idle cores
 
 
 def test_list_names_the_steps(capsys):

@@ -23,4 +23,3 @@ def main(args) -> int:
     from minipar.bench.command import main as _main
 
     return _main(args)
-

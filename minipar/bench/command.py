@@ -164,6 +164,8 @@ def main(args) -> int:
     from rich.console import Console
 
     console = Console()
+    if not console.is_terminal:  # a file or a pipe: room for every column
+        console.width = max(console.width, 150)
     try:
         job = job_spec(args)
     except ValueError as error:

@@ -58,24 +58,28 @@ def cells(collective: str, nbytes: int, job: dict):
         yield impl, "native"
 
 
-def run_cell(out, timer, ctx, job, collective, nbytes, impl, algorithm) -> None:
+def one_size(out, timer, ctx, job, collective: str, nbytes: int) -> None:
+    """Every cell of one size: build each op (or skip it, on every rank), then time them all,
+    taking turns (timing.py)."""
     from minipar.collectives import registry
 
-    where = {"collective": collective, "nbytes": nbytes, "implementation": impl}
-    where["algorithm"] = algorithm
-    try:
-        op = ops.make(impl, collective, algorithm, nbytes, job["dtype"], ctx)
-    except (ImportError, TypeError, ValueError) as error:
-        op, why = None, f"{type(error).__name__}: {error}"
-    else:
-        why = f"{impl} has no {job['dtype']} {collective}"
-    if timer.max_over_ranks(1.0 if op is None else 0.0):  # every rank skips, or none
-        out.emit("skip", reason=why, **where)
-        return
-    times = timer.cell(op, job["iters"], job["warmup"], job["budget"])
-    if algorithm == "auto":
-        where["chosen"] = registry.pick(collective, "auto", nbytes, ctx.size)[0]
-    out.emit("row", times=times, **where)
+    ops_by_cell, where = {}, {"collective": collective, "nbytes": nbytes}
+    for impl, algorithm in cells(collective, nbytes, job):
+        try:
+            op = ops.make(impl, collective, algorithm, nbytes, job["dtype"], ctx)
+            why = f"{impl} has no {job['dtype']} {collective}"
+        except (ImportError, TypeError, ValueError) as error:
+            op, why = None, f"{type(error).__name__}: {error}"
+        if timer.max_over_ranks(1.0 if op is None else 0.0):  # every rank skips, or none
+            out.emit("skip", reason=why, implementation=impl, algorithm=algorithm, **where)
+        else:
+            ops_by_cell[impl, algorithm] = op
+    times = timer.take_turns(ops_by_cell, job["iters"], job["warmup"], job["budget"])
+    for (impl, algorithm), ts in times.items():
+        extra = {}
+        if algorithm == "auto":
+            extra["chosen"] = registry.pick(collective, "auto", nbytes, ctx.size)[0]
+        out.emit("row", implementation=impl, algorithm=algorithm, times=ts, **where, **extra)
 
 
 def sweep(out, timer, ctx, job) -> None:
@@ -87,12 +91,11 @@ def sweep(out, timer, ctx, job) -> None:
         for size in job["sizes"]:
             nbytes = spec.round_size(collective, size, p, itemsize)
             chunk = max(itemsize, nbytes // p)
-            copy, add = roofline.kernel_rates(
-                chunk, kernel_dtype, timer.barrier, timer.max_over_ranks
+            rates = roofline.kernel_rates(chunk, kernel_dtype, timer.barrier, timer.max_over_ranks)
+            out.emit(
+                "roof", collective=collective, nbytes=nbytes, copy_Bps=rates[0], add_Bps=rates[1]
             )
-            out.emit("roof", collective=collective, nbytes=nbytes, copy_Bps=copy, add_Bps=add)
-            for impl, algorithm in cells(collective, nbytes, job):
-                run_cell(out, timer, ctx, job, collective, nbytes, impl, algorithm)
+            one_size(out, timer, ctx, job, collective, nbytes)
 
 
 def main(argv=None) -> int:

@@ -80,7 +80,10 @@ def parse_sizes(text: str) -> list[int]:
     """'START:END[:xF]' (a geometric series, factor F, default 2, END always included) or a
     comma-separated list."""
     if ":" not in text:
-        return sorted({parse_size(part) for part in text.split(",") if part.strip()})
+        sizes = sorted({parse_size(part) for part in text.split(",") if part.strip()})
+        if not sizes:
+            raise ValueError("no sizes given: use e.g. 8B:64MiB or 8,1MiB,64MiB")
+        return sizes
     parts = text.split(":")
     if len(parts) not in (2, 3):
         raise ValueError(f"cannot read sizes {text!r}: use START:END or START:END:xFACTOR")

@@ -48,9 +48,11 @@ def _matching(out, inp, out_what: str, in_what: str, ratio: int = 1, inverse: bo
     want = b // ratio if inverse else b * ratio
     if a != want or (inverse and b % ratio):
         rule = f"numel({in_what}) / {ratio}" if inverse else f"{ratio} x numel({in_what})"
+        size = f" (group size {ratio})" if ratio != 1 else ""
         raise ValueError(
-            f"{out_what} has {a} elements but must have {rule} = "
-            f"{b / ratio if inverse else want:g} (world size {ratio})"
+            f"{out_what} has {a} elements but must have "
+            f"{rule if ratio != 1 else f'numel({in_what})'} = "
+            f"{b / ratio if inverse else want:g}{size}"
         )
 
 
@@ -102,7 +104,8 @@ def _check_same_call(comm, fingerprint) -> None:
         f"rank {comm.rank}"
     )
     wait_all(requests, comm.timeout, context)
-    if all(np.array_equal(got, mine) for got in inbox.values()):
+    mine_bytes = mine.tobytes()
+    if all(got.tobytes() == mine_bytes for got in inbox.values()):
         return
     inbox[comm.rank] = mine
     seen = [_decode(inbox[q]) for q in range(comm.size)]
@@ -117,14 +120,13 @@ def _encode(fingerprint):
     data = pickle.dumps(fingerprint)
     if len(data) > FINGERPRINT_BYTES - 8:
         raise MiniparError(f"debug-mode fingerprint too large to exchange: {fingerprint!r}")
-    out = np.zeros(FINGERPRINT_BYTES, dtype=np.uint8)
-    out[:8] = np.frombuffer(np.int64(len(data)).tobytes(), dtype=np.uint8)
-    out[8 : 8 + len(data)] = np.frombuffer(data, dtype=np.uint8)
-    return out
+    head = len(data).to_bytes(8, "little")
+    padding = bytes(FINGERPRINT_BYTES - 8 - len(data))
+    return np.frombuffer(bytearray(head + data + padding), dtype=np.uint8)
 
 
 def _decode(buf):
-    n = int(buf[:8].view(np.int64)[0])
+    n = int.from_bytes(buf[:8].tobytes(), "little")
     return pickle.loads(buf[8 : 8 + n].tobytes())
 
 

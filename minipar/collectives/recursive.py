@@ -18,7 +18,7 @@ odd ones hand the result back: two extra steps (layout.fold).
 from __future__ import annotations
 
 from minipar import buffers
-from minipar.collectives import layout
+from minipar.collectives import layout, workspace
 from minipar.ops import reduce_
 
 
@@ -58,7 +58,7 @@ def all_reduce_recursive_doubling(call, x, op) -> None:
     p2, rem = layout.fold(call.size)
     me = _fold_in(call, x, op, rem)
     if me is not None:
-        incoming = buffers.empty(x, len(x))
+        incoming = workspace.empty(x, len(x))
         for k in call.rounds(p2.bit_length() - 1):
             partner = layout.unfolded_rank(me ^ (1 << k), rem)
             call.sendrecv(x, partner, incoming, partner)
@@ -167,7 +167,7 @@ def all_reduce_rabenseifner(call, x, op) -> None:
     if me is not None:
         edges = layout.bounds(len(x), p2)  # chunk j ends up owned by participant j
         span = lambda a, b: (a, b)  # noqa: E731
-        scratch = buffers.empty(x, edges[p2 // 2])  # the largest half (extras go first)
+        scratch = workspace.empty(x, edges[p2 // 2])  # the largest half (extras go first)
         _halving(call, x, edges, me, p2, rem, span, op, scratch)
         _doubling_gather(call, x, edges, me, p2, rem, span)
     _fold_out(call, x, rem, me)

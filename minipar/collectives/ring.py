@@ -14,8 +14,10 @@ messages (Patarasuk and Yuan, 2009). The price is p-1 steps per phase, so latenc
 
 from __future__ import annotations
 
+import numpy as np
+
 from minipar import buffers
-from minipar.collectives import layout
+from minipar.collectives import layout, workspace
 from minipar.ops import reduce_
 
 SEGMENT_BYTES = 1 << 18  # the pipelined broadcast forwards 256 KiB pieces
@@ -25,7 +27,7 @@ def _reduce_scatter_inplace(call, x, edges, op) -> None:
     """After p-1 steps chunk r of x holds the reduction of everyone's chunk r (others: partial)."""
     p, r = call.size, call.rank
     right, left = (r + 1) % p, (r - 1) % p
-    scratch = buffers.empty(x, max(edges[c + 1] - edges[c] for c in range(p)))
+    scratch = workspace.empty(x, max(edges[c + 1] - edges[c] for c in range(p)))
     for s in call.rounds(p - 1):
         send_c, recv_c = (r - s - 1) % p, (r - s - 2) % p
         incoming = layout.chunk(x, edges, recv_c)
@@ -71,21 +73,32 @@ def reduce_scatter_ring(call, out, inp, op) -> None:
     """Ring reduce-scatter without touching inp: rank r ends with the reduction of block r.
 
     Sends (p-1) * n bytes per rank (n = one output block) in p-1 steps. The partial sum being
-    passed on lives in two scratch blocks that swap roles each step (one is sent while the next
-    arrives), so inp stays as the caller gave it.
+    passed on lives in two scratch blocks that take turns (one is sent while the next arrives),
+    so inp stays as the caller gave it; the last step receives straight into out, unless out
+    overlaps inp (an in-place call), which saves copying the result.
     """
     p, r = call.size, call.rank
     n = len(out)
     right, left = (r + 1) % p, (r - 1) % p
     block = lambda c: inp[c * n : (c + 1) * n]  # noqa: E731
-    outgoing, incoming = block((r - 1) % p), buffers.empty(inp, n)
-    spare = buffers.empty(inp, n) if p > 2 else None
+    scratch = [workspace.empty(inp, n, 0), workspace.empty(inp, n, 1) if p > 2 else None]
+    into_out = not _may_overlap(out, inp)
+    outgoing = block((r - 1) % p)
     for s in call.rounds(p - 1):
         c = (r - s - 2) % p
+        incoming = out if s == p - 2 and into_out else scratch[s % 2]
         call.sendrecv(outgoing, right, incoming, left)
         reduce_(incoming, block(c), op)  # partial sum from the left, plus my block c
-        outgoing, incoming = incoming, (spare if s == 0 else outgoing)
-    buffers.copy_(out, outgoing)
+        outgoing = incoming
+    if outgoing is not out:
+        buffers.copy_(out, outgoing)
+
+
+def _may_overlap(a, b) -> bool:
+    """Whether two buffers might share memory (same torch storage, or overlapping numpy bounds)."""
+    if buffers.is_torch(a):
+        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    return bool(np.may_share_memory(a, b))
 
 
 def broadcast_ring(call, x, root: int) -> None:

@@ -91,6 +91,8 @@ def wait_all(requests, timeout: float, context="") -> None:
     """
     start = time.monotonic()
     pending = [r for r in requests if not r.test()]
+    if not pending:
+        return  # the common case for small messages: done at the first poll
     blocking = [r for r in pending if r.blocking]
     pending = [r for r in pending if not r.blocking]
     while pending:

@@ -22,6 +22,7 @@ import argparse
 import os
 import socket
 import sys
+import time
 
 import numpy as np
 
@@ -38,7 +39,13 @@ MODES = [
 ]
 
 
+def mark(mode: str) -> None:
+    """Tell the test when the fault happened (it measures how long the job took to end)."""
+    print(f"[fault] rank {FAULTY} {mode} at {time.time():.3f}", file=sys.stderr, flush=True)
+
+
 def misbehave(mode: str) -> None:
+    mark(mode)
     if mode.startswith("raise"):
         raise RuntimeError(f"injected fault ({mode})")
     if mode.startswith("sys_exit"):
@@ -73,8 +80,10 @@ def main(mode: str) -> None:
     if r == FAULTY and mode in ("raise_between", "sys_exit"):
         misbehave(mode)
     if r == FAULTY and mode == "other_call":
+        mark(mode)
         minipar.broadcast(x, 0)
     elif r == FAULTY and mode == "other_count":
+        mark(mode)
         minipar.all_reduce(np.ones(16))
     elif mode.endswith("_mid"):
         minipar.all_reduce(x, algorithm=two_step_ring(mode))

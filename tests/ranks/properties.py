@@ -63,8 +63,13 @@ def values(s: dict, rank: int, n: int) -> np.ndarray:
         pick = [-2.0, -1.0, 1.0, 2.0] if s["op"] == "PRODUCT" else np.arange(-16.0, 17.0)
         v = rng.choice(pick, n)
         return v + 1j * rng.choice(pick, n) if dtype.startswith("complex") else v
-    v = rng.standard_normal(n)
-    return v + 1j * rng.standard_normal(n) if dtype.startswith("complex") else v
+
+    def draw():
+        if s["op"] == "PRODUCT":  # magnitudes in [1/2, 2]: up to 8 factors stay in float16's
+            return rng.uniform(0.5, 2.0, n) * rng.choice([-1.0, 1.0], n)  # normal range
+        return rng.standard_normal(n)
+
+    return draw() + 1j * draw() if dtype.startswith("complex") else draw()
 
 
 def as_numpy(v, dtype: str) -> np.ndarray:

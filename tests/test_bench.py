@@ -1,0 +1,139 @@
+"""`minipar bench`: the parsing and the arithmetic on their own, then one real 2-rank run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from minipar import cost
+from minipar.bench import fit, report, spec
+
+KEYS = set(report.KEYS)
+
+
+def test_sizes():
+    assert spec.parse_sizes("8B:64B") == [8, 16, 32, 64]
+    assert spec.parse_sizes("1KiB:1MiB:x4") == [
+        1 << 10,
+        1 << 12,
+        1 << 14,
+        1 << 16,
+        1 << 18,
+        1 << 20,
+    ]
+    assert spec.parse_sizes("8:20:x4") == [8, 20]  # the end is always measured
+    assert spec.parse_sizes("64MiB,8,1KB") == [8, 1000, 64 << 20]
+    for bad in ("8Q", "64MiB:8", "1:8:x1", ""):
+        with pytest.raises(ValueError):
+            spec.parse_sizes(bad)
+    assert spec.format_size(3 << 19) == "1.5 MiB" and spec.format_size(8) == "8 B"
+
+
+def test_collectives_and_rounding():
+    assert spec.parse_collectives("allreduce,all_gather_into_tensor") == [
+        "all_reduce",
+        "all_gather",
+    ]
+    assert spec.parse_collectives("all") == spec.COLLECTIVES
+    with pytest.raises(ValueError, match="unknown collective"):
+        spec.parse_collectives("all_sum")
+    assert spec.round_size("all_reduce", 7, 3, 4) == 8  # whole items
+    assert spec.round_size("all_gather", 8, 3, 4) == 12  # p equal blocks of whole items
+    assert spec.round_size("reduce_scatter", 1 << 20, 2, 4) == 1 << 20
+
+
+def test_bus_factors_follow_nccl_tests():
+    assert spec.bus_factor("all_reduce", 4) == 1.5
+    assert spec.bus_factor("all_gather", 4) == spec.bus_factor("reduce_scatter", 4) == 0.75
+    assert spec.bus_factor("broadcast", 4) == spec.bus_factor("reduce", 4) == 1.0
+    assert spec.bus_factor("all_to_all", 8) == 7 / 8
+
+
+def _events(p=2):
+    """What the ranks would write for one size: two minipar rows, MPI, gloo, a roofline."""
+    n = 1 << 20
+    return [
+        {"type": "header", "world_size": p, "oversubscribed": False},
+        {"type": "roof", "collective": "all_reduce", "nbytes": n, "copy_Bps": 8e9, "add_Bps": 8e9},
+        {"type": "row", "collective": "all_reduce", "nbytes": n, "implementation": "minipar",
+         "algorithm": "ring", "times": [3e-4, 1e-4, 2e-4]},
+        {"type": "row", "collective": "all_reduce", "nbytes": n, "implementation": "minipar",
+         "algorithm": "auto", "chosen": "tree", "times": [4e-4]},
+        {"type": "row", "collective": "all_reduce", "nbytes": n, "implementation": "mpi",
+         "algorithm": "native", "times": [1e-4]},
+        {"type": "row", "collective": "all_reduce", "nbytes": n, "implementation": "torch",
+         "algorithm": "native", "times": [8e-4]},
+    ]  # fmt: skip
+
+
+def test_records_arithmetic():
+    link = cost.SHARED_MEMORY
+    ring, auto, mpi, gloo = report.records(_events(), "float32", link)
+    n = 1 << 20
+    assert KEYS <= set(ring)
+    assert (ring["time_s_min"], ring["time_s_median"], ring["time_s_max"]) == (1e-4, 2e-4, 3e-4)
+    assert ring["algbw_GBps"] == pytest.approx(n / 2e-4 / 1e9)
+    assert ring["busbw_GBps"] == pytest.approx(ring["algbw_GBps"] * 1.0)  # 2 (p-1)/p at p=2
+    assert ring["ratio_mpi"] == pytest.approx(2.0) and ring["ratio_torch"] == pytest.approx(0.25)
+    assert ring["predicted_s"] == pytest.approx(cost.predict("all_reduce", "ring", n, 2, link))
+    assert auto["predicted_s"] == pytest.approx(cost.predict("all_reduce", "tree", n, 2, link))
+    assert mpi["predicted_s"] is None and mpi["ratio_mpi"] == 1.0
+    floor = n / 2 / 8e9 * 2
+    assert ring["roofline_fraction"] == pytest.approx(floor / 2e-4)
+    assert report.label(auto) == "auto → tree" and report.label(gloo) == "torch (gloo)"
+
+
+def test_goals_read_the_right_rows():
+    rows = report.records(_events(), "float32", cost.SHARED_MEMORY)
+    goals = {g[0]: g for g in report.goals(rows)}
+    worst_mpi = goals["ring all_reduce >= 1 MiB: time / MPI (worst size)"]
+    assert worst_mpi[1] == pytest.approx(2.0)
+    assert goals["auto: time / gloo (worst size)"][1] == pytest.approx(0.5)
+    assert goals["ring all_gather 64 MiB: time / MPI"][1] is None  # not measured
+
+
+def test_measured_crossover():
+    def row(n, algorithm, t):
+        return {"collective": "all_reduce", "implementation": "minipar", "nbytes": n,
+                "algorithm": algorithm, "time_s_median": t}  # fmt: skip
+
+    rows = [row(8, "tree", 1), row(8, "ring", 2), row(64, "tree", 2), row(64, "ring", 1)]
+    rows += [row(512, "tree", 3), row(512, "ring", 1)]
+    assert fit.measured_crossover(rows, "tree", "ring") == 64
+    assert fit.measured_crossover(rows[:2], "tree", "ring") is None
+    assert fit.measured_crossover(rows[2:], "tree", "ring") == "below"
+
+
+@pytest.mark.timeout(150)
+def test_two_rank_run(tmp_path):
+    """One short job: every key, positive times, busbw = algbw x factor, the fit stored."""
+    out, png, link = tmp_path / "out.json", tmp_path / "bw.png", tmp_path / "link.json"
+    argv = [sys.executable, "-m", "minipar.bench", "all_reduce,all_gather,reduce_scatter",
+            "-n", "2", "--sizes", "8,64KiB", "--algorithms", "ring,recursive_doubling,auto",
+            "--against", "mpi,torch", "--iters", "3", "--warmup", "1", "--json", str(out),
+            "--plot", str(png), "--fit", "--fit-path", str(link), "--timeout", "120"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=140)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "x MPI" in done.stdout and "fitted link" in done.stdout
+    rows = json.loads(out.read_text())
+    seen = {(r["collective"], r["implementation"], r["algorithm"]) for r in rows}
+    for collective in ("all_reduce", "all_gather", "reduce_scatter"):
+        assert {(collective, "mpi", "native"), (collective, "torch", "native")} <= seen
+        assert (collective, "minipar", "ring") in seen and (collective, "minipar", "auto") in seen
+    assert ("all_reduce", "minipar", "recursive_doubling") in seen
+    for r in rows:
+        assert KEYS <= set(r), KEYS - set(r)
+        assert r["world_size"] == 2 and r["dtype"] == "float32" and r["iters"] == 3
+        assert 0 < r["time_s_min"] <= r["time_s_median"] <= r["time_s_max"] < 10
+        assert r["algbw_GBps"] == pytest.approx(r["nbytes"] / r["time_s_median"] / 1e9)
+        factor = spec.bus_factor(r["collective"], 2)
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * factor)
+        assert r["roofline_fraction"] > 0
+        if r["implementation"] == "minipar":
+            assert r["predicted_s"] > 0
+    fitted = cost.load_link(str(link))
+    assert 0 < fitted.alpha < 0.01 and 0 < fitted.beta < 1e-8 and 0 < fitted.gamma < 1e-8
+    assert png.stat().st_size > 1000

@@ -1,0 +1,181 @@
+"""Fault injection: a rank raises, exits, or calls something else in the middle of a job (see
+tests/faults/inject.py). The job must end non-zero, within the timeout of the fault, never hang,
+and its output must name the rank at fault, on both transports: MPI through `minipar run` (which
+must return the job's exit status) and torch.distributed (gloo) under torch.multiprocessing.spawn.
+
+The jobs are independent, so a transport's jobs all start together on a few threads the first
+time a test asks for one of them; each test then checks one job.
+"""
+
+import functools
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import ROOT
+
+INJECT = os.path.join(ROOT, "tests", "faults", "inject.py")
+TIMEOUT = 3  # MINIPAR_TIMEOUT inside the jobs: how long a rank waits for a peer
+SLACK = 20  # seconds beyond TIMEOUT a job may take to end after its fault (abort, teardown)
+JOB_LIMIT = 150  # the hard limit: no job can outlive it, whatever goes wrong
+EXTENDED = os.environ.get("MINIPAR_EXTENDED") == "1"
+
+# (transport, mode, debug, ranks): what each job must show. "rc": exact exit status or "nonzero";
+# "says": fragments the output must contain (every one of them).
+EXPECT = {
+    ("mpi", "ok", False, 3): ("zero", ["rank 0: finished", "rank 2: finished"]),
+    ("mpi", "raise_mid", False, 3): (
+        "nonzero",
+        ["[rank 1] RuntimeError: injected fault (raise_mid)", "[rank 1] minipar: aborting"],
+    ),
+    ("mpi", "raise_between", True, 3): (
+        "nonzero",
+        ["[rank 1] RuntimeError: injected fault (raise_between)"],
+    ),
+    ("mpi", "sys_exit_mid", False, 3): (
+        3,
+        [
+            "[rank 1] minipar: sys.exit(3) inside all_reduce (algorithm two_step_ring) on group "
+            "world, step 1"
+        ],
+    ),  # fmt: skip
+    ("mpi", "sys_exit", False, 2): (
+        "nonzero",
+        ["[rank 0] minipar.errors.CommTimeoutError: all_reduce", "from rank 1 (tag"],
+    ),
+    ("mpi", "sys_exit", True, 3): (
+        "nonzero",
+        ["CommTimeoutError: debug check before all_reduce (call #1)", "from rank 1 (tag"],
+    ),
+    ("mpi", "os_exit_mid", False, 3): ("nonzero", []),  # hydra ends the job (banner, no rank)
+    ("mpi", "other_call", False, 2): ("nonzero", ["CommTimeoutError", "rank 1"]),
+    ("mpi", "other_call", True, 3): (
+        "nonzero",
+        ["MismatchError", "  ranks 0, 2: call #1 all_reduce(", "  rank 1: call #1 broadcast("],
+    ),
+    ("mpi", "other_count", False, 2): ("nonzero", ["MessageSizeError", "rank 1"]),
+    ("mpi", "other_count", True, 3): (
+        "nonzero",
+        ["MismatchError", "  rank 1: call #1 all_reduce(algorithm="],
+    ),
+    ("torch", "raise_mid", False, 2): (
+        "nonzero",
+        ["Process 1 terminated with the following error", "injected fault (raise_mid)"],
+    ),
+    ("torch", "sys_exit", False, 2): ("nonzero", ["process 1 terminated with exit code 3"]),
+    ("torch", "other_call", True, 2): (
+        "nonzero",
+        ["MismatchError", "  rank 1: call #1 broadcast("],
+    ),
+    ("torch", "other_count", False, 2): ("nonzero", ["terminated with signal SIGABRT"]),
+}
+EXTENDED_EXPECT = {
+    ("torch", "ok", False, 2): ("zero", ["rank 0: finished", "rank 1: finished"]),
+    ("torch", "sys_exit_mid", False, 2): (
+        "nonzero",
+        ["[rank 1] minipar: sys.exit(3) inside all_reduce", "process 1 terminated"],
+    ),
+    ("torch", "os_exit_mid", False, 2): ("nonzero", ["process 1 terminated with exit code 3"]),
+    ("torch", "raise_between", False, 2): ("nonzero", ["Process 1 terminated", "raise_between"]),
+    ("torch", "other_call", False, 2): ("nonzero", ["CommTimeoutError", "rank 1"]),
+    ("torch", "other_count", True, 2): ("nonzero", ["MismatchError", "shape=(16,)"]),
+    ("mpi", "raise_between", False, 3): ("nonzero", ["[rank 1] RuntimeError: injected fault"]),
+    ("mpi", "sys_exit_mid", True, 3): (3, ["[rank 1] minipar: sys.exit(3) inside all_reduce"]),
+}
+if EXTENDED:
+    EXPECT.update(EXTENDED_EXPECT)
+
+
+def command(transport, mode, debug, ranks):
+    flags = ["--debug"] if debug else []
+    if transport == "mpi":  # through `minipar run`, which must hand back the job's status
+        return [sys.executable, "-m", "minipar", "run", "-n", str(ranks), INJECT, mode, *flags]
+    return [sys.executable, INJECT, mode, "--torch", str(ranks), *flags]
+
+
+def run_job(key):
+    """Run one job; only past JOB_LIMIT is its process group killed. Otherwise the launcher's own
+    clean-up (mpiexec after an abort, spawn after a failed rank) must leave nothing behind,
+    which test_no_orphans checks."""
+    env = dict(os.environ, MINIPAR_TIMEOUT=str(TIMEOUT), OMP_NUM_THREADS="1")
+    env.pop("MINIPAR_DEBUG", None)
+    start = time.time()
+    proc = subprocess.Popen(
+        command(*key), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        output, _ = proc.communicate(timeout=JOB_LIMIT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        return 124, output, start, time.time(), proc.pid
+    return proc.returncode, output, start, time.time(), proc.pid
+
+
+@functools.cache
+def results(transport):
+    """Every job of one transport, run together on threads (the first test asking waits)."""
+    keys = [key for key in EXPECT if key[0] == transport]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(zip(keys, pool.map(run_job, keys)))
+
+
+@pytest.mark.parametrize(
+    "transport,mode,debug,ranks", list(EXPECT), ids=["-".join(map(str, k)) for k in EXPECT]
+)
+def test_fault(transport, mode, debug, ranks):
+    key = (transport, mode, debug, ranks)
+    rc, output, start, end, _ = results(transport)[key]
+    want_rc, fragments = EXPECT[key]
+    where = f"{' '.join(command(*key)[1:])} exited {rc} after {end - start:.1f} s"
+    assert rc != 124, f"{where}: the job hung\n{output[-3000:]}"
+    if want_rc == "zero":
+        assert rc == 0, f"{where}\n{output[-3000:]}"
+    elif want_rc == "nonzero":
+        assert rc != 0, f"{where}\n{output[-3000:]}"
+    else:
+        assert rc == want_rc, f"{where}\n{output[-3000:]}"
+    for fragment in fragments:
+        assert fragment in output, f"{where}: {fragment!r} not in the output\n{output[-3000:]}"
+    fault = re.search(r"\[fault\] rank \d+ \S+ at ([0-9.]+)", output)
+    if mode != "ok":
+        assert fault, f"{where}: the fault never happened\n{output[-3000:]}"
+        took = end - float(fault.group(1))
+        assert took < TIMEOUT + SLACK, f"{where}: ended {took:.1f} s after the fault"
+
+
+def session_processes(sessions) -> list[int]:
+    """Live processes in any of these sessions (each job was started as a session of its own,
+    so its mpiexec, proxies, ranks and spawned children all carry the job's pid as session id)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) in sessions and fields[0] != "Z":  # fields: state ppid pgrp session
+            found.append(int(entry))
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs Linux /proc")
+@pytest.mark.parametrize("transport", ["mpi", "torch"])
+def test_no_orphans(transport):
+    """Once a transport's fault jobs have ended, none of their processes is left running."""
+    sessions = {job[-1] for job in results(transport).values()}
+    deadline = time.time() + 5
+    while session_processes(sessions) and time.time() < deadline:
+        time.sleep(0.1)
+    left = session_processes(sessions)
+    for pid in left:  # ours: clean up before failing, so nothing outlives the test run
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left by the fault jobs: {left}"
