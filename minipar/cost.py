@@ -1,9 +1,13 @@
 """The alpha-beta-gamma cost model: how long a collective should take, from three numbers.
 
-    time = steps * alpha  +  bytes_sent * beta  +  bytes_reduced * gamma
+    time = steps * alpha  +  bytes_sent * beta  +  (bytes_reduced + bytes_copied) * gamma
 
 alpha is the cost of one message (latency), beta the cost of one byte on the link (1/bandwidth),
-gamma the cost of reducing one byte (1/reduction rate). `traffic()` counts steps and bytes for
+gamma the cost of reducing one byte (1/reduction rate). Local copies (a scratch buffer filled
+from the input, a final rotation) are one pass over memory like a reduction, and are priced at
+gamma too: without them `auto` could not tell a ring all-gather from Bruck's, which sends the
+same bytes in as many steps on 2 ranks but copies the whole output once more. `traffic()` counts
+steps and bytes for
 each (collective, algorithm) from the same formulas the algorithms' docstrings state and the
 tests check against the trace ledger; `predict()` prices them on a `Link`.
 (Hockney 1994; Thakur, Rabenseifner and Gropp 2005; Patarasuk and Yuan 2009.)
@@ -114,6 +118,7 @@ class Traffic:
     bytes_sent: float  # by the busiest rank
     bytes_reduced: float  # by the busiest rank
     exact: bool = True  # False: bytes_sent is an upper bound (uneven splits, folded ranks)
+    bytes_copied: float = 0.0  # local copies by the busiest rank (root 0 where there is one)
 
 
 def _log2ceil(p: int) -> int:
@@ -185,14 +190,37 @@ def traffic(collective: str, algorithm: str, nbytes: float, p: int) -> Traffic:
     inexact = algorithm == "double_tree" or (
         rem and algorithm in ("recursive_doubling", "recursive_halving")
     )
-    return Traffic(steps, sent, reduced, exact=not inexact)
+    return Traffic(steps, sent, reduced, not inexact, _copied(collective, algorithm, N, p))
+
+
+def _copied(collective: str, algorithm: str, N: float, p: int) -> float:
+    """Bytes the busiest rank copies locally, outside messages (read from the algorithms)."""
+    n = N / p  # one rank's block
+    copies = {
+        ("reduce", "tree"): N if p >= 4 else 0,  # an inner node keeps x: works on a copy
+        ("all_reduce", "tree"): N if p >= 4 else 0,
+        ("all_gather", "linear"): n,  # the own block into the output
+        ("all_gather", "ring"): n,
+        ("all_gather", "recursive_doubling"): n,
+        ("all_gather", "bruck"): n + N,  # into scratch, then the rotation into rank order
+        ("reduce_scatter", "linear"): N + n,  # the input into scratch; the root's block out
+        ("reduce_scatter", "recursive_halving"): N + n,
+        ("scatter", "linear"): n,
+        ("scatter", "tree"): n,
+        ("gather", "linear"): n,
+        ("gather", "tree"): N + n,  # the root's own block, then the unrotation
+        ("all_to_all", "linear"): n,
+        ("all_to_all", "pairwise"): n,
+    }
+    return copies.get((collective, algorithm), 0)
 
 
 def predict(collective: str, algorithm: str, nbytes: float, world_size: int, link=None) -> float:
-    """Seconds for one call: steps * alpha + bytes_sent * beta + bytes_reduced * gamma."""
+    """Seconds for one call: steps alpha + bytes_sent beta + (bytes_reduced + copied) gamma."""
     link = link or default_link()
     t = traffic(collective, algorithm, nbytes, world_size)
-    return t.steps * link.alpha + t.bytes_sent * link.beta + t.bytes_reduced * link.gamma
+    local = t.bytes_reduced + t.bytes_copied
+    return t.steps * link.alpha + t.bytes_sent * link.beta + local * link.gamma
 
 
 def choose(collective: str, candidates, nbytes: float, world_size: int, link=None) -> str:
@@ -263,7 +291,8 @@ def all_reduce_on_cluster(
         return predict("all_reduce", "ring", nbytes, p, link)
     if algorithm != "hierarchical":
         raise ValueError(f"algorithm must be 'ring' or 'hierarchical', got {algorithm!r}")
-    inside = predict("reduce_scatter", "ring", nbytes, g, h.intra)
-    inside += predict("all_gather", "ring", nbytes, g, h.intra)
+    # the ring all-reduce in a node is its reduce-scatter and its all-gather, in place: the
+    # cross-node step goes between the two and changes neither's cost
+    inside = predict("all_reduce", "ring", nbytes, g, h.intra)
     across = predict("all_reduce", "ring", nbytes / g, nodes, h.inter) if nodes > 1 else 0.0
     return inside + across

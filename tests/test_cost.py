@@ -141,3 +141,15 @@ def test_roofline_grows_toward_two_reads_per_rank():
     floors = [roofline.lower_bound("all_reduce", 1e9, p, 1e10, 1e10) for p in (2, 4, 64)]
     assert floors == sorted(floors)
     assert math.isclose(floors[-1], 0.2 * 63 / 64)
+
+
+def test_local_copies_steer_auto_away_from_copying_algorithms():
+    n = 64 << 20
+    # on 2 ranks Bruck and the ring send the same bytes in one step; Bruck copies N + N/p more
+    bruck, ring = (cost.traffic("all_gather", a, n, 2) for a in ("bruck", "ring"))
+    assert (bruck.steps, bruck.bytes_sent) == (ring.steps, ring.bytes_sent)
+    assert (bruck.bytes_copied, ring.bytes_copied) == (n + n / 2, n / 2)
+    link = cost.SHARED_MEMORY
+    assert cost.choose("all_gather", ["bruck", "ring"], n, 2, link) == "ring"
+    assert cost.choose("reduce_scatter", ["recursive_halving", "ring"], n, 2, link) == "ring"
+    assert cost.traffic("all_reduce", "ring", n, 8).bytes_copied == 0

@@ -1,7 +1,8 @@
 """Fault injection: a rank raises, exits, or calls something else in the middle of a job (see
 tests/faults/inject.py). The job must end non-zero, within the timeout of the fault, never hang,
 and its output must name the rank at fault, on both transports: MPI through `minipar run` (which
-must return the job's exit status) and torch.distributed (gloo) under torch.multiprocessing.spawn.
+must return the job's exit status) and torch.distributed (gloo) under torch.multiprocessing.spawn,
+plus one job under torchrun, where minipar's own excepthook ends the job.
 
 The jobs are independent, so a transport's jobs all start together on a few threads the first
 time a test asks for one of them; each test then checks one job.
@@ -67,14 +68,18 @@ EXPECT = {
         "nonzero",
         ["Process 1 terminated with the following error", "injected fault (raise_mid)"],
     ),
-    ("torch", "sys_exit", False, 2): ("nonzero", ["process 1 terminated with exit code 3"]),
     ("torch", "other_call", True, 2): (
         "nonzero",
         ["MismatchError", "  rank 1: call #1 broadcast("],
     ),
     ("torch", "other_count", False, 2): ("nonzero", ["terminated with signal SIGABRT"]),
+    ("torchrun", "raise_mid", False, 2): (  # minipar's own excepthook: spawn bypasses it
+        "nonzero",
+        ["[rank 1] RuntimeError: injected fault (raise_mid)", "[rank 1] minipar: aborting"],
+    ),
 }
 EXTENDED_EXPECT = {
+    ("torch", "sys_exit", False, 2): ("nonzero", ["process 1 terminated with exit code 3"]),
     ("torch", "ok", False, 2): ("zero", ["rank 0: finished", "rank 1: finished"]),
     ("torch", "sys_exit_mid", False, 2): (
         "nonzero",
@@ -95,6 +100,9 @@ def command(transport, mode, debug, ranks):
     flags = ["--debug"] if debug else []
     if transport == "mpi":  # through `minipar run`, which must hand back the job's status
         return [sys.executable, "-m", "minipar", "run", "-n", str(ranks), INJECT, mode, *flags]
+    if transport == "torchrun":
+        run = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+        return [sys.executable, *run, INJECT, mode, *flags]
     return [sys.executable, INJECT, mode, "--torch", str(ranks), *flags]
 
 
@@ -118,11 +126,16 @@ def run_job(key):
     return proc.returncode, output, start, time.time(), proc.pid
 
 
+def family(transport: str) -> str:
+    return "mpi" if transport == "mpi" else "torch"
+
+
 @functools.cache
-def results(transport):
-    """Every job of one transport, run together on threads (the first test asking waits)."""
-    keys = [key for key in EXPECT if key[0] == transport]
-    with ThreadPoolExecutor(max_workers=4) as pool:
+def results(which):
+    """Every job of one family ("mpi", or "torch" with torchrun), run together on threads (the
+    first test asking waits)."""
+    keys = [key for key in EXPECT if family(key[0]) == which]
+    with ThreadPoolExecutor(max_workers=5) as pool:
         return dict(zip(keys, pool.map(run_job, keys)))
 
 
@@ -131,7 +144,7 @@ def results(transport):
 )
 def test_fault(transport, mode, debug, ranks):
     key = (transport, mode, debug, ranks)
-    rc, output, start, end, _ = results(transport)[key]
+    rc, output, start, end, _ = results(family(transport))[key]
     want_rc, fragments = EXPECT[key]
     where = f"{' '.join(command(*key)[1:])} exited {rc} after {end - start:.1f} s"
     assert rc != 124, f"{where}: the job hung\n{output[-3000:]}"

@@ -10,8 +10,10 @@ Profiles: CI draws PROFILE_CI specs over world sizes 1-6 with numpy buffers; the
 (MINIPAR_EXTENDED=1) draws PROFILE_EXTENDED over sizes 1-8 with numpy and torch buffers.
 """
 
+import atexit
 import json
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -107,7 +109,9 @@ def write_specs() -> str:
     """Draw the profile's specs and point the rank-side suite at them (before collection)."""
     kinds = ["numpy", "torch"] if EXTENDED else ["numpy"]
     drawn = draw_specs(PROFILE_EXTENDED if EXTENDED else PROFILE_CI, SIZES, kinds)
-    path = os.path.join(tempfile.mkdtemp(prefix="minipar-properties-"), "specs.json")
+    folder = tempfile.mkdtemp(prefix="minipar-properties-")
+    atexit.register(shutil.rmtree, folder, True)
+    path = os.path.join(folder, "specs.json")
     with open(path, "w") as f:
         json.dump(drawn, f)
     os.environ["MINIPAR_PROPERTY_SPECS"] = path

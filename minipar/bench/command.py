@@ -43,14 +43,21 @@ def configure(parser) -> None:
     add("--sizes", default="8B:64MiB", help="START:END[:xF] or a list (default 8B:64MiB)")
     add("--dtype", default="float32", choices=spec.DTYPES)
     add("--algorithms", default="all", help="comma list of minipar algorithms, or 'all'")
-    add("--against", default="mpi,torch", help="references: mpi, torch, both, or 'none'")
+    add(
+        "--against",
+        default="mpi,torch",
+        help="references: mpi,torch (default), mpi, torch, or none",
+    )
     add("--iters", type=int, default=None, help="iterations per cell (default: adapt to size)")
     add("--warmup", type=int, default=2, help="warm-up calls per cell (default 2)")
-    add("--budget", type=float, default=0.05, help="seconds of timed calls per cell (default)")
+    add("--budget", type=float, default=0.05, help="seconds of timed calls per cell (default 0.05)")
     add("--json", metavar="PATH", help="write one record per row as a JSON list")
     add("--plot", metavar="PATH.png", help="draw busbw against size (matplotlib)")
     add("--fit", action="store_true", help="measure this machine's alpha, beta, gamma first")
     add("--fit-path", default=None, help="where --fit stores the link (default: user cache)")
+    add(
+        "--repeat", type=int, default=1, help="run the whole job R times; goals show min-median-max"
+    )
     add("--timeout", type=float, default=900, help="seconds before the whole job is killed")
 
 
@@ -138,30 +145,57 @@ def run_with_progress(job: dict, args, console) -> tuple[list[dict], object]:
         return launch_job(job, args.ranks, args.timeout, progress)
 
 
-def show(console, job: dict, events: list[dict]) -> list[dict]:
-    """Print the header, tables, skips, fit and goals; return the records."""
-    from minipar import cost
-    from minipar.bench import fit, report, table
+def records(job: dict, events: list[dict], link) -> list[dict]:
+    from minipar.bench import report
 
+    return report.records(events, job["dtype"], link)
+
+
+def show(console, job: dict, runs: list[list[dict]], link) -> list[list[dict]]:
+    """Print the header and tables of the last run, skips, the fit, and the goals over every
+    run; return each run's records."""
+    from minipar.bench import table
+
+    events = runs[-1]
     head = next(e for e in events if e["type"] == "header")
-    fitted = next((e for e in events if e["type"] == "fit"), None)
-    link = fit.as_link(fitted) if fitted else cost.default_link()
-    rows = report.records(events, job["dtype"], link)
+    rows = [records(job, run, link) for run in runs]
     table.header(console, head, link.name)
+    if len(runs) > 1:
+        console.print(f"the tables show the last of {len(runs)} runs; the goals, all of them")
     for collective in job["collectives"]:
-        table.rows_table(console, rows, collective)
+        table.rows_table(console, rows[-1], collective)
     for e in events:
         if e["type"] == "skip":
             where = f"{e['implementation']} {e['collective']} {spec.format_size(e['nbytes'])}"
             console.print(f"[yellow]skipped[/] {where}: {e['reason']}")
+    fitted = next((e for e in runs[0] if e["type"] == "fit"), None)
     if fitted:
-        table.fit_panel(console, fitted, rows, link)
+        table.fit_panel(console, fitted, rows[0], link)
     table.goals_table(console, rows, head["oversubscribed"])
+    table.goals_table(console, rows, head["oversubscribed"], basis="min")
     return rows
+
+
+def run_all(job: dict, args, console):
+    """args.repeat jobs (the fit, if asked, in the first); (runs' events, failure message)."""
+    from minipar import cost
+
+    runs = []
+    for i in range(max(1, args.repeat)):
+        events, proc = run_with_progress(dict(job, fit=job["fit"] and i == 0), args, console)
+        if not any(e["type"] == "done" for e in events):
+            return runs, f"the job failed (exit {proc.returncode}):\n{(proc.stderr or '')[-4000:]}"
+        if job["fit"] and i == 0:
+            os.environ[cost.LINK_ENV] = job["fit_path"]  # later runs' `auto` prices with the fit
+        runs.append(events)
+    return runs, None
 
 
 def main(args) -> int:
     from rich.console import Console
+
+    from minipar import cost
+    from minipar.bench import fit
 
     console = Console()
     if not console.is_terminal:  # a file or a pipe: room for every column
@@ -172,21 +206,21 @@ def main(args) -> int:
         console.print(f"[red]minipar bench: {error}[/]")
         return 2
     start = time.monotonic()
-    events, proc = run_with_progress(job, args, console)
-    if not any(e["type"] == "done" for e in events):
-        console.print(f"[red]minipar bench: the job failed (exit {proc.returncode}):[/]")
-        console.print((proc.stderr or "")[-4000:], markup=False, highlight=False)
+    runs, failure = run_all(job, args, console)
+    if failure:
+        console.print(f"[red]minipar bench: {failure}[/]", highlight=False)
         return 1
-    rows = show(console, job, events)
-    console.print(f"[dim]{len(rows)} rows in {time.monotonic() - start:.0f} s[/]")
+    fitted = next((e for e in runs[0] if e["type"] == "fit"), None)
+    link = fit.as_link(fitted) if fitted else cost.default_link()
+    rows = show(console, job, runs, link)
+    console.print(f"[dim]{sum(map(len, rows))} rows in {time.monotonic() - start:.0f} s[/]")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump([dict(r, repeat=i) for i, run in enumerate(rows) for r in run], f, indent=1)
         console.print(f"wrote {args.json}")
     if args.plot:
         from minipar.bench import plot
 
-        head = next(e for e in events if e["type"] == "header")
-        plot.busbw(rows, args.plot, head)
+        plot.busbw(rows[-1], args.plot, next(e for e in runs[-1] if e["type"] == "header"))
         console.print(f"wrote {args.plot}")
     return 0

@@ -47,6 +47,7 @@ def header(comm, dist) -> dict:
         "cores": launch.cores(),
         "oversubscribed": comm.size > launch.cores(),
         "host": platform.node(),
+        "load": list(os.getloadavg()),  # other processes' load: noise in every number
     }
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 
-MIN_ITERS, MAX_ITERS = 6, 2000
+MIN_ITERS, MAX_ITERS = 9, 2000
 ROUNDS = 3
 
 

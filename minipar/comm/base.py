@@ -64,6 +64,9 @@ class Request:
     def _finish(self) -> None:
         pass
 
+    def _cancel(self) -> None:
+        """Best effort: stop a pending receive from ever writing into its buffer."""
+
     def test(self) -> bool:
         if not self.done and self._poll():
             self._finish()
@@ -88,7 +91,31 @@ def wait_all(requests, timeout: float, context="") -> None:
     Polls rather than blocking inside MPI so that a wait can time out, and so that ranks sharing
     a core (oversubscribed) hand it over: after a short busy spin each poll yields CPU and GIL.
     Requests that cannot be polled (gloo's point-to-point work) block with the time that is left.
+    If the wait fails (a timeout, a message of the wrong size), the requests still pending are
+    abandoned: see `abandon`.
     """
+    requests = list(requests)
+    try:
+        _wait(requests, timeout, context)
+    except BaseException:
+        abandon(requests)
+        raise
+
+
+ABANDONED: list = []  # requests given up on, kept alive with their buffers (see abandon)
+
+
+def abandon(requests) -> None:
+    """Give up on the pending requests: cancel what the transport can cancel, and keep every one
+    (and so its buffer) alive for the life of the process. The transport may still write into a
+    receive buffer or read a send buffer; freeing it under MPI's feet corrupts the heap."""
+    for request in requests:
+        if not request.done:
+            request._cancel()
+            ABANDONED.append(request)
+
+
+def _wait(requests, timeout: float, context) -> None:
     start = time.monotonic()
     pending = [r for r in requests if not r.test()]
     if not pending:

@@ -57,6 +57,13 @@ class MPIRequest(Request):
                 )
         return done
 
+    def _cancel(self) -> None:
+        if self.kind == "recv":  # a receive not yet matched can be withdrawn; a send cannot
+            try:
+                self._req.Cancel()
+            except _mpi().Exception:
+                pass
+
     def _finish(self) -> None:
         if self._staged is not None:
             if self._target is not None:  # a staged receive: host -> device
