@@ -56,12 +56,12 @@ def lower_bound(collective: str, nbytes: float, p: int, copy_rate: float, add_ra
     return floors[collective]
 
 
-def kernel_rates(nbytes: int, dtype, barrier, reduce_max, min_seconds: float = 0.02):
+def kernel_rates(nbytes: int, dtype, barrier, reduce_max, min_seconds: float = 0.05):
     """(copy_rate, add_rate) in bytes/s for nbytes-sized buffers, every rank at once.
 
     `barrier()` lines the ranks up before each repetition and `reduce_max(t)` returns the
     largest of every rank's t, the same on every rank (the kernels finish when the slowest rank
-    does; the repetition count must agree). Repeats for about min_seconds (at least 3 times)
+    does; the repetition count must agree). Repeats for about min_seconds (at least 5 times)
     and keeps each kernel's fastest run: a floor should be optimistic, and on a shared machine
     the slow runs are someone else's load. Buffers smaller than MIN_BYTES are measured at MIN_BYTES:
     below that one numpy call costs more than the bytes it moves, and the floor is about
@@ -78,7 +78,7 @@ def kernel_rates(nbytes: int, dtype, barrier, reduce_max, min_seconds: float = 0
         first = reduce_max(_timed(kernel, barrier))
         times = [
             _timed(kernel, barrier)
-            for _ in range(max(3, min(200, int(min_seconds / max(first, 1e-9)))))
+            for _ in range(max(5, min(200, int(min_seconds / max(first, 1e-9)))))
         ]
         rates[name] = a.nbytes / max(reduce_max(min(times)), 1e-9)
     return rates["copy"], rates["add"]

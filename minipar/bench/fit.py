@@ -1,10 +1,10 @@
 """`minipar bench --fit`: this machine's alpha, beta and gamma, measured through minipar itself.
 
     alpha   half the round trip of an 8-byte ping-pong between ranks 0 and 1 (comm.send/recv)
-    beta    the slope of a two-way exchange's time between 4 MiB and 16 MiB (comm.sendrecv):
+    beta    the slope of a two-way exchange's time between 16 and 64 MiB (comm.sendrecv):
             every step of a ring or butterfly sends and receives at once, and on shared memory
             the same core does both copies, so a one-way ping-pong would flatter the link
-    gamma   seconds per byte of `np.add(a, b, out=a)` on 16 MiB, every rank at once
+    gamma   seconds per byte of `np.add(a, b, out=a)` on 64 MiB, every rank at once
 
 Each is the fastest of several repetitions (on a shared machine the slow ones measure someone
 else's load). The one-way large-message bandwidth is stored beside them, for comparison.
@@ -17,7 +17,7 @@ import datetime
 import socket
 import time
 
-SMALL, LARGE = 4 << 20, 16 << 20
+SMALL, LARGE = 16 << 20, 64 << 20  # beyond the caches: collectives stream from memory
 
 
 def _pair_times(comm, timer, nbytes: int, iters: int, exchange: bool) -> float:

@@ -2,10 +2,11 @@
 
     python -m minipar.bench.ranks SPEC.json OUT.jsonl
 
-For each collective and size, in phases separated by barriers (never two at once): the
-roofline kernels, then each minipar algorithm, then MPI's own collective, then torch's (gloo,
-brought up inside this MPI job). Rank 0 appends one JSON line per finished cell to OUT, which the
-launching process reads as it grows (the progress bar) and turns into the table.
+For each collective and size: the roofline kernels, then every cell (each minipar algorithm,
+MPI's own collective, torch's with gloo brought up inside this MPI job) taking turns, each run
+of calls a phase between barriers, never two at once (timing.py). Rank 0 appends one JSON line
+per finished cell to OUT, which the launching process follows (the progress bar) and turns into
+the table.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def header(comm, dist) -> dict:
     }
 
 
-def cells(collective: str, nbytes: int, job: dict):
+def cells(collective: str, job: dict):
     """(implementation, algorithm) pairs of one size, in the order they are timed."""
     for algorithm in job["algorithms"][collective]:
         yield "minipar", algorithm
@@ -65,7 +66,7 @@ def one_size(out, timer, ctx, job, collective: str, nbytes: int) -> None:
     from minipar.collectives import registry
 
     ops_by_cell, where = {}, {"collective": collective, "nbytes": nbytes}
-    for impl, algorithm in cells(collective, nbytes, job):
+    for impl, algorithm in cells(collective, job):
         try:
             op = ops.make(impl, collective, algorithm, nbytes, job["dtype"], ctx)
             why = f"{impl} has no {job['dtype']} {collective}"

@@ -136,14 +136,10 @@ def kinds_dtypes(size):
     unless MINIPAR_EXTENDED=1 asks for everything."""
     if size <= 4 or os.environ.get("MINIPAR_EXTENDED") == "1":
         return [("numpy", d) for d in NUMPY] + [("torch", d) for d in TORCH]
-    return [
-        ("numpy", "float64"),
-        ("numpy", "int8"),
-        ("numpy", "bool"),
-        ("torch", "bfloat16"),
-        ("torch", "float16"),
-        ("torch", "int32"),
-    ]
+    spread = [("numpy", "float64"), ("torch", "bfloat16"), ("numpy", "int8")]
+    if size == 8:
+        spread += [("numpy", "bool"), ("torch", "float16"), ("torch", "int32")]
+    return spread
 
 
 # -- cases ----------------------------------------------------------------------------------
