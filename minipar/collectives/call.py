@@ -12,15 +12,32 @@ which collective, step and peer a rank was waiting for.
 
 from __future__ import annotations
 
+import functools
+
 from minipar import buffers, ledger
 from minipar.comm.base import wait_all
+
+
+@functools.cache
+def kind_of(collective: str, algorithm: str) -> int:
+    """A number in [0, 256) for (collective, algorithm), part of every message's tag: ranks that
+    disagree on which collective or algorithm they are in never match each other's messages, so
+    they time out (naming the peer) instead of computing a wrong answer. It is the collective's
+    row and the algorithm's column in registry.ALGORITHMS (15: a function passed directly)."""
+    from minipar.collectives.registry import ALGORITHMS
+
+    names = list(ALGORITHMS)
+    row = names.index(collective) if collective in names else 15
+    table = list(ALGORITHMS.get(collective, ()))
+    column = table.index(algorithm) if algorithm in table else 15
+    return 16 * (row % 16) + min(column, 15)
 
 
 class Call:
     def __init__(self, comm, collective: str, algorithm: str):
         self.comm, self.collective, self.algorithm = comm, collective, algorithm
         self.rank, self.size = comm.rank, comm.size
-        self.seq, self.tag = comm.next_collective_tag()
+        self.seq, self.tag = comm.next_collective_tag(kind_of(collective, algorithm))
         self.step = 0
         ledger.begin_call(comm, collective, algorithm, self.seq)
 

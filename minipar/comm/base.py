@@ -18,8 +18,9 @@ from minipar import buffers, ledger
 from minipar.errors import CommTimeoutError, MiniparError
 
 COLLECTIVE_TAG_BASE = 1 << 15  # user tags live in [0, 2**15), as MPI guarantees at least that
-COLLECTIVE_TAG_SPAN = 1 << 14  # sequence numbers wrap here; 16384 calls in flight never happen
-CONTROL_TAG = COLLECTIVE_TAG_BASE + COLLECTIVE_TAG_SPAN  # debug mode's fingerprint exchange
+COLLECTIVE_TAG_SPAN = 1 << 12  # sequence numbers wrap here; 4096 calls in flight never happen
+COLLECTIVE_KINDS = 1 << 8  # each sequence number has 256 tags: one per (collective, algorithm)
+CONTROL_TAG = COLLECTIVE_TAG_BASE + COLLECTIVE_TAG_SPAN * COLLECTIVE_KINDS  # debug fingerprints
 DEFAULT_TIMEOUT = 300.0  # seconds; generous, because a first CUDA call or a cold start is slow
 
 # busy-poll this long (keeps small-message latency low), then yield; when ranks outnumber cores
@@ -196,11 +197,11 @@ class Communicator:
         wait_all([self._post_barrier()], self.timeout, f"barrier on group {self.name}")
 
     # -- collectives bookkeeping --------------------------------------------------------
-    def next_collective_tag(self) -> tuple[int, int]:
+    def next_collective_tag(self, kind: int = 0) -> tuple[int, int]:
         """(sequence number, tag) for the next collective call on this group."""
         seq = self._seq
         self._seq += 1
-        return seq, COLLECTIVE_TAG_BASE + seq % COLLECTIVE_TAG_SPAN
+        return seq, COLLECTIVE_TAG_BASE + (seq % COLLECTIVE_TAG_SPAN) * COLLECTIVE_KINDS + kind
 
     # -- checks -----------------------------------------------------------------------------
     def _check_peer(self, peer, what: str) -> None:
