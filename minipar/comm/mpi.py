@@ -9,6 +9,8 @@ CUDA tensors go straight to MPI when it is CUDA-aware, else through pinned host 
 from __future__ import annotations
 
 import pickle
+import sys
+import time
 
 import numpy as np
 
@@ -18,6 +20,9 @@ from minipar.comm.base import Communicator, NonMember, Request, check_ranks, wai
 from minipar.errors import MessageSizeError
 
 _MPI = []  # the mpi4py.MPI module, once imported (a function-level import costs ~0.5 us a call)
+
+
+ABORT_GRACE = 0.5  # seconds between a rank's last words and MPI_Abort
 
 
 def _mpi():
@@ -155,6 +160,11 @@ class MPICommunicator(Communicator):
         return MPICommunicator(sub, name or f"group{glob}", self.timeout, glob)
 
     def abort(self, code: int = 1) -> None:
+        """MPI_Abort kills every rank at once, and mpiexec may drop output it has not forwarded
+        yet: flush, give the forwarder a moment to deliver this rank's last words, then abort."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        time.sleep(ABORT_GRACE)
         self.mpi.Abort(code)
 
 
