@@ -61,8 +61,8 @@ def _run(
 ):
     """Pick the algorithm, create the Call (its tag) now, then run it here or asynchronously."""
     name, fn = registry.pick(collective, algorithm, nbytes, comm.size)
-    if runtime.debug_enabled():
-        _check_same_call(comm, (collective, name, *fingerprint))
+    if runtime.debug_enabled():  # the fingerprint is built only here, off the hot path
+        _check_same_call(comm, (collective, name, *(_fp(*fingerprint) if fingerprint else ())))
     call = Call(comm, collective, name)
 
     def run():
@@ -161,7 +161,8 @@ def _render(f) -> str:
 
 
 def _fp(x, root_name=None, root=None, op=None):
-    """The arguments debug mode compares: dtype, shape (the caller's), root, op."""
+    """The arguments debug mode compares: dtype, shape (the caller's), root, op. Callers pass
+    `_run` these arguments as a tuple, so nothing is computed unless debug mode is on."""
     return (buffers.dtype_name(x), tuple(x.shape), root_name, root, getattr(op, "name", None))
 
 
@@ -178,7 +179,7 @@ def broadcast(tensor, src: int, group=None, algorithm="auto", async_op=False):
         buffers.nbytes(x),
         (x, src),
         async_op,
-        fingerprint=_fp(tensor, "src", src),
+        fingerprint=(tensor, "src", src),
     )
 
 
@@ -197,7 +198,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=F
         (x, op),
         async_op,
         finish=lambda: finish_(x, op, comm.size),
-        fingerprint=_fp(tensor, op=op),
+        fingerprint=(tensor, None, None, op),
     )
 
 
@@ -222,7 +223,7 @@ def reduce(tensor, dst: int, op=ReduceOp.SUM, group=None, algorithm="auto", asyn
         (x, dst, op),
         async_op,
         finish=finish,
-        fingerprint=_fp(tensor, "dst", dst, op),
+        fingerprint=(tensor, "dst", dst, op),
     )
 
 
@@ -242,7 +243,7 @@ def all_gather_into_tensor(
         buffers.nbytes(out),
         (out, inp),
         async_op,
-        fingerprint=_fp(input_tensor),
+        fingerprint=(input_tensor,),
     )
 
 
@@ -267,7 +268,7 @@ def all_gather(tensor_list, tensor, group=None, algorithm="auto", async_op=False
         (out, inp),
         async_op,
         finish=scatter_into_list,
-        fingerprint=_fp(tensor),
+        fingerprint=(tensor,),
     )
 
 
@@ -306,7 +307,7 @@ def reduce_scatter_tensor(
         (out, inp, op),
         async_op,
         finish=lambda: finish_(out, op, comm.size),
-        fingerprint=_fp(input, op=op),
+        fingerprint=(input, None, None, op),
     )
 
 
@@ -330,7 +331,7 @@ def scatter(tensor, scatter_list=None, src: int = 0, group=None, algorithm="auto
         nbytes,
         (out, inp, src),
         async_op,
-        fingerprint=_fp(tensor, "src", src),
+        fingerprint=(tensor, "src", src),
     )
 
 
@@ -359,7 +360,7 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, algorithm="auto",
         (out, inp, dst),
         async_op,
         finish=finish,
-        fingerprint=_fp(tensor, "dst", dst),
+        fingerprint=(tensor, "dst", dst),
     )
 
 
@@ -401,7 +402,7 @@ def all_to_all_single(
         buffers.nbytes(inp),
         (out, inp),
         async_op,
-        fingerprint=_fp(input),
+        fingerprint=(input,),
     )
 
 
