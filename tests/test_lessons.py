@@ -16,12 +16,14 @@ KEY_LINES = {
     "02": ["Lesson 02", "[60 64 68 72]", "[3 13 23 33]", "all_to_all", "Try this"],
     "03": ["step 5 (all-gather)", "0+1+2+3", "messages", "measured ring", "Try this"],
     "04": ["busbw", "MPI_Allreduce", "roofline", "hierarchical", "Try this"],
+    "06": ["the column split sends nothing forward", "one all-reduce forward (g)", "ib_ndr"],
 }
 LABS = {
     ("02", "send-first"): "8 MiB: the timeout caught the deadlock",
     ("03", "wrong-chunk"): "caught",
     ("03", "last-bit"): "the bitwise check across ranks catches it",
     ("04", "no-wait"): "the roofline check catches it",
+    ("06", "bias-every-rank"): "caught: the planted output is off by exactly (p - 1) x bias",
 }
 
 

@@ -86,9 +86,11 @@ LESSONS = [
         "06",
         "06_tensor_parallel",
         "Tensor parallelism",
-        4,
-        "column and row parallel layers, a collective in every layer",
+        2,
+        "column and row parallel layers, f and g, a layer's all-reduces counted, NVLink vs IB",
         "minipar.lessons.l06_tensor_parallel",
+        ("bias-every-rank",),
+        min_ranks=2,
     ),
     LessonInfo(
         "07",

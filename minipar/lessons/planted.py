@@ -86,3 +86,17 @@ def time_async_without_wait(fn, reps: int) -> tuple[float, list]:
 def float_fingerprint(x) -> str:
     """The exact bits of a float array as hex (what the bitwise check compares)."""
     return np.ascontiguousarray(x).view(np.uint8).tobytes().hex()
+
+
+def row_parallel_bias_every_rank(layer, x):
+    """Lesson 06, `bias-every-rank`: a RowParallelLinear forward that adds the bias where a
+    dense layer adds it, right after the matrix product. BUG: each rank's product is only a
+    partial sum, and the all-reduce then adds every rank's copy of the bias too, so the output
+    carries p times the bias. With bias initialised to zero (a common default) the bug is
+    invisible until the bias has trained. The fix: all-reduce first, add the bias once."""
+    from torch.nn import functional as F
+
+    from minipar.parallel.tensor import operators
+
+    partial = F.linear(x, layer.weight, layer.bias)
+    return operators.reduce_from_tensor_parallel_region(partial, layer.group)

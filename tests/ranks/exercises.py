@@ -202,6 +202,110 @@ def all_reduce_plugged(name: str):
     return case
 
 
+# -- ex06: tensor parallelism (torch imported only in these cases) --------------------------------
+
+TP_RTOL = 1e-5  # float32, relative to the largest magnitude: see tests/ranks/tensor_parallel.py
+
+
+def tp_close(got, want, what):
+    err = (got - want).abs().max().item() / max(want.abs().max().item(), 1e-30)
+    assert got.shape == want.shape and err <= TP_RTOL, f"{what}: relative error {err:.3g}"
+
+
+def tp_dense(seed):
+    """The same x, layer and upstream gradient on every rank, and torch autograd's answers."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 3, 8, generator=g, requires_grad=True)
+    w = torch.randn(12, 8, generator=g, requires_grad=True)
+    b = torch.randn(12, generator=g, requires_grad=True)
+    y = x @ w.T + b
+    dy = torch.randn(y.shape, generator=g)
+    (y * dy).sum().backward()
+    return x, w, b, y.detach(), dy
+
+
+def column_case():
+    def case():
+        w_ = world()
+        r, p = w_.rank, w_.size
+        forward = student("ex06_column_row_parallel", "column_forward")
+        backward = student("ex06_column_row_parallel", "column_backward")
+        x, w, b, y, dy = tp_dense(1)
+        rows = slice(r * 12 // p, (r + 1) * 12 // p)
+        with minipar.trace() as fwd:
+            got = forward(x.detach(), w.detach()[rows], b.detach()[rows])
+        with minipar.trace() as bwd:
+            gx, gw, gb = backward(dy[..., rows].contiguous(), x.detach(), w.detach()[rows])
+        tp_close(got, y[..., rows], "column forward")
+        tp_close(gx, x.grad, "column grad_x (the full input's)")
+        tp_close(gw, w.grad[rows], "column grad_weight")
+        tp_close(gb, b.grad[rows], "column grad_bias")
+        assert not fwd.calls, f"column forward communicated: {fwd.algorithms}"
+        assert [c.collective for c in bwd.calls] == ["all_reduce"] * (p > 1), (
+            f"column backward should make one all-reduce, made {[c.collective for c in bwd.calls]}"
+        )
+
+    return case
+
+
+def row_case():
+    def case():
+        w_ = world()
+        r, p = w_.rank, w_.size
+        forward = student("ex06_column_row_parallel", "row_forward")
+        backward = student("ex06_column_row_parallel", "row_backward")
+        x, w, b, y, dy = tp_dense(2)
+        cols = slice(r * 8 // p, (r + 1) * 8 // p)
+        x_part = x.detach()[..., cols].contiguous()
+        with minipar.trace() as fwd:
+            got = forward(x_part, w.detach()[:, cols].contiguous(), b.detach())
+        with minipar.trace() as bwd:
+            gx, gw, gb = backward(dy, x_part, w.detach()[:, cols].contiguous())
+        tp_close(got, y, "row forward (the bias added once?)")
+        tp_close(gx, x.grad[..., cols], "row grad_x_part")
+        tp_close(gw, w.grad[:, cols], "row grad_weight")
+        tp_close(gb, b.grad, "row grad_bias")
+        assert [c.collective for c in fwd.calls] == ["all_reduce"] * (p > 1), (
+            f"row forward should make one all-reduce, made {[c.collective for c in fwd.calls]}"
+        )
+        assert not bwd.calls, f"row backward communicated: {bwd.algorithms}"
+
+    return case
+
+
+def vocab_cross_entropy_case():
+    def case():
+        import torch
+        from torch.nn import functional as F
+
+        w_ = world()
+        r, p = w_.rank, w_.size
+        fn = student("ex06_vocab_parallel_cross_entropy", "vocab_parallel_cross_entropy")
+        g = torch.Generator().manual_seed(3)
+        vocab = 12
+        logits = (4 * torch.randn(2, 5, vocab, generator=g)).requires_grad_()
+        target = torch.randint(0, vocab, (2, 5), generator=g)
+        target[0, :p] = torch.arange(p) * (vocab // p)  # a target in every rank's slice
+        want = F.cross_entropy(logits.view(-1, vocab), target.view(-1), reduction="none")
+        want.sum().backward()
+        mine = logits.detach().chunk(p, dim=-1)[r].contiguous()
+        with minipar.trace() as t:
+            loss, grad = fn(mine, target)
+        tp_close(loss.reshape(-1), want.detach(), "loss per token")
+        tp_close(grad, logits.grad.chunk(p, dim=-1)[r], "gradient of the logits")
+        assert all(c.collective == "all_reduce" for c in t.calls), (
+            f"only all-reduces, please (never gather the logits): {[c.collective for c in t.calls]}"
+        )
+        # each call's payload from its bytes (every formula is linear in the payload)
+        per_byte = [cost.traffic("all_reduce", c.algorithm, 1.0, p).bytes_sent for c in t.calls]
+        payload = sum(c.bytes_sent / k for c, k in zip(t.calls, per_byte) if k)
+        assert payload <= 3 * 10 * 4 + 1e-6, f"{payload:g} bytes all-reduced for 10 tokens"
+
+    return case
+
+
 def cases(size):
     table = {}
     for shift in (1, 2, -1):
@@ -226,4 +330,8 @@ def cases(size):
         table[f"{module}/bitwise_identical"] = all_reduce_bitwise(module, function)
         table[f"{module}/ledger"] = all_reduce_ledger(module, function, algorithm)
         table[f"{module}/plugs_into_minipar"] = all_reduce_plugged(f"student_{algorithm}")
+    if size in (2, 4):  # torch costs seconds to import on every rank: two world sizes suffice
+        table["ex06_column_row_parallel/column"] = column_case()
+        table["ex06_column_row_parallel/row"] = row_case()
+        table["ex06_vocab_parallel_cross_entropy/values_and_ledger"] = vocab_cross_entropy_case()
     return table

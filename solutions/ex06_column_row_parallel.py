@@ -1,0 +1,73 @@
+"""Exercise 06, column- and row-parallel linear layers by hand (lesson 06: tensor parallelism).
+
+A linear layer is y = x W^T + b with W of shape (out, in), torch's layout. Over a group of p
+ranks, rank r holds:
+
+  column split: rows r*out/p .. (r+1)*out/p of W and of b (its slice of the OUTPUT features);
+  row split:    columns r*in/p .. (r+1)*in/p of W (its slice of the INPUT features), all of b.
+
+Write each layer's forward and backward without autograd. Inputs are (..., features); the
+gradients of W and b sum over every leading dimension (batch, sequence). Communicate only with
+`minipar.all_reduce(tensor, group=group)` (in place, on a contiguous tensor), and only where
+the math needs it: the grader reads the trace ledger and expects
+
+  column forward: nothing (every rank has all of x)
+  column backward: one all-reduce (each rank's grad_x is a partial sum over its rows of W)
+  row forward: one all-reduce (each rank's product is a partial sum), bias added once, after
+  row backward: nothing (grad_y is whole on every rank)
+
+Grade it: minipar grade 06
+"""
+
+import torch
+
+import minipar
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """(..., features) -> (tokens, features)."""
+    return t.reshape(-1, t.shape[-1])
+
+
+def column_forward(x, weight, bias=None):
+    """This rank's output features: x (..., in), weight (out/p, in) -> (..., out/p)."""
+    # BEGIN SOLUTION hint: no communication: y = x @ weight.T, plus the bias slice if any
+    y = x @ weight.T
+    return y + bias if bias is not None else y
+    # END SOLUTION
+
+
+def column_backward(grad_y, x, weight, group=None):
+    """(grad_x, grad_weight, grad_bias) for grad_y (..., out/p); grad_x (..., in) is the full
+    gradient (summed over the group), the others this rank's slices."""
+    # BEGIN SOLUTION hint: grad_x = grad_y @ weight is partial: all-reduce a contiguous copy;
+    # hint: grad_weight = grad_y^T x over all tokens; grad_bias = grad_y summed over tokens
+    grad_x = (grad_y @ weight).contiguous()
+    minipar.all_reduce(grad_x, group=group)
+    grad_weight = _flat(grad_y).T @ _flat(x)
+    grad_bias = _flat(grad_y).sum(dim=0)
+    return grad_x, grad_weight, grad_bias
+    # END SOLUTION
+
+
+def row_forward(x_part, weight, bias=None, group=None):
+    """x_part (..., in/p), this rank's input features; weight (out, in/p); bias (out,) or None.
+    Returns the full output (..., out), the same on every rank."""
+    # BEGIN SOLUTION hint: partial = x_part @ weight.T; all-reduce it (contiguous); then add
+    # hint: the bias once, after the sum
+    y = (x_part @ weight.T).contiguous()
+    minipar.all_reduce(y, group=group)
+    return y + bias if bias is not None else y
+    # END SOLUTION
+
+
+def row_backward(grad_y, x_part, weight):
+    """(grad_x_part, grad_weight, grad_bias) for grad_y (..., out): this rank's slices, and the
+    full bias gradient."""
+    # BEGIN SOLUTION hint: no communication: grad_x_part = grad_y @ weight;
+    # hint: grad_weight = grad_y^T x_part over all tokens; grad_bias = grad_y summed over tokens
+    grad_x_part = grad_y @ weight
+    grad_weight = _flat(grad_y).T @ _flat(x_part)
+    grad_bias = _flat(grad_y).sum(dim=0)
+    return grad_x_part, grad_weight, grad_bias
+    # END SOLUTION
