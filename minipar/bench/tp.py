@@ -26,8 +26,9 @@ import sys
 BATCH, SEQ, HIDDEN, FFN, HEADS = 2, 128, 512, 2048, 8
 
 
-def build(kind: str, mesh, group=None):
-    """(minipar's module, torch's module, input) for 'mlp' or 'attention', same weights."""
+def build(kind: str, mesh, group=None, shape=None):
+    """(minipar's module, torch's module, input) for 'mlp' or 'attention', same weights.
+    shape: (batch, seq, hidden, ffn, heads), default the bench's."""
     import torch
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -37,22 +38,23 @@ def build(kind: str, mesh, group=None):
 
     from minipar.parallel import tensor as tp
 
+    batch, seq, hidden, ffn, heads = shape or (BATCH, SEQ, HIDDEN, FFN, HEADS)
     torch.manual_seed(0)
-    x = torch.randn(BATCH, SEQ, HIDDEN)
+    x = torch.randn(batch, seq, hidden)
     if kind == "mlp":
-        dense = tp.DenseMLP(HIDDEN, FFN)
+        dense = tp.DenseMLP(hidden, ffn)
         ours = tp.ParallelMLP.from_dense(dense, group)
         plan = {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
         return ours, parallelize_module(copy.deepcopy(dense), mesh, plan), x
-    dense = tp.DenseSelfAttention(HIDDEN, HEADS)
+    dense = tp.DenseSelfAttention(hidden, heads)
     ours = tp.ParallelSelfAttention.from_dense(dense, group)
     theirs = copy.deepcopy(dense)
-    p, width = mesh.size(), HIDDEN // mesh.size()
-    order = [i * HIDDEN + r * width + j for r in range(p) for i in range(3) for j in range(width)]
+    p, width = mesh.size(), hidden // mesh.size()
+    order = [i * hidden + r * width + j for r in range(p) for i in range(3) for j in range(width)]
     with torch.no_grad():  # rank r's contiguous block of qkv rows = its heads' q, k and v
         theirs.qkv.weight.copy_(dense.qkv.weight[order])
         theirs.qkv.bias.copy_(dense.qkv.bias[order])
-    theirs.hidden_size, theirs.num_heads = width, HEADS // p  # forward sees local tensors
+    theirs.hidden_size, theirs.num_heads = width, heads // p  # forward sees local tensors
     plan = {"qkv": ColwiseParallel(), "proj": RowwiseParallel()}
     return ours, parallelize_module(theirs, mesh, plan), x
 

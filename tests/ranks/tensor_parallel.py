@@ -352,6 +352,25 @@ def against_torch(sp):
     return case
 
 
+def attention_against_torch():
+    """ParallelSelfAttention against torch's ColwiseParallel(qkv)/RowwiseParallel(proj), built as
+    `minipar bench tp` builds it (torch's copy has qkv's rows ordered by rank, its heads local)."""
+    from minipar.bench import tp
+
+    ours, theirs, x = tp.build("attention", torch_mesh(), shape=(B, S, H, FFN, HEADS))
+    outs = []
+    for module in (ours, theirs):
+        xp = x.clone().requires_grad_()
+        y = module(xp)
+        (y * torch.ones_like(x).cumsum(1)).sum().backward()
+        outs.append((y, xp.grad))
+    close(outs[0][0], outs[1][0].detach(), "output vs torch")
+    close(outs[0][1], outs[1][1], "input gradient vs torch")
+    for (name, q), (_, tq) in zip(ours.named_parameters(), theirs.named_parameters()):
+        theirs_grad = tq.grad.full_tensor() if name == "proj.bias" else tq.grad.to_local()
+        close(q.grad, theirs_grad, f"gradient of {name} vs torch")
+
+
 # -- layouts that cannot split -----------------------------------------------------------------
 def bad_layouts():
     """ValueError naming the dimension, its size and the group size, before any message."""
@@ -403,4 +422,5 @@ def cases(size):
     if size == 2:  # gloo comes up beside MPI in the same job
         table["vs_torch.tp"] = against_torch(False)
         table["vs_torch.sp"] = against_torch(True)
+        table["vs_torch.attention"] = attention_against_torch
     return table
