@@ -336,7 +336,7 @@ def _label(phases, names, step: int) -> str:
 
 
 def _at(messages, step):
-    return sorted((m for m in messages if m.step == step), key=lambda m: (m.kind, m.peer))
+    return sorted((m for m in messages if m.step == step), key=lambda m: (m.kind != "send", m.peer))
 
 
 def _parted_messages(everyone: list[Notes]) -> tuple[int, int] | None:
@@ -354,6 +354,11 @@ def _headline(label: str, n: Notes, step: int) -> str:
     mine, ref = _at(n.mine.messages, step), _at(n.reference.messages, step)
     extra = [m for m in mine if m.key() not in [r.key() for r in ref]]
     missing = [r for r in ref if r.key() not in [m.key() for m in mine]]
+    for kind in ("send", "recv"):  # pair a wrong send with the right one first
+        wrong = [m for m in extra if m.kind == kind]
+        right = [m for m in missing if m.kind == kind]
+        if wrong and right:
+            return f"{label}: rank {n.rank} {wrong[0].said()}; the reference {right[0].said(True)}"
     if extra and missing:
         return f"{label}: rank {n.rank} {extra[0].said()}; the reference {missing[0].said(True)}"
     if extra:
