@@ -21,7 +21,7 @@ import contextlib
 import json
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from minipar import exercises, gradebook
@@ -289,17 +289,15 @@ def main(args) -> int:
     if not results:
         err.print("[bold red]minipar grade:[/] no tests ran (is the lesson number right?)")
         return 2
-    if not args.hints:  # hints only on request: an instructor's results carry none either
-        for r in results:
-            if r.status == "not started":
-                r.detail = ""
-    to_stdout = args.output is None and args.format in ("gradescope", "junit")
-    if to_stdout:
-        print(document(results, args.format, points))
+    shown = results  # what a student sees on a course platform: hints only on request
+    if not args.hints and args.format in ("gradescope", "junit"):
+        shown = [replace(r, detail="") if r.status == "not started" else r for r in results]
+    if args.output is None and args.format in ("gradescope", "junit"):
+        print(document(shown, args.format, points))
     else:
         report(console, results, str(exercises.tree(impl)), hints=args.hints)
     if args.output:
-        Path(args.output).write_text(document(results, args.format, points))
+        Path(args.output).write_text(document(shown, args.format, points))
     return 0 if all(r.status == "passed" for r in results) else 1
 
 

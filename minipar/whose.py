@@ -6,7 +6,8 @@ and from which element, it holds:
 
     x = whose.sum_input(rank, p, n)        # element i of rank r: 8^r + 8^p * i  (float64)
     after a SUM all-reduce element i is  sum over ranks of 8^r  +  p * 8^p * i:
-    whose.sum_words(value, p)  ->  "the sum of ranks {0, 1, 3}"   (", of element 5" if not i)
+    whose.sum_words(value, p, i)  ->  "the sum of ranks {0, 1, 3}"   ("element 5's sum ..." if
+                                                                  it came from element 5, not i)
 
     x = whose.copy_input(rank, n)          # element i of rank r: (r + 1) * 2^20 + i
     whose.copy_words(value)    ->  "rank 2's element 5"
@@ -39,8 +40,8 @@ def _ranks(counts: list[int]) -> str:
 
 
 def sum_words(value: float, p: int, index: int | None = None) -> str:
-    """What a SUM of sum_input()s holds: 'the sum of ranks {0, 1}' (plus ', of element j' when
-    it came from element j, not `index`)."""
+    """What a SUM of sum_input()s holds: 'the sum of ranks {0, 1}' ("element j's sum of ranks
+    {0, 1}" when it came from element j, not `index`)."""
     if value != value or value < 0 or value != int(value):
         return f"{value:g}"
     high, low = divmod(int(value), BASE**p)
@@ -52,7 +53,8 @@ def sum_words(value: float, p: int, index: int | None = None) -> str:
     if rest:
         return f"{value:g}"
     moved = index is not None and element != index
-    return f"the sum of ranks {_ranks(counts)}" + (f", of element {element}" if moved else "")
+    whose_sum = f"element {element}'s" if moved else "the"
+    return f"{whose_sum} sum of ranks {_ranks(counts)}"
 
 
 def copy_words(value: float, index: int | None = None) -> str:

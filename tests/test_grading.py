@@ -186,7 +186,7 @@ def test_whose_words():
     p = 4
     total = sum(whose.sum_input(r, p, 8) for r in range(p))
     assert whose.sum_words(total[5], p, 5) == "the sum of ranks {0, 1, 2, 3}"
-    assert whose.sum_words(total[5], p, 4) == "the sum of ranks {0, 1, 2, 3}, of element 5"
+    assert whose.sum_words(total[5], p, 4) == "element 5's sum of ranks {0, 1, 2, 3}"
     two = whose.sum_input(1, p, 8) * 2
     assert whose.sum_words(two[3], p, 3) == "the sum of ranks {1, 1}"
     assert whose.sum_words(0.5, p) == "0.5"
@@ -213,3 +213,31 @@ def test_classify_keeps_the_explanation_apart():
         "all-gather step 0: rank 0 sent chunk 1 (x[4:8]) to rank 1"
     )
     assert grade.explanation(error).endswith("MessageSizeError: looks like an error line")
+
+
+def test_lesson_03_shows_the_tables_the_grader_prints():
+    """Lesson 03's graded example is what stepdiff renders for the lesson's planted bug (the last
+    all-gather step sends chunk r-s+1) on 2 ranks, 4 elements per chunk."""
+    from minipar.stepdiff import Message, Notes, Side, Where, explanation
+
+    def chunk(c):
+        return Where("x", 4 * c, 4 * c + 4, c)
+
+    def notes(r, sent):
+        def side(send_chunk):
+            return Side(
+                [
+                    Message(1, "send", 1 - r, 32, chunk(send_chunk)),
+                    Message(1, "recv", 1 - r, 32, chunk(1 - r)),
+                ],
+                [(0, 1), (1, 1)],
+                [],
+                "",
+            )
+
+        return Notes(r, side(r), side(sent), ("reduce-scatter", "all-gather"), None)
+
+    text = explanation([[notes(0, 1)], [notes(1, 0)]])
+    lesson = (exercises.repo_root() / "lessons" / "03_ring_and_tree.md").read_text()
+    for line in text.splitlines():
+        assert line.strip() in lesson, f"lessons/03 lacks the grader's line {line.strip()!r}"

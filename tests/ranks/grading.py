@@ -113,8 +113,8 @@ def cases(size):
             [
                 "all-gather step 2: rank 0 sent chunk 3 (x[12:16], 32 B) to rank 1; the reference "
                 "sends chunk 2 (x[8:12], 32 B) to rank 1",
-                "AssertionError: rank 0, element 4: holds the sum of ranks {0, 1, 2, 3}, of "
-                "element 8 but should hold the sum of ranks {0, 1, 2, 3}",
+                "AssertionError: rank 0, element 4: holds element 8's sum of ranks {0, 1, 2, 3} "
+                "but should hold the sum of ranks {0, 1, 2, 3}",
             ],
         ),
         "off_by_one_steps": expect(
