@@ -288,10 +288,8 @@ def _first_difference(ref: Recorder, mine: Recorder, describe) -> tuple | None:
 
     for step in sorted(set(ref.snapshots) & set(mine.snapshots)):
         for name, want in ref.snapshots[step].items():
-            got = mine.snapshots[step][name]
-            a = got.cpu().numpy() if buffers.is_torch(got) else got
-            b = want.cpu().numpy() if buffers.is_torch(want) else want
-            differ = np.flatnonzero(~((a == b) | (np.isnan(a) & np.isnan(b))))
+            a, b = _numpy(mine.snapshots[step][name]), _numpy(want)
+            differ = np.flatnonzero(~((a == b) | ((a != a) & (b != b))))  # NaN == NaN here
             if len(differ):
                 i = int(differ[0])
                 edges = layout.bounds(len(b), ref.size)
@@ -299,6 +297,14 @@ def _first_difference(ref: Recorder, mine: Recorder, describe) -> tuple | None:
                 words = describe or _plain
                 return (step, name, i, chunk, words(a[i].item()), words(b[i].item()))
     return None
+
+
+def _numpy(x):
+    """A numpy array to compare (torch's float16 and bfloat16 as float64)."""
+    if not buffers.is_torch(x):
+        return x
+    x = x.detach().cpu()
+    return (x.double() if x.is_floating_point() else x).numpy()
 
 
 def _plain(value) -> str:
@@ -339,14 +345,15 @@ def _at(messages, step):
     return sorted((m for m in messages if m.step == step), key=lambda m: (m.kind != "send", m.peer))
 
 
-def _parted_messages(everyone: list[Notes]) -> tuple[int, int] | None:
-    """(step, rank) of the first step at which some rank's messages differ from the reference's."""
+def _parted_messages(everyone: list[Notes]) -> tuple[int, Notes] | None:
+    """(step, that rank's notes): the first step at which a rank's messages differ from the
+    reference's."""
     steps = {m.step for n in everyone for m in n.mine.messages + n.reference.messages}
     for step in sorted(steps):
         for n in everyone:
             mine = [m.key() for m in _at(n.mine.messages, step)]
             if mine != [m.key() for m in _at(n.reference.messages, step)]:
-                return step, n.rank
+                return step, n
     return None
 
 
@@ -450,9 +457,9 @@ def _explain_call(everyone: list[Notes], c: int) -> str | None:
     phases, names = everyone[0].reference.phases, everyone[0].phase_names
     ordinal = f" (call {c + 1} of the test)" if c else ""
     if parted is not None and (first_data is None or parted[0] <= first_data[0][0]):
-        step, rank = parted
+        step, first = parted
         label = _label(phases, names, step)
-        lines = [_headline(label, everyone[rank], step)]
+        lines = [_headline(label, first, step)]
         lines.append(f"{label}{ordinal}, every rank's messages (* where they differ):")
         lines += _table(["rank", "yours", "the reference"], _message_rows(everyone, step))
     else:

@@ -241,3 +241,19 @@ def test_lesson_03_shows_the_tables_the_grader_prints():
     lesson = (exercises.repo_root() / "lessons" / "03_ring_and_tree.md").read_text()
     for line in text.splitlines():
         assert line.strip() in lesson, f"lessons/03 lacks the grader's line {line.strip()!r}"
+
+
+def test_locate_names_the_part_of_the_buffer():
+    import numpy as np
+
+    from minipar.stepdiff import Where, locate
+
+    x, out = np.zeros(10), np.zeros(10)
+    bases = {"x": x, "out": out}
+    assert locate(x[3:6], bases, 4) == Where("x", 3, 6, 1)  # bounds(10, 4) = 0 3 6 8 10
+    assert locate(out[8:10], bases, 4) == Where("out", 8, 10, 3)
+    assert locate(x[1:4], bases, 4) == Where("x", 1, 4, None)
+    assert locate(out, bases, 4) == Where("out", 0, 10, whole=True)
+    assert locate(np.zeros(3), bases, 4) == Where("", 0, 3)
+    assert locate(x[3:6], bases, 4).describe(24) == "chunk 1 (x[3:6], 24 B)"
+    assert locate(x.view(np.int32)[:2], bases, 4).name == ""  # another element type: not x
