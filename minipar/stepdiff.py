@@ -294,6 +294,8 @@ def _first_difference(ref: Recorder, mine: Recorder, describe) -> tuple | None:
                 i = int(differ[0])
                 edges = layout.bounds(len(b), ref.size)
                 chunk = next(c for c in range(ref.size) if edges[c] <= i < edges[c + 1])
+                if not any(m.where.chunk is not None for m in ref.messages):
+                    chunk = None  # the reference moves no chunks: do not speak of them
                 words = describe or _plain
                 return (step, name, i, chunk, words(a[i].item()), words(b[i].item()))
     return None
@@ -467,11 +469,11 @@ def _explain_call(everyone: list[Notes], c: int) -> str | None:
         label = "the end" if step == END else _label(phases, names, step)
         lines = [
             f"{'after ' if step != END else 'at '}{label}: every message matched the reference's, "
-            f"but rank {n.rank}'s {name}[{i}] (chunk {chunk}) holds {got} where the reference's "
-            f"holds {want}{ordinal}"
+            f"but rank {n.rank}'s {name}[{i}]{'' if chunk is None else f' (chunk {chunk})'} "
+            f"holds {got} where the reference's holds {want}{ordinal}"
         ]
         rows = [
-            (d[1].rank, f"{d[0][1]}[{d[0][2]}]", d[0][3], d[0][4], d[0][5])
+            (d[1].rank, f"{d[0][1]}[{d[0][2]}]", "-" if d[0][3] is None else d[0][3], *d[0][4:])
             for d in data
             if d[0][0] == step
         ]

@@ -96,7 +96,7 @@ def test_grade_explains_a_planted_exercise_for_gradescope(tmp_path):
     assert whose_data["status"] == "failed" and whose_data["score"] == 0
     assert "rank 0, element 0: holds the sum of ranks {0} but should hold" in whose_data["output"]
     assert (
-        "after step 0: every message matched the reference's, but rank 0's x[0] (chunk 0) holds "
+        "after step 0: every message matched the reference's, but rank 0's x[0] holds "
         "the sum of ranks {0} where the reference's holds the sum of ranks {0, 1}"
     ) in whose_data["output"]
     points = gradebook.points_table(exercises.tree("solutions") / "points.toml")

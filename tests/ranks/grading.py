@@ -144,8 +144,8 @@ def cases(size):
         "missing_reduction": expect(
             all_reduce("missing_reduction", *rd),
             [
-                "after step 0: every message matched the reference's, but rank 0's x[0] (chunk 0)"
-                " holds the sum of ranks {0} where the reference's holds the sum of ranks {0, 1}",
+                "after step 0: every message matched the reference's, but rank 0's x[0] holds"
+                " the sum of ranks {0} where the reference's holds the sum of ranks {0, 1}",
                 "should hold the sum of ranks {0, 1, 2, 3}",
             ],
         ),
