@@ -198,11 +198,14 @@ def load(name: str, which: str = "exercises"):
 
 def register(which: str = "exercises") -> list[str]:
     """Add the student's algorithms to minipar's tables ("student_ring", ...); returns their
-    names. Call it on every rank before using them."""
+    names. Call it on every rank before using them. An exercise whose file the folder lacks is
+    left out (a folder may hold only the exercises being graded)."""
     from minipar.collectives import registry
 
     names = []
     for exercise, function, collective, name in PLUGS:
+        if not (tree(which) / f"{exercise}.py").exists():
+            continue
         registry.register_algorithm(collective, name, getattr(load(exercise, which), function))
         names.append(f"{collective}/{name}")
     return names

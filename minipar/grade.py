@@ -4,23 +4,32 @@
     minipar grade 03              only lesson 03's exercises
     minipar grade --solutions     the worked answers (all must pass: what CI checks)
     minipar grade --impl DIR      a folder of exNN_*.py files (a student's copy)
+    minipar grade --format gradescope --json results.json     (or --format junit: JUnit XML)
 
 The tests are tests/test_exercises.py, the same ones CI runs against solutions/; the grader runs
 pytest on them with `--impl` and sorts each test into passed, failed (with the first line of the
-error) or not started (the exercise still raises NotImplementedError). Exit status 0 only when
-every test passed.
+error) or not started (the exercise still raises NotImplementedError). A failed multi-rank test
+also explains itself (minipar.stepdiff): the first step where the student's messages or buffers
+part from the worked solution's, as a table of that step on every rank. Waits time out after
+GRADE_TIMEOUT seconds (MINIPAR_TIMEOUT overrides it), so a deadlock is named within seconds.
+Exit status 0 only when every test passed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from minipar import exercises
+from minipar import exercises, gradebook
+from minipar.stepdiff import SENTINEL
 
 TESTS = Path("tests") / "test_exercises.py"
+GRADE_TIMEOUT = "5"  # seconds any wait may take while grading: a deadlock is named quickly
+FORMATS = ("text", "json", "gradescope", "junit")
 EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Exit))\b:?\s*(.*)$")
 
 
@@ -30,6 +39,8 @@ class Result:
     test: str  # what was checked, e.g. "values on 4 ranks"
     status: str  # "passed", "failed" or "not started"
     detail: str = ""  # the first line of the error, or the NotImplementedError's hint
+    explanation: str = ""  # where it parted from the solution (minipar.stepdiff), if known
+    seconds: float = 0.0
 
 
 def _exercise_and_test(nodeid: str) -> tuple[str, str]:
@@ -66,9 +77,11 @@ def classify(error: BaseException | None) -> tuple[str, str]:
         return "not started", str(error)
     message = str(error).strip()
     if "--- rank" in message:
-        found = _last_error(message.split("--- rank", 2)[1])
+        found = _last_error(message.split("--- rank", 2)[1].partition(SENTINEL)[0])
         if found and found[0] == "NotImplementedError":
             return "not started", found[1]
+        if found and found[0] == "ExplainedError":  # it names the case's own error first
+            return "failed", found[1]
         if found:
             return "failed", f"{found[0]}: {found[1]}"
     first = message.splitlines()[0] if message else ""
@@ -77,22 +90,45 @@ def classify(error: BaseException | None) -> tuple[str, str]:
     return "failed", f"{type(error).__name__}: {first}"
 
 
+def explanation(error: BaseException | None) -> str:
+    """The grader's explanation in the first failing rank's error (below SENTINEL), or ''."""
+    message = str(error or "")
+    section = message.split("--- rank", 2)[1] if "--- rank" in message else message
+    if SENTINEL not in section:
+        return ""
+    return section.partition(SENTINEL)[2].strip("\n").rstrip()
+
+
 class Collector:
     """A pytest plugin that keeps each test's outcome and exception."""
 
     def __init__(self):
         self.results: list[Result] = []
 
-    def _record(self, item, error) -> None:
+    def _record(self, item, error, seconds: float) -> None:
         exercise, test = _exercise_and_test(item.nodeid)
         status, detail = classify(error)
-        self.results.append(Result(exercise, test, status, detail[:300]))
+        why = explanation(error) if status == "failed" else ""
+        self.results.append(Result(exercise, test, status, detail[:300], why, round(seconds, 3)))
 
     def pytest_runtest_makereport(self, item, call):
         if call.when == "call":
-            self._record(item, call.excinfo.value if call.excinfo else None)
+            self._record(item, call.excinfo.value if call.excinfo else None, call.duration)
         elif call.when == "setup" and call.excinfo is not None:
-            self._record(item, call.excinfo.value)
+            self._record(item, call.excinfo.value, call.duration)
+
+
+@contextlib.contextmanager
+def _short_timeouts():
+    """GRADE_TIMEOUT for the ranks' waits, unless the user set MINIPAR_TIMEOUT."""
+    if "MINIPAR_TIMEOUT" in os.environ:
+        yield
+        return
+    os.environ["MINIPAR_TIMEOUT"] = GRADE_TIMEOUT
+    try:
+        yield
+    finally:
+        del os.environ["MINIPAR_TIMEOUT"]
 
 
 def run(
@@ -114,10 +150,11 @@ def run(
     args = [str(tests), f"--impl={folder}", "-p", "no:cacheprovider"]
     if not verbose:  # the report is ours; pytest's own output only with --verbose
         args += ["-o", "addopts=", "-p", "no:terminal"]
-    if lesson:
-        args += ["-k", f"ex{int(lesson):02d}"]
+    if lesson:  # a lesson number (03), or an exercise's name (ex03_ring_allreduce)
+        args += ["-k", f"ex{int(lesson):02d}" if lesson.isdigit() else lesson]
     collector = Collector()
-    pytest.main(args, plugins=[collector])
+    with _short_timeouts():
+        pytest.main(args, plugins=[collector])
     return collector.results
 
 
@@ -127,9 +164,12 @@ EXAMPLES = """\
 examples:
   minipar grade                   grade every exercise in exercises/
   minipar grade 03                only lesson 03's exercises
+  minipar grade --hints           also show each unstarted exercise's hint
   minipar grade --solutions       the worked answers (instructors, CI): all must pass
   minipar grade --impl ~/mine     a folder holding your own exNN_*.py files
   minipar grade --json out.json   also write the results as JSON (for a course's records)
+  minipar grade --format gradescope --json /autograder/results/results.json
+  minipar grade --format junit --json report.xml      JUnit XML (GitHub Classroom, CI)
 """
 
 
@@ -140,12 +180,35 @@ def configure(parser) -> None:
         nargs="?",
         default=None,
         metavar="NN",
-        help="only this lesson's exercises (02, 03, 04)",
+        help="only this lesson's exercises (02, 03, 04), or one exercise by name",
     )
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--solutions", action="store_true", help="grade solutions/ instead")
     which.add_argument("--impl", default=None, metavar="DIR", help="grade the files in DIR")
-    parser.add_argument("--json", default=None, metavar="PATH", help="write the results here")
+    parser.add_argument(
+        "--json",
+        "--output",
+        dest="output",
+        default=None,
+        metavar="PATH",
+        help="write the results here, in --format (json unless told)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="text",
+        help="what --json writes: json (default), gradescope (results.json), junit (XML); "
+        "without --json, gradescope and junit go to stdout",
+    )
+    parser.add_argument(
+        "--points",
+        default=None,
+        metavar="TOML",
+        help="points per exercise (default: solutions/points.toml)",
+    )
+    parser.add_argument(
+        "--hints", action="store_true", help="show the hint of each exercise not started yet"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output")
 
 
@@ -158,9 +221,10 @@ def verdict(mine: list[Result]) -> str:
     return "not started" if all(r.status == "not started" for r in mine) else "failed"
 
 
-def report(console, results: list[Result], impl: str, shown: int = 3) -> None:
+def report(console, results: list[Result], impl: str, shown: int = 3, hints: bool = False) -> None:
     """One row per exercise (counts and verdict), then the first failures of each with their
-    first error line, and the hint of each exercise not started yet."""
+    first error line and the grader's explanation of the first one that has one, and (with
+    hints) the hint of each exercise not started yet."""
     from rich import box
     from rich.markup import escape
     from rich.table import Table
@@ -185,10 +249,27 @@ def report(console, results: list[Result], impl: str, shown: int = 3) -> None:
                 console.print(f"  {escape(r.test)}: {escape(r.detail)}", overflow="fold")
             if len(failed) > shown:
                 console.print(f"  ... and {len(failed) - shown} more")
-        elif waiting:
+            explained = next((r for r in failed if r.explanation), None)
+            if explained:
+                console.print(f"  [bold]where {escape(explained.test)} parts from the solution:[/]")
+                for line in explained.explanation.splitlines():  # a table: never cut or fold it
+                    console.print("    " + escape(line), soft_wrap=True, crop=False)
+        elif waiting and hints:
             console.print(f"[yellow]{exercise}[/]: not started; hint: {escape(waiting[0].detail)}")
+        elif waiting:
+            console.print(f"[yellow]{exercise}[/]: not started (--hints shows a hint)")
     total = {s: sum(r.status == s for r in results) for s in STYLE}
     console.print(", ".join(f"[{STYLE[s]}]{n} {s}[/]" for s, n in total.items()) + " (tests)")
+
+
+def document(results: list[Result], fmt: str, points_path) -> str:
+    """The results as text in `fmt`: json (a list of results), gradescope or junit."""
+    if fmt in ("text", "json"):
+        return json.dumps([asdict(r) for r in results], indent=1)
+    points = gradebook.points_table(points_path)
+    if fmt == "gradescope":
+        return json.dumps(gradebook.gradescope(results, points), indent=1)
+    return gradebook.junit(results, points)
 
 
 def main(args) -> int:
@@ -196,7 +277,11 @@ def main(args) -> int:
 
     console, err = Console(highlight=False), Console(stderr=True, highlight=False)
     impl = "solutions" if args.solutions else (args.impl or "exercises")
+    points = Path(args.points) if args.points else exercises.tree("solutions") / "points.toml"
     try:
+        if args.points and not points.exists():
+            raise FileNotFoundError(f"no points table {points}")
+        gradebook.points_table(points)  # a bad table fails before the tests run
         results = run(impl, args.lesson, verbose=args.verbose)
     except (FileNotFoundError, ValueError) as error:
         err.print(f"[bold red]minipar grade:[/] {error}")
@@ -204,9 +289,15 @@ def main(args) -> int:
     if not results:
         err.print("[bold red]minipar grade:[/] no tests ran (is the lesson number right?)")
         return 2
-    report(console, results, str(exercises.tree(impl)))
-    if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=1))
+    shown = results  # what a student sees on a course platform: hints only on request
+    if not args.hints and args.format in ("gradescope", "junit"):
+        shown = [replace(r, detail="") if r.status == "not started" else r for r in results]
+    if args.output is None and args.format in ("gradescope", "junit"):
+        print(document(shown, args.format, points))
+    else:
+        report(console, results, str(exercises.tree(impl)), hints=args.hints)
+    if args.output:
+        Path(args.output).write_text(document(shown, args.format, points))
     return 0 if all(r.status == "passed" for r in results) else 1
 
 

@@ -7,19 +7,32 @@ calls the student's function before it asserts anything, so an untouched exercis
 its NotImplementedError and nothing else.
 """
 
+import functools
 import os
 
 import numpy as np
 
 import minipar
-from minipar import cost, exercises
+from minipar import cost, exercises, stepdiff, whose
 from minipar.collectives.call import Call
 
 IMPL = os.environ.get("MINIPAR_EXERCISES_IMPL", "solutions")
 
 
 def student(module: str, function: str):
-    return getattr(exercises.load(module, IMPL), function)
+    """The student's function, graded beside the worked solution's (minipar.stepdiff): when a case
+    fails, the grader names the first step where the two part. Any exercise whose function takes
+    a Call first gets this; the solution's PHASES (if any) names its call.rounds() loops."""
+    mine = getattr(exercises.load(module, IMPL), function)
+    if exercises.tree(IMPL) == exercises.tree("solutions"):
+        return mine
+    try:
+        reference = exercises.load(module, "solutions")
+    except FileNotFoundError:  # a course that ships no solutions: grade without explaining
+        return mine
+    return stepdiff.graded(
+        mine, getattr(reference, function, None), getattr(reference, "PHASES", ())
+    )
 
 
 def world():
@@ -28,6 +41,68 @@ def world():
 
 def gather(obj):
     return world().allgather_object(obj)
+
+
+@functools.cache
+def control():
+    """The grader's own group, for pooling notes after a case (a failed case can leave the world
+    group's collective numbering out of step; the harness realigns it only afterwards)."""
+    w = world()
+    group = w.split(list(range(w.size)), name="grader")
+    group.timeout = 3 * w.timeout + 5  # the others may still be waiting out a timeout
+    return group
+
+
+# -- whose data: inputs whose values name their source, so a wrong element says what it holds ----
+
+
+def whose_ring_shift(count: int = 12):
+    def case():
+        w = world()
+        ring_shift = student("ex02_ring_shift", "ring_shift")
+        stepdiff.describe_values(whose.copy_words)
+        x, out = whose.copy_input(w.rank, count), np.full(count, -1.0)
+        ring_shift(Call(w, "ring_shift", "student"), x, out, 1)
+        want = whose.copy_input((w.rank - 1) % w.size, count)
+        wrong = whose.first_wrong(out, want, whose.copy_words, w.rank, "out element")
+        assert wrong is None, wrong
+
+    return case
+
+
+def whose_broadcast(module: str, function: str):
+    def case():
+        w = world()
+        fn = student(module, function)
+        stepdiff.describe_values(whose.copy_words)
+        root, count = w.size - 1, 4 * w.size + 1
+        x = whose.copy_input(w.rank, count)
+        minipar.broadcast(x, src=root, algorithm=fn)
+        wrong = whose.first_wrong(x, whose.copy_input(root, count), whose.copy_words, w.rank)
+        assert wrong is None, f"broadcast from rank {root}: {wrong}"
+
+    return case
+
+
+def whose_all_reduce(module: str, function: str):
+    """Rank r holds 8^r + 8^p i in element i: a sum's digits name the ranks it holds."""
+
+    def case():
+        w = world()
+        p, count = w.size, 4 * w.size
+        fn = student(module, function)
+
+        def words(value, index=None):
+            return whose.sum_words(value, p, index)
+
+        stepdiff.describe_values(words)
+        x = whose.sum_input(w.rank, p, count)
+        minipar.all_reduce(x, algorithm=fn)
+        want = sum(whose.sum_input(r, p, count) for r in range(p))
+        wrong = whose.first_wrong(x, want, words, w.rank)
+        assert wrong is None, wrong
+
+    return case
 
 
 # -- ex02: ring shift ------------------------------------------------------------------------------
@@ -311,14 +386,21 @@ def cases(size):
     for shift in (1, 2, -1):
         table[f"ex02_ring_shift/shift_{shift}"] = ring_shift_case(shift, 100)
     table["ex02_ring_shift/8MiB_no_deadlock"] = ring_shift_case(1, 1 << 20)
+    table["ex02_ring_shift/whose_data"] = whose_ring_shift()
     table["ex02_broadcast_linear/every_root"] = broadcast_every_root(
         "ex02_broadcast_linear", "broadcast_linear"
     )
     table["ex02_broadcast_linear/ledger"] = broadcast_linear_ledger()
+    table["ex02_broadcast_linear/whose_data"] = whose_broadcast(
+        "ex02_broadcast_linear", "broadcast_linear"
+    )
     table["ex02_broadcast_binomial/every_root"] = broadcast_every_root(
         "ex02_broadcast_binomial", "broadcast_binomial"
     )
     table["ex02_broadcast_binomial/ledger"] = broadcast_binomial_ledger()
+    table["ex02_broadcast_binomial/whose_data"] = whose_broadcast(
+        "ex02_broadcast_binomial", "broadcast_binomial"
+    )
     algorithms = [("ex03_ring_allreduce", "all_reduce_ring", "ring")]
     if size & (size - 1) == 0:  # recursive doubling is for powers of two
         algorithms.append(
@@ -326,6 +408,7 @@ def cases(size):
         )
     for module, function, algorithm in algorithms:
         table[f"{module}/values"] = all_reduce_values(module, function)
+        table[f"{module}/whose_data"] = whose_all_reduce(module, function)
         table[f"{module}/ops"] = all_reduce_ops(module, function)
         table[f"{module}/bitwise_identical"] = all_reduce_bitwise(module, function)
         table[f"{module}/ledger"] = all_reduce_ledger(module, function, algorithm)
@@ -334,4 +417,5 @@ def cases(size):
         table["ex06_column_row_parallel/column"] = column_case()
         table["ex06_column_row_parallel/row"] = row_case()
         table["ex06_vocab_parallel_cross_entropy/values_and_ledger"] = vocab_cross_entropy_case()
-    return table
+    # every case explains its own failure: the first step where it parts from the solution
+    return {name: stepdiff.explained(case, control) for name, case in table.items()}

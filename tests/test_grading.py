@@ -1,0 +1,259 @@
+"""The grader explains: typical mistakes planted in copies of the solutions, and the grader's
+explanation must name the phase, step, rank and chunk (tests/ranks/grading.py, one launch on 4
+ranks); `minipar grade` end to end on one planted exercise, with Gradescope's results.json; the
+JUnit XML; the points table."""
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+from conftest import ranks_suite
+
+from minipar import exercises, grade, gradebook, whose
+from minipar.testing import harness
+
+SUITE = ranks_suite("grading.py")
+
+# mistake -> (exercise, the line as the solution has it, the planted line)
+MISTAKES = {
+    "wrong_chunk": (
+        "ex03_ring_allreduce",
+        "        send_c, recv_c = (r - s) % p, (r - s - 1) % p\n",
+        "        send_c, recv_c = (r - s + (s == p - 2)) % p, (r - s - 1) % p\n",
+    ),
+    "off_by_one_steps": (
+        "ex03_ring_allreduce",
+        "    for s in call.rounds(p - 1):\n        send_c, recv_c = (r - s - 1) % p",
+        "    for s in call.rounds(p - 2):\n        send_c, recv_c = (r - s - 1) % p",
+    ),
+    "send_first_deadlock": (
+        "ex02_ring_shift",
+        "    call.sendrecv(x, (r + shift) % p, out, (r - shift) % p)\n",
+        "    call.send(x, (r + shift) % p)\n    call.recv(out, (r - shift) % p)\n",
+    ),
+    "wrong_peer": (
+        "ex02_broadcast_binomial",
+        "call.send(x, (call.rank + mask) % p)",
+        "call.send(x, (call.rank + mask + 1) % p)",
+    ),
+    "missing_reduction": (
+        "ex03_recursive_doubling",
+        "        reduce_(x, incoming, op)\n",
+        "",
+    ),
+}
+
+
+def plant(folder, mistake: str) -> None:
+    exercise, line, planted = MISTAKES[mistake]
+    text = (exercises.tree("solutions") / f"{exercise}.py").read_text()
+    assert text.count(line) == 1, f"{mistake}: the solution no longer has {line!r}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{exercise}.py").write_text(text.replace(line, planted))
+
+
+@pytest.fixture(scope="module")
+def planted_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("planted")
+    for mistake in MISTAKES:
+        plant(root / mistake, mistake)
+    saved = {k: os.environ.get(k) for k in ("MINIPAR_PLANTED", "MINIPAR_TIMEOUT")}
+    os.environ.update(MINIPAR_PLANTED=str(root), MINIPAR_TIMEOUT="2")  # deadlocks: 2 s each
+    try:
+        yield harness.run_suite(SUITE, 4, "mpi")
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+@pytest.mark.parametrize("mistake", list(MISTAKES))
+def test_grader_names_the_planted_mistake(planted_run, mistake):
+    planted_run.check(mistake)
+
+
+def test_grade_explains_a_planted_exercise_for_gradescope(tmp_path):
+    """End to end: `minipar grade NAME --impl DIR --format gradescope` on recursive doubling
+    without its reduction (3 launches: 1, 2 and 4 ranks)."""
+    plant(tmp_path / "impl", "missing_reduction")
+    out = tmp_path / "results.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "minipar", "grade", "ex03_recursive_doubling"]
+        + ["--impl", str(tmp_path / "impl"), "--format", "gradescope", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "parts from the solution:" in done.stdout, done.stdout
+    assert "after step 0: every message matched the reference's, but rank 0's x[1]" in done.stdout
+    results = json.loads(out.read_text())
+    check_gradescope(results)
+    by_name = {t["name"]: t for t in results["tests"]}
+    whose_data = by_name["ex03_recursive_doubling: whose_data on 2 ranks"]
+    assert whose_data["status"] == "failed" and whose_data["score"] == 0
+    assert "rank 0, element 0: holds the sum of ranks {0} but should hold" in whose_data["output"]
+    assert (
+        "after step 0: every message matched the reference's, but rank 0's x[0] holds "
+        "the sum of ranks {0} where the reference's holds the sum of ranks {0, 1}"
+    ) in whose_data["output"]
+    points = gradebook.points_table(exercises.tree("solutions") / "points.toml")
+    assert sum(t["max_score"] for t in results["tests"]) == pytest.approx(
+        points[1]["ex03_recursive_doubling"]
+    )
+    assert results["score"] == pytest.approx(sum(t["score"] for t in results["tests"]))
+
+
+VISIBILITY = ("hidden", "after_due_date", "after_published", "visible")
+
+
+def check_gradescope(results: dict) -> None:
+    """Gradescope's documented results.json: a total score, and tests each with a name, score,
+    max_score, status passed/failed and output (text)."""
+    assert isinstance(results["score"], (int, float))
+    assert isinstance(results["tests"], list) and results["tests"]
+    for t in results["tests"]:
+        assert isinstance(t["name"], str) and t["name"]
+        assert isinstance(t["score"], (int, float)) and isinstance(t["max_score"], (int, float))
+        assert 0 <= t["score"] <= t["max_score"]
+        assert t["status"] in ("passed", "failed")
+        assert isinstance(t["output"], str)
+        assert t.get("visibility", "visible") in (
+            "hidden",
+            "after_due_date",
+            "after_published",
+            "visible",
+        )
+    assert results.get("stdout_visibility", "hidden") in VISIBILITY
+
+
+def sample_results():
+    explanation = "all-gather step 0: rank 0 sent chunk 1 (x[4:8], 32 B) to rank 1; ..."
+    return [
+        grade.Result("ex03_ring_allreduce", "values on 2 ranks", "passed", seconds=1.5),
+        grade.Result(
+            "ex03_ring_allreduce", "whose_data on 2 ranks", "failed", "Assert <&>", explanation
+        ),
+        grade.Result("ex02_ring_shift", "shift_1 on 2 ranks", "not started", ""),
+    ]
+
+
+def test_gradescope_and_junit_from_results(tmp_path):
+    points = (10.0, {"ex03_ring_allreduce": 30.0})
+    results = gradebook.gradescope(sample_results(), points)
+    check_gradescope(results)
+    assert [t["max_score"] for t in results["tests"]] == [15, 15, 10]
+    assert results["score"] == 15
+    assert "all-gather step 0" in results["tests"][1]["output"]
+    root = ET.fromstring(gradebook.junit(sample_results(), points))
+    assert root.tag == "testsuites" and root.get("tests") == "3" and root.get("failures") == "2"
+    suites = {s.get("name"): s for s in root.findall("testsuite")}
+    assert set(suites) == {"ex03_ring_allreduce", "ex02_ring_shift"}
+    ring = suites["ex03_ring_allreduce"]
+    assert (ring.get("tests"), ring.get("failures"), ring.get("errors")) == ("2", "1", "0")
+    assert ring[0].tag == "properties"  # JUnit's schema: properties first, then the cases
+    props = {p.get("name"): p.get("value") for p in ring.find("properties")}
+    assert props == {"score": "15", "points": "30"}
+    cases = ring.findall("testcase")
+    assert [c.get("name") for c in cases] == ["values on 2 ranks", "whose_data on 2 ranks"]
+    assert all(c.get("classname") and float(c.get("time")) >= 0 for c in cases)
+    assert cases[0].find("failure") is None
+    failure = cases[1].find("failure")
+    assert failure.get("message") == "Assert <&>" and failure.get("type") == "failed"
+    assert "all-gather step 0" in failure.text
+    assert suites["ex02_ring_shift"].find("testcase/failure").get("type") == "not started"
+
+
+def test_points_table(tmp_path):
+    table = tmp_path / "points.toml"
+    table.write_text("# a comment\ndefault = 4\n[points]\nex02_ring_shift = 6 # six\n")
+    assert gradebook.points_table(table) == (4.0, {"ex02_ring_shift": 6.0})
+    assert gradebook._toml(table.read_text().replace("tomllib", "")) == {
+        "default": 4,
+        "points": {"ex02_ring_shift": 6},
+    }
+    table.write_text("[points]\nex02_ring_shift = -1\n")
+    with pytest.raises(ValueError, match="ex02_ring_shift must be a number >= 0"):
+        gradebook.points_table(table)
+    assert gradebook.points_table(tmp_path / "none.toml") == (gradebook.DEFAULT_POINTS, {})
+    shipped = gradebook.points_table(exercises.tree("solutions") / "points.toml")[1]
+    assert set(shipped) <= {p.stem for p in exercises.sources()}
+
+
+def test_whose_words():
+    p = 4
+    total = sum(whose.sum_input(r, p, 8) for r in range(p))
+    assert whose.sum_words(total[5], p, 5) == "the sum of ranks {0, 1, 2, 3}"
+    assert whose.sum_words(total[5], p, 4) == "element 5's sum of ranks {0, 1, 2, 3}"
+    two = whose.sum_input(1, p, 8) * 2
+    assert whose.sum_words(two[3], p, 3) == "the sum of ranks {1, 1}"
+    assert whose.sum_words(0.5, p) == "0.5"
+    assert whose.copy_words(whose.copy_input(2, 9)[7]) == "rank 2's element 7"
+    assert whose.copy_words(-1.0) == "-1 (never written)"
+    got = whose.sum_input(1, 2, 6)
+    want = whose.sum_input(0, 2, 6) + whose.sum_input(1, 2, 6)
+    assert whose.first_wrong(got, want, lambda v, i: whose.sum_words(v, 2, i), 0) == (
+        "rank 0, element 0: holds the sum of ranks {1} but should hold the sum of ranks {0, 1} "
+        "(6 elements wrong)"
+    )
+    assert whose.first_wrong(want, want, str, 0) is None
+
+
+def test_classify_keeps_the_explanation_apart():
+    error = AssertionError(
+        'x failed:\n--- rank 1 ---\nTraceback (most recent call last):\n  File "a.py"\n'
+        "minipar.stepdiff.ExplainedError: AssertionError: rank 1, element 4: holds X\n"
+        f"{grade.SENTINEL}\nall-gather step 0: rank 0 sent chunk 1 (x[4:8]) to rank 1\n"
+        "  rank  yours\nMessageSizeError: looks like an error line\n--- rank 2 ---\nother"
+    )
+    assert grade.classify(error) == ("failed", "AssertionError: rank 1, element 4: holds X")
+    assert grade.explanation(error).splitlines()[0] == (
+        "all-gather step 0: rank 0 sent chunk 1 (x[4:8]) to rank 1"
+    )
+    assert grade.explanation(error).endswith("MessageSizeError: looks like an error line")
+
+
+def test_lesson_03_shows_the_tables_the_grader_prints():
+    """Lesson 03's graded example is what stepdiff renders for the lesson's planted bug (the last
+    all-gather step sends chunk r-s+1) on 2 ranks, 4 elements per chunk."""
+    from minipar.stepdiff import Message, Notes, Side, Where, explanation
+
+    def chunk(c):
+        return Where("x", 4 * c, 4 * c + 4, c)
+
+    def notes(r, sent):
+        def side(send_chunk):
+            return Side(
+                [
+                    Message(1, "send", 1 - r, 32, chunk(send_chunk)),
+                    Message(1, "recv", 1 - r, 32, chunk(1 - r)),
+                ],
+                [(0, 1), (1, 1)],
+                [],
+                "",
+            )
+
+        return Notes(r, side(r), side(sent), ("reduce-scatter", "all-gather"), None)
+
+    text = explanation([[notes(0, 1)], [notes(1, 0)]])
+    lesson = (exercises.repo_root() / "lessons" / "03_ring_and_tree.md").read_text()
+    for line in text.splitlines():
+        assert line.strip() in lesson, f"lessons/03 lacks the grader's line {line.strip()!r}"
+
+
+def test_locate_names_the_part_of_the_buffer():
+    import numpy as np
+
+    from minipar.stepdiff import Where, locate
+
+    x, out = np.zeros(10), np.zeros(10)
+    bases = {"x": x, "out": out}
+    assert locate(x[3:6], bases, 4) == Where("x", 3, 6, 1)  # bounds(10, 4) = 0 3 6 8 10
+    assert locate(out[8:10], bases, 4) == Where("out", 8, 10, 3)
+    assert locate(x[1:4], bases, 4) == Where("x", 1, 4, None)
+    assert locate(out, bases, 4) == Where("out", 0, 10, whole=True)
+    assert locate(np.zeros(3), bases, 4) == Where("", 0, 3)
+    assert locate(x[3:6], bases, 4).describe(24) == "chunk 1 (x[3:6], 24 B)"
+    assert locate(x.view(np.int32)[:2], bases, 4).name == ""  # another element type: not x
