@@ -5,7 +5,9 @@ slice with `from_dense`, and both run forward and backward with the same upstrea
 outputs, input gradients and every parameter gradient must match this rank's slice of the dense
 ones. Also: a transformer block (norms, attention, MLP, residuals), the communication each layer
 makes (trace ledger against minipar.cost's formulas), torch.distributed.tensor.parallel on the
-same weights (gloo, brought up beside MPI in the same job), and layouts that cannot split.
+same weights (the MLP with and without sequence parallelism and the attention, at TP = 2; gloo
+brought up beside MPI in the same job), two TP groups side by side (4 ranks), and layouts that
+cannot split.
 
 Tolerance: float32, within 1e-5 of the expected tensor's largest magnitude. The parallel layers
 compute the same products but add them in a different grouping (p partial sums of in/p terms,
