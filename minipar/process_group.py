@@ -62,15 +62,15 @@ def init_process_group(
     backend None: "mpi" under an MPI launcher, else "nccl" with a GPU, else "gloo". timeout (a
     timedelta or seconds) bounds every wait, minipar's and torch's. With "mpi", rank and
     world_size, if given, must be what MPI says."""
+    name = backend.lower() if isinstance(backend, str) else backend
+    if name is not None and name not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)} (or None), got {backend!r}")
+    seconds = _seconds(timeout)
     if runtime.is_initialized():
         raise ValueError(
             "trying to initialize the default process group twice! (minipar is already "
             "initialised; call destroy_process_group() first)"
         )
-    name = backend.lower() if isinstance(backend, str) else backend
-    if name is not None and name not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)} (or None), got {backend!r}")
-    seconds = _seconds(timeout)
     name = name or _default_backend()
     if name == "mpi":
         comm = runtime.init("mpi", timeout=seconds)

@@ -111,8 +111,8 @@ def _checked(tensor, group, tag, writable: bool):
 def _not_self(comm, peer: int, what: str) -> None:
     if peer == comm.rank:
         raise ValueError(
-            f"invalid {what} rank {comm.global_ranks[peer]}: a blocking send/recv cannot "
-            "talk to the calling rank itself (isend/irecv can)"
+            f"invalid {what} rank: it is the calling rank itself, which a blocking send/recv "
+            "cannot talk to (isend/irecv can)"
         )
 
 
@@ -177,7 +177,11 @@ class P2POp:
 
     def __init__(self, op, tensor, peer=None, group=None, tag: int = 0, group_peer=None):
         if op is not isend and op is not irecv:
-            raise ValueError(f"P2POp's op must be minipar.isend or minipar.irecv, got {op!r}")
+            name = getattr(op, "__qualname__", type(op).__qualname__)
+            raise ValueError(
+                "P2POp's op must be minipar.isend or minipar.irecv, got "
+                f"{getattr(op, '__module__', None)}.{name}"
+            )
         self.op, self.tensor, self.tag = op, tensor, tag
         self.group, _ = _checked(tensor, group, tag, writable=op is irecv)
         self.group_peer = group_rank_of(self.group, peer, group_peer, "peer")
