@@ -9,6 +9,8 @@ Differences from torch.distributed, on purpose:
   group that is the same number.
 - numpy arrays are accepted wherever tensors are.
 - `algorithm=` sits before `async_op` in the positional order: pass async_op by keyword.
+The README's API section lists every difference (point-to-point and object collectives, in
+p2p.py and objects.py, take torch's global `src` / `dst`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,18 @@ algorithms = registry.algorithms
 register_algorithm = registry.register_algorithm
 
 
-def _root(root, comm, what: str) -> int:
+def _root(root, comm, what: str, group_root=None, default=None) -> int:
+    """The root's rank in the group: `root` (minipar's convention: already a group rank) or
+    torch's `group_<what>` keyword, not both; `default` when neither is given."""
+    if group_root is not None:
+        if root is not None:
+            raise ValueError(
+                f"pass {what} or group_{what}, not both (both are ranks in the group here): "
+                f"got {what}={root!r}, group_{what}={group_root!r}"
+            )
+        root, what = group_root, f"group_{what}"
+    elif root is None and default is not None:
+        root = default
     if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < comm.size:
         raise ValueError(
             f"{what}={root!r} is not a rank of group {comm.name} (world size {comm.size}; "
@@ -170,11 +183,11 @@ def _fp(x, root_name=None, root=None, op=None):
     return (buffers.dtype_name(x), tuple(x.shape), root_name, root, getattr(op, "name", None))
 
 
-def broadcast(tensor, src: int, group=None, algorithm="auto", async_op=False):
+def broadcast(tensor, src=None, group=None, algorithm="auto", async_op=False, group_src=None):
     """Copy `tensor` of rank `src` into `tensor` on every rank of the group (in place)."""
     comm = runtime.resolve(group)
     buffers.check(tensor, "tensor", writable=True)
-    src = _root(src, comm, "src")
+    src = _root(src, comm, "src", group_src)
     x = buffers.flat(tensor)
     return _run(
         comm,
@@ -206,13 +219,15 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=F
     )
 
 
-def reduce(tensor, dst: int, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=False):
+def reduce(
+    tensor, dst=None, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=False, group_dst=None
+):
     """Reduce `tensor` over the group into `tensor` on rank `dst` (others keep theirs)."""
     comm = runtime.resolve(group)
     op = as_op(op)
     buffers.check(tensor, "tensor", writable=True)
     check_op(op, tensor)
-    dst = _root(dst, comm, "dst")
+    dst = _root(dst, comm, "dst", group_dst)
     x = buffers.flat(tensor)
 
     def finish():
@@ -315,11 +330,19 @@ def reduce_scatter_tensor(
     )
 
 
-def scatter(tensor, scatter_list=None, src: int = 0, group=None, algorithm="auto", async_op=False):
+def scatter(
+    tensor,
+    scatter_list=None,
+    src=None,
+    group=None,
+    algorithm="auto",
+    async_op=False,
+    group_src=None,
+):
     """Rank `src` sends scatter_list[r] to rank r, which receives it into `tensor`."""
     comm = runtime.resolve(group)
     buffers.check(tensor, "tensor", writable=True)
-    src = _root(src, comm, "src")
+    src = _root(src, comm, "src", group_src, default=0)
     out = buffers.flat(tensor)
     inp = None
     if comm.rank == src:
@@ -339,11 +362,19 @@ def scatter(tensor, scatter_list=None, src: int = 0, group=None, algorithm="auto
     )
 
 
-def gather(tensor, gather_list=None, dst: int = 0, group=None, algorithm="auto", async_op=False):
+def gather(
+    tensor,
+    gather_list=None,
+    dst=None,
+    group=None,
+    algorithm="auto",
+    async_op=False,
+    group_dst=None,
+):
     """Every rank's `tensor` into gather_list[rank] on rank `dst`."""
     comm = runtime.resolve(group)
     buffers.check(tensor, "tensor")
-    dst = _root(dst, comm, "dst")
+    dst = _root(dst, comm, "dst", group_dst, default=0)
     inp = buffers.flat(tensor)
     out, finish = None, None
     if comm.rank == dst:

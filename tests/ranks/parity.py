@@ -106,6 +106,20 @@ def group_all_reduce(dist):
     return tensor, facts, world, dist.is_initialized()
 
 
+def group_roots(dist):
+    """Rooted tensor collectives on a sub-group with torch's group_src / group_dst keywords."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    ranks = members(size)
+    group = dist.new_group(ranks)
+    if rank not in ranks:
+        return None
+    t = torch.full((2,), float(rank))
+    dist.broadcast(t, group_src=1, group=group)
+    r = torch.full((2,), float(rank + 1))
+    dist.reduce(r, group_dst=0, group=group)
+    return t, r if dist.get_rank(group) == 0 else None
+
+
 def average_gradients(model, dist):
     """The tutorial's gradient averaging."""
     size = float(dist.get_world_size())
@@ -268,6 +282,7 @@ PROGRAMS = [
     any_source,
     nonblocking_p2p,
     group_all_reduce,
+    group_roots,
     sgd,
     ring_all_reduce,
     batch_p2p,
