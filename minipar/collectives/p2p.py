@@ -24,7 +24,7 @@ import datetime
 
 from minipar import buffers, ledger, runtime
 from minipar.collectives.work import Work
-from minipar.comm.base import wait_all
+from minipar.comm.base import abandon, wait_all
 
 
 class P2PWork(Work):
@@ -41,6 +41,7 @@ class P2PWork(Work):
                 if all(r.test() for r in self._requests):
                     self._finish()
             except BaseException as error:  # kept for wait() to raise
+                abandon(self._requests)
                 self._finish(error)
         return self._done.is_set()
 
