@@ -403,6 +403,25 @@ def traced_case():
     assert [c.collective for c in t.calls] == ["all_gather"] * 2 + ["all_to_all", "reduce_scatter"]
 
 
+def p2p_timeout_case():
+    """A receive nobody answers times out within the group's timeout, naming peer and tag; an
+    any-source one says "any rank". MPI only: a pending gloo receive cannot be withdrawn."""
+    w = minipar.init()
+    if minipar.get_backend() != "mpi":
+        return
+    g = minipar.new_group(list(range(w.size)), name="quiet")
+    g.timeout = 0.3
+    if w.rank == 0:
+        for src, words in ((1, "recv of 16 bytes from rank 1 (tag 9)"), (None, "any rank (tag 9)")):
+            try:
+                minipar.recv(np.zeros(2), src=src, group=g, tag=9)
+            except minipar.CommTimeoutError as error:
+                assert words in str(error) and "group quiet" in str(error), str(error)
+            else:
+                raise AssertionError("no CommTimeoutError")
+    minipar.barrier()
+
+
 UNPICKLABLE = {}
 
 
@@ -620,6 +639,7 @@ def cases(size):
     table["uneven_all_to_all"] = uneven_all_to_all_case
     table["bitwise_algorithms"] = bitwise_algorithms_case
     table["traced"] = traced_case
+    table["p2p_timeout"] = p2p_timeout_case
     table.update({f"bad.{name}": bad_case(make) for name, make in BAD.items()})
     table.update({f"bad.{name}": unpicklable_case(make) for name, make in UNPICKLABLE.items()})
     return table
