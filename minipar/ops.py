@@ -7,6 +7,8 @@ Semantics match torch.distributed:
   refused on complex dtypes, which have no order.
 - AVG: SUM, then a division by the group size at the end. Floating point only: an integer
   average would have to round, and torch's NCCL and gloo disagree on how, so minipar refuses it.
+- BAND, BOR, BXOR: bitwise and, or, xor; integer and bool dtypes only (a float's bits are not a
+  number you meant to combine bit by bit). On bool they are logical and, or, xor.
 Identical results on every rank: most algorithms reduce each element in one place and copy the
 result. Where two ranks compute the same combination (recursive doubling), both must put the
 operands in the same order: `a op b` and `b op a` differ in the last bits for MIN/MAX of -0.0 and
@@ -29,6 +31,9 @@ class ReduceOp(enum.Enum):
     MIN = "min"
     MAX = "max"
     AVG = "avg"
+    BAND = "band"
+    BOR = "bor"
+    BXOR = "bxor"
 
     def __repr__(self) -> str:
         return f"ReduceOp.{self.name}"
@@ -40,12 +45,19 @@ _NUMPY = {
     ReduceOp.PRODUCT: np.multiply,
     ReduceOp.MIN: np.minimum,
     ReduceOp.MAX: np.maximum,
+    ReduceOp.BAND: np.bitwise_and,
+    ReduceOp.BOR: np.bitwise_or,
+    ReduceOp.BXOR: np.bitwise_xor,
 }
+_BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 _NUMPY_BOOL = {
     ReduceOp.SUM: np.logical_or,
     ReduceOp.PRODUCT: np.logical_and,
     ReduceOp.MIN: np.logical_and,
     ReduceOp.MAX: np.logical_or,
+    ReduceOp.BAND: np.logical_and,
+    ReduceOp.BOR: np.logical_or,
+    ReduceOp.BXOR: np.logical_xor,
 }
 
 
@@ -73,6 +85,11 @@ def check_op(op: ReduceOp, x) -> None:
             f"ReduceOp.{op.name} needs an ordered dtype, got {buffers.dtype_name(x)} "
             "(complex numbers have no order)"
         )
+    if op in _BITWISE and buffers.is_floating(x):
+        raise ValueError(
+            f"ReduceOp.{op.name} needs an integer or bool dtype, got {buffers.dtype_name(x)} "
+            "(bitwise operations have no meaning on floating-point values)"
+        )
 
 
 def reduce_(dst, src, op: ReduceOp, reverse: bool = False) -> None:
@@ -89,7 +106,7 @@ def reduce_(dst, src, op: ReduceOp, reverse: bool = False) -> None:
 
 def _reduce_torch(dst, a, b, op: ReduceOp) -> None:
     torch = buffers._torch()
-    if dst.dtype == torch.bool:
+    if dst.dtype == torch.bool and op not in _BITWISE:
         kernel = torch.logical_or if op in (ReduceOp.SUM, ReduceOp.MAX) else torch.logical_and
     else:
         kernel = {
@@ -98,6 +115,9 @@ def _reduce_torch(dst, a, b, op: ReduceOp) -> None:
             ReduceOp.PRODUCT: torch.mul,
             ReduceOp.MIN: torch.minimum,
             ReduceOp.MAX: torch.maximum,
+            ReduceOp.BAND: torch.bitwise_and,
+            ReduceOp.BOR: torch.bitwise_or,
+            ReduceOp.BXOR: torch.bitwise_xor,
         }[op]
     kernel(a, b, out=dst)
 

@@ -27,6 +27,7 @@ class _State:
     world = None
     debug = False
     hook_installed = False
+    owns_torch = False  # init_process_group started torch.distributed: destroy tears it down
 
 
 _state = _State()
@@ -127,12 +128,74 @@ def get_world_size(group=None) -> int:
 
 
 def get_backend(group=None) -> str:
-    return resolve(group).backend
+    """torch.distributed's answer: "mpi" on the MPI transport, else torch's backend ("gloo",
+    "nccl") that minipar's torch transport runs over."""
+    comm = resolve(group)
+    return getattr(comm, "pg_backend", None) or comm.backend
 
 
-def new_group(ranks, name: str | None = None):
-    """A group of the given world ranks; every rank calls it. Non-members get a NonMember."""
-    return world().split(ranks, name)
+def new_group(
+    ranks=None,
+    timeout=None,
+    backend=None,
+    pg_options=None,
+    use_local_synchronization=False,
+    group_desc=None,
+    device_id=None,
+    name: str | None = None,
+):
+    """A group of the given world ranks (None: all of them), in the order given; every rank
+    calls it. Non-members get a NonMember. `timeout` (seconds or a timedelta) bounds the new
+    group's waits; torch's backend, pg_options, use_local_synchronization and device_id are
+    accepted and ignored (the group uses the world's transport); group_desc names it."""
+    del backend, pg_options, use_local_synchronization, device_id
+    parent = world()
+    if ranks is None:
+        ranks = list(range(parent.size))
+    group = parent.split(ranks, name or group_desc)
+    if timeout is not None and not isinstance(group, NonMember):
+        group.timeout = getattr(timeout, "total_seconds", lambda: timeout)()
+    return group
+
+
+class _GroupNamespace:
+    """torch's `dist.group.WORLD` (and `dist.GroupMember.WORLD`): the default group, or None
+    before init, read when used."""
+
+    @property
+    def WORLD(self):  # noqa: N802  (torch's name)
+        return _state.world
+
+
+group = GroupMember = _GroupNamespace()
+
+
+def get_process_group_ranks(group) -> list[int]:
+    """The global (world) ranks of the group's members, in group-rank order."""
+    return list(resolve(group).global_ranks)
+
+
+def get_group_rank(group, global_rank: int) -> int:
+    """The rank in `group` of the process with world rank `global_rank`."""
+    comm = resolve(group)
+    if global_rank not in comm.global_ranks or isinstance(global_rank, bool):
+        raise ValueError(
+            f"global rank {global_rank!r} is not part of group {comm.name} (its global ranks: "
+            f"{comm.global_ranks})"
+        )
+    return comm.global_ranks.index(global_rank)
+
+
+def get_global_rank(group, group_rank: int) -> int:
+    """The world rank of the process with rank `group_rank` in `group`."""
+    comm = resolve(group)
+    ok = isinstance(group_rank, int) and not isinstance(group_rank, bool)
+    if not ok or not 0 <= group_rank < comm.size:
+        raise ValueError(
+            f"group rank {group_rank!r} is not part of group {comm.name} (group size "
+            f"{comm.size}; valid: 0..{comm.size - 1})"
+        )
+    return comm.global_ranks[group_rank]
 
 
 def finalize() -> None:

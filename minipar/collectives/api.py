@@ -8,7 +8,9 @@ Differences from torch.distributed, on purpose:
 - `src` / `dst` are ranks *in the group* (torch's `group_src` / `group_dst`); on the default
   group that is the same number.
 - numpy arrays are accepted wherever tensors are.
-- all_to_all_single supports equal splits only (split sizes, if given, must all be equal).
+- `algorithm=` sits before `async_op` in the positional order: pass async_op by keyword.
+The README's API section lists every difference (point-to-point and object collectives, in
+p2p.py and objects.py, take torch's global `src` / `dst`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,18 @@ algorithms = registry.algorithms
 register_algorithm = registry.register_algorithm
 
 
-def _root(root, comm, what: str) -> int:
+def _root(root, comm, what: str, group_root=None, default=None) -> int:
+    """The root's rank in the group: `root` (minipar's convention: already a group rank) or
+    torch's `group_<what>` keyword, not both; `default` when neither is given."""
+    if group_root is not None:
+        if root is not None:
+            raise ValueError(
+                f"pass {what} or group_{what}, not both (both are ranks in the group here): "
+                f"got {what}={root!r}, group_{what}={group_root!r}"
+            )
+        root, what = group_root, f"group_{what}"
+    elif root is None and default is not None:
+        root = default
     if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < comm.size:
         raise ValueError(
             f"{what}={root!r} is not a rank of group {comm.name} (world size {comm.size}; "
@@ -37,13 +50,17 @@ def _root(root, comm, what: str) -> int:
     return root
 
 
-def _matching(out, inp, out_what: str, in_what: str, ratio: int = 1, inverse: bool = False):
-    """Check out has the same kind and dtype as inp and numel(out) == ratio * numel(inp)."""
+def _same_type(out, inp, out_what: str, in_what: str) -> None:
     if not buffers.same_kind(out, inp) or buffers.dtype_name(out) != buffers.dtype_name(inp):
         raise ValueError(
             f"{out_what} is {buffers.describe(out)} but {in_what} is {buffers.describe(inp)}; "
             "they must have the same type, dtype and device"
         )
+
+
+def _matching(out, inp, out_what: str, in_what: str, ratio: int = 1, inverse: bool = False):
+    """Check out has the same kind and dtype as inp and numel(out) == ratio * numel(inp)."""
+    _same_type(out, inp, out_what, in_what)
     a, b = buffers.numel(out), buffers.numel(inp)
     want = b // ratio if inverse else b * ratio
     if a != want or (inverse and b % ratio):
@@ -166,11 +183,11 @@ def _fp(x, root_name=None, root=None, op=None):
     return (buffers.dtype_name(x), tuple(x.shape), root_name, root, getattr(op, "name", None))
 
 
-def broadcast(tensor, src: int, group=None, algorithm="auto", async_op=False):
+def broadcast(tensor, src=None, group=None, algorithm="auto", async_op=False, group_src=None):
     """Copy `tensor` of rank `src` into `tensor` on every rank of the group (in place)."""
     comm = runtime.resolve(group)
     buffers.check(tensor, "tensor", writable=True)
-    src = _root(src, comm, "src")
+    src = _root(src, comm, "src", group_src)
     x = buffers.flat(tensor)
     return _run(
         comm,
@@ -202,13 +219,15 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=F
     )
 
 
-def reduce(tensor, dst: int, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=False):
+def reduce(
+    tensor, dst=None, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=False, group_dst=None
+):
     """Reduce `tensor` over the group into `tensor` on rank `dst` (others keep theirs)."""
     comm = runtime.resolve(group)
     op = as_op(op)
     buffers.check(tensor, "tensor", writable=True)
     check_op(op, tensor)
-    dst = _root(dst, comm, "dst")
+    dst = _root(dst, comm, "dst", group_dst)
     x = buffers.flat(tensor)
 
     def finish():
@@ -272,7 +291,7 @@ def all_gather(tensor_list, tensor, group=None, algorithm="auto", async_op=False
     )
 
 
-def _check_list(tensors, like, comm, what: str, writable: bool = False) -> None:
+def _check_list(tensors, like, comm, what: str, writable: bool = False, like_what="tensor"):
     if not isinstance(tensors, (list, tuple)) or len(tensors) != comm.size:
         got = len(tensors) if isinstance(tensors, (list, tuple)) else type(tensors).__name__
         raise ValueError(
@@ -280,11 +299,11 @@ def _check_list(tensors, like, comm, what: str, writable: bool = False) -> None:
         )
     for i, t in enumerate(tensors):
         buffers.check(t, f"{what}[{i}]", writable=writable)
-        _matching(t, like, f"{what}[{i}]", "tensor")
+        _matching(t, like, f"{what}[{i}]", like_what)
         if tuple(t.shape) != tuple(like.shape):
             raise ValueError(
-                f"{what}[{i}] has shape {tuple(t.shape)} but tensor has shape "
-                f"{tuple(like.shape)}; every entry must have the tensor's shape"
+                f"{what}[{i}] has shape {tuple(t.shape)} but {like_what} has shape "
+                f"{tuple(like.shape)}; every entry must have the {like_what}'s shape"
             )
 
 
@@ -311,11 +330,19 @@ def reduce_scatter_tensor(
     )
 
 
-def scatter(tensor, scatter_list=None, src: int = 0, group=None, algorithm="auto", async_op=False):
+def scatter(
+    tensor,
+    scatter_list=None,
+    src=None,
+    group=None,
+    algorithm="auto",
+    async_op=False,
+    group_src=None,
+):
     """Rank `src` sends scatter_list[r] to rank r, which receives it into `tensor`."""
     comm = runtime.resolve(group)
     buffers.check(tensor, "tensor", writable=True)
-    src = _root(src, comm, "src")
+    src = _root(src, comm, "src", group_src, default=0)
     out = buffers.flat(tensor)
     inp = None
     if comm.rank == src:
@@ -335,11 +362,19 @@ def scatter(tensor, scatter_list=None, src: int = 0, group=None, algorithm="auto
     )
 
 
-def gather(tensor, gather_list=None, dst: int = 0, group=None, algorithm="auto", async_op=False):
+def gather(
+    tensor,
+    gather_list=None,
+    dst=None,
+    group=None,
+    algorithm="auto",
+    async_op=False,
+    group_dst=None,
+):
     """Every rank's `tensor` into gather_list[rank] on rank `dst`."""
     comm = runtime.resolve(group)
     buffers.check(tensor, "tensor")
-    dst = _root(dst, comm, "dst")
+    dst = _root(dst, comm, "dst", group_dst, default=0)
     inp = buffers.flat(tensor)
     out, finish = None, None
     if comm.rank == dst:
@@ -373,37 +408,82 @@ def all_to_all_single(
     algorithm="auto",
     async_op=False,
 ):
-    """Block j of rank i's `input` goes to block i of rank j's `output` (equal blocks)."""
+    """Block j of rank i's `input` goes to block i of rank j's `output`.
+
+    Without split sizes the blocks are equal (numel / group size). With them, as in torch, block
+    j of input is input_split_sizes[j] rows (dim 0) and block i of output is
+    output_split_sizes[i] rows; a missing one means equal rows. Ranks must agree on the sizes
+    (what i sends j is what j expects from i), else the transport's size check fails."""
     comm = runtime.resolve(group)
     buffers.check(output, "output", writable=True)
     buffers.check(input, "input")
-    for what, splits in (
-        ("output_split_sizes", output_split_sizes),
-        ("input_split_sizes", input_split_sizes),
-    ):
-        if splits is not None and len(set(splits)) > 1:
-            raise ValueError(f"{what}={list(splits)}: minipar supports equal splits only")
-    _matching(output, input, "output", "input")
+    _same_type(output, input, "output", "input")
     if buffers.overlaps(output, input):
         raise ValueError(
             "all_to_all_single needs separate output and input buffers (they share memory: "
             "blocks would be overwritten before they are sent)"
         )
-    if buffers.numel(input) % comm.size:
-        raise ValueError(
-            f"input has {buffers.numel(input)} elements, not divisible by the group size "
-            f"{comm.size}"
-        )
     out, inp = buffers.flat(output), buffers.flat(input)
+    args = (out, inp)
+    if output_split_sizes is None and input_split_sizes is None:
+        _matching(output, input, "output", "input")
+        if buffers.numel(input) % comm.size:
+            raise ValueError(
+                f"input has {buffers.numel(input)} elements, not divisible by the group size "
+                f"{comm.size}"
+            )
+    else:
+        out_edges = split_edges(output, output_split_sizes, comm, "output_split_sizes", "output")
+        in_edges = split_edges(input, input_split_sizes, comm, "input_split_sizes", "input")
+        args = (out, inp, *equal_or(out_edges, in_edges, comm.size))
     return _run(
         comm,
         "all_to_all",
         algorithm,
         buffers.nbytes(inp),
-        (out, inp),
+        args,
         async_op,
         fingerprint=(input,),
     )
+
+
+def split_edges(x, splits, comm, what: str, name: str) -> list[int]:
+    """Element offsets (p + 1) of x's blocks: `splits` rows of dim 0 each, or equal rows."""
+    rows = x.shape[0] if len(x.shape) else 1
+    p = comm.size
+    if splits is None:
+        if rows % p:
+            raise ValueError(
+                f"{name} has {rows} rows (dim 0), not divisible by the group size {p}; pass {what}"
+            )
+        splits = [rows // p] * p
+    splits = list(splits) if isinstance(splits, (list, tuple)) else splits
+    if (
+        not isinstance(splits, list)
+        or len(splits) != p
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in splits)
+    ):
+        raise ValueError(
+            f"{what}={splits!r} must be a list of {p} non-negative ints (one per rank of "
+            f"group {comm.name})"
+        )
+    if sum(splits) != rows:
+        raise ValueError(
+            f"{what}={splits} sums to {sum(splits)} but {name} has {rows} rows (dim 0)"
+        )
+    per_row = buffers.numel(x) // rows if rows else 0
+    edges = [0]
+    for n in splits:
+        edges.append(edges[-1] + n * per_row)
+    return edges
+
+
+def equal_or(out_edges, in_edges, p: int) -> tuple:
+    """() when every block is the same size on both sides (the algorithms' plain form, which a
+    user-registered algorithm also has), else the edges the algorithms take."""
+    n = in_edges[-1] // p if p else 0
+    even = [i * n for i in range(p + 1)]
+    return () if out_edges == even and in_edges == even else (out_edges, in_edges)
 
 
 def barrier(group=None, algorithm="auto", async_op=False):

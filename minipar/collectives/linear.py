@@ -12,6 +12,7 @@ equals a sequential left-to-right reduction on one process, bit for bit.
 from __future__ import annotations
 
 from minipar import buffers
+from minipar.collectives import layout
 from minipar.ops import reduce_
 
 
@@ -127,15 +128,20 @@ def reduce_scatter_linear(call, out, inp, op) -> None:
     scatter_linear(call, out, total, 0)
 
 
-def all_to_all_linear(call, out, inp) -> None:
+def all_to_all_linear(call, out, inp, out_edges=None, in_edges=None) -> None:
     """Every rank posts all its sends and receives at once (MPI's basic linear all-to-all):
-    (p-1) n bytes out and in per rank, p-1 steps numbered by peer distance."""
-    p, r, n = call.size, call.rank, len(inp) // call.size
+    (p-1) n bytes out and in per rank, p-1 steps numbered by peer distance.
+
+    Blocks may differ in size (all_to_all's lists, all_to_all_single's split sizes): then block
+    q of inp is inp[in_edges[q]:in_edges[q + 1]] and block q of out likewise with out_edges;
+    a rank sends the sum of its blocks but its own."""
+    p, r = call.size, call.rank
+    oe, ie = out_edges or layout.bounds(len(out), p), in_edges or layout.bounds(len(inp), p)
     requests = []
     for k in range(1, p):
         call.step = k - 1
         dst, src = (r + k) % p, (r - k) % p
-        requests.append(call.irecv(out[src * n : (src + 1) * n], src))
-        requests.append(call.isend(inp[dst * n : (dst + 1) * n], dst))
-    buffers.copy_(out[r * n : (r + 1) * n], inp[r * n : (r + 1) * n])
+        requests.append(call.irecv(layout.chunk(out, oe, src), src))
+        requests.append(call.isend(layout.chunk(inp, ie, dst), dst))
+    buffers.copy_(layout.chunk(out, oe, r), layout.chunk(inp, ie, r))
     call.wait(requests)

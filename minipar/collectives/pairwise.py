@@ -11,11 +11,14 @@ use it for large messages).
 from __future__ import annotations
 
 from minipar import buffers
+from minipar.collectives import layout
 
 
-def all_to_all_pairwise(call, out, inp) -> None:
-    p, r, n = call.size, call.rank, len(inp) // call.size
-    buffers.copy_(out[r * n : (r + 1) * n], inp[r * n : (r + 1) * n])
+def all_to_all_pairwise(call, out, inp, out_edges=None, in_edges=None) -> None:
+    """Blocks of unequal size (out_edges / in_edges: p + 1 offsets each) move the same way."""
+    p, r = call.size, call.rank
+    oe, ie = out_edges or layout.bounds(len(out), p), in_edges or layout.bounds(len(inp), p)
+    buffers.copy_(layout.chunk(out, oe, r), layout.chunk(inp, ie, r))
     for k in call.rounds(p - 1):
         dst, src = (r + k + 1) % p, (r - k - 1) % p
-        call.sendrecv(inp[dst * n : (dst + 1) * n], dst, out[src * n : (src + 1) * n], src)
+        call.sendrecv(layout.chunk(inp, ie, dst), dst, layout.chunk(out, oe, src), src)

@@ -222,6 +222,11 @@ class Communicator:
     def _post_recv(self, buf, src: int, tag: int) -> Request:  # pragma: no cover
         raise NotImplementedError
 
+    def _post_recv_any(self, buf, tag: int) -> Request:  # pragma: no cover
+        """Start receiving from whichever rank's message on `tag` comes first (torch's
+        `recv(src=None)`); once complete, the request's `peer` is the sender's rank."""
+        raise NotImplementedError
+
     def _post_barrier(self) -> Request:  # pragma: no cover
         raise NotImplementedError
 

@@ -77,6 +77,22 @@ class MPIRequest(Request):
             self._staged = None
 
 
+class MPIAnySourceRequest(MPIRequest):
+    """A receive from any rank (MPI_ANY_SOURCE): `peer` becomes the sender once it arrived."""
+
+    def _poll(self) -> bool:
+        done = super()._poll()
+        if done:
+            self.peer = self._status.Get_source()
+        return done
+
+    def describe(self) -> str:
+        return (
+            f"recv of {self.nbytes} bytes from any rank (tag {self.tag}) on group "
+            f"{self.comm.name}, as rank {self.comm.rank}"
+        )
+
+
 class MPIBarrierRequest(MPIRequest):
     """A nonblocking MPI collective (Ibarrier, Iallgather): done when every rank has joined."""
 
@@ -129,6 +145,13 @@ class MPICommunicator(Communicator):
         req = self.mpi.Irecv([wire, _mpi().BYTE], src, tag)
         target = buf if staged is not None else None
         return MPIRequest(self, "recv", src, tag, buffers.nbytes(buf), req, wire, staged, target)
+
+    def _post_recv_any(self, buf, tag) -> Request:
+        wire, staged = self._wire(buf, outgoing=False)
+        req = self.mpi.Irecv([wire, _mpi().BYTE], _mpi().ANY_SOURCE, tag)
+        target = buf if staged is not None else None
+        nbytes = buffers.nbytes(buf)
+        return MPIAnySourceRequest(self, "recv", -1, tag, nbytes, req, wire, staged, target)
 
     def _post_barrier(self) -> Request:
         return MPIBarrierRequest(self, "barrier", -1, -1, 0, self.mpi.Ibarrier(), None)

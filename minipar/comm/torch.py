@@ -56,6 +56,20 @@ class TorchRequest(Request):
             buffers.byte_view(self._target).copy_(self._staged)
 
 
+class TorchAnySourceRequest(TorchRequest):
+    """A receive from any other rank (gloo's recv_anysource): `peer` is the sender once done."""
+
+    def _finish(self) -> None:
+        super()._finish()
+        self.peer = self._work._source_rank()
+
+    def describe(self) -> str:
+        return (
+            f"recv of {self.nbytes} bytes from any rank (tag {self.tag}) on group "
+            f"{self.comm.name}, as rank {self.comm.rank}"
+        )
+
+
 class SelfRequest(Request):
     """A message to or from this same rank (gloo cannot send to itself): a local mailbox."""
 
@@ -152,6 +166,17 @@ class TorchCommunicator(Communicator):
 
             target = torch.from_numpy(buffers.as_bytes(buf))
         return TorchRequest(self, "recv", src, tag, buffers.nbytes(buf), work, staged, target)
+
+    def _post_recv_any(self, buf, tag) -> Request:
+        wire, staged = self._wire(buf, outgoing=False)
+        work = _dist().irecv(wire, None, group=self.group, tag=tag)
+        target = buf if staged is not None else None
+        if target is not None and not buffers.is_torch(buf):
+            import torch
+
+            target = torch.from_numpy(buffers.as_bytes(buf))
+        nbytes = buffers.nbytes(buf)
+        return TorchAnySourceRequest(self, "recv", -1, tag, nbytes, work, staged, target)
 
     def _post_barrier(self) -> Request:
         work = _dist().barrier(group=self.group, async_op=True)

@@ -5,7 +5,7 @@ import torch
 import minipar
 
 w = minipar.init(timeout=20)
-assert minipar.get_backend() == "torch", minipar.get_backend()
+assert w.backend == "torch" and minipar.get_backend() == "gloo", minipar.get_backend()
 for algorithm in minipar.algorithms("all_reduce"):
     x = torch.full((1000,), float(w.rank + 1))
     minipar.all_reduce(x, algorithm=algorithm)
