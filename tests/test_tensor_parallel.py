@@ -1,7 +1,8 @@
 """Tensor parallelism (minipar.parallel.tensor) on real ranks: every layer against its dense
-twin at TP = 1, 2, 4 on MPI (3 too with MINIPAR_EXTENDED=1), a spread of cases over the torch.distributed transport, and
-torch.distributed.tensor.parallel on the same weights at TP = 2 and 4 (see tests/ranks/
-tensor_parallel.py for the cases and the tolerance). One launch per world size and transport.
+twin at TP = 1, 2, 4 on MPI (and 3 with MINIPAR_EXTENDED=1), a spread of cases over the
+torch.distributed transport, and torch.distributed.tensor.parallel on the same weights (see
+tests/ranks/tensor_parallel.py for the cases and the tolerance). One launch per world size and
+transport.
 """
 
 import os
