@@ -16,6 +16,7 @@ KEY_LINES = {
     "02": ["Lesson 02", "[60 64 68 72]", "[3 13 23 33]", "all_to_all", "Try this"],
     "03": ["step 5 (all-gather)", "0+1+2+3", "messages", "measured ring", "Try this"],
     "04": ["busbw", "MPI_Allreduce", "roofline", "hierarchical", "Try this"],
+    "08": ["dp=2 x tp=2 x pp=2", "tp: bytes sent match", "IB NDR", "★", "Try this"],
 }
 LABS = {
     ("02", "send-first"): "8 MiB: the timeout caught the deadlock",
