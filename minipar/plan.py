@@ -34,6 +34,7 @@ examples:
   minipar plan --params 13e9 --seq 4096 --batch 512 --gpus 64 --recompute
   minipar plan --layers 24 --hidden 2048 --heads 16 --gpus 16 --gpu-memory 40
   minipar plan --model tiny --cluster cpu --gpus 8   the tiny GPT of `minipar train` here
+  minipar plan --model tiny --cluster cpu --gpus 8 --measure-flops    with this CPU's rate
   minipar plan --model 7b --all                      also the layouts that do not fit, and why
   minipar plan --json                                the table as JSON
 
@@ -61,6 +62,11 @@ def configure(parser) -> None:
     where.add_argument("--gpu-memory", type=float, metavar="GB", help="memory per GPU")
     where.add_argument("--flops", type=float, help="peak FLOP/s per GPU (e.g. a measured one)")
     where.add_argument("--efficiency", type=float, help="fraction of peak reached (default 0.5)")
+    where.add_argument(
+        "--measure-flops",
+        action="store_true",
+        help="measure this CPU's FLOP/s (shared by the ranks) as the peak",
+    )
     how = parser.add_argument_group("training")
     how.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage")
     how.add_argument("--recompute", action="store_true", help="full activation recomputation")
@@ -87,9 +93,16 @@ def model_from_args(args) -> ModelSpec:
 
 
 def cluster_from_args(args) -> tuple[Cluster, int]:
+    flops = args.flops
+    if args.measure_flops:
+        from minipar import launch
+        from minipar.planner import measure_flops, shared_cores
+
+        ranks = args.gpus or 1
+        flops = shared_cores(measure_flops(), ranks, launch.cores())
     cluster = with_peak(
         CLUSTERS[args.cluster],
-        args.flops,
+        flops,
         args.gpu_memory * GB if args.gpu_memory else None,
         args.efficiency,
     )

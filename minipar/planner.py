@@ -338,3 +338,25 @@ def fmt_seconds(t: float) -> str:
     if t < 1e-3:
         return f"{t * 1e6:.3g} us"
     return f"{t * 1e3:.3g} ms" if t < 1 else f"{t:.3g} s"
+
+
+def measure_flops(rows: int = 512, hidden: int = 64, repeats: int = 50) -> float:
+    """FLOP/s this process reaches on a float32 matmul of the tiny GPT's MLP shape (rows tokens
+    x hidden -> 4 hidden): a measured `peak_flops` for the "cpu" cluster. Median of `repeats`."""
+    import statistics
+    import time
+
+    import torch
+
+    a, b = torch.randn(rows, hidden), torch.randn(hidden, 4 * hidden)
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * rows * hidden * 4 * hidden / statistics.median(times[1:])
+
+
+def shared_cores(peak_flops: float, ranks: int, cores: int) -> float:
+    """Each rank's share when `ranks` processes share `cores` cores (oversubscribed)."""
+    return peak_flops * min(1.0, cores / ranks)

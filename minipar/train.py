@@ -10,6 +10,7 @@ itself is minipar.models.training; this module is the command's face.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import resource
 import sys
@@ -57,6 +58,7 @@ def configure(parser) -> None:
     out = parser.add_argument_group("checks and output")
     out.add_argument("--check", action="store_true", help="compare with the dense run")
     out.add_argument("--plot", metavar="PNG", help="write the loss curve")
+    out.add_argument("--json", metavar="PATH", help="write losses, step times and memory as JSON")
     out.add_argument("--save", metavar="PATH", help="save the dense checkpoint at the end")
     out.add_argument("--resume", metavar="PATH", help="start from a dense checkpoint")
     out.add_argument("--timeout", type=float, default=None, help="seconds the launch may take")
@@ -87,8 +89,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def spec_from_args(args):
-    from minipar.models.gpt import GPTConfig
-    from minipar.models.training import RunSpec
+    from minipar.models.config import GPTConfig, RunSpec
 
     model = GPTConfig(
         seq_len=args.seq,
@@ -156,25 +157,33 @@ def pick_device(choice: str, rank: int):
 def run_here(args) -> int:
     """Train on the ranks of this launch (or this one process) and report on rank 0."""
     import minipar
-    from minipar.models import checkpoint, training
     from minipar.parallel import DeviceMesh
 
-    spec = spec_from_args(args)
     comm = minipar.init()
     try:
+        mesh = DeviceMesh(args.dp, args.tp, args.pp)  # before torch loads: a wrong size fails fast
+        spec = spec_from_args(args)
         spec.validate()
-        mesh = DeviceMesh(args.dp, args.tp, args.pp)
+        from minipar.models import checkpoint, training
+
         device = pick_device(args.device, comm.rank)
-        start_model, start = checkpoint.load(args.resume) if args.resume else (None, 0)
+        start_model, start, opt_state = None, 0, None
+        if args.resume:  # the checkpoint's model, whatever the size options say
+            record = checkpoint.read(args.resume)
+            start_model, start = checkpoint.load(args.resume)
+            opt_state = record.get("optimizer")
+            spec = dataclasses.replace(spec, model=start_model.config)
+            spec.validate()
         report = Reporter(spec, comm, active=comm.rank == 0)
         with report:
-            losses, model = training.train_on_mesh(
+            losses, model, opt = training.train_on_mesh(
                 spec,
                 mesh,
                 lambda s, loss, t: report.step(s, loss, t, memory_bytes(device)),
                 start_model,
                 start,
                 device,
+                opt_state,
             )
         state = training.dense_state(model, mesh)
     except ValueError as error:  # the same words on every rank, then a clean exit
@@ -186,9 +195,12 @@ def run_here(args) -> int:
     if comm.rank == 0:
         report.summary(losses, problems if args.check else None)
         if args.save:
-            checkpoint.save(args.save, state, spec.model, step=start + spec.steps)
+            optimizer = training.optimizer_state(model, opt)
+            checkpoint.save(args.save, state, spec.model, start + spec.steps, optimizer)
         if args.plot:
             report.plot(args.plot, losses, start)
+        if args.json:
+            report.write_json(args.json, losses, problems if args.check else None)
     minipar.finalize()
     return status
 
@@ -198,8 +210,9 @@ def check(spec, args, losses, state, start) -> list[str]:
     from minipar.models import checkpoint, training
 
     model = checkpoint.load(args.resume)[0] if args.resume else None
+    opt_state = checkpoint.read(args.resume).get("optimizer") if args.resume else None
     t0 = time.perf_counter()
-    reference, dense = training.train_dense(spec, model=model, start=start)
+    reference, dense, _ = training.train_dense(spec, None, model, start, opt_state)
     print(f"dense reference: {len(reference)} steps in {time.perf_counter() - t0:.1f} s")
     return training.compare(losses, reference, state, dense.state_dict())
 
@@ -273,6 +286,21 @@ class Reporter:
         for row in rows:
             t.add_row(*row)
         Console(highlight=False).print(t)
+
+    def write_json(self, path: str, losses, problems) -> None:
+        import json
+
+        s = self.spec
+        record = {
+            "layout": {"dp": s.dp, "tp": s.tp, "pp": s.pp, "microbatches": s.microbatches},
+            "tokens_per_step": s.tokens_per_step,
+            "losses": losses,
+            "step_seconds": self.times,
+            "peak_memory_bytes": self.memory,
+            "check": problems,
+        }
+        with open(path, "w") as f:
+            json.dump(record, f, indent=1)
 
     def plot(self, path: str, losses, start: int) -> None:
         try:

@@ -1,6 +1,7 @@
 """`minipar train` end to end: a data-parallel run launched on 2 ranks checked against the dense
 run, its checkpoint resumed on another layout, wrong layouts refused on every rank."""
 
+import json
 import os
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import pytest
 
 from minipar import launch
 from minipar.models.gpt import GPTConfig
-from minipar.models.training import RunSpec
+from minipar.models.training import RunSpec, train_dense
 from minipar.train import _parser, to_argv
 
 SMALL = ["--layers", "2", "--hidden", "32", "--heads", "4", "--seq", "32"]
@@ -17,20 +18,43 @@ SMALL = ["--layers", "2", "--hidden", "32", "--heads", "4", "--seq", "32"]
 
 def minipar_cli(*argv, timeout=240):
     env = {**os.environ, "COLUMNS": "120"}
-    return subprocess.run([sys.executable, "-m", "minipar", *argv], capture_output=True,
-                          text=True, timeout=timeout, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "minipar", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def test_data_parallel_matches_dense_and_resumes_on_another_layout(tmp_path):
-    ckpt = str(tmp_path / "ckpt.pt")
-    done = minipar_cli("train", "--dp", "2", "--microbatches", "2", "--steps", "3", "--check",
-                       "--save", ckpt, *SMALL)  # fmt: skip
+    """dp=2 (2 ranks, 2 micro-batches) for 3 steps, checked by --check; its checkpoint resumed
+    on one process for 2 more: all 5 losses are the uninterrupted dense run's."""
+    ckpt, first, second = (str(tmp_path / name) for name in ("ckpt.pt", "a.json", "b.json"))
+    done = minipar_cli(
+        "train",
+        "--dp",
+        "2",
+        "--microbatches",
+        "2",
+        "--steps",
+        "3",
+        "--check",
+        "--save",
+        ckpt,
+        "--json",
+        first,
+        *SMALL,
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
     assert "matches the dense run" in out and "dp=2 x tp=1 x pp=1" in out, out[-3000:]
-    resumed = minipar_cli("train", "--resume", ckpt, "--steps", "2", "--check", *SMALL)
-    out = resumed.stdout + resumed.stderr
-    assert resumed.returncode == 0 and "matches the dense run" in out, out[-3000:]
+    resumed = minipar_cli("train", "--resume", ckpt, "--steps", "2", "--json", second)
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    losses = [json.load(open(path))["losses"] for path in (first, second)]
+    spec = RunSpec(steps=5, model=GPTConfig(seq_len=32, hidden=32, n_layers=2, n_heads=4))
+    reference = train_dense(spec)[0]
+    assert losses[0] + losses[1] == pytest.approx(reference, rel=1e-4), (losses, reference)
 
 
 def test_wrong_layout_fails_on_every_rank():
@@ -38,8 +62,10 @@ def test_wrong_layout_fails_on_every_rank():
     done = launch.run(2, argv, timeout=120, capture=True)
     assert done.returncode == 2, done.stdout + done.stderr
     for rank in (0, 1):
-        assert f"[rank {rank}] minipar train: DeviceMesh: dp=2 x tp=2 x pp=1 = 4 ranks, but the " \
-               "group has 2" in done.stderr, done.stderr  # fmt: skip
+        assert (
+            f"[rank {rank}] minipar train: DeviceMesh: dp=2 x tp=2 x pp=1 = 4 ranks, but the "
+            "group has 2" in done.stderr
+        ), done.stderr
 
 
 @pytest.mark.parametrize(

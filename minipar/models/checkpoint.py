@@ -17,13 +17,23 @@ import os
 
 import torch
 
-from minipar.models.gpt import GPT, GPTConfig
+from minipar.models.config import GPTConfig
+from minipar.models.gpt import GPT
 
 FORMAT = "minipar-gpt/1"
 
 
-def save(path: str, model_or_state, config: GPTConfig | None = None, step: int = 0, **extra):
-    """Write the dense state dict (a GPT, or a state dict with `config` given) to `path`.
+def save(
+    path: str,
+    model_or_state,
+    config: GPTConfig | None = None,
+    step: int = 0,
+    optimizer: dict | None = None,
+    **extra,
+):
+    """Write the dense state dict (a GPT, or a state dict with `config` given) to `path`, with
+    the optimizer's state by parameter name if given (training.optimizer_state), so that a
+    resumed run takes the very steps the uninterrupted one would have.
 
     Tensors are detached CPU copies, so a checkpoint written on a GPU loads anywhere. A tied
     head is stored once (under embed.tok.weight) and re-tied on load."""
@@ -41,6 +51,7 @@ def save(path: str, model_or_state, config: GPTConfig | None = None, step: int =
         "config": config.to_dict(),
         "step": int(step),
         "state_dict": {k: v.detach().to("cpu", copy=True) for k, v in state.items()},
+        "optimizer": optimizer,
         "extra": extra,
     }
     folder = os.path.dirname(os.path.abspath(path))
@@ -50,7 +61,7 @@ def save(path: str, model_or_state, config: GPTConfig | None = None, step: int =
 
 
 def read(path: str) -> dict:
-    """The raw record: format, config (a GPTConfig), step, state_dict, extra."""
+    """The raw record: format, config (a GPTConfig), step, state_dict, optimizer, extra."""
     record = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise ValueError(f"{path} is not a minipar GPT checkpoint (format {FORMAT})")

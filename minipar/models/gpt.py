@@ -21,52 +21,15 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from minipar.models.config import GPTConfig
 from minipar.parallel.tensor.dense import DenseMLP, DenseSelfAttention
 
-
-@dataclass(frozen=True)
-class GPTConfig:
-    vocab_size: int = 256  # bytes: the tokenizer of minipar.models.data
-    seq_len: int = 64
-    hidden: int = 64
-    n_layers: int = 8
-    n_heads: int = 8
-    ffn_hidden: int = 0  # 0: 4 * hidden, as GPT-2
-    tied_head: bool = False
-
-    def __post_init__(self):
-        for name in ("vocab_size", "seq_len", "hidden", "n_layers", "n_heads"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
-        if not isinstance(self.ffn_hidden, int) or self.ffn_hidden < 0:
-            raise ValueError(
-                f"GPTConfig.ffn_hidden must be >= 0 (0: 4*hidden), got {self.ffn_hidden!r}"
-            )
-        if self.hidden % self.n_heads:
-            raise ValueError(
-                f"GPTConfig: hidden={self.hidden} is not divisible by n_heads={self.n_heads}"
-            )
-
-    @property
-    def ffn(self) -> int:
-        return self.ffn_hidden or 4 * self.hidden
-
-    def n_params(self) -> int:
-        """Parameters of the model built from this config (a tied head adds none)."""
-        h, f, v = self.hidden, self.ffn, self.vocab_size
-        block = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h)
-        head = 2 * h + (0 if self.tied_head else v * h)
-        return v * h + self.seq_len * h + self.n_layers * block + head
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+__all__ = ["GPT", "GPTConfig", "Block", "Embedding", "Head", "build_gpt", "lm_loss"]
 
 
 class Embedding(nn.Module):

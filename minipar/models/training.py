@@ -20,62 +20,36 @@ tensor- and pipeline-parallel build plugs in at `build_for_mesh` and `dense_stat
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 
 import minipar
+from minipar.models.config import SCHEDULES, RunSpec  # noqa: F401  (re-exported)
 from minipar.models.data import Batches, dp_slice, load_tokens
-from minipar.models.gpt import GPT, GPTConfig, build_gpt, lm_loss
-
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    microbatches: int = 1  # per data-parallel rank per step
-    schedule: str = "1f1b"
-    fsdp: bool = False
-    steps: int = 50
-    batch_size: int = 8  # sequences per step, all ranks together
-    lr: float = 3e-3
-    seed: int = 0
-    model: GPTConfig = field(default_factory=GPTConfig)
-
-    def validate(self) -> None:
-        """Every problem a layout can have that every rank can see alone (ValueError)."""
-        for name in ("dp", "tp", "pp", "microbatches", "steps", "batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(
-                f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
-            )
-        if self.batch_size % (self.dp * self.microbatches):
-            raise ValueError(
-                f"batch_size={self.batch_size} is not divisible by dp={self.dp} x "
-                f"microbatches={self.microbatches}"
-            )
-        m = self.model
-        if m.n_heads % self.tp:
-            raise ValueError(f"n_heads={m.n_heads} is not divisible by tp={self.tp}")
-        if m.vocab_size % self.tp:
-            raise ValueError(f"vocab_size={m.vocab_size} is not divisible by tp={self.tp}")
-        if m.n_layers % self.pp:
-            raise ValueError(f"n_layers={m.n_layers} is not divisible by pp={self.pp}")
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.batch_size * self.model.seq_len
+from minipar.models.gpt import GPT, build_gpt, lm_loss
 
 
 def make_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
     """AdamW without weight decay: the same update on every layout."""
     return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+
+def optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
+    """AdamW's state (exp_avg, exp_avg_sq, step) keyed by each parameter's dense name, on CPU:
+    what a checkpoint stores so that a resumed run takes exactly the steps it would have."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {
+        names[id(p)]: {k: v.detach().to("cpu", copy=True) for k, v in st.items()}
+        for p, st in opt.state.items()
+    }
+
+
+def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, states) -> None:
+    """The inverse of optimizer_state (the step counters stay on the CPU, as AdamW keeps them)."""
+    params = dict(model.named_parameters())
+    for name, st in (states or {}).items():
+        p = params[name]
+        opt.state[p] = {k: v if k == "step" else v.to(p.device) for k, v in st.items()}
 
 
 def accumulate(model, inputs, targets, microbatches: int, scale: float) -> float:
@@ -89,10 +63,14 @@ def accumulate(model, inputs, targets, microbatches: int, scale: float) -> float
     return total
 
 
-def train_dense(spec: RunSpec, on_step=None, model: GPT | None = None, start: int = 0):
-    """The reference: the whole global batch on one process. Returns (losses, model)."""
+def train_dense(
+    spec: RunSpec, on_step=None, model: GPT | None = None, start: int = 0, opt_state=None
+):
+    """The reference: the whole global batch on one process, from `model` (default: seeded)
+    and optimizer state `opt_state` (default: fresh). Returns (losses, model, optimizer)."""
     model = model or build_gpt(spec.model, spec.seed)
     opt = make_optimizer(model, spec.lr)
+    load_optimizer_state(model, opt, opt_state)
     batches = Batches(load_tokens(), spec.batch_size, spec.model.seq_len, spec.seed)
     losses = []
     for step in range(start, start + spec.steps):
@@ -103,14 +81,14 @@ def train_dense(spec: RunSpec, on_step=None, model: GPT | None = None, start: in
         opt.step()
         if on_step:
             on_step(step, losses[-1], time.perf_counter() - t0)
-    return losses, model
+    return losses, model, opt
 
 
 def build_for_mesh(spec: RunSpec, mesh, model: GPT | None = None, device="cpu") -> GPT:
     """This rank's part of the model for the mesh, from the dense weights (seeded or given)."""
     if mesh.tp > 1 or mesh.pp > 1 or spec.fsdp:
         raise ValueError(
-            f"minipar train: tp={mesh.tp}, pp={mesh.pp}{', --fsdp' if spec.fsdp else ''} need the "
+            f"tp={mesh.tp}, pp={mesh.pp}{', --fsdp' if spec.fsdp else ''} need the "
             "tensor/pipeline/FSDP build of the GPT, which this version does not have yet; "
             "data parallelism alone (--dp N) works"
         )
@@ -130,13 +108,20 @@ def average_gradients(model: torch.nn.Module, group) -> None:
 
 
 def train_on_mesh(
-    spec: RunSpec, mesh, on_step=None, model: GPT | None = None, start: int = 0, device="cpu"
+    spec: RunSpec,
+    mesh,
+    on_step=None,
+    model: GPT | None = None,
+    start: int = 0,
+    device="cpu",
+    opt_state=None,
 ):
-    """The same run on this rank of the mesh. Returns (losses, this rank's model); every rank
-    gets the global batch's mean loss."""
+    """The same run on this rank of the mesh. Returns (losses, this rank's model, optimizer);
+    every rank gets the global batch's mean loss."""
     spec.validate()
     model = build_for_mesh(spec, mesh, model, device)
     opt = make_optimizer(model, spec.lr)
+    load_optimizer_state(model, opt, opt_state)  # dense names: the data-parallel copy's own
     batches = Batches(load_tokens(), spec.batch_size, spec.model.seq_len, spec.seed)
     rows = dp_slice(spec.batch_size, mesh.dp_rank, mesh.dp)
     losses = []
@@ -153,7 +138,7 @@ def train_on_mesh(
         losses.append(loss.item() / mesh.dp)
         if on_step:
             on_step(step, losses[-1], time.perf_counter() - t0)
-    return losses, model
+    return losses, model, opt
 
 
 def dense_state(model: GPT, mesh) -> dict:
