@@ -18,7 +18,8 @@ Memory per GPU (bytes), with P the parameters this GPU's model shard holds, P = 
 Step time on one GPU, the sum of:
 - compute: the training FLOPs (Narayanan et al. 2021: 72 B s L h^2 (1 + s/(6h) + V/(12 L h)),
   96 B s L h^2 (1 + s/(6h) + V/(16 L h)) with recomputation), divided evenly over the GPUs, at
-  `efficiency` times the GPU's peak rate;
+  `efficiency` times the GPU's peak rate, plus a fixed cost per kernel (`op_overhead`, ~36
+  kernels per layer per micro-batch): the term that makes many tiny micro-batches slow;
 - bubble: the pipeline fills and drains, idle for (p-1)/m of the compute, i.e. a fraction
   (p-1)/(m+p-1) of the pipeline's time (Megatron-LM 2021, the same for GPipe and 1F1B);
 - tensor-parallel communication, exposed: 4 all-reduces of the b s h activations per layer per
@@ -109,6 +110,7 @@ class Cluster:
     peak_flops: float  # per GPU, dense, at the training precision
     efficiency: float = 0.5  # the fraction of peak that real kernels reach (an assumption)
     precision: str = "bf16"  # "bf16" (mixed, with fp32 master weights) or "fp32"
+    op_overhead: float = 5e-6  # seconds each kernel (one torch op) costs besides its FLOPs
     source: str = ""
 
 
@@ -125,8 +127,9 @@ CLUSTERS = {
         8 * GB,
         10e9,
         efficiency=1.0,
+        op_overhead=20e-6,  # eager torch on a CPU: tens of microseconds of Python per op
         precision="fp32",
-        source="assumed: 10 GFLOP/s per rank, shared-memory link from minipar.cost",
+        source="assumed: 10 GFLOP/s and 20 us per op per rank, shared-memory link from cost",
     ),
 }
 
@@ -204,7 +207,8 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     """Seconds of one training step, split into compute, bubble and exposed communication."""
     h, gpus = c.hierarchy, lay.dp * lay.tp * lay.pp
     value_bytes = 4 if c.precision == "fp32" else 2
-    compute = m.train_flops(recompute) / gpus / (c.peak_flops * c.efficiency)
+    flops = m.train_flops(recompute) / gpus / (c.peak_flops * c.efficiency)
+    compute = flops + ops_per_step(m, lay) * c.op_overhead
     bubble = compute * (lay.pp - 1) / lay.microbatches
     act = lay.micro_batch * m.seq_len * m.hidden * value_bytes  # one micro-batch's b s h
     per_layer = 6 if recompute else 4
@@ -227,6 +231,16 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
         "dp_total": dp_total,
         "total": total,
     }
+
+
+OPS_PER_LAYER = 36  # kernels one block runs per micro-batch, forward and backward (an estimate)
+
+
+def ops_per_step(m: ModelSpec, lay: Layout) -> float:
+    """Kernels one GPU launches in a step: its L/pp blocks for each of the m micro-batches, the
+    embedding, head and loss (~20), and the optimizer (~10, foreach kernels). Each costs a fixed
+    overhead besides its FLOPs: what makes tiny micro-batches and tiny models slow."""
+    return (OPS_PER_LAYER * m.layers / lay.pp + 20) * lay.microbatches + 10
 
 
 def _problems(m: ModelSpec, c: Cluster, lay: Layout, tp_across_nodes: bool) -> list[str]:
