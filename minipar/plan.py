@@ -93,19 +93,17 @@ def model_from_args(args) -> ModelSpec:
 
 
 def cluster_from_args(args) -> tuple[Cluster, int]:
-    flops = args.flops
-    if args.measure_flops:
-        from minipar import launch
-        from minipar.planner import measure_flops, shared_cores
-
-        ranks = args.gpus or 1
-        flops = shared_cores(measure_flops(), ranks, launch.cores())
     cluster = with_peak(
         CLUSTERS[args.cluster],
-        flops,
+        args.flops,
         args.gpu_memory * GB if args.gpu_memory else None,
         args.efficiency,
     )
+    if args.measure_flops:  # this CPU's rate, shared by the ranks that will run on its cores
+        from minipar import launch
+        from minipar.planner import measure_flops, shared_cores
+
+        cluster = shared_cores(cluster, args.gpus or 1, launch.cores(), measure_flops())
     per_node = cluster.hierarchy.per_node
     if args.gpus and args.nodes:
         raise ValueError("give --gpus or --nodes, not both")

@@ -371,6 +371,9 @@ def measure_flops(rows: int = 512, hidden: int = 64, repeats: int = 50) -> float
     return 2 * rows * hidden * 4 * hidden / statistics.median(times[1:])
 
 
-def shared_cores(peak_flops: float, ranks: int, cores: int) -> float:
-    """Each rank's share when `ranks` processes share `cores` cores (oversubscribed)."""
-    return peak_flops * min(1.0, cores / ranks)
+def shared_cores(cluster: Cluster, ranks: int, cores: int, peak_flops: float | None = None):
+    """The cluster as seen by each of `ranks` processes sharing `cores` cores (oversubscribed):
+    a share of the peak rate (measured, or the preset's), each op's overhead stretched alike."""
+    share = min(1.0, cores / ranks)
+    peak = cluster.peak_flops if peak_flops is None else peak_flops
+    return replace(cluster, peak_flops=peak * share, op_overhead=cluster.op_overhead / share)

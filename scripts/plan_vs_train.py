@@ -65,9 +65,7 @@ def main() -> None:
     for text in args.layouts:
         dp, tp, pp = (int(x) for x in text.split("x"))
         ranks = dp * tp * pp
-        cpu = planner.with_peak(
-            planner.CLUSTERS["cpu"], planner.shared_cores(rate, ranks, launch.cores())
-        )
+        cpu = planner.shared_cores(planner.CLUSTERS["cpu"], ranks, launch.cores(), rate)
         micro = model.global_batch // dp // args.microbatches
         predicted = planner.evaluate(model, cpu, dp, tp, pp, micro).step_time
         steps = sorted(measure(dp, tp, pp, args.microbatches, args.steps)["step_seconds"][1:])

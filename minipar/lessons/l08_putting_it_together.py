@@ -11,8 +11,9 @@ checked against the formulas. The same traffic for a 7B model on two 8-GPU nodes
 NVLink and on InfiniBand, which is why TP stays inside a node and PP goes across. Last, the
 planner's table for this machine and for a cluster.
 
-MEASURED RUN: the tiny GPT trained on this mesh with `minipar train` goes at the end (see
-`measured_run_section`); it needs the tensor, pipeline and data-parallel layers.
+MEASURED RUN: the end trains the tiny GPT (not with --quick). For now on a data-parallel mesh of
+the same ranks; the 3D run on the lesson's mesh goes there when the tensor and pipeline build
+lands (see `measured_run_section`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 import minipar
-from minipar import cost, planner
+from minipar import cost, launch, planner
 from minipar.lessons.page import Page, fmt_bytes, fmt_time
 from minipar.parallel.mesh import TRAFFIC, DeviceMesh, render
 
@@ -85,8 +86,16 @@ def traffic_section(page: Page, mesh: DeviceMesh, microbatches: int) -> None:
         p = mesh.shape.degree(axis)
         formula = 2 * (p - 1) / p * nbytes if axis != "pp" else (nbytes if p > 1 else 0)
         sent = max(r[axis][0] for r in everyone)
-        rows.append((axis, fmt_bytes(nbytes), fmt_bytes(sent), fmt_bytes(formula), calls,
-                     fmt_bytes(sent * calls)))  # fmt: skip
+        rows.append(
+            (
+                axis,
+                fmt_bytes(nbytes),
+                fmt_bytes(sent),
+                fmt_bytes(formula),
+                calls,
+                fmt_bytes(sent * calls),
+            )
+        )
         page.check(all(r[axis][1] for r in everyone), f"{axis}: every rank got its group's data")
         page.check(abs(sent - formula) <= 16, f"{axis}: bytes sent match the formula")
     page.table(
@@ -187,11 +196,43 @@ def planner_section(page: Page) -> None:
 
 
 def measured_run_section(page: Page) -> None:
-    # MEASURED RUN GOES HERE: train the tiny GPT on this mesh (minipar train --dp --tp --pp
-    # --check), show its step time next to the planner's prediction above. It needs the
-    # tensor-parallel, pipeline and data-parallel layers; the lead wires it in.
-    page.section("Measured: the tiny GPT trained on this mesh")
-    page.say("[yellow]Not yet in this lesson: it arrives with `minipar train`'s parallel build.[/]")
+    # MEASURED RUN, 3D: when the tensor/pipeline build lands, train on the lesson's own mesh
+    # (dp x tp x pp) here and put its step time beside the planner's row for that layout.
+    # Until then: the data-parallel layout of the same ranks, which the build already has.
+    page.measurement(f"the tiny GPT trained with dp={page.size} (data parallel only, for now)")
+    if page.quick:
+        page.say("Skipped with --quick (it loads torch on every rank): run without --quick.")
+        return
+    import statistics
+
+    from minipar.models import training
+
+    spec = training.RunSpec(dp=page.size, steps=6)
+    times = []
+    losses, *_ = training.train_on_mesh(
+        spec, DeviceMesh(dp=page.size), lambda step, loss, t: times.append(t)
+    )
+    measured = statistics.median(max(ts) for ts in zip(*page.gather(times[1:])))
+    cpu = planner.shared_cores(
+        planner.CLUSTERS["cpu"], page.size, launch.cores(), planner.measure_flops()
+    )
+    micro = TINY.global_batch // page.size
+    predicted = planner.evaluate(TINY, cpu, page.size, 1, 1, micro).step_time
+    page.table(
+        None,
+        ["layout", "loss first > last", "predicted step>", "measured step (median)>"],
+        [
+            (
+                f"dp={page.size}",
+                f"{losses[0]:.3f} > {losses[-1]:.3f}",
+                fmt_time(predicted),
+                fmt_time(measured),
+            )
+        ],
+        caption="predicted: the planner on the 'cpu' cluster with this CPU's measured matmul "
+        "rate shared by the ranks",
+    )
+    page.check(losses[-1] < losses[0], "the loss falls")
 
 
 def main(argv=None) -> int:
