@@ -174,6 +174,7 @@ def run_here(args) -> int:
             opt_state = record.get("optimizer")
             spec = dataclasses.replace(spec, model=start_model.config)
             spec.validate()
+        training.check_supported(spec, mesh)  # before the progress bar appears
         report = Reporter(spec, comm, active=comm.rank == 0)
         with report:
             losses, model, opt = training.train_on_mesh(

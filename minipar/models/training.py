@@ -84,14 +84,19 @@ def train_dense(
     return losses, model, opt
 
 
-def build_for_mesh(spec: RunSpec, mesh, model: GPT | None = None, device="cpu") -> GPT:
-    """This rank's part of the model for the mesh, from the dense weights (seeded or given)."""
+def check_supported(spec: RunSpec, mesh) -> None:
+    """ValueError (on every rank alike) for a layout this version cannot build."""
     if mesh.tp > 1 or mesh.pp > 1 or spec.fsdp:
         raise ValueError(
             f"tp={mesh.tp}, pp={mesh.pp}{', --fsdp' if spec.fsdp else ''} need the "
             "tensor/pipeline/FSDP build of the GPT, which this version does not have yet; "
             "data parallelism alone (--dp N) works"
         )
+
+
+def build_for_mesh(spec: RunSpec, mesh, model: GPT | None = None, device="cpu") -> GPT:
+    """This rank's part of the model for the mesh, from the dense weights (seeded or given)."""
+    check_supported(spec, mesh)
     return (model or build_gpt(spec.model, spec.seed)).to(device)
 
 
