@@ -17,6 +17,7 @@ KEY_LINES = {
     "03": ["step 5 (all-gather)", "0+1+2+3", "messages", "measured ring", "Try this"],
     "04": ["busbw", "MPI_Allreduce", "roofline", "hierarchical", "Try this"],
     "06": ["the column split sends nothing forward", "one all-reduce forward (g)", "ib_ndr"],
+    "08": ["dp=2 x tp=2 x pp=2", "tp: bytes sent match", "IB NDR", "★", "Try this"],
 }
 LABS = {
     ("02", "send-first"): "8 MiB: the timeout caught the deadlock",

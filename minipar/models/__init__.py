@@ -1,0 +1,43 @@
+"""Models to train with minipar: a tiny GPT, its training text and its checkpoints.
+
+    from minipar.models import GPTConfig, build_gpt, lm_loss
+    from minipar.models.data import load_tokens, Batches
+    from minipar.models import checkpoint
+
+config.py is the run as plain data (model shape, layout), gpt.py the dense model (the reference
+every parallel layout must match), data.py the shipped text and byte tokenizer, checkpoint.py
+save/load of the dense weights, training.py the training loops. Importing this package is light:
+torch loads with the first name that needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "GPTConfig": "minipar.models.config",
+    "RunSpec": "minipar.models.config",
+    "GPT": "minipar.models.gpt",
+    "Block": "minipar.models.gpt",
+    "Embedding": "minipar.models.gpt",
+    "Head": "minipar.models.gpt",
+    "build_gpt": "minipar.models.gpt",
+    "lm_loss": "minipar.models.gpt",
+}
+_SUBMODULES = {"checkpoint", "config", "data", "gpt", "training"}
+
+__all__ = sorted(_LAZY) + sorted(_SUBMODULES)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"minipar.models.{name}")
+    raise AttributeError(f"module 'minipar.models' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

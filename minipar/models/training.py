@@ -1,0 +1,168 @@
+"""Training the tiny GPT: the dense reference on one process, and the same run on a DeviceMesh.
+
+    spec = RunSpec(dp=2, steps=20)
+    losses, model = train_dense(spec)                    # one process: the reference
+    losses, model = train_on_mesh(spec, DeviceMesh(dp=2))  # every rank of the mesh
+
+Both draw batch `step` from the same seeded stream (minipar.models.data.Batches), start from the
+same weights (build_gpt(config, seed)) and use the same optimizer, so their losses agree step by
+step up to float rounding (the order in which gradient pieces are summed differs). A step's
+global batch of `batch_size` sequences is split over the dp ranks and, on each, into
+`microbatches` micro-batches whose gradients accumulate; the reported loss is the mean over the
+whole global batch, as the dense run computes it.
+
+In this version the mesh run is data parallel only (tp = pp = 1), the gradients averaged by one
+all-reduce of all of them, flattened, on dp_group after the backward pass (DDP with a single
+bucket and no overlap: 4 bytes per parameter, 2(p-1)/p of it sent per rank by the ring). The
+tensor- and pipeline-parallel build plugs in at `build_for_mesh` and `dense_state`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+import minipar
+from minipar.models.config import SCHEDULES, RunSpec  # noqa: F401  (re-exported)
+from minipar.models.data import Batches, dp_slice, load_tokens
+from minipar.models.gpt import GPT, build_gpt, lm_loss
+
+
+def make_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    """AdamW without weight decay: the same update on every layout."""
+    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+
+def optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
+    """AdamW's state (exp_avg, exp_avg_sq, step) keyed by each parameter's dense name, on CPU:
+    what a checkpoint stores so that a resumed run takes exactly the steps it would have."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {
+        names[id(p)]: {k: v.detach().to("cpu", copy=True) for k, v in st.items()}
+        for p, st in opt.state.items()
+    }
+
+
+def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, states) -> None:
+    """The inverse of optimizer_state (the step counters stay on the CPU, as AdamW keeps them)."""
+    params = dict(model.named_parameters())
+    for name, st in (states or {}).items():
+        p = params[name]
+        opt.state[p] = {k: v if k == "step" else v.to(p.device) for k, v in st.items()}
+
+
+def accumulate(model, inputs, targets, microbatches: int, scale: float) -> float:
+    """Forward and backward over `microbatches` equal slices, gradients summed (each loss
+    scaled by `scale` / microbatches); returns the mean loss over the slices."""
+    total = 0.0
+    for x, y in zip(inputs.chunk(microbatches), targets.chunk(microbatches)):
+        loss = lm_loss(model(x), y)
+        (loss * (scale / microbatches)).backward()
+        total += loss.item() / microbatches
+    return total
+
+
+def train_dense(
+    spec: RunSpec, on_step=None, model: GPT | None = None, start: int = 0, opt_state=None
+):
+    """The reference: the whole global batch on one process, from `model` (default: seeded)
+    and optimizer state `opt_state` (default: fresh). Returns (losses, model, optimizer)."""
+    model = model or build_gpt(spec.model, spec.seed)
+    opt = make_optimizer(model, spec.lr)
+    load_optimizer_state(model, opt, opt_state)
+    batches = Batches(load_tokens(), spec.batch_size, spec.model.seq_len, spec.seed)
+    losses = []
+    for step in range(start, start + spec.steps):
+        t0 = time.perf_counter()
+        inputs, targets = batches.get(step)
+        opt.zero_grad(set_to_none=True)
+        losses.append(accumulate(model, inputs, targets, spec.microbatches, 1.0))
+        opt.step()
+        if on_step:
+            on_step(step, losses[-1], time.perf_counter() - t0)
+    return losses, model, opt
+
+
+def check_supported(spec: RunSpec, mesh) -> None:
+    """ValueError (on every rank alike) for a layout this version cannot build."""
+    if mesh.tp > 1 or mesh.pp > 1 or spec.fsdp:
+        raise ValueError(
+            f"tp={mesh.tp}, pp={mesh.pp}{', --fsdp' if spec.fsdp else ''} need the "
+            "tensor/pipeline/FSDP build of the GPT, which this version does not have yet; "
+            "data parallelism alone (--dp N) works"
+        )
+
+
+def build_for_mesh(spec: RunSpec, mesh, model: GPT | None = None, device="cpu") -> GPT:
+    """This rank's part of the model for the mesh, from the dense weights (seeded or given)."""
+    check_supported(spec, mesh)
+    return (model or build_gpt(spec.model, spec.seed)).to(device)
+
+
+def average_gradients(model: torch.nn.Module, group) -> None:
+    """All-reduce every gradient, flattened into one buffer, and divide by the group's size."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    minipar.all_reduce(flat, group=group)
+    flat /= minipar.get_world_size(group)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def train_on_mesh(
+    spec: RunSpec,
+    mesh,
+    on_step=None,
+    model: GPT | None = None,
+    start: int = 0,
+    device="cpu",
+    opt_state=None,
+):
+    """The same run on this rank of the mesh. Returns (losses, this rank's model, optimizer);
+    every rank gets the global batch's mean loss."""
+    spec.validate()
+    model = build_for_mesh(spec, mesh, model, device)
+    opt = make_optimizer(model, spec.lr)
+    load_optimizer_state(model, opt, opt_state)  # dense names: the data-parallel copy's own
+    batches = Batches(load_tokens(), spec.batch_size, spec.model.seq_len, spec.seed)
+    rows = dp_slice(spec.batch_size, mesh.dp_rank, mesh.dp)
+    losses = []
+    for step in range(start, start + spec.steps):
+        t0 = time.perf_counter()
+        inputs, targets = (t[rows].to(device) for t in batches.get(step))
+        opt.zero_grad(set_to_none=True)
+        local = accumulate(model, inputs, targets, spec.microbatches, 1.0)
+        if mesh.dp > 1:
+            average_gradients(model, mesh.dp_group)
+        opt.step()
+        loss = torch.tensor([local], dtype=torch.float64)
+        minipar.all_reduce(loss, group=mesh.dp_group)
+        losses.append(loss.item() / mesh.dp)
+        if on_step:
+            on_step(step, losses[-1], time.perf_counter() - t0)
+    return losses, model, opt
+
+
+def dense_state(model: GPT, mesh) -> dict:
+    """The dense state dict of the model this rank trained (data parallel: its own copy)."""
+    if mesh.tp > 1 or mesh.pp > 1:  # the gather across tp and pp groups comes with that build
+        raise ValueError("gathering a tensor/pipeline-parallel model needs its parallel build")
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+def compare(losses, reference, state, reference_state, rtol: float = 1e-4, atol: float = 1e-5):
+    """Loss at every step and every final parameter against the dense run: a list of problems
+    (empty: they agree within |a - b| <= atol + rtol |b|, float32)."""
+    problems = []
+    for step, (a, b) in enumerate(zip(losses, reference)):
+        if abs(a - b) > atol + rtol * abs(b):
+            problems.append(f"step {step}: loss {a:.7f} vs dense {b:.7f}")
+    for name, ref in reference_state.items():
+        got = state[name].to(ref.dtype)
+        if not torch.allclose(got, ref, rtol=rtol * 10, atol=atol * 10):
+            worst = (got - ref).abs().max().item()
+            problems.append(f"parameter {name}: max |difference| {worst:.3g}")
+    return problems

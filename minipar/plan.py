@@ -1,0 +1,235 @@
+"""`minipar plan`: the feasible (dp, tp, pp, micro-batch) layouts of a model on a cluster, with
+predicted memory per GPU and step time, fastest first. The arithmetic is minipar.planner's
+(its docstring gives every formula and its source); this module is the command's face.
+
+    minipar plan --model 7b --cluster dgx-h100 --gpus 8
+    plan_layouts(ModelSpec.preset("7b"), CLUSTERS["dgx-h100"], gpus=8)   # the same, as data
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+
+from minipar.planner import (
+    CLUSTERS,
+    GB,
+    MODELS,
+    Cluster,
+    Layout,
+    ModelSpec,
+    best,
+    bubble_fraction,
+    plan_layouts,
+    with_peak,
+)
+
+__all__ = ["plan_layouts", "best", "bubble_fraction", "ModelSpec", "Cluster", "CLUSTERS"]
+
+EXAMPLES = f"""\
+examples:
+  minipar plan                                       a 7B model on one DGX H100 (8 x 80 GB)
+  minipar plan --model 70b --cluster dgx-b200 --nodes 4 --zero 1
+  minipar plan --params 13e9 --seq 4096 --batch 512 --gpus 64 --recompute
+  minipar plan --layers 24 --hidden 2048 --heads 16 --gpus 16 --gpu-memory 40
+  minipar plan --model tiny --cluster cpu --gpus 8   the tiny GPT of `minipar train` here
+  minipar plan --model tiny --cluster cpu --gpus 8 --measure-flops    with this CPU's rate
+  minipar plan --model 7b --all                      also the layouts that do not fit, and why
+  minipar plan --json                                the table as JSON
+
+model presets: {", ".join(MODELS)}; clusters: {", ".join(CLUSTERS)}.
+Memory: ZeRO paper accounting (16 bytes per parameter with Adam in mixed precision) and
+Korthikanti et al. 2022 for activations; time: Megatron-LM 2021 FLOPs and bubble (p-1)/(m+p-1),
+communication priced by minipar.cost. See `python -c "import minipar.planner as p; help(p)"`.
+"""
+
+
+def configure(parser) -> None:
+    parser.epilog = EXAMPLES
+    model = parser.add_argument_group("model (a preset, a parameter count, or a shape)")
+    model.add_argument("--model", default=None, choices=list(MODELS), help="preset (default 7b)")
+    model.add_argument("--params", type=float, help="parameter count, e.g. 7e9 (shape guessed)")
+    for name, meaning in (("layers", "transformer blocks"), ("hidden", "model width"),
+                          ("heads", "attention heads"), ("vocab", "vocabulary size")):  # fmt: skip
+        model.add_argument(f"--{name}", type=int, help=meaning)
+    model.add_argument("--seq", type=int, help="sequence length (default: the preset's)")
+    model.add_argument("--batch", type=int, help="global batch in sequences per step")
+    where = parser.add_argument_group("cluster")
+    where.add_argument("--cluster", default="dgx-h100", choices=list(CLUSTERS))
+    where.add_argument("--gpus", type=int, help="GPUs in all (default: one node)")
+    where.add_argument("--nodes", type=int, help="nodes (instead of --gpus)")
+    where.add_argument("--gpu-memory", type=float, metavar="GB", help="memory per GPU")
+    where.add_argument("--flops", type=float, help="peak FLOP/s per GPU (e.g. a measured one)")
+    where.add_argument("--efficiency", type=float, help="fraction of peak reached (default 0.5)")
+    where.add_argument(
+        "--measure-flops",
+        action="store_true",
+        help="measure this CPU's FLOP/s (shared by the ranks) as the peak",
+    )
+    how = parser.add_argument_group("training")
+    how.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage")
+    how.add_argument("--recompute", action="store_true", help="full activation recomputation")
+    how.add_argument("--micro-batch", type=int, action="append", help="only this micro-batch")
+    out = parser.add_argument_group("output")
+    out.add_argument("--top", type=int, default=12, help="feasible rows shown (default 12)")
+    out.add_argument("--all", action="store_true", help="also show infeasible layouts")
+    out.add_argument("--json", action="store_true", help="print every layout as JSON")
+
+
+def model_from_args(args) -> ModelSpec:
+    overrides = {k: v for k, v in (("seq_len", args.seq), ("global_batch", args.batch)) if v}
+    if args.params:
+        spec = ModelSpec.from_params(args.params)
+    elif args.layers or args.hidden:
+        if not (args.layers and args.hidden and args.heads):
+            raise ValueError("a model shape needs --layers, --hidden and --heads together")
+        spec = ModelSpec(args.layers, args.hidden, args.heads, name="custom")
+    else:
+        spec = ModelSpec.preset(args.model or "7b")
+    if args.vocab:
+        overrides["vocab"] = args.vocab
+    return ModelSpec(**{**asdict(spec), **overrides})
+
+
+def cluster_from_args(args) -> tuple[Cluster, int]:
+    cluster = with_peak(
+        CLUSTERS[args.cluster],
+        args.flops,
+        args.gpu_memory * GB if args.gpu_memory else None,
+        args.efficiency,
+    )
+    if args.measure_flops:  # this CPU's rate, shared by the ranks that will run on its cores
+        from minipar import launch
+        from minipar.planner import measure_flops, shared_cores
+
+        cluster = shared_cores(cluster, args.gpus or 1, launch.cores(), measure_flops())
+    per_node = cluster.hierarchy.per_node
+    if args.gpus and args.nodes:
+        raise ValueError("give --gpus or --nodes, not both")
+    gpus = args.gpus or (args.nodes or 1) * min(per_node, 8)
+    return cluster, gpus
+
+
+def table(layouts: list[Layout], model: ModelSpec, cluster: Cluster, gpus: int, top: int):
+    """The feasible layouts, fastest first, the best marked: memory per GPU and step time."""
+    from rich import box
+    from rich.table import Table
+
+    chosen = best(layouts)
+    title = (
+        f"{model.name or 'model'}: {short_count(model.params)} params, seq {model.seq_len}, "
+        f"batch {model.global_batch}, on {gpus} x {cluster.name} ({cluster.memory / GB:.0f} GB)"
+    )
+    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", padding=0, pad_edge=False)
+    for col in COLUMNS:
+        t.add_column(col, justify="left" if col in ("", "mb x m") else "right", no_wrap=True)
+    for lay in [lay for lay in layouts if lay.feasible][:top]:
+        t.add_row(*_row(lay, model, lay is chosen))
+    return t
+
+
+COLUMNS = ("", "dp", "tp", "pp", "mb x m", "states", "acts", "total", "compute", "comm",
+           "bubble", "step", "tok/s")  # fmt: skip
+
+
+def _row(lay: Layout, model: ModelSpec, is_best: bool) -> list[str]:
+    mem, tm = lay.memory, lay.time
+    comm = tm["tp_comm"] + tm["pp_comm"] + tm["dp_comm"]
+    cells = [
+        "★" if is_best else "",
+        str(lay.dp),
+        str(lay.tp),
+        str(lay.pp),
+        f"{lay.micro_batch}x{lay.microbatches}",
+        short_bytes(mem["weights"] + mem["grads"] + mem["optimizer"]),
+        short_bytes(mem["activations"]),
+        short_bytes(mem["total"]),
+        short_seconds(tm["compute"]),
+        short_seconds(comm),
+        short_seconds(tm["bubble"]),
+        short_seconds(tm["total"]),
+        short_count(model.global_batch * model.seq_len / tm["total"]),
+    ]
+    return [f"[bold green]{c}[/]" if is_best and c else c for c in cells]
+
+
+def rejected(layouts: list[Layout]):
+    """The layouts that do not fit or break a rule, and why."""
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title="Not feasible", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    for col in ("dp", "tp", "pp", "mb x m", "memory", "why not"):
+        t.add_column(col, justify="left" if col in ("mb x m", "why not") else "right")
+    for lay in layouts:
+        if not lay.feasible:
+            mb = f"{lay.micro_batch}x{lay.microbatches}"
+            cells = (str(lay.dp), str(lay.tp), str(lay.pp), mb, short_bytes(lay.memory["total"]))
+            t.add_row(*cells, "; ".join(lay.problems))
+    return t
+
+
+LEGEND = (
+    "mb x m: micro-batch size x micro-batches per step; memory per GPU: states (weights, "
+    "grads, optimizer), acts (activations); comm: exposed tp + pp + dp communication"
+)
+
+
+def short_bytes(n: float) -> str:
+    """Decimal units, as GPU memory is sold: 58.1G, 312M."""
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+def short_seconds(t: float) -> str:
+    if t == 0:
+        return "0"
+    for unit, scale in (("s", 1), ("ms", 1e-3), ("us", 1e-6)):
+        if t >= scale:
+            return f"{t / scale:.3g}{unit}"
+    return f"{t * 1e9:.3g}ns"
+
+
+def short_count(n: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.3g}"
+
+
+def main(args) -> int:
+    try:
+        model = model_from_args(args)
+        cluster, gpus = cluster_from_args(args)
+        layouts = plan_layouts(
+            model, cluster, gpus, args.zero, args.recompute, args.micro_batch or None
+        )
+    except ValueError as error:
+        print(f"minipar plan: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        rows = [{**asdict(lay), "feasible": lay.feasible} for lay in layouts]
+        json.dump({"model": asdict(model), "gpus": gpus, "layouts": rows}, sys.stdout, indent=1)
+        print()
+        return 0
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    console.print(table(layouts, model, cluster, gpus, args.top))
+    console.print(LEGEND, style="dim")
+    if args.all:
+        console.print(rejected(layouts))
+    chosen = best(layouts)
+    if chosen is None:
+        console.print("[bold red]No layout fits[/]: try --zero 1..3, --recompute, more GPUs.")
+        return 1
+    n_bad = sum(not lay.feasible for lay in layouts)
+    console.print(
+        f"★ best: dp={chosen.dp} tp={chosen.tp} pp={chosen.pp}, micro-batch "
+        f"{chosen.micro_batch} x {chosen.microbatches}; {n_bad} of {len(layouts)} layouts do not "
+        f"fit or break a rule{'' if args.all else ' (--all shows them)'}. Estimates, not promises."
+    )
+    return 0

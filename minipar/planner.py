@@ -1,0 +1,379 @@
+"""The layout planner: which (dp, tp, pp, micro-batches) fit a model on a cluster, and how fast.
+
+    model = ModelSpec.preset("7b", seq_len=2048, global_batch=256)
+    layouts = plan_layouts(model, CLUSTERS["dgx-h100"], gpus=8, zero=1)
+    best = layouts[0]          # feasible ones first, fastest first; best.memory, best.time
+
+Memory per GPU (bytes), with P the parameters this GPU's model shard holds, P = params/(tp pp):
+- mixed precision with Adam (the ZeRO paper's accounting, Rajbhandari et al. 2020): 2P of 16-bit
+  weights, 2P of 16-bit gradients, 12P of fp32 optimizer state (master weights, m, v): 16P.
+  In fp32: 4P + 4P + 8P. ZeRO stage 1 divides the optimizer state by dp, stage 2 also the
+  gradients, stage 3 (FSDP) also the weights.
+- activations of one layer for one micro-batch of b sequences of s tokens, hidden h, a heads,
+  tensor parallel t, 16-bit (Korthikanti et al. 2022, no sequence parallelism):
+  s b h (10 + 24/t + 5 a s / (h t)) bytes; with full recomputation only the layer's input,
+  2 s b h. 1F1B keeps at most pp micro-batches in flight on the first stage, which holds L/pp
+  layers: min(m, pp) * L/pp layers' worth (GPipe would keep all m).
+
+Step time on one GPU, the sum of:
+- compute: the training FLOPs (Narayanan et al. 2021: 72 B s L h^2 (1 + s/(6h) + V/(12 L h)),
+  96 B s L h^2 (1 + s/(6h) + V/(16 L h)) with recomputation), divided evenly over the GPUs, at
+  `efficiency` times the GPU's peak rate, plus a fixed cost per kernel (`op_overhead`, ~36
+  kernels per layer per micro-batch): the term that makes many tiny micro-batches slow;
+- bubble: the pipeline fills and drains, idle for (p-1)/m of the compute, i.e. a fraction
+  (p-1)/(m+p-1) of the pipeline's time (Megatron-LM 2021, the same for GPipe and 1F1B);
+- tensor-parallel communication, exposed: 4 all-reduces of the b s h activations per layer per
+  micro-batch (2 forward, 2 backward; 6 with recomputation), on the critical path;
+- pipeline communication, exposed: a send of b s h activations forward and of their gradient
+  backward in each of the m + p - 1 slots of the schedule;
+- data-parallel communication, exposed: the gradient all-reduce (ZeRO 1-2: reduce-scatter plus
+  all-gather, the same bytes; ZeRO-3: 1.5 times that) less what hides behind the backward pass
+  (assumed: up to 2/3 of the compute).
+Each collective is priced with minipar.cost on the link it crosses: NVLink when the group fits
+inside a node, InfiniBand otherwise (tp innermost, then dp, then pp, as DeviceMesh lays them).
+These are estimates for choosing a layout, not promises: real kernels, overlap and memory
+fragmentation move every term.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from minipar import cost
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A GPT-shaped model: layers, hidden, heads, vocabulary, and the batch trained per step."""
+
+    layers: int
+    hidden: int
+    heads: int
+    seq_len: int = 2048
+    global_batch: int = 256  # sequences per optimizer step
+    vocab: int = 50_304
+    ffn: int = 0  # 0: 4 * hidden
+    tied_head: bool = False  # the output projection shares the token embedding
+    name: str = ""
+
+    @property
+    def params(self) -> int:
+        """Block weights 12 L h^2 (with ffn = 4h) plus biases and norms, embeddings, final norm
+        and head (the same count as minipar.models.GPTConfig.n_params)."""
+        h, f = self.hidden, self.ffn or 4 * self.hidden
+        block = 4 * h * h + 2 * h * f + 9 * h + f
+        head = 2 * h + (0 if self.tied_head else self.vocab * h)
+        return self.layers * block + (self.vocab + self.seq_len) * h + head
+
+    @staticmethod
+    def preset(name: str, **overrides) -> ModelSpec:
+        if name not in MODELS:
+            raise ValueError(f"no model preset {name!r}; the presets are {', '.join(MODELS)}")
+        return replace(MODELS[name], **overrides)
+
+    @staticmethod
+    def from_params(params: float, seq_len: int = 2048, global_batch: int = 256) -> ModelSpec:
+        """A shape for a parameter count, with hidden ~ 128 x layers as in Llama/GPT-3 models."""
+        if not params >= 1e6:
+            raise ValueError(f"params must be at least 1e6, got {params!r}")
+        hidden = max(128, round((params * 128 / 12) ** (1 / 3) / 128) * 128)
+        layers = max(1, round(params / (12 * hidden * hidden)))
+        return ModelSpec(layers, hidden, hidden // 128, seq_len, global_batch, name=f"{params:.3g}")
+
+    def train_flops(self, recompute: bool = False) -> float:
+        """FLOPs of one training step on the global batch (Narayanan et al. 2021)."""
+        B, s, L, h, V = self.global_batch, self.seq_len, self.layers, self.hidden, self.vocab
+        if recompute:
+            return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+        return 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
+
+
+MODELS = {
+    # minipar train's default tiny GPT (minipar.models.GPTConfig), 8 sequences a step
+    "tiny": ModelSpec(8, 64, 8, seq_len=64, global_batch=8, vocab=256, name="tiny"),
+    "1.3b": ModelSpec(24, 2048, 16, name="1.3b"),
+    "7b": ModelSpec(32, 4096, 32, name="7b"),
+    "13b": ModelSpec(40, 5120, 40, name="13b"),
+    "70b": ModelSpec(80, 8192, 64, name="70b"),
+}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Nodes of `per_node` accelerators: their memory, peak rate, and the links between them."""
+
+    name: str
+    hierarchy: cost.Hierarchy
+    memory: float  # bytes per GPU
+    peak_flops: float  # per GPU, dense, at the training precision
+    efficiency: float = 0.5  # the fraction of peak that real kernels reach (an assumption)
+    precision: str = "bf16"  # "bf16" (mixed, with fp32 master weights) or "fp32"
+    op_overhead: float = 5e-6  # seconds each kernel (one torch op) costs besides its FLOPs
+    source: str = ""
+
+
+CLUSTERS = {
+    "dgx-b200": Cluster(  # NVIDIA DGX B200 datasheet: 8 GPUs, 1,440 GB HBM3e in all
+        "dgx-b200", cost.DGX_B200, 180 * GB, 2.25e15, source="B200: 2.25 PFLOP/s dense BF16"
+    ),
+    "dgx-h100": Cluster(  # NVIDIA H100 SXM datasheet: 80 GB, 989 TFLOP/s dense BF16
+        "dgx-h100", cost.DGX_H100, 80 * GB, 989e12, source="H100 SXM: 989 TFLOP/s dense BF16"
+    ),
+    "cpu": Cluster(  # minipar's ranks on one laptop-class machine; `--flops` for a measured rate
+        "cpu",
+        cost.Hierarchy(cost.SHARED_MEMORY, cost.SHARED_MEMORY, 1 << 20),
+        8 * GB,
+        10e9,
+        efficiency=1.0,
+        op_overhead=20e-6,  # eager torch on a CPU: tens of microseconds of Python per op
+        precision="fp32",
+        source="assumed: 10 GFLOP/s and 20 us per op per rank, shared-memory link from cost",
+    ),
+}
+
+# bytes per parameter: (weights, gradients, optimizer state), Adam
+_STATE_BYTES = {"bf16": (2, 2, 12), "fp32": (4, 4, 8)}
+
+
+@dataclass
+class Layout:
+    dp: int
+    tp: int
+    pp: int
+    micro_batch: int  # sequences per micro-batch
+    microbatches: int  # per data-parallel rank per step
+    memory: dict = field(default_factory=dict)  # bytes per GPU: weights, grads, optimizer, ...
+    time: dict = field(default_factory=dict)  # seconds: compute, tp_comm, pp_comm, dp_comm, ...
+    problems: list = field(default_factory=list)  # why it is not feasible; empty: feasible
+
+    @property
+    def feasible(self) -> bool:
+        return not self.problems
+
+    @property
+    def step_time(self) -> float:
+        return self.time["total"]
+
+    @property
+    def bubble_fraction(self) -> float:
+        """(p-1)/(m+p-1): the share of the pipeline's time a stage sits idle."""
+        return (self.pp - 1) / (self.microbatches + self.pp - 1)
+
+
+def state_memory(params_local: float, dp: int, zero: int, precision: str) -> dict:
+    """Weights, gradients and optimizer state per GPU, in bytes, for ZeRO stage 0-3."""
+    w, g, o = (b * params_local for b in _STATE_BYTES[precision])
+    return {
+        "weights": w / dp if zero >= 3 else w,
+        "grads": g / dp if zero >= 2 else g,
+        "optimizer": o / dp if zero >= 1 else o,
+    }
+
+
+def activation_memory(
+    m: ModelSpec, tp: int, pp: int, micro: int, n_micro: int, recompute: bool, precision: str
+) -> float:
+    """Bytes of stored activations on the first pipeline stage (the one holding the most)."""
+    s, b, h, a = m.seq_len, micro, m.hidden, m.heads
+    scale = 2 if precision == "fp32" else 1  # the formula counts 16-bit values
+    per_layer = 2 * s * b * h if recompute else s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
+    in_flight = min(n_micro, pp)
+    return scale * per_layer * (m.layers / pp) * in_flight
+
+
+def _link(span: int, per_node: int, h: cost.Hierarchy) -> cost.Link:
+    """The link a group crosses: NVLink if its ranks (spread over `span` consecutive ranks) fit in
+    one node, else InfiniBand."""
+    return h.intra if span <= per_node else h.inter
+
+
+def dp_all_reduce_time(nbytes: float, dp: int, tp: int, h: cost.Hierarchy) -> float:
+    """A dp group's ranks sit tp apart: per node per_node/tp of them over NVLink, the rest
+    across nodes; priced as minipar.cost's hierarchical all-reduce."""
+    if dp == 1:
+        return 0.0
+    per_node = max(1, h.per_node // tp)
+    if dp <= per_node:
+        return cost.predict("all_reduce", "ring", nbytes, dp, h.intra)
+    if dp % per_node:
+        return cost.predict("all_reduce", "ring", nbytes, dp, h.inter)
+    inner = cost.Hierarchy(h.intra, h.inter, per_node)
+    return cost.all_reduce_on_cluster(nbytes, dp // per_node, "hierarchical", inner)
+
+
+def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool) -> dict:
+    """Seconds of one training step, split into compute, bubble and exposed communication."""
+    h, gpus = c.hierarchy, lay.dp * lay.tp * lay.pp
+    value_bytes = 4 if c.precision == "fp32" else 2
+    flops = m.train_flops(recompute) / gpus / (c.peak_flops * c.efficiency)
+    compute = flops + ops_per_step(m, lay) * c.op_overhead
+    bubble = compute * (lay.pp - 1) / lay.microbatches
+    act = lay.micro_batch * m.seq_len * m.hidden * value_bytes  # one micro-batch's b s h
+    per_layer = 6 if recompute else 4
+    tp_link = _link(lay.tp, h.per_node, h)
+    tp_calls = per_layer * (m.layers / lay.pp) * lay.microbatches
+    tp_comm = tp_calls * cost.predict("all_reduce", "ring", act, lay.tp, tp_link)
+    pp_link = _link(gpus, h.per_node, h)
+    hop = pp_link.alpha + act * pp_link.beta
+    pp_comm = 2 * (lay.microbatches + lay.pp - 1) * hop if lay.pp > 1 else 0.0
+    grads = m.params / (lay.tp * lay.pp) * value_bytes
+    dp_total = dp_all_reduce_time(grads, lay.dp, lay.tp, h) * (1.5 if zero >= 3 else 1.0)
+    dp_comm = max(0.0, dp_total - 2 / 3 * compute)
+    total = compute + bubble + tp_comm + pp_comm + dp_comm
+    return {
+        "compute": compute,
+        "bubble": bubble,
+        "tp_comm": tp_comm,
+        "pp_comm": pp_comm,
+        "dp_comm": dp_comm,
+        "dp_total": dp_total,
+        "total": total,
+    }
+
+
+OPS_PER_LAYER = 36  # kernels one block runs per micro-batch, forward and backward (an estimate)
+
+
+def ops_per_step(m: ModelSpec, lay: Layout) -> float:
+    """Kernels one GPU launches in a step: its L/pp blocks for each of the m micro-batches, the
+    embedding, head and loss (~20), and the optimizer (~10, foreach kernels). Each costs a fixed
+    overhead besides its FLOPs: what makes tiny micro-batches and tiny models slow."""
+    return (OPS_PER_LAYER * m.layers / lay.pp + 20) * lay.microbatches + 10
+
+
+def _problems(m: ModelSpec, c: Cluster, lay: Layout, tp_across_nodes: bool) -> list[str]:
+    out = []
+    if lay.tp > c.hierarchy.per_node and not tp_across_nodes:
+        out.append(f"tp={lay.tp} crosses nodes of {c.hierarchy.per_node}")
+    if m.heads % lay.tp:
+        out.append(f"heads={m.heads} not divisible by tp={lay.tp}")
+    if m.layers % lay.pp:
+        out.append(f"layers={m.layers} not divisible by pp={lay.pp}")
+    if lay.memory["total"] > c.memory:
+        out.append(f"needs {lay.memory['total'] / GB:.1f} GB > {c.memory / GB:.0f} GB")
+    return out
+
+
+def evaluate(
+    m: ModelSpec,
+    c: Cluster,
+    dp: int,
+    tp: int,
+    pp: int,
+    micro_batch: int,
+    zero: int = 0,
+    recompute: bool = False,
+    tp_across_nodes: bool = False,
+) -> Layout:
+    """Memory and time of one layout; `problems` says why it is infeasible, if it is."""
+    if m.global_batch % (dp * micro_batch):
+        raise ValueError(
+            f"global_batch={m.global_batch} is not divisible by dp={dp} x micro_batch={micro_batch}"
+        )
+    n_micro = m.global_batch // (dp * micro_batch)
+    lay = Layout(dp, tp, pp, micro_batch, n_micro)
+    lay.memory = state_memory(m.params / (tp * pp), dp, zero, c.precision)
+    lay.memory["activations"] = activation_memory(
+        m, tp, pp, micro_batch, n_micro, recompute, c.precision
+    )
+    lay.memory["total"] = sum(lay.memory.values())
+    lay.time = step_time(m, c, lay, zero, recompute)
+    lay.problems = _problems(m, c, lay, tp_across_nodes)
+    return lay
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def plan_layouts(
+    model: ModelSpec,
+    cluster: Cluster,
+    gpus: int,
+    zero: int = 0,
+    recompute: bool = False,
+    micro_batches=None,
+    tp_across_nodes: bool = False,
+) -> list[Layout]:
+    """Every (dp, tp, pp) with dp tp pp = gpus, and every micro-batch size (powers of two, or
+    those given) dividing the per-rank batch: feasible layouts first, each group fastest first."""
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"gpus must be a positive integer, got {gpus!r}")
+    if zero not in (0, 1, 2, 3):
+        raise ValueError(f"zero must be 0, 1, 2 or 3, got {zero!r}")
+    out = []
+    for dp in _divisors(gpus):
+        if model.global_batch % dp:
+            continue
+        for tp in _divisors(gpus // dp):
+            pp = gpus // (dp * tp)
+            per_rank = model.global_batch // dp
+            sizes = micro_batches or [1 << k for k in range(per_rank.bit_length())]
+            for micro in sizes:
+                if per_rank % micro == 0:
+                    out.append(
+                        evaluate(
+                            model, cluster, dp, tp, pp, micro, zero, recompute, tp_across_nodes
+                        )
+                    )
+    if not out:
+        raise ValueError(f"no layout of {gpus} GPUs divides global_batch={model.global_batch}")
+    out.sort(key=lambda lay: (not lay.feasible, lay.step_time))
+    return out
+
+
+def best(layouts: list[Layout]) -> Layout | None:
+    """The fastest feasible layout, or None."""
+    feasible = [lay for lay in layouts if lay.feasible]
+    return min(feasible, key=lambda lay: lay.step_time) if feasible else None
+
+
+def bubble_fraction(pp: int, microbatches: int) -> float:
+    """(p-1)/(m+p-1) (Megatron-LM 2021)."""
+    return (pp - 1) / (microbatches + pp - 1)
+
+
+def with_peak(
+    cluster: Cluster,
+    peak_flops: float | None = None,
+    memory: float | None = None,
+    efficiency: float | None = None,
+) -> Cluster:
+    """A cluster preset with a measured or different peak rate, memory or efficiency."""
+    changes = {"peak_flops": peak_flops, "memory": memory, "efficiency": efficiency}
+    return replace(cluster, **{k: v for k, v in changes.items() if v is not None})
+
+
+def fmt_seconds(t: float) -> str:
+    if t == 0:
+        return "0"
+    if t < 1e-3:
+        return f"{t * 1e6:.3g} us"
+    return f"{t * 1e3:.3g} ms" if t < 1 else f"{t:.3g} s"
+
+
+def measure_flops(rows: int = 512, hidden: int = 64, repeats: int = 50) -> float:
+    """FLOP/s this process reaches on a float32 matmul of the tiny GPT's MLP shape (rows tokens
+    x hidden -> 4 hidden): a measured `peak_flops` for the "cpu" cluster. Median of `repeats`."""
+    import statistics
+    import time
+
+    import torch
+
+    a, b = torch.randn(rows, hidden), torch.randn(hidden, 4 * hidden)
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * rows * hidden * 4 * hidden / statistics.median(times[1:])
+
+
+def shared_cores(cluster: Cluster, ranks: int, cores: int, peak_flops: float | None = None):
+    """The cluster as seen by each of `ranks` processes sharing `cores` cores (oversubscribed):
+    a share of the peak rate (measured, or the preset's), each op's overhead stretched alike."""
+    share = min(1.0, cores / ranks)
+    peak = cluster.peak_flops if peak_flops is None else peak_flops
+    return replace(cluster, peak_flops=peak * share, op_overhead=cluster.op_overhead / share)

@@ -1,0 +1,327 @@
+"""`minipar train`: the tiny GPT trained on a dp x tp x pp mesh, with a progress bar and a summary.
+
+    minipar train --dp 2 --steps 50 --check
+
+Run from a shell it launches dp*tp*pp ranks under mpiexec (python -m minipar.train ...); run
+inside an existing launch (mpiexec, srun, torchrun) it trains on the ranks it finds. The training
+itself is minipar.models.training; this module is the command's face.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import resource
+import sys
+import time
+
+EXAMPLES = """\
+examples:
+  minipar train                               dense, one process, 50 steps of the tiny GPT
+  minipar train --dp 4 --steps 20 --check     4 data-parallel ranks, checked against dense
+  minipar train --dp 2 --microbatches 2       gradient accumulation over 2 micro-batches
+  minipar train --dp 2 --tp 2 --pp 2 --microbatches 4 --schedule 1f1b
+  minipar train --steps 100 --plot loss.png   the loss curve (needs the plot extra)
+  minipar train --save ckpt.pt; minipar train --resume ckpt.pt --dp 2
+  mpiexec -n 4 python -m minipar.train --dp 4 inside an existing launch
+
+--check trains the dense model on one process from the same weights and batches and compares
+the loss at every step (|a - b| <= 1e-5 + 1e-4 |b|, float32) and the final parameters
+(<= 1e-4 + 1e-3 |b|); the exit status is 1 on a mismatch.
+"""
+
+_LAUNCHED = "MINIPAR_TRAIN_RANK"  # set for the ranks a `minipar train` launched
+
+
+def configure(parser) -> None:
+    parser.epilog = EXAMPLES
+    lay = parser.add_argument_group("layout")
+    for name in ("dp", "tp", "pp"):
+        lay.add_argument(f"--{name}", type=int, default=1, help=f"{name} degree (default 1)")
+    lay.add_argument("--microbatches", type=int, default=1, help="per dp rank per step")
+    lay.add_argument(
+        "--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved", "zb-h1"]
+    )
+    lay.add_argument("--fsdp", action="store_true", help="FSDP as the data-parallel part")
+    run = parser.add_argument_group("run")
+    run.add_argument("--steps", type=int, default=50)
+    run.add_argument("--batch-size", type=int, default=8, help="sequences per step (default 8)")
+    run.add_argument("--lr", type=float, default=3e-3)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--layers", type=int, default=8)
+    run.add_argument("--hidden", type=int, default=64)
+    run.add_argument("--heads", type=int, default=8)
+    run.add_argument("--seq", type=int, default=64)
+    run.add_argument("--tied", action="store_true", help="tie the head to the embedding")
+    run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    out = parser.add_argument_group("checks and output")
+    out.add_argument("--check", action="store_true", help="compare with the dense run")
+    out.add_argument("--plot", metavar="PNG", help="write the loss curve")
+    out.add_argument("--json", metavar="PATH", help="write losses, step times and memory as JSON")
+    out.add_argument("--save", metavar="PATH", help="save the dense checkpoint at the end")
+    out.add_argument("--resume", metavar="PATH", help="start from a dense checkpoint")
+    out.add_argument("--timeout", type=float, default=None, help="seconds the launch may take")
+
+
+def to_argv(args) -> list[str]:
+    """The options again, for the ranks' own command line."""
+    argv = []
+    for action in _parser()._actions:
+        if not action.option_strings or action.dest in ("help", "timeout"):
+            continue
+        value, flag = getattr(args, action.dest), action.option_strings[-1]
+        if isinstance(action, argparse._StoreTrueAction):
+            argv += [flag] if value else []
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="minipar train",
+        description="train the tiny GPT",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    configure(parser)
+    return parser
+
+
+def spec_from_args(args):
+    from minipar.models.config import GPTConfig, RunSpec
+
+    model = GPTConfig(
+        seq_len=args.seq,
+        hidden=args.hidden,
+        n_layers=args.layers,
+        n_heads=args.heads,
+        tied_head=args.tied,
+    )
+    return RunSpec(
+        args.dp,
+        args.tp,
+        args.pp,
+        args.microbatches,
+        args.schedule,
+        args.fsdp,
+        args.steps,
+        args.batch_size,
+        args.lr,
+        args.seed,
+        model,
+    )
+
+
+def inside_launch() -> bool:
+    from minipar.runtime import _MPI_ENV, _TORCHRUN_ENV
+
+    return any(v in os.environ for v in _MPI_ENV) or all(v in os.environ for v in _TORCHRUN_ENV)
+
+
+def main(args) -> int:
+    n = args.dp * args.tp * args.pp
+    if inside_launch() or os.environ.get(_LAUNCHED) or n == 1:
+        return run_here(args)
+    try:
+        spec_from_args(args).validate()  # a wrong layout fails here, before any rank starts
+    except ValueError as error:
+        print(f"minipar train: {error}", file=sys.stderr)
+        return 2
+    from minipar import launch
+
+    cmd, env = launch.command(n, ["-m", "minipar.train", *to_argv(args)])
+    env[_LAUNCHED] = "1"
+    if sys.stdout.isatty():
+        env.setdefault("FORCE_COLOR", "1")
+    return launch.run_command(cmd, env, args.timeout).returncode
+
+
+def memory_bytes(device) -> int:
+    """This rank's peak memory: CUDA allocations on a GPU, else the process's peak RSS."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def pick_device(choice: str, rank: int):
+    import torch
+
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def run_here(args) -> int:
+    """Train on the ranks of this launch (or this one process) and report on rank 0."""
+    import minipar
+    from minipar.parallel import DeviceMesh
+
+    comm = minipar.init()
+    try:
+        mesh = DeviceMesh(args.dp, args.tp, args.pp)  # before torch loads: a wrong size fails fast
+        spec = spec_from_args(args)
+        spec.validate()
+        from minipar.models import checkpoint, training
+
+        device = pick_device(args.device, comm.rank)
+        start_model, start, opt_state = None, 0, None
+        if args.resume:  # the checkpoint's model, whatever the size options say
+            record = checkpoint.read(args.resume)
+            start_model, start = checkpoint.load(args.resume)
+            opt_state = record.get("optimizer")
+            spec = dataclasses.replace(spec, model=start_model.config)
+            spec.validate()
+        training.check_supported(spec, mesh)  # before the progress bar appears
+        report = Reporter(spec, comm, active=comm.rank == 0)
+        with report:
+            losses, model, opt = training.train_on_mesh(
+                spec,
+                mesh,
+                lambda s, loss, t: report.step(s, loss, t, memory_bytes(device)),
+                start_model,
+                start,
+                device,
+                opt_state,
+            )
+        state = training.dense_state(model, mesh)
+    except ValueError as error:  # the same words on every rank, then a clean exit
+        print(f"[rank {comm.rank}] minipar train: {error}", file=sys.stderr)
+        minipar.finalize()
+        return 2
+    problems = check(spec, args, losses, state, start) if args.check and comm.rank == 0 else []
+    status = max(comm.allgather_object(1 if problems else 0))
+    if comm.rank == 0:
+        report.summary(losses, problems if args.check else None)
+        if args.save:
+            optimizer = training.optimizer_state(model, opt)
+            checkpoint.save(args.save, state, spec.model, start + spec.steps, optimizer)
+        if args.plot:
+            report.plot(args.plot, losses, start)
+        if args.json:
+            report.write_json(args.json, losses, problems if args.check else None)
+    minipar.finalize()
+    return status
+
+
+def check(spec, args, losses, state, start) -> list[str]:
+    """The dense run on this process from the same start; the problems found (none: agreed)."""
+    from minipar.models import checkpoint, training
+
+    model = checkpoint.load(args.resume)[0] if args.resume else None
+    opt_state = checkpoint.read(args.resume).get("optimizer") if args.resume else None
+    t0 = time.perf_counter()
+    reference, dense, _ = training.train_dense(spec, None, model, start, opt_state)
+    print(f"dense reference: {len(reference)} steps in {time.perf_counter() - t0:.1f} s")
+    return training.compare(losses, reference, state, dense.state_dict())
+
+
+class Reporter:
+    """Rank 0's face of the run: a rich progress bar (loss, tokens/s, memory of every rank) and
+    the summary table; on other ranks it only takes part in gathering the memory figures."""
+
+    def __init__(self, spec, comm, active: bool):
+        self.spec, self.comm, self.active = spec, comm, active
+        self.times, self.memory = [], []
+
+    def __enter__(self):
+        if self.active:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            self.progress = Progress(
+                TextColumn("[bold]train[/]"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+            )
+            self.progress.start()
+            self.task = self.progress.add_task("train", total=self.spec.steps, info="")
+        return self
+
+    def __exit__(self, *exc):
+        if self.active:
+            self.progress.stop()
+
+    def step(self, step: int, loss: float, seconds: float, memory: int) -> None:
+        # a small control-plane message (not a minipar collective): every rank's memory
+        self.memory = self.comm.allgather_object(memory)
+        self.times.append(seconds)
+        if self.active:
+            tokens = self.spec.tokens_per_step / seconds
+            mem = f"{min(self.memory) / 2**20:.0f}-{max(self.memory) / 2**20:.0f} MiB/rank"
+            info = f"step {step}  loss {loss:.4f}  {tokens:,.0f} tok/s  {mem}"
+            self.progress.update(self.task, advance=1, info=info)
+
+    def summary(self, losses, problems) -> None:
+        import statistics
+
+        from rich.console import Console
+        from rich.table import Table
+
+        s, times = self.spec, sorted(self.times[1:] or self.times)  # the first step warms up
+        t = Table(title="minipar train", show_header=False, title_justify="left")
+        rows = [
+            ("layout", f"dp={s.dp} x tp={s.tp} x pp={s.pp}, {s.microbatches} micro-batch(es)"),
+            ("model", f"{s.model.n_params():,} parameters, {s.model.n_layers} layers"),
+            ("loss", f"{losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} steps"),
+            (
+                "step time",
+                f"{times[0] * 1e3:.1f} / {statistics.median(times) * 1e3:.1f} / "
+                f"{times[-1] * 1e3:.1f} ms (min / median / max)",
+            ),
+            ("tokens/s", f"{s.tokens_per_step / statistics.median(times):,.0f} (median step)"),
+            (
+                "peak memory",
+                f"{min(self.memory) / 2**20:.0f} - {max(self.memory) / 2**20:.0f} MiB per rank",
+            ),
+        ]
+        if problems is not None:
+            verdict = (
+                "[green]matches the dense run[/]"
+                if not problems
+                else (f"[bold red]{len(problems)} mismatch(es)[/]: " + "; ".join(problems[:3]))
+            )
+            rows.append(("check", verdict))
+        for row in rows:
+            t.add_row(*row)
+        Console(highlight=False).print(t)
+
+    def write_json(self, path: str, losses, problems) -> None:
+        import json
+
+        s = self.spec
+        record = {
+            "layout": {"dp": s.dp, "tp": s.tp, "pp": s.pp, "microbatches": s.microbatches},
+            "tokens_per_step": s.tokens_per_step,
+            "losses": losses,
+            "step_seconds": self.times,
+            "peak_memory_bytes": self.memory,
+            "check": problems,
+        }
+        with open(path, "w") as f:
+            json.dump(record, f, indent=1)
+
+    def plot(self, path: str, losses, start: int) -> None:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            from matplotlib import pyplot as plt
+        except ImportError:
+            print("minipar train: --plot needs matplotlib (pip install minipar[plot])")
+            return
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(range(start, start + len(losses)), losses)
+        ax.set(
+            xlabel="step",
+            ylabel="loss",
+            title=f"tiny GPT, dp={self.spec.dp} tp={self.spec.tp} pp={self.spec.pp}",
+        )
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+        print(f"loss curve written to {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main(_parser().parse_args()))

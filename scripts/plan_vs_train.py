@@ -1,0 +1,80 @@
+"""The planner's predicted step time for the tiny GPT against what `minipar train` measures.
+
+    python scripts/plan_vs_train.py --layouts 1x1x1 2x1x1 4x1x1 8x1x1 2x2x2 --steps 20
+
+For each dp x tp x pp layout: `minipar train --json` (launched on dp*tp*pp ranks), then
+minipar.planner.evaluate for the same layout on the "cpu" cluster, with this CPU's measured
+matmul rate shared among the ranks. Prints a markdown table (min / median / max of the measured
+steps, the first step excluded) for docs/. Run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from minipar import launch, planner
+
+
+def measure(dp: int, tp: int, pp: int, microbatches: int, steps: int) -> dict:
+    out = os.path.join(tempfile.mkdtemp(prefix="plan-vs-train-"), "run.json")
+    argv = [
+        "--dp",
+        str(dp),
+        "--tp",
+        str(tp),
+        "--pp",
+        str(pp),
+        "--steps",
+        str(steps),
+        "--microbatches",
+        str(microbatches),
+        "--json",
+        out,
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "minipar", "train", *argv], text=True, capture_output=True
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"minipar train {' '.join(argv)} failed:\n{done.stderr[-2000:]}")
+    with open(out) as f:
+        return json.load(f)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--layouts",
+        nargs="+",
+        default=["1x1x1", "2x1x1", "4x1x1", "8x1x1"],
+        help="dp x tp x pp, e.g. 2x2x2",
+    )
+    parser.add_argument("--microbatches", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    rate = planner.measure_flops()
+    model = planner.MODELS["tiny"]
+    print(f"measured matmul rate: {rate / 1e9:.2f} GFLOP/s per core, {launch.cores()} cores\n")
+    print("| dp x tp x pp | predicted step | measured step (min / median / max) | ratio |")
+    print("| --- | ---: | ---: | ---: |")
+    for text in args.layouts:
+        dp, tp, pp = (int(x) for x in text.split("x"))
+        ranks = dp * tp * pp
+        cpu = planner.shared_cores(planner.CLUSTERS["cpu"], ranks, launch.cores(), rate)
+        micro = model.global_batch // dp // args.microbatches
+        predicted = planner.evaluate(model, cpu, dp, tp, pp, micro).step_time
+        steps = sorted(measure(dp, tp, pp, args.microbatches, args.steps)["step_seconds"][1:])
+        median = statistics.median(steps)
+        print(
+            f"| {dp} x {tp} x {pp} | {predicted * 1e3:.1f} ms | {steps[0] * 1e3:.1f} / "
+            f"{median * 1e3:.1f} / {steps[-1] * 1e3:.1f} ms | {median / predicted:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

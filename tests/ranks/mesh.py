@@ -1,0 +1,122 @@
+"""DeviceMesh cases (run on every rank by minipar.testing): every (dp, tp, pp) layout of the
+world, its groups checked by a collective on each, wrong layouts, a mesh on a sub-group.
+No torch here (numpy only), so a launch costs no torch import."""
+
+import numpy as np
+import pytest
+
+import minipar
+from minipar.parallel.mesh import DeviceMesh
+
+
+def layouts(size):
+    """Every (dp, tp, pp) whose product is size."""
+    return [
+        (dp, tp, size // (dp * tp))
+        for dp in range(1, size + 1)
+        for tp in range(1, size + 1)
+        if size % (dp * tp) == 0
+    ]
+
+
+def expected_coords(rank, dp, tp, pp):
+    """The grid written out independently of MeshShape: tp fastest, then dp, then pp."""
+    return rank // (dp * tp), (rank // tp) % dp, rank % tp
+
+
+def check_mesh(mesh, world_of):
+    """Coordinates, group membership and a sum over each group against the written-out grid."""
+    dp, tp, pp = mesh.dp, mesh.tp, mesh.pp
+    me = mesh.rank
+    p, d, t = expected_coords(me, dp, tp, pp)
+    assert mesh.coords == (p, d, t), (mesh.coords, (p, d, t))
+    same = {
+        "tp": [r for r in range(mesh.size) if expected_coords(r, dp, tp, pp)[:2] == (p, d)],
+        "dp": [r for r in range(mesh.size) if expected_coords(r, dp, tp, pp)[::2] == (p, t)],
+        "pp": [r for r in range(mesh.size) if expected_coords(r, dp, tp, pp)[1:] == (d, t)],
+    }
+    for axis, group in (("tp", mesh.tp_group), ("dp", mesh.dp_group), ("pp", mesh.pp_group)):
+        members = [world_of[r] for r in same[axis]]
+        assert group.size == len(members), (axis, group.size, members)
+        assert group.global_ranks == members, (axis, group.global_ranks, members)
+        assert mesh.global_ranks(axis) == members
+        # the group's own rank is the coordinate along its axis
+        assert group.rank == {"tp": t, "dp": d, "pp": p}[axis], (axis, group.rank)
+        x = np.full(4, float(world_of[me]) + 1)
+        minipar.all_reduce(x, group=group)
+        assert (x == sum(members) + len(members)).all(), (axis, x, members)
+    assert mesh.is_first_stage == (p == 0) and mesh.is_last_stage == (p == pp - 1)
+    assert mesh.prev_stage == (p - 1 if p > 0 else None)
+    assert mesh.next_stage == (p + 1 if p < pp - 1 else None)
+
+
+def every_layout():
+    w = minipar.init()
+    for dp, tp, pp in layouts(w.size):
+        mesh = DeviceMesh(dp=dp, tp=tp, pp=pp)
+        check_mesh(mesh, list(range(w.size)))
+        assert repr(mesh).startswith(f"DeviceMesh(dp={dp}, tp={tp}, pp={pp}; rank {w.rank}")
+
+
+def pipeline_neighbours_talk():
+    """A ring shift along pp_group by its prev/next stages: each stage receives its left one."""
+    w = minipar.init()
+    if w.size % 2:
+        return
+    mesh = DeviceMesh(dp=1, tp=w.size // 2, pp=2) if w.size >= 2 else None
+    g = mesh.pp_group
+    out = np.full(3, float(w.rank))
+    if mesh.next_stage is not None:
+        g.send(out, mesh.next_stage)
+    if mesh.prev_stage is not None:
+        got = np.zeros(3)
+        g.recv(got, mesh.prev_stage)
+        assert (got == w.rank - mesh.tp).all(), got
+
+
+def product_mismatch():
+    w = minipar.init()
+    bad = (2, 3, 1) if w.size != 6 else (2, 2, 2)
+    dp, tp, pp = bad
+    msg = rf"dp={dp} x tp={tp} x pp={pp} = {dp * tp * pp} ranks, but the group has {w.size}"
+    with pytest.raises(ValueError, match=msg):
+        DeviceMesh(dp=dp, tp=tp, pp=pp)
+    # nothing moved: the world is still in step for the next collective
+    x = np.ones(2)
+    minipar.all_reduce(x)
+    assert (x == w.size).all()
+
+
+def bad_degrees():
+    minipar.init()
+    for kwargs, shown in (
+        ({"dp": 0}, "dp must be a positive integer, got 0"),
+        ({"tp": -2}, "tp must be a positive integer, got -2"),
+        ({"pp": 2.0}, "pp must be a positive integer, got 2.0"),
+        ({"dp": True}, "dp must be a positive integer, got True"),
+    ):
+        with pytest.raises(ValueError, match=shown):
+            DeviceMesh(**kwargs)
+
+
+def on_sub_group():
+    """Two meshes side by side, one on each half of the world: world ranks offset by the half."""
+    w = minipar.init()
+    if w.size < 4 or w.size % 2:
+        return
+    half = w.size // 2
+    lower, upper = minipar.new_group(range(half)), minipar.new_group(range(half, w.size))
+    mine = lower if w.rank < half else upper
+    offset = 0 if w.rank < half else half
+    mesh = DeviceMesh(dp=half // 2, tp=2, pp=1, group=mine)
+    check_mesh(mesh, [offset + r for r in range(half)])
+
+
+def cases(size):
+    return {
+        "every_layout": every_layout,
+        "pipeline_neighbours_talk": pipeline_neighbours_talk,
+        "product_mismatch": product_mismatch,
+        "bad_degrees": bad_degrees,
+        "on_sub_group": on_sub_group,
+    }
