@@ -28,7 +28,8 @@ WIDTH, BATCH = 6, 8
 
 def model_of(n_layers: int, seed: int = 0) -> nn.Sequential:
     torch.manual_seed(seed)
-    return nn.Sequential(*[nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh()) for _ in range(n_layers)])
+    layers = [nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh()) for _ in range(n_layers)]
+    return nn.Sequential(*layers)
 
 
 def data(seed: int = 1, batch: int = BATCH):

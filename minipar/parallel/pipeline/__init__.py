@@ -18,7 +18,7 @@ import importlib
 
 # split.py loads torch only when called; importing it here keeps the name `split` the function
 # (importing the submodule later would otherwise rebind it to the module)
-from minipar.parallel.pipeline.split import split
+from minipar.parallel.pipeline.split import split  # noqa: F401  (public name)
 
 _LAZY = {
     "Pipeline": "minipar.parallel.pipeline.interpreter.pipeline",

@@ -72,7 +72,8 @@ class Timeline:
         for rank, row in enumerate(self.rows):
             cells = [(".", "dim")] * width
             for kind, mb, _, s, e in row:
-                first, last = int(s / span * width), max(int(s / span * width), int(e / span * width) - 1)
+                first = int(s / span * width)
+                last = max(first, int(e / span * width) - 1)
                 for i in range(first, min(last, width - 1) + 1):
                     cells[i] = (str(mb % 10), f"bold {COLOURS[kind]}")
             out.append(f"rank {rank} ", style="bold")

@@ -131,8 +131,10 @@ def _step(r: _Rank, mailbox, cost, latency: float, p: int, v: int) -> bool:
         raise ScheduleError(f"{r.where(ins)}: chunk out of range 0..{v - 1}")
     if isinstance(ins, S.RECVS):
         key = _key(r, ins, p)
-        if not 0 <= key[2] <= last or (key[0] == "act" and stage == 0) or (
-            key[0] == "grad" and stage == last
+        if (
+            not 0 <= key[2] <= last
+            or (key[0] == "act" and stage == 0)
+            or (key[0] == "grad" and stage == last)
         ):
             raise ScheduleError(f"{r.where(ins)}: stage {stage} has nobody to receive from")
         if key not in mailbox:

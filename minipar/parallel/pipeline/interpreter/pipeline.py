@@ -70,9 +70,7 @@ class Pipeline:
             run.execute(ins)
             if isinstance(ins, S.COMPUTE):
                 self.events.append((ins, start, time.perf_counter()))
-        wait_all(
-            [req for req, _ in run.sends], self.comm.timeout, "pipeline step: finishing sends"
-        )
+        wait_all([req for req, _ in run.sends], self.comm.timeout, "pipeline step: finishing sends")
         self.peak_in_flight, self.peak_activation_bytes = run.peak, run.peak_bytes
         if self.rank != self.p - 1:
             return None
@@ -136,7 +134,8 @@ class _Step:
 
     def RecvActivation(self, ins) -> None:  # noqa: N802  (named after the instruction)
         stage = self._stage(ins)
-        self.received[ins.mb, ins.chunk] = self._recv(self.shapes[stage], stage - 1, 0, ins.mb, stage)
+        buf = self._recv(self.shapes[stage], stage - 1, 0, ins.mb, stage)
+        self.received[ins.mb, ins.chunk] = buf
 
     def SendActivation(self, ins) -> None:  # noqa: N802
         stage = self._stage(ins)
@@ -144,7 +143,8 @@ class _Step:
 
     def RecvGrad(self, ins) -> None:  # noqa: N802
         stage = self._stage(ins)
-        self.grads[ins.mb, ins.chunk] = self._recv(self.shapes[stage + 1], stage + 1, 1, ins.mb, stage)
+        buf = self._recv(self.shapes[stage + 1], stage + 1, 1, ins.mb, stage)
+        self.grads[ins.mb, ins.chunk] = buf
 
     def SendGrad(self, ins) -> None:  # noqa: N802
         stage = self._stage(ins)

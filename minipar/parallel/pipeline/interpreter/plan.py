@@ -42,7 +42,8 @@ def agree(pipe, inputs, targets) -> tuple:
                     f"rank {r} has {other[key]!r}"
                 )
     m = first["m"]
-    for who, rank, what in (("inputs", 0, first["inputs"]), ("targets", pipe.p - 1, last["targets"])):
+    given = (("inputs", 0, first["inputs"]), ("targets", pipe.p - 1, last["targets"]))
+    for who, rank, what in given:
         if what is None:
             raise ValueError(f"the pipeline's rank {rank} needs a tensor of {who}, got none")
         shape = what[0]
