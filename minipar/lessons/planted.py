@@ -86,3 +86,24 @@ def time_async_without_wait(fn, reps: int) -> tuple[float, list]:
 def float_fingerprint(x) -> str:
     """The exact bits of a float array as hex (what the bitwise check compares)."""
     return np.ascontiguousarray(x).view(np.uint8).tobytes().hex()
+
+
+def dp_sync_in_cooldown(pipe, sync):
+    """Lesson 07, `dp-warmup`: data parallelism beside a 1F1B pipeline, the gradient all-reduce
+    started early so it overlaps the other stages' work. Returns the `on_instruction` callback
+    for `pipe.step`; `sync()` all-reduces this stage's gradients over its DP group.
+    BUG: it fires after the last backward of the cool-down loop (the `warmup` backwards that
+    follow the steady phase). A stage whose warm-up is empty (the last one: p - r - 1 = 0) has
+    an empty cool-down too, so its gradients are never synchronised: its replicas quietly train
+    on different gradients. (The fix: sync after the stage's last backward, whatever phase.)"""
+    from minipar.parallel.pipeline.schedules import Backward
+
+    m = pipe.n_microbatches
+    warmup = min(pipe.p - pipe.rank - 1, m)
+    cooldown = range(m - warmup, m)  # micro-batches whose backward is in the cool-down
+
+    def on_instruction(ins):
+        if isinstance(ins, Backward) and len(cooldown) and ins.mb == cooldown[-1]:
+            sync()
+
+    return on_instruction

@@ -58,8 +58,12 @@ class Pipeline:
         for chunk in self.chunks:
             yield from chunk.parameters()
 
-    def step(self, inputs=None, targets=None):
-        """One training step; the mean loss (a 0-d tensor) on the last rank, None elsewhere."""
+    def step(self, inputs=None, targets=None, on_instruction=None):
+        """One training step; the mean loss (a 0-d tensor) on the last rank, None elsewhere.
+
+        on_instruction(ins), if given, runs after each instruction: a place to start work that
+        overlaps the pipeline, such as a data-parallel all-reduce of a finished stage's grads.
+        """
         inputs_spec, targets_spec = plan.agree(self, inputs, targets)
         key = (inputs_spec, targets_spec)
         if key not in self._shapes:
@@ -70,6 +74,8 @@ class Pipeline:
             run.execute(ins)
             if isinstance(ins, S.COMPUTE):
                 self.events.append((ins, start, time.perf_counter()))
+            if on_instruction is not None:
+                on_instruction(ins)
         wait_all([req for req, _ in run.sends], self.comm.timeout, "pipeline step: finishing sends")
         self.peak_in_flight, self.peak_activation_bytes = run.peak, run.peak_bytes
         if self.rank != self.p - 1:
