@@ -49,8 +49,9 @@ def predict_section(page: Page) -> dict:
         predicted[label] = report
         rows.append((label, m, f"{V.predicted_bubble(name, p, m, v):.1%}",
                      f"{report.bubble_fraction:.1%}", max(report.peak_in_flight)))  # fmt: skip
-    page.table(None, ["schedule", "m>", "formula>", "verifier>", "peak activations>"], rows,
-               caption="peak activations: most micro-batches (x chunks) one rank holds at once")  # fmt: skip
+    caption = "peak activations: most micro-batches (x chunks) one rank holds at once"
+    columns = ["schedule", "m>", "formula>", "verifier>", "peak activations>"]
+    page.table(None, columns, rows, caption=caption)
     return predicted
 
 
