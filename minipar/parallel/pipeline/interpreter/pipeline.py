@@ -48,6 +48,7 @@ class Pipeline:
         self.schedule, self.n_microbatches = schedule, n_microbatches
         self.virtual_stages, self.loss_fn = virtual_stages, loss_fn
         self.chunks = _chunks(stage_module, virtual_stages)
+        self.device = _device(self.chunks)  # where received activations and gradients land
         self.program = S.instructions(schedule, self.rank, self.p, n_microbatches, virtual_stages)
         self._shapes = {}  # (inputs spec, targets spec) -> every stage's input spec
         self.events = []  # last step: (instruction, start, end) in perf_counter seconds
@@ -83,6 +84,14 @@ class Pipeline:
         import torch
 
         return torch.stack(run.losses).mean()
+
+
+def _device(chunks):
+    """The device of the stage's parameters (CPU for a stage without any)."""
+    for chunk in chunks:
+        for q in chunk.parameters():
+            return q.device
+    return "cpu"
 
 
 def _chunks(stage_module, v: int) -> list:
@@ -125,7 +134,7 @@ class _Step:
 
     def _empty(self, spec):
         shape, dtype = spec
-        return self.torch.empty(shape, dtype=getattr(self.torch, dtype))
+        return self.torch.empty(shape, dtype=getattr(self.torch, dtype), device=self.pipe.device)
 
     def _send(self, tensor, stage: int, kind: int, mb: int) -> None:
         buf = tensor.detach().contiguous()

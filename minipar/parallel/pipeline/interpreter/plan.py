@@ -68,7 +68,7 @@ def stage_shapes(pipe, inputs_spec, targets, chunks) -> list:
         owner, chunk = stage % pipe.p, stage // pipe.p
         result = None
         if pipe.rank == owner:
-            result = _probe(chunks[chunk], specs[-1], torch)
+            result = _probe(chunks[chunk], specs[-1], torch, pipe.device)
             if result[0] and stage == n_stages - 1:
                 result = _probe_loss(pipe, result, targets, torch)
         ok, out = pipe.comm.allgather_object(result, "pipeline step: learning stage shapes")[owner]
@@ -83,13 +83,13 @@ def stage_shapes(pipe, inputs_spec, targets, chunks) -> list:
     return specs
 
 
-def _probe(module, spec, torch):
+def _probe(module, spec, torch, device):
     shape, dtype = spec
     modes = [(mod, mod.training) for mod in module.modules()]
     module.eval()  # no running statistics updated, no dropout drawn
     try:
         with torch.no_grad():
-            out = module(torch.zeros(shape, dtype=getattr(torch, dtype)))
+            out = module(torch.zeros(shape, dtype=getattr(torch, dtype), device=device))
     except Exception as error:  # noqa: BLE001  (any layer's complaint, reported on every rank)
         return False, f"{type(error).__name__}: {error}"
     finally:
@@ -105,7 +105,8 @@ def _probe_loss(pipe, result, targets, torch):
     target = targets[: targets.shape[0] // pipe.n_microbatches]
     try:
         with torch.no_grad():
-            loss = pipe.loss_fn(torch.zeros(shape, dtype=getattr(torch, dtype)), target)
+            zeros = torch.zeros(shape, dtype=getattr(torch, dtype), device=pipe.device)
+            loss = pipe.loss_fn(zeros, target)
     except Exception as error:  # noqa: BLE001
         return False, f"loss_fn rejects output {shape} with targets {tuple(target.shape)}: {error}"
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
