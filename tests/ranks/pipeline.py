@@ -134,7 +134,8 @@ def bubble(schedule):
         from minipar.parallel.pipeline import Timeline
 
         w = minipar.init()
-        p, m, v = w.size, 8, 2 if schedule == "interleaved" else 1
+        v = 2 if schedule == "interleaved" else 1
+        p, m = w.size, 4 if v > 1 else 8  # interleaved: twice the passes per micro-batch
         # units long enough that a message's latency on a busy, oversubscribed host (a few ms)
         # is small beside them; the tighter schedules (interleaved, zb-h1) need longer ones
         t = 0.015 if schedule in ("gpipe", "1f1b") else 0.03
