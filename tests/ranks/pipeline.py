@@ -87,18 +87,21 @@ def dp_x_pp(schedule):
     def case():
         w = minipar.init()
         pp, dp = grid()
+        v = 2 if schedule == "interleaved" else 1
         x, y = data(batch=2 * BATCH)
         replica = w.rank // 2
         mine = slice(replica * BATCH, (replica + 1) * BATCH)
-        model, reference = model_of(2), model_of(2)
-        pipe = Pipeline(split(model, 2)[pp.rank], group=pp, n_microbatches=4,
-                        schedule=schedule, loss_fn=F.mse_loss)  # fmt: skip
+        model, reference = model_of(2 * v), model_of(2 * v)
+        stage = my_stage(model, 2 * v, 2, pp.rank, v)
+        pipe = Pipeline(stage, group=pp, n_microbatches=4, schedule=schedule,
+                        loss_fn=F.mse_loss, virtual_stages=v)  # fmt: skip
         pipe.step(x[mine], y[mine])
         for q in pipe.parameters():
             minipar.all_reduce(q.grad, group=dp)
             q.grad /= dp.size
         F.mse_loss(reference(x), y).backward()
         check_grads(model, reference, f"DP x PP {schedule}")
+        assert sum(q.grad is not None for q in model.parameters()) == 2 * v
 
     return case
 
@@ -248,7 +251,7 @@ def errors():
 def cases(size):
     table = {f"equal.{s}": equal(s) for s in SCHEDULES}
     if size == 4:
-        table.update({f"dp_x_pp.{s}": dp_x_pp(s) for s in ("1f1b", "zb-h1")})
+        table.update({f"dp_x_pp.{s}": dp_x_pp(s) for s in SCHEDULES})
     if size == 4:  # the interesting size; at 2 ranks the bubble is small and noise dominates
         table.update({f"bubble.{s}": bubble(s) for s in SCHEDULES})
     table.update({f"memory.{s}": memory(s) for s in ("1f1b", "zb-h1")})

@@ -192,30 +192,37 @@ class _Step:
 
         return pack
 
-    def _grad_out(self, ins):
-        return None if self._stage(ins) == self.last else self.grads.pop((ins.mb, ins.chunk))
+    def _objective(self, ins):
+        """A scalar whose gradient with respect to the chunk's output is the received gradient:
+        sum(output * grad) (the last stage's scaled loss as it is). Backward from a scalar, as
+        with loss.backward(): passing grad tensors to torch.autograd makes torch import sympy
+        on first use, seconds on every rank."""
+        out = self.stash[ins.mb, ins.chunk][1]
+        if self._stage(ins) == self.last:
+            return out
+        return (out * self.grads.pop((ins.mb, ins.chunk))).sum()
 
     def Backward(self, ins) -> None:  # noqa: N802
         unit = (ins.mb, ins.chunk)
-        x, out, _ = self.stash.pop(unit)
-        self.torch.autograd.backward(out, self._grad_out(ins))
+        objective = self._objective(ins)
+        x = self.stash.pop(unit)[0]
+        objective.backward()
         self._done(unit, x, x.grad if x.requires_grad else None)
 
     def BackwardInput(self, ins) -> None:  # noqa: N802
         unit = (ins.mb, ins.chunk)
-        x, out, _ = self.stash[unit]
-        grad = self._grad_out(ins)
-        self.stash[unit][2] = grad  # W needs the output gradient again; y is sent already
+        x = self.stash[unit][0]
+        objective = self.stash[unit][1] = self._objective(ins)  # kept for W, with its graph
         gx = None
         if x.requires_grad:
-            (gx,) = self.torch.autograd.grad(out, [x], grad, retain_graph=True)
+            (gx,) = self.torch.autograd.grad(objective, [x], retain_graph=True)
         self.received[unit] = _Sent(gx)
 
     def BackwardWeight(self, ins) -> None:  # noqa: N802
         unit = (ins.mb, ins.chunk)
-        x, out, grad = self.stash.pop(unit)
+        objective = self.stash.pop(unit)[1]
         params = self.params[ins.chunk]
-        grads = self.torch.autograd.grad(out, params, grad, allow_unused=True) if params else []
+        grads = self.torch.autograd.grad(objective, params, allow_unused=True) if params else []
         for q, g in zip(params, grads):
             if g is not None:
                 q.grad = g if q.grad is None else q.grad + g
