@@ -87,3 +87,18 @@ def test_split_shares_layers_and_balances():
 @pytest.mark.parametrize("size,name", harness.params(SUITE, [2, 4]))
 def test_pipeline_ranks(size, name):
     harness.run_suite(SUITE, size, "mpi").check(name)
+
+
+def test_timeline_draws_what_the_verifier_predicts(tmp_path):
+    from minipar.parallel.pipeline import Timeline
+
+    report = V.verify(S.program("zb-h1", 4, 8))
+    timeline = Timeline.simulated(report)
+    assert timeline.bubble_fraction == pytest.approx(report.bubble_fraction)
+    text = timeline.text(width=54).plain
+    rows = [line for line in text.splitlines() if line.startswith("rank ")]
+    assert len(rows) == 4 and all("bubble" in row for row in rows)
+    assert rows[3][7 + 52 :].startswith("77")  # the last rank's last slots: micro-batch 7's W
+    pytest.importorskip("matplotlib")
+    timeline.save_png(str(tmp_path / "zb.png"))
+    assert (tmp_path / "zb.png").stat().st_size > 1000
