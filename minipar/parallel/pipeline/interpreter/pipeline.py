@@ -6,15 +6,17 @@
 
 What moves: per micro-batch and stage boundary, one activation forward and one gradient of the
 same size backward (`isend`/`recv` on the group's communicator, tag = micro-batch x stage x
-kind), so each rank sends m*v activations and m*v gradients per step except at the ends. Before
-the first step (and whenever the input shape changes) two small all-gathers agree on the layout
-and learn every stage's shapes (see plan.py). Sends never block (their buffers are kept until
-the end of the step); a receive blocks, bounded by the group's timeout.
+kind), so each rank sends m*v activations and m*v gradients per step except at the ends. Every
+step opens with one small all-gather that agrees on the layout; the first step (and any new
+input shape) also learns every stage's shapes, one all-gather per stage (see plan.py). Sends
+never block (their buffers are kept until the end of the step); a receive blocks, bounded by
+the group's timeout.
 
 Gradients: each micro-batch's loss is divided by m before its backward, so the parameters'
 .grad after a step equals one full-batch backward of the mean loss (grads accumulate, as with
-loss.backward(): zero them between steps). For zb-h1, B is torch.autograd.grad with respect to
-the stage input (retain_graph=True) and W, later, with respect to the parameters.
+loss.backward(): zero them between steps). Backward starts from the scalar sum(output * grad)
+(see _Step._objective). For zb-h1, B is torch.autograd.grad of it with respect to the stage
+input (retain_graph=True) and W, later, with respect to the parameters.
 """
 
 from __future__ import annotations
@@ -97,10 +99,14 @@ def _device(chunks):
 def _chunks(stage_module, v: int) -> list:
     if v == 1:
         return [stage_module]
-    chunks = list(stage_module) if isinstance(stage_module, (list, tuple)) else None
+    import torch.nn as nn
+
+    listed = isinstance(stage_module, (list, tuple, nn.ModuleList))
+    chunks = list(stage_module) if listed else None
     if chunks is None or len(chunks) != v:
         raise ValueError(
-            f"virtual_stages={v} needs a list of {v} chunk modules, got {type(stage_module)}"
+            f"virtual_stages={v} needs a list (or nn.ModuleList) of {v} chunk modules, got "
+            f"{type(stage_module).__qualname__}"
         )
     return chunks
 
