@@ -62,3 +62,33 @@ def test_ex04_alpha_beta_fit_crossover(exercise_impl, p):
         assert got == math.inf, f"p={p}: the ring never wins, expected math.inf, got {got}"
     else:
         assert got == pytest.approx(want, rel=2e-3), f"p={p}: {got}, cost.crossover says {want}"
+
+
+# -- ex07: the 1F1B schedule (one process, minipar's verifier) ----------------------------------
+
+
+def ex07(impl: str):
+    return exercises.load("ex07_one_f_one_b", impl)
+
+
+def test_ex07_one_f_one_b_verifies(exercise_impl):
+    from minipar.parallel.pipeline import schedules as S
+    from minipar.parallel.pipeline import verify as V
+
+    for p in range(2, 9):
+        for m in range(1, 17):
+            compute = [ex07(exercise_impl).one_f_one_b(r, p, m) for r in range(p)]
+            program = [S.with_comms(c, r, p, 1) for r, c in enumerate(compute)]
+            report = V.verify(program)  # raises on a deadlock or a lost micro-batch
+            want = [min(p - r, m) for r in range(p)]
+            assert report.peak_in_flight == want, f"p={p} m={m}: peak {report.peak_in_flight}"
+            assert report.bubble_fraction == pytest.approx((p - 1) / (m + p - 1)), (p, m)
+
+
+def test_ex07_one_f_one_b_is_minipars(exercise_impl):
+    from minipar.parallel.pipeline import schedules as S
+
+    for p, m in ((4, 8), (4, 2), (3, 5)):
+        for r in range(p):
+            mine = S.with_comms(ex07(exercise_impl).one_f_one_b(r, p, m), r, p, 1)
+            assert mine == S.instructions("1f1b", r, p, m), f"rank {r} of p={p}, m={m}"

@@ -18,6 +18,13 @@ KEY_LINES = {
     "04": ["busbw", "MPI_Allreduce", "roofline", "hierarchical", "Try this"],
     "06": ["the column split sends nothing forward", "one all-reduce forward (g)", "ib_ndr"],
     "08": ["dp=2 x tp=2 x pp=2", "tp: bytes sent match", "IB NDR", "★", "Try this"],
+    "07": [
+        "75.0%",
+        "1F1B holds at most p",
+        "zero bubble H1",
+        "one full-batch backward",
+        "Try this",
+    ],
 }
 LABS = {
     ("02", "send-first"): "8 MiB: the timeout caught the deadlock",
@@ -25,6 +32,7 @@ LABS = {
     ("03", "last-bit"): "the bitwise check across ranks catches it",
     ("04", "no-wait"): "the roofline check catches it",
     ("06", "bias-every-rank"): "caught: the planted output is off by exactly (p - 1) x bias",
+    ("07", "dp-warmup"): "never synchronised",
 }
 
 

@@ -23,6 +23,7 @@ examples:
   minipar bench --fit                 measure alpha, beta, gamma; store them for the cost model
   minipar bench all_reduce --plot busbw.png
   minipar bench tp                    tensor-parallel MLP and attention against torch's
+  minipar bench pp                    pipeline schedules against torch.distributed.pipelining
 
 Times are the median (min, max) over iterations of the slowest rank's time; each iteration
 starts at a barrier. busbw follows nccl-tests (all-reduce: algbw x 2(n-1)/n). With more ranks
@@ -205,6 +206,10 @@ def main(args) -> int:
     console = Console()
     if not console.is_terminal:  # a file or a pipe: room for every column
         console.width = max(console.width, 150)
+    if args.collective == "pp":  # pipeline schedules: their own job (minipar/bench/pipeline.py)
+        from minipar.bench import pipeline
+
+        return pipeline.main(args)
     try:
         job = job_spec(args)
     except ValueError as error:

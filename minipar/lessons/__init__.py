@@ -97,8 +97,10 @@ LESSONS = [
         "07_pipeline_parallel",
         "Pipeline parallelism",
         4,
-        "stages, micro-batches and the bubble",
+        "stages, micro-batches and the bubble: GPipe, 1F1B, interleaved, zero bubble, measured",
         "minipar.lessons.l07_pipeline_parallel",
+        ("dp-warmup",),
+        min_ranks=2,
     ),
     LessonInfo(
         "08",

@@ -100,3 +100,24 @@ def row_parallel_bias_every_rank(layer, x):
 
     partial = F.linear(x, layer.weight, layer.bias)
     return operators.reduce_from_tensor_parallel_region(partial, layer.group)
+
+
+def dp_sync_in_cooldown(pipe, sync):
+    """Lesson 07, `dp-warmup`: data parallelism beside a 1F1B pipeline, the gradient all-reduce
+    started early so it overlaps the other stages' work. Returns the `on_instruction` callback
+    for `pipe.step`; `sync()` all-reduces this stage's gradients over its DP group.
+    BUG: it fires after the last backward of the cool-down loop (the `warmup` backwards that
+    follow the steady phase). A stage whose warm-up is empty (the last one: p - r - 1 = 0) has
+    an empty cool-down too, so its gradients are never synchronised: its replicas quietly train
+    on different gradients. (The fix: sync after the stage's last backward, whatever phase.)"""
+    from minipar.parallel.pipeline.schedules import Backward
+
+    m = pipe.n_microbatches
+    warmup = min(pipe.p - pipe.rank - 1, m)
+    cooldown = range(m - warmup, m)  # micro-batches whose backward is in the cool-down
+
+    def on_instruction(ins):
+        if isinstance(ins, Backward) and len(cooldown) and ins.mb == cooldown[-1]:
+            sync()
+
+    return on_instruction

@@ -381,8 +381,61 @@ def vocab_cross_entropy_case():
     return case
 
 
+# -- ex07: the pipeline interpreter's send and receive step -----------------------------------
+
+
+def pipeline_messages(schedule: str, v: int):
+    """Run minipar's schedule by hand with the student's message_step for every message: stage s
+    multiplies by (s + 2) forward and backward, so every value that arrives can be checked."""
+
+    def case():
+        import torch
+
+        from minipar.comm.base import wait_all
+        from minipar.parallel.pipeline import schedules as S
+
+        w = world()
+        step = student("ex07_send_recv", "message_step")
+        p, m, n_stages = w.size, 4, w.size * v
+        got, outs, grads, pending, results = {}, {}, {}, [], {}
+        for ins in S.instructions(schedule, w.rank, p, m, v):
+            stage, unit = ins.chunk * p + w.rank, (ins.mb, ins.chunk)
+            if isinstance(ins, (S.SendActivation, S.SendGrad)):
+                tensor = outs[unit] if isinstance(ins, S.SendActivation) else grads[unit]
+                pending.append(step(w, ins, n_stages, tensor=tensor))
+            elif isinstance(ins, (S.RecvActivation, S.RecvGrad)):
+                buf = step(w, ins, n_stages, shape=(3,), dtype=torch.float64)
+                got[type(ins).__name__, unit] = buf
+            elif isinstance(ins, S.Forward):
+                x = got.pop(("RecvActivation", unit), None)
+                x = torch.full((3,), ins.mb + 1.0, dtype=torch.float64) if stage == 0 else x
+                outs[unit] = x * (stage + 2)
+                if stage == n_stages - 1:
+                    results["out", ins.mb] = outs[unit]
+            else:
+                g = got.pop(("RecvGrad", unit), None) if stage < n_stages - 1 else None
+                g = torch.ones(3, dtype=torch.float64) if g is None else g
+                grads[unit] = g * (stage + 2)
+                if stage == 0:
+                    results["grad", ins.mb] = grads[unit]
+        wait_all(pending, w.timeout)
+        product = 1.0
+        for s in range(n_stages):
+            product *= s + 2
+        for (what, mb), value in results.items():
+            want = product * (mb + 1) if what == "out" else product
+            assert torch.all(value == want), f"{what} of micro-batch {mb}: {value}, want {want}"
+        expected = (w.rank == p - 1) * m + (w.rank == 0) * m
+        assert len(results) == expected, f"rank {w.rank} finished {len(results)} results"
+
+    return case
+
+
 def cases(size):
     table = {}
+    if size >= 2:
+        table["ex07_send_recv/1f1b"] = pipeline_messages("1f1b", 1)
+        table["ex07_send_recv/interleaved"] = pipeline_messages("interleaved", 2)
     for shift in (1, 2, -1):
         table[f"ex02_ring_shift/shift_{shift}"] = ring_shift_case(shift, 100)
     table["ex02_ring_shift/8MiB_no_deadlock"] = ring_shift_case(1, 1 << 20)

@@ -1,0 +1,1 @@
+"""The interpreter that runs one rank's schedule on real tensors and real messages."""

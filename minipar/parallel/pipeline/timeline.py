@@ -1,0 +1,109 @@
+"""What each pipeline rank computed when: measured (from a step) or simulated (from verify).
+
+    tl = Timeline.gather(pipe)        # every rank calls it after pipe.step(); all get the same
+    tl.bubble_fraction                # idle share of the step, averaged over ranks
+    tl.print()                        # a Gantt chart in the terminal (rich)
+    tl.save_png("pipe.png")           # the same with matplotlib (the plot extra)
+
+Bubble: the makespan runs from the first compute start to the last compute end on any rank;
+a rank's bubble is the part of it that rank spent not computing (waiting for messages included).
+Measured clocks are time.perf_counter(), one monotonic clock for every process on a host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LETTERS = {"Forward": "F", "Backward": "B", "BackwardInput": "b", "BackwardWeight": "w"}
+COLOURS = {"F": "cyan", "B": "magenta", "b": "green", "w": "yellow"}
+
+
+@dataclass
+class Timeline:
+    rows: list  # per rank: [(kind letter, mb, chunk, start, end)], times from the first start
+
+    @classmethod
+    def from_events(cls, per_rank) -> Timeline:
+        """per_rank[r]: [(instruction, start, end)] with any common clock."""
+        starts = [s for events in per_rank for _, s, _ in events]
+        t0 = min(starts) if starts else 0.0
+        rows = [
+            [(LETTERS[type(ins).__name__], ins.mb, ins.chunk, s - t0, e - t0) for ins, s, e in ev]
+            for ev in per_rank
+        ]
+        return cls(rows)
+
+    @classmethod
+    def gather(cls, pipe) -> Timeline:
+        """Collective over the pipeline's group: everyone's measured events of the last step."""
+        mine = pipe.events
+        return cls.from_events(pipe.comm.allgather_object(mine, "pipeline timeline"))
+
+    @classmethod
+    def simulated(cls, report) -> Timeline:
+        """From verify()'s Report: the predicted timeline in cost units."""
+        return cls.from_events(report.events)
+
+    @property
+    def makespan(self) -> float:
+        ends = [e for row in self.rows for *_, e in row]
+        return max(ends) if ends else 0.0
+
+    @property
+    def busy(self) -> list[float]:
+        return [sum(e - s for *_, s, e in row) for row in self.rows]
+
+    @property
+    def bubble(self) -> list[float]:
+        span = self.makespan
+        return [1 - b / span if span else 0.0 for b in self.busy]
+
+    @property
+    def bubble_fraction(self) -> float:
+        return sum(self.bubble) / len(self.rows) if self.rows else 0.0
+
+    def text(self, width: int = 72):
+        """A rich Text: one line per rank, one character per time slot, the micro-batch's last
+        digit coloured by kind (F forward, B backward, b input grad, w weight grad), '.' idle."""
+        from rich.text import Text
+
+        span = self.makespan or 1.0
+        out = Text()
+        for rank, row in enumerate(self.rows):
+            cells = [(".", "dim")] * width
+            for kind, mb, _, s, e in row:
+                first = int(s / span * width)
+                last = max(first, int(e / span * width) - 1)
+                for i in range(first, min(last, width - 1) + 1):
+                    cells[i] = (str(mb % 10), f"bold {COLOURS[kind]}")
+            out.append(f"rank {rank} ", style="bold")
+            for char, style in cells:
+                out.append(char, style=style)
+            out.append(f"  bubble {self.bubble[rank]:.0%}\n")
+        out.append("F forward  B backward  b input grad  w weight grad  (digit: micro-batch)")
+        return out
+
+    def print(self, console=None, width: int = 72) -> None:
+        from rich.console import Console
+
+        (console or Console()).print(self.text(width))
+
+    def save_png(self, path: str, title: str = "") -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        colours = {"F": "tab:cyan", "B": "tab:purple", "b": "tab:green", "w": "tab:olive"}
+        fig, ax = plt.subplots(figsize=(10, 0.6 * len(self.rows) + 1.2))
+        for rank, row in enumerate(self.rows):
+            for kind, mb, _, s, e in row:
+                ax.broken_barh([(s, e - s)], (rank - 0.4, 0.8), color=colours[kind])
+                ax.text((s + e) / 2, rank, str(mb), ha="center", va="center", fontsize=7)
+        ax.set_yticks(range(len(self.rows)), [f"rank {r}" for r in range(len(self.rows))])
+        ax.invert_yaxis()
+        ax.set_xlabel("time")
+        ax.set_title(title or f"bubble {self.bubble_fraction:.1%}")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
