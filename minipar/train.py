@@ -47,7 +47,7 @@ def configure(parser) -> None:
     run = parser.add_argument_group("run")
     run.add_argument("--steps", type=int, default=50)
     run.add_argument("--batch-size", type=int, default=8, help="sequences per step (default 8)")
-    run.add_argument("--lr", type=float, default=3e-3)
+    run.add_argument("--lr", type=float, default=1e-3)
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--layers", type=int, default=8)
     run.add_argument("--hidden", type=int, default=64)
@@ -186,7 +186,8 @@ def run_here(args) -> int:
                 device,
                 opt_state,
             )
-        state = training.dense_state(model, mesh)
+        state = training.dense_state(model, mesh)  # collective: every rank gathers
+        optimizer = training.mesh_optimizer_state(model, opt) if args.save else None
     except ValueError as error:  # the same words on every rank, then a clean exit
         print(f"[rank {comm.rank}] minipar train: {error}", file=sys.stderr)
         minipar.finalize()
@@ -196,7 +197,6 @@ def run_here(args) -> int:
     if comm.rank == 0:
         report.summary(losses, problems if args.check else None)
         if args.save:
-            optimizer = training.optimizer_state(model, opt)
             checkpoint.save(args.save, state, spec.model, start + spec.steps, optimizer)
         if args.plot:
             report.plot(args.plot, losses, start)

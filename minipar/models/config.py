@@ -64,7 +64,7 @@ class RunSpec:
     fsdp: bool = False
     steps: int = 50
     batch_size: int = 8  # sequences per step, all ranks together
-    lr: float = 3e-3
+    lr: float = 1e-3
     seed: int = 0
     model: GPTConfig = field(default_factory=GPTConfig)
 

@@ -29,7 +29,7 @@ QKV = ("attn.qkv.weight", "attn.qkv.bias")
 
 
 def tp_layout(name: str) -> str | None:
-    """"rows", "cols", "qkv" or None (replicated) for a dense parameter name."""
+    """The layout of a dense parameter name: "rows", "cols", "qkv" or None (replicated)."""
     if name.endswith(QKV):
         return "qkv"
     if name.endswith(ROWS):
@@ -96,7 +96,7 @@ def gather_dense(pieces: dict, mesh, config) -> dict[str, torch.Tensor]:
     sizes = [torch.Size(shape).numel() for shape in shapes.values()]
     flat = torch.zeros(sum(sizes), dtype=torch.float32)
     offset = 0
-    for (name, shape), size in zip(shapes.items(), sizes):
+    for name, size in zip(shapes, sizes):
         if name in full:
             flat[offset : offset + size] = full[name].reshape(-1).float().cpu()
         offset += size

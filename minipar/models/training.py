@@ -22,7 +22,6 @@ import time
 
 import torch
 
-import minipar
 from minipar.models.config import SCHEDULES, RunSpec  # noqa: F401  (re-exported)
 from minipar.models.data import Batches, dp_slice, load_tokens
 from minipar.models.gpt import GPT, build_gpt, lm_loss
