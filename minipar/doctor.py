@@ -14,7 +14,7 @@ import platform
 import sys
 from dataclasses import asdict, dataclass
 
-from minipar import launch
+from minipar import launcher
 
 EXAMPLES = """\
 examples:
@@ -40,18 +40,18 @@ def mpi_checks() -> list[Check]:
     try:
         import mpi4py
 
-        version = launch.mpi_library_version()
+        version = launcher.mpi_library_version()
         from mpi4py import MPI
     except ImportError as error:
         return [Check("mpi4py", "not importable", "fail", f"{error}; pip install mpi4py mpich")]
     checks = [
         Check("mpi4py", mpi4py.__version__),
         Check("MPI library", " ".join(version.splitlines()[0].split())),
-        Check("MPI flavor", launch.mpi_flavor()),
+        Check("MPI flavor", launcher.mpi_flavor()),
         Check("MPI standard", "{}.{}".format(*MPI.Get_version())),
     ]
     try:
-        checks.append(Check("mpiexec", launch.find_mpiexec()))
+        checks.append(Check("mpiexec", launcher.find_mpiexec()))
     except FileNotFoundError as error:
         checks.append(Check("mpiexec", "not found", "fail", str(error)))
     return checks
@@ -81,7 +81,7 @@ def torch_checks() -> list[Check]:
 
 
 def machine_checks() -> list[Check]:
-    n = launch.cores()
+    n = launcher.cores()
     note = f"jobs of more than {n} ranks run oversubscribed (waits yield the core)"
     return [
         Check("python", f"{platform.python_version()} ({platform.machine()})"),
@@ -94,7 +94,7 @@ def smoke_checks(ranks: int = 2, timeout: float = 60) -> list[Check]:
     from minipar.demos.smoke import PREFIX
 
     try:
-        done = launch.run(ranks, ["-m", "minipar.demos.smoke"], timeout=timeout, capture=True)
+        done = launcher.run(ranks, ["-m", "minipar.demos.smoke"], timeout=timeout, capture=True)
     except (FileNotFoundError, ValueError) as error:
         return [Check(f"{ranks}-rank smoke job", "not started", "fail", str(error))]
     lines = [ln for ln in (done.stdout or "").splitlines() if ln.startswith(PREFIX)]
