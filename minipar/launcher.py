@@ -76,9 +76,7 @@ def is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
-def command(
-    n: int, argv: list[str], python: bool = True, relay=None
-) -> tuple[list[str], dict]:
+def command(n: int, argv: list[str], python: bool = True, relay=None) -> tuple[list[str], dict]:
     """(the mpiexec command line, its environment) for n ranks running argv (python arguments,
     or a whole program when python is False); with a relay, each rank's output goes through it."""
     if not isinstance(n, int) or n < 1:
@@ -195,13 +193,13 @@ def configure(parser) -> None:
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="kill the whole job after S seconds and exit 124")  # fmt: skip
     parser.add_argument("--tag-output", action="store_true", default=None,
-                        help="prefix every line with its rank, [rank0]: (or MINIPAR_TAG_OUTPUT=1)")  # fmt: skip
+                        help="prefix lines with the rank, [rank0]:")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true",
                         help="print the mpiexec command line instead of running it")  # fmt: skip
     parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE ...",
                         help="run a module (python -m MODULE), with its arguments")  # fmt: skip
     parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="program [args]",
-                        help="script.py, or any program: python script.py, python -m mod, ...")  # fmt: skip
+                        help="script.py, or a program (python ...)")  # fmt: skip
 
 
 def program(args) -> list[str]:

@@ -60,7 +60,8 @@ class Relay:
         and that colour is fine, when there is a terminal; otherwise tables size themselves."""
         stream = self._out or sys.stdout
         if _isatty(stream):
-            width = shutil.get_terminal_size().columns - (len(prefix(self.n - 1)) if self.tag else 0)
+            width = shutil.get_terminal_size().columns
+            width -= len(prefix(self.n - 1)) if self.tag else 0
             env.setdefault("COLUMNS", str(max(width, 40)))
             env.setdefault("FORCE_COLOR", "1")
         return env
