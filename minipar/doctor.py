@@ -171,7 +171,7 @@ def main(args) -> int:
         json.dump(report, sys.stdout, indent=2)
         print()
     else:
-        from rich.console import Console
+        from minipar.term import Console
 
         console = Console(highlight=False)
         console.print(table(report))

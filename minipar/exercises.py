@@ -238,7 +238,7 @@ def configure(parser) -> None:
 
 
 def main(args) -> int:
-    from rich.console import Console
+    from minipar.term import Console
 
     console, err = Console(highlight=False), Console(stderr=True, highlight=False)
     try:

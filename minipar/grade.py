@@ -192,7 +192,7 @@ def report(console, results: list[Result], impl: str, shown: int = 3) -> None:
 
 
 def main(args) -> int:
-    from rich.console import Console
+    from minipar.term import Console
 
     console, err = Console(highlight=False), Console(stderr=True, highlight=False)
     impl = "solutions" if args.solutions else (args.impl or "exercises")

@@ -157,7 +157,7 @@ def list_lessons(console) -> None:
 
 
 def main(args) -> int:
-    from rich.console import Console
+    from minipar.term import Console
 
     console, err = Console(highlight=False), Console(stderr=True, highlight=False)
     if args.which == "list":

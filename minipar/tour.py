@@ -222,7 +222,7 @@ def configure(parser) -> None:
 
 
 def main(args) -> int:
-    from rich.console import Console
+    from minipar.term import Console
 
     console = Console(highlight=False)
     if console.is_terminal:  # the ranks' rich output then matches this terminal

@@ -192,10 +192,9 @@ def run_all(job: dict, args, console):
 
 
 def main(args) -> int:
-    from rich.console import Console
-
     from minipar import cost
     from minipar.bench import fit
+    from minipar.term import Console
 
     console = Console()
     if not console.is_terminal:  # a file or a pipe: room for every column
