@@ -24,7 +24,7 @@ def mpi_library_version() -> str:
     fixes, when mpi4py finds no MPI library)."""
     from minipar.mpisetup import load_mpi
 
-    return load_mpi().Get_library_version().strip()
+    return load_mpi().Get_library_version().replace("\0", "").strip()
 
 
 def mpi_flavor() -> str:

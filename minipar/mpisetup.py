@@ -73,7 +73,7 @@ def library() -> dict:
     from minipar.comm.cuda import loaded_mpi_library
 
     vendor, version = MPI.get_vendor()
-    text = MPI.Get_library_version().strip()
+    text = MPI.Get_library_version().replace("\0", "").strip()
     path = loaded_mpi_library()
     beside = None
     if path:
@@ -167,3 +167,21 @@ def mpiexec_on_path() -> str | None:
 
 def same_file(a: str | None, b: str | None) -> bool:
     return bool(a and b) and os.path.realpath(a) == os.path.realpath(b)
+
+
+def launcher_flavor(mpiexec: str) -> str | None:
+    """'openmpi', 'mpich' or None: which MPI an mpiexec belongs to, from its --version."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            [mpiexec, "--version"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    text = (done.stdout + done.stderr).lower()
+    if "open mpi" in text or "open-mpi" in text or "openrte" in text or "prrte" in text:
+        return "openmpi"
+    if "hydra" in text or "mpich" in text or "intel" in text:
+        return "mpich"
+    return None
