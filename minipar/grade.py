@@ -130,6 +130,7 @@ examples:
   minipar grade --solutions       the worked answers (instructors, CI): all must pass
   minipar grade --impl ~/mine     a folder holding your own exNN_*.py files
   minipar grade --json out.json   also write the results as JSON (for a course's records)
+  minipar grade 03 --hints        also print the hint of each exercise not started yet
 """
 
 
@@ -147,6 +148,9 @@ def configure(parser) -> None:
     which.add_argument("--impl", default=None, metavar="DIR", help="grade the files in DIR")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the results here")
     parser.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output")
+    parser.add_argument(
+        "--hints", action="store_true", help="print the hint of each exercise not started"
+    )
 
 
 STYLE = {"passed": "green", "failed": "bold red", "not started": "yellow"}
@@ -158,9 +162,10 @@ def verdict(mine: list[Result]) -> str:
     return "not started" if all(r.status == "not started" for r in mine) else "failed"
 
 
-def report(console, results: list[Result], impl: str, shown: int = 3) -> None:
+def report(console, results: list[Result], impl: str, shown: int = 3, hints: bool = False) -> None:
     """One row per exercise (counts and verdict), then the first failures of each with their
-    first error line, and the hint of each exercise not started yet."""
+    first error line, and (with hints) the hint of each exercise not started yet: the hints
+    spell out much of the answer, so they are shown only on request."""
     from rich import box
     from rich.markup import escape
     from rich.table import Table
@@ -186,7 +191,8 @@ def report(console, results: list[Result], impl: str, shown: int = 3) -> None:
             if len(failed) > shown:
                 console.print(f"  ... and {len(failed) - shown} more")
         elif waiting:
-            console.print(f"[yellow]{exercise}[/]: not started; hint: {escape(waiting[0].detail)}")
+            hint = f"hint: {escape(waiting[0].detail)}" if hints else "--hints shows a hint"
+            console.print(f"[yellow]{exercise}[/]: not started; {hint}")
     total = {s: sum(r.status == s for r in results) for s in STYLE}
     console.print(", ".join(f"[{STYLE[s]}]{n} {s}[/]" for s, n in total.items()) + " (tests)")
 
@@ -204,7 +210,7 @@ def main(args) -> int:
     if not results:
         err.print("[bold red]minipar grade:[/] no tests ran (is the lesson number right?)")
         return 2
-    report(console, results, str(exercises.tree(impl)))
+    report(console, results, str(exercises.tree(impl)), hints=args.hints)
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=1))
     return 0 if all(r.status == "passed" for r in results) else 1
