@@ -42,6 +42,7 @@ examples:
   minipar doctor                    is MPI/torch/CUDA set up? can 2 ranks talk?
   minipar run -n 4 script.py        run script.py on 4 ranks
   minipar run -n 4 -m mymodule      run a module on 4 ranks
+  minipar run -n 4 python script.py   the mpiexec habit: any program (--tag-output: [rank0]:)
   minipar COMMAND --help            the options and examples of one command
 """
 
