@@ -116,10 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    from minipar.errors import MPISetupError
+
     try:
         status = args._main(args)
     except KeyboardInterrupt:
         return 130
+    except MPISetupError as error:  # no MPI library, say, for a command that needs one
+        return _fail(str(error))
     return int(status or 0)
 
 

@@ -43,6 +43,7 @@ class Relay:
         self.keep: list[int] = []  # our own write ends: a FIFO nobody opened yet is not at EOF
         self.pending: dict[int, bytes] = {}
         self.closed: set[str] = set()  # streams whose reader has gone (a closed pipe)
+        _enough_files(4 * n + 64)  # two FIFOs per rank, each opened twice here
         for rank in range(n):
             for stream in ("out", "err"):
                 path = os.path.join(self.folder, f"{rank}.{stream}")
@@ -144,6 +145,18 @@ class Relay:
                 pass
         self.keep = []
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _enough_files(count: int) -> None:
+    """Raise this process's open-file limit to count when the hard limit allows (a big job)."""
+    try:
+        import resource
+    except ImportError:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < count:
+        top = count if hard == resource.RLIM_INFINITY else min(count, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (top, hard))
 
 
 def _isatty(stream) -> bool:
