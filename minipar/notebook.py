@@ -142,7 +142,8 @@ def _keep_old_names() -> None:
     (`from minipar import launch; launch.run(...)`) keeps working."""
     from minipar import launcher
 
-    for name in ("run", "run_command", "command", "cores", "find_mpiexec", "mpi_flavor"):
+    old = ("run", "run_command", "command", "cores", "find_mpiexec", "mpi_flavor")
+    for name in (*old, "mpi_library_version"):
         setattr(launch, name, getattr(launcher, name))
 
 
