@@ -20,7 +20,7 @@ import minipar
 
 # name -> (module, one-line summary); the order is the order of `minipar --help`
 COMMANDS = {
-    "run": ("minipar.launcher", "run a script or module on N ranks under mpiexec"),
+    "run": ("minipar.launcher", "run a script, module or any program on N ranks under mpiexec"),
     "doctor": ("minipar.doctor", "check MPI, torch and CUDA, and run a 2-rank smoke job"),
     "tour": ("minipar.tour", "the guided demo: ping-pong, ring shift, collectives, lessons"),
     "lesson": ("minipar.lesson", "run one lesson and print what moved where"),
