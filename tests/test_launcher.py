@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -194,16 +195,23 @@ try:
     minipar.launch(fails, n=3, timeout=60)
 except minipar.RankError as error:
     print("RANK_ERROR", error.rank, repr(str(error)))
-left = [p for p in os.listdir("/proc") if p.isdigit()
-        and b"minipar.notebook" in open(f"/proc/{p}/cmdline", "rb").read()]
-print("LEFT", len(left))
+mark = ("MINIPAR_TEST_MARK=" + os.environ["MINIPAR_TEST_MARK"]).encode()
+
+def ours(pid):  # a process of this session's jobs (the ranks inherit the mark)
+    try:
+        return pid != str(os.getpid()) and mark in open(f"/proc/{pid}/environ", "rb").read()
+    except OSError:
+        return False
+
+print("LEFT", sum(ours(p) for p in os.listdir("/proc") if p.isdigit()))
 """
 
 
 def test_launch_runs_a_main_function_on_ranks_and_reports_the_failing_rank(tmp_path):
     path = script(tmp_path, NOTEBOOK, "session.py")
+    mark = dict(os.environ, MINIPAR_TEST_MARK=f"{os.getpid()}-{time.time_ns()}", PYTHONPATH=ROOT)
     done = subprocess.run(
-        [sys.executable, path], capture_output=True, text=True, timeout=120, cwd=tmp_path
+        [sys.executable, path], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=mark
     )
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
