@@ -171,7 +171,7 @@ def test_open_mpi_as_root_gets_consent_from_the_launcher(monkeypatch):
 # -- 15.6 minipar.launch ------------------------------------------------------------------------
 
 NOTEBOOK = """
-import os, sys
+import os, sys, time
 import minipar
 
 def total(scale):  # defined in __main__: the ranks get it by value
@@ -183,18 +183,23 @@ def total(scale):  # defined in __main__: the ranks get it by value
     return minipar.get_rank(), float(x[0]) * scale
 
 def fails():
+    import time
     import numpy as np
     minipar.init()
     if minipar.get_rank() == 2:
         raise ValueError("rank two refuses")
-    minipar.all_reduce(np.ones(2))  # the others would wait for rank 2
+    if minipar.get_rank() == 1:
+        time.sleep(120)  # busy elsewhere: the job must still end at once
+    minipar.all_reduce(np.ones(2))  # rank 0 would wait for rank 2
     return "unreachable"
 
 print("RESULTS", minipar.launch(total, args=(10,), n=3))
+start = time.monotonic()
 try:
-    minipar.launch(fails, n=3, timeout=60)
+    minipar.launch(fails, n=3, timeout=100)
 except minipar.RankError as error:
     print("RANK_ERROR", error.rank, repr(str(error)))
+print("SECONDS", time.monotonic() - start)
 mark = ("MINIPAR_TEST_MARK=" + os.environ["MINIPAR_TEST_MARK"]).encode()
 
 def ours(pid):  # a process of this session's jobs (the ranks inherit the mark)
@@ -222,6 +227,8 @@ def test_launch_runs_a_main_function_on_ranks_and_reports_the_failing_rank(tmp_p
     assert line.startswith("RANK_ERROR 2 ") and "rank 2 of 3 raised" in line
     assert "Traceback" in line and "ValueError: rank two refuses" in line
     assert "LEFT 0" in out
+    seconds = float(out.split("SECONDS ", 1)[1].split()[0])
+    assert seconds < 60, seconds  # not the 100 s timeout, nor rank 1's 120 s sleep
 
 
 def test_launch_rejects_bad_arguments_before_starting_anything():
