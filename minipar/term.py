@@ -30,9 +30,15 @@ class Console(_RichConsole):
             self.width = saved
 
     def _table_width(self, objects) -> int:
+        """The width the widest table (or a rule's title, which rich would cut) needs."""
         from rich.measure import Measurement
+        from rich.rule import Rule
         from rich.table import Table
+        from rich.text import Text
 
         options = self.options.update_width(WIDE)
-        tables = [o for o in objects if isinstance(o, Table)]
-        return max((Measurement.get(self, options, t).maximum for t in tables), default=0)
+        need = [Measurement.get(self, options, o).maximum for o in objects if isinstance(o, Table)]
+        for rule in (o for o in objects if isinstance(o, Rule)):
+            title = rule.title if isinstance(rule.title, Text) else self.render_str(rule.title)
+            need.append(title.cell_len + 6)  # rich keeps a few rule characters beside a title
+        return max(need, default=0)

@@ -147,6 +147,11 @@ def test_console_fits_a_table_off_a_terminal_and_keeps_a_terminals_width():
     text = out.getvalue()
     assert all(f"value {c} that must survive" in text for c in range(6)), text
     assert "…" not in text and max(map(len, text.splitlines())) > 80
+    from rich.rule import Rule
+
+    out = io.StringIO()
+    term.Console(file=out, width=40).print(Rule("a rule whose title is longer than forty columns"))
+    assert "a rule whose title is longer than forty columns" in out.getvalue()
     out = io.StringIO()
     term.Console(file=out, width=80, force_terminal=True, color_system=None).print(grid)
     assert max(map(len, out.getvalue().splitlines())) <= 80  # a terminal: its width rules
