@@ -66,6 +66,10 @@ _LAZY = {
     "MessageSizeError": "minipar.errors",
     "MismatchError": "minipar.errors",
     "NotInitializedError": "minipar.errors",
+    # launching from a Python session or notebook; the MPI set-up diagnosed
+    "launch": "minipar.notebook",
+    "RankError": "minipar.errors",
+    "MPISetupError": "minipar.errors",
 }
 _SUBMODULES = {
     "cost",

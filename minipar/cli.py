@@ -20,7 +20,7 @@ import minipar
 
 # name -> (module, one-line summary); the order is the order of `minipar --help`
 COMMANDS = {
-    "run": ("minipar.launch", "run a script or module on N ranks under mpiexec"),
+    "run": ("minipar.launcher", "run a script, module or any program on N ranks under mpiexec"),
     "doctor": ("minipar.doctor", "check MPI, torch and CUDA, and run a 2-rank smoke job"),
     "tour": ("minipar.tour", "the guided demo: ping-pong, ring shift, collectives, lessons"),
     "lesson": ("minipar.lesson", "run one lesson and print what moved where"),
@@ -42,6 +42,7 @@ examples:
   minipar doctor                    is MPI/torch/CUDA set up? can 2 ranks talk?
   minipar run -n 4 script.py        run script.py on 4 ranks
   minipar run -n 4 -m mymodule      run a module on 4 ranks
+  minipar run -n 4 python script.py   the mpiexec habit: any program (--tag-output: [rank0]:)
   minipar COMMAND --help            the options and examples of one command
 """
 
@@ -115,10 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    from minipar.errors import MPISetupError
+
     try:
         status = args._main(args)
     except KeyboardInterrupt:
         return 130
+    except MPISetupError as error:  # no MPI library, say, for a command that needs one
+        return _fail(str(error))
     return int(status or 0)
 
 

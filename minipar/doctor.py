@@ -10,11 +10,13 @@ doctor's own process never calls MPI_Init. Exit 0 when minipar can run.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 from dataclasses import asdict, dataclass
 
-from minipar import launch
+from minipar import launcher, mpisetup
+from minipar.errors import MPISetupError
 
 EXAMPLES = """\
 examples:
@@ -36,24 +38,60 @@ class Check:
 
 
 def mpi_checks() -> list[Check]:
-    """The MPI library and its mpiexec, without initialising MPI."""
+    """The MPI library mpi4py loads, the mpiexec that belongs to it, without initialising MPI."""
     try:
         import mpi4py
-
-        version = launch.mpi_library_version()
-        from mpi4py import MPI
     except ImportError as error:
         return [Check("mpi4py", "not importable", "fail", f"{error}; pip install mpi4py mpich")]
+    try:
+        lib = mpisetup.library()
+    except MPISetupError as error:
+        return [
+            Check("mpi4py", mpi4py.__version__),
+            Check("MPI library", "none found", "fail", str(error)),
+        ]
+    MPI = mpisetup.load_mpi()
     checks = [
         Check("mpi4py", mpi4py.__version__),
-        Check("MPI library", " ".join(version.splitlines()[0].split())),
-        Check("MPI flavor", launch.mpi_flavor()),
+        Check("MPI library", f"{lib['vendor']} {lib['version']}", note=lib["text"]),
+        Check("libmpi loaded", lib["path"] or "unknown", note="the file mpi4py opened"),
+        Check("MPI flavor", lib["flavor"]),
         Check("MPI standard", "{}.{}".format(*MPI.Get_version())),
     ]
+    checks += mpiexec_checks(lib)
+    if lib["flavor"] == "openmpi" and launcher.is_root():
+        checks.append(Check("Open MPI as root", "allowed", note=(
+            "running as root: minipar sets OMPI_ALLOW_RUN_AS_ROOT=1 and "
+            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 when it launches Open MPI (a bare mpiexec needs "
+            "them, or --allow-run-as-root)")))  # fmt: skip
+    if "SLURM_JOB_ID" in os.environ:
+        checks.append(Check("Slurm", f"use {mpisetup.srun_hint(lib)}", note=(
+            "`srun --mpi=list` shows what this Slurm offers; with the wrong one each task is a "
+            "world of one, and minipar.init() stops with an error")))  # fmt: skip
+    return checks
+
+
+def mpiexec_checks(lib: dict) -> list[Check]:
+    """The mpiexec minipar uses, and the one first on PATH: a bare `mpiexec` from another MPI
+    starts n worlds of one (or aborts), so a mismatch is a warning."""
     try:
-        checks.append(Check("mpiexec", launch.find_mpiexec()))
+        used = launcher.find_mpiexec()
     except FileNotFoundError as error:
-        checks.append(Check("mpiexec", "not found", "fail", str(error)))
+        return [Check("mpiexec", "not found", "fail", str(error))]
+    checks = [Check("mpiexec", used, note="what minipar run uses")]
+    on_path = mpisetup.mpiexec_on_path()
+    if on_path is None:
+        checks.append(Check("mpiexec on PATH", "none", note="minipar run finds its own"))
+        return checks
+    theirs = mpisetup.launcher_flavor(on_path)
+    same = mpisetup.same_file(on_path, lib["mpiexec"] or used)
+    if same or theirs == lib["flavor"]:
+        checks.append(Check("mpiexec on PATH", on_path, note=f"{theirs}: matches the library"))
+    else:
+        checks.append(Check("mpiexec on PATH", on_path, "warn", (
+            f"{theirs or 'unknown'} launcher, but mpi4py loaded {lib['vendor']}: a bare "
+            f"`mpiexec -n 4 python ...` would start 4 worlds of one or abort; use `minipar "
+            f"run`, or {mpisetup.matching_mpiexec(lib)}")))  # fmt: skip
     return checks
 
 
@@ -81,7 +119,7 @@ def torch_checks() -> list[Check]:
 
 
 def machine_checks() -> list[Check]:
-    n = launch.cores()
+    n = launcher.cores()
     note = f"jobs of more than {n} ranks run oversubscribed (waits yield the core)"
     return [
         Check("python", f"{platform.python_version()} ({platform.machine()})"),
@@ -94,7 +132,7 @@ def smoke_checks(ranks: int = 2, timeout: float = 60) -> list[Check]:
     from minipar.demos.smoke import PREFIX
 
     try:
-        done = launch.run(ranks, ["-m", "minipar.demos.smoke"], timeout=timeout, capture=True)
+        done = launcher.run(ranks, ["-m", "minipar.demos.smoke"], timeout=timeout, capture=True)
     except (FileNotFoundError, ValueError) as error:
         return [Check(f"{ranks}-rank smoke job", "not started", "fail", str(error))]
     lines = [ln for ln in (done.stdout or "").splitlines() if ln.startswith(PREFIX)]
@@ -171,7 +209,7 @@ def main(args) -> int:
         json.dump(report, sys.stdout, indent=2)
         print()
     else:
-        from rich.console import Console
+        from minipar.term import Console
 
         console = Console(highlight=False)
         console.print(table(report))

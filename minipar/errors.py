@@ -19,3 +19,16 @@ class MessageSizeError(MiniparError):
 
 class MismatchError(MiniparError):
     """Ranks of a group called different collectives or passed different arguments (debug mode)."""
+
+
+class MPISetupError(MiniparError):
+    """The MPI set-up is wrong before any message moves: no MPI library, or a launcher from
+    another MPI than the library mpi4py loaded (see minipar.mpisetup)."""
+
+
+class RankError(MiniparError):
+    """A rank of a job started by `minipar.launch` raised; the message holds its traceback."""
+
+    def __init__(self, message: str, rank: int | None = None):
+        super().__init__(message)
+        self.rank = rank

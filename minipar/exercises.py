@@ -82,8 +82,12 @@ def sources(solutions: Path | None = None) -> list[Path]:
     return sorted((solutions or tree("solutions")).glob("ex[0-9][0-9]_*.py"))
 
 
-def strip(text: str, where: str = "solution") -> tuple[str, int]:
-    """The exercise version of a solution file's text, and the number of blocks replaced."""
+NO_HINT = "write this part"
+
+
+def strip(text: str, where: str = "solution", hints: bool = True) -> tuple[str, int]:
+    """The exercise version of a solution file's text, and the number of blocks replaced;
+    without hints every block raises the same bare message (for instructors who grade)."""
     out, blocks, lines, i = [], 0, text.splitlines(), 0
     while i < len(lines):
         begin = BEGIN.match(lines[i])
@@ -104,7 +108,8 @@ def strip(text: str, where: str = "solution") -> tuple[str, int]:
             i += 1
         if i == len(lines):
             raise ValueError(f"{where}:{start + 1}: BEGIN SOLUTION is never closed")
-        message = " ".join(h.strip() for h in hint if h.strip()) or "write this part"
+        message = " ".join(h.strip() for h in hint if h.strip()) if hints else ""
+        message = message or NO_HINT
         out.extend(_raise(begin["indent"], message))
         blocks += 1
         i += 1
@@ -133,25 +138,27 @@ def lesson_of(path: Path) -> str:
     return path.name[2:4]
 
 
-def generated(path: Path) -> tuple[str, int]:
+def generated(path: Path, hints: bool = True) -> tuple[str, int]:
     """What exercises/<name> should contain, for solutions file `path`."""
-    body, blocks = strip(path.read_text(), str(path))
+    body, blocks = strip(path.read_text(), str(path), hints)
     return HEADER.format(name=path.name, lesson=lesson_of(path)) + body, blocks
 
 
-def expected_files(solutions: Path | None = None) -> dict[str, str]:
+def expected_files(solutions: Path | None = None, hints: bool = True) -> dict[str, str]:
     """file name -> the text --generate writes (the README and one file per solution)."""
     files = {"README.md": README}
     for path in sources(solutions):
-        files[path.name] = generated(path)[0]
+        files[path.name] = generated(path, hints)[0]
     return files
 
 
-def stale(exercises: Path | None = None, solutions: Path | None = None) -> list[str]:
+def stale(
+    exercises: Path | None = None, solutions: Path | None = None, hints: bool = True
+) -> list[str]:
     """Names of the files in exercises/ that differ from (or are missing against) the solutions."""
     exercises = exercises or tree("exercises")
     wrong = []
-    for name, text in expected_files(solutions).items():
+    for name, text in expected_files(solutions, hints).items():
         path = exercises / name
         if not path.exists() or path.read_text() != text:
             wrong.append(name)
@@ -163,13 +170,14 @@ def remaining(path: Path) -> int:
     return sum("raise NotImplementedError(" in line for line in path.read_text().splitlines())
 
 
-def generate(exercises: Path | None = None, force: bool = False) -> list[str]:
+def generate(exercises: Path | None = None, force: bool = False, hints: bool = True) -> list[str]:
     """Write exercises/ from solutions/; refuses to overwrite a file a student has started
-    (fewer NotImplementedErrors than a fresh copy) unless force. Returns the files written."""
+    (fewer NotImplementedErrors than a fresh copy) unless force. Returns the files written.
+    hints=False: each NotImplementedError says only "write this part"."""
     exercises = exercises or tree("exercises")
     exercises.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in expected_files().items():
+    for name, text in expected_files(hints=hints).items():
         path = exercises / name
         if path.exists() and path.read_text() == text:
             continue
@@ -217,6 +225,7 @@ EXAMPLES = """\
 examples:
   minipar exercises                  the exercises and how many parts are left in each
   minipar exercises --generate       instructors: rebuild exercises/ from solutions/
+  minipar exercises --generate --no-hints   the same, the NotImplementedErrors without hints
   minipar exercises --check          exit 1 if exercises/ is out of date (CI)
   minipar grade 03                   grade the lesson 03 exercises
 """
@@ -238,22 +247,27 @@ def configure(parser) -> None:
         action="store_true",
         help="with --generate: overwrite exercises a student has started",
     )
+    parser.add_argument(
+        "--no-hints",
+        action="store_true",
+        help="with --generate/--check: no hint in the NotImplementedErrors (for grading)",
+    )
 
 
 def main(args) -> int:
-    from rich.console import Console
+    from minipar.term import Console
 
     console, err = Console(highlight=False), Console(stderr=True, highlight=False)
     try:
         if args.generate:
-            written = generate(force=args.force)
+            written = generate(force=args.force, hints=not args.no_hints)
             console.print(
                 f"wrote {len(written)} file(s) in {tree('exercises')}: "
                 + (", ".join(written) or "all up to date")
             )
             return 0
         if args.check:
-            wrong = stale()
+            wrong = stale(hints=not args.no_hints)
             if wrong:
                 err.print(
                     f"[bold red]exercises/ is out of date:[/] {', '.join(wrong)}; run "

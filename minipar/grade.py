@@ -180,7 +180,7 @@ def configure(parser) -> None:
         nargs="?",
         default=None,
         metavar="NN",
-        help="only this lesson's exercises (02, 03, 04), or one exercise by name",
+        help="only this lesson's exercises (e.g. 03, 06), or one exercise by name",
     )
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--solutions", action="store_true", help="grade solutions/ instead")
@@ -273,7 +273,7 @@ def document(results: list[Result], fmt: str, points_path) -> str:
 
 
 def main(args) -> int:
-    from rich.console import Console
+    from minipar.term import Console
 
     console, err = Console(highlight=False), Console(stderr=True, highlight=False)
     impl = "solutions" if args.solutions else (args.impl or "exercises")

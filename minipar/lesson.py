@@ -58,7 +58,7 @@ def run_lesson(
     capture: bool = False,
 ):
     """Run a lesson's module under the launcher; returns the CompletedProcess."""
-    from minipar import launch
+    from minipar import launcher
 
     lesson = find(key)
     if not exists(lesson):
@@ -72,11 +72,11 @@ def run_lesson(
         *(["--quick"] if quick else []),
         *(["--break", lab] if lab else []),
     ]
-    cmd, env = launch.command(n or lesson.ranks, argv)
+    cmd, env = launcher.command(n or lesson.ranks, argv)
     if sys.stdout.isatty() and not capture:  # ranks print through a pipe: keep colour and width
         env.setdefault("FORCE_COLOR", "1")
         env.setdefault("COLUMNS", str(shutil.get_terminal_size().columns))
-    return launch.run_command(cmd, env, timeout, capture)
+    return launcher.run_command(cmd, env, timeout, capture)
 
 
 def tour_steps() -> list:
@@ -157,7 +157,7 @@ def list_lessons(console) -> None:
 
 
 def main(args) -> int:
-    from rich.console import Console
+    from minipar.term import Console
 
     console, err = Console(highlight=False), Console(stderr=True, highlight=False)
     if args.which == "list":

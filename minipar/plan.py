@@ -100,10 +100,10 @@ def cluster_from_args(args) -> tuple[Cluster, int]:
         args.efficiency,
     )
     if args.measure_flops:  # this CPU's rate, shared by the ranks that will run on its cores
-        from minipar import launch
+        from minipar import launcher
         from minipar.planner import measure_flops, shared_cores
 
-        cluster = shared_cores(cluster, args.gpus or 1, launch.cores(), measure_flops())
+        cluster = shared_cores(cluster, args.gpus or 1, launcher.cores(), measure_flops())
     per_node = cluster.hierarchy.per_node
     if args.gpus and args.nodes:
         raise ValueError("give --gpus or --nodes, not both")
@@ -215,7 +215,7 @@ def main(args) -> int:
         json.dump({"model": asdict(model), "gpus": gpus, "layouts": rows}, sys.stdout, indent=1)
         print()
         return 0
-    from rich.console import Console
+    from minipar.term import Console
 
     console = Console(highlight=False)
     console.print(table(layouts, model, cluster, gpus, args.top))

@@ -74,9 +74,13 @@ def init(backend: str = "auto", timeout: float | None = None, debug: bool | None
     if backend == "auto":
         backend = detect_backend()
     if backend == "mpi":
+        from minipar import mpisetup
         from minipar.comm import mpi
 
-        _state.world = mpi.world(seconds)
+        mpisetup.check_before_init()  # a launcher of another MPI: say so, before MPI_Init aborts
+        comm = mpi.world(seconds)
+        mpisetup.check_world(comm.size)  # n singletons where the launcher started n ranks
+        _state.world = comm
     else:
         from minipar.comm import torch as torch_comm
 

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from minipar import launch
+from minipar import launcher
 
 EXAMPLES = """\
 examples:
@@ -67,7 +67,7 @@ class Tour:
         shown = " ".join(["minipar run -n", str(ranks), *argv])
         self.console.print(f"[dim]$ {shown}[/]")
         sys.stdout.flush()
-        return launch.run(ranks, argv, timeout=self.timeout).returncode
+        return launcher.run(ranks, argv, timeout=self.timeout).returncode
 
 
 def _takes_quick(module: str) -> bool:
@@ -222,7 +222,7 @@ def configure(parser) -> None:
 
 
 def main(args) -> int:
-    from rich.console import Console
+    from minipar.term import Console
 
     console = Console(highlight=False)
     if console.is_terminal:  # the ranks' rich output then matches this terminal

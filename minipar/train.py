@@ -128,13 +128,13 @@ def main(args) -> int:
     except ValueError as error:
         print(f"minipar train: {error}", file=sys.stderr)
         return 2
-    from minipar import launch
+    from minipar import launcher
 
-    cmd, env = launch.command(n, ["-m", "minipar.train", *to_argv(args)])
+    cmd, env = launcher.command(n, ["-m", "minipar.train", *to_argv(args)])
     env[_LAUNCHED] = "1"
     if sys.stdout.isatty():
         env.setdefault("FORCE_COLOR", "1")
-    return launch.run_command(cmd, env, args.timeout).returncode
+    return launcher.run_command(cmd, env, args.timeout).returncode
 
 
 def memory_bytes(device) -> int:
@@ -257,8 +257,9 @@ class Reporter:
     def summary(self, losses, problems) -> None:
         import statistics
 
-        from rich.console import Console
         from rich.table import Table
+
+        from minipar.term import Console
 
         s, times = self.spec, sorted(self.times[1:] or self.times)  # the first step warms up
         t = Table(title="minipar train", show_header=False, title_justify="left")

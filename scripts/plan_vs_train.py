@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 
-from minipar import launch, planner
+from minipar import launcher, planner
 
 
 def measure(dp: int, tp: int, pp: int, microbatches: int, steps: int) -> dict:
@@ -59,13 +59,13 @@ def main() -> None:
     args = parser.parse_args()
     rate = planner.measure_flops()
     model = planner.MODELS["tiny"]
-    print(f"measured matmul rate: {rate / 1e9:.2f} GFLOP/s per core, {launch.cores()} cores\n")
+    print(f"measured matmul rate: {rate / 1e9:.2f} GFLOP/s per core, {launcher.cores()} cores\n")
     print("| dp x tp x pp | predicted step | measured step (min / median / max) | ratio |")
     print("| --- | ---: | ---: | ---: |")
     for text in args.layouts:
         dp, tp, pp = (int(x) for x in text.split("x"))
         ranks = dp * tp * pp
-        cpu = planner.shared_cores(planner.CLUSTERS["cpu"], ranks, launch.cores(), rate)
+        cpu = planner.shared_cores(planner.CLUSTERS["cpu"], ranks, launcher.cores(), rate)
         micro = model.global_batch // dp // args.microbatches
         predicted = planner.evaluate(model, cpu, dp, tp, pp, micro).step_time
         steps = sorted(measure(dp, tp, pp, args.microbatches, args.steps)["step_seconds"][1:])

@@ -14,7 +14,7 @@ import re
 import pytest
 from conftest import ROOT, ranks_suite
 
-from minipar import launch
+from minipar import launcher
 from minipar.testing import harness
 from minipar.testing.worker import load_suite
 
@@ -35,7 +35,7 @@ def test_parity_torch_transport(size, name):
 def test_init_and_destroy_process_group():
     """ "mpi", then "gloo" brought up over MPI, then "gloo" with init_method / rank /
     world_size, each torn down by destroy_process_group, in one 2-rank job."""
-    done = launch.run(2, [SETUP], timeout=120, capture=True)
+    done = launcher.run(2, [SETUP], timeout=120, capture=True)
     assert done.returncode == 0 and done.stdout.count("setup ok") == 2, (
         done.stdout[-2000:] + done.stderr[-4000:]
     )

@@ -7,7 +7,7 @@ import sys
 
 from conftest import ROOT
 
-from minipar import launch
+from minipar import launcher
 
 
 def test_torchrun_two_ranks():
@@ -17,6 +17,6 @@ def test_torchrun_two_ranks():
     for var in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
         env.pop(var, None)
     cmd = [torchrun, "--standalone", "--nproc_per_node", "2", script]
-    done = launch.run_command(cmd, env, timeout=120, capture=True)
+    done = launcher.run_command(cmd, env, timeout=120, capture=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "rank 0 of 2: ok" in done.stdout and "rank 1 of 2: ok" in done.stdout

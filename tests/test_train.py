@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from minipar import launch
+from minipar import launcher
 from minipar.models.gpt import GPTConfig
 from minipar.models.training import RunSpec, train_dense
 from minipar.train import _parser, to_argv
@@ -59,7 +59,7 @@ def test_data_parallel_matches_dense_and_resumes_on_another_layout(tmp_path):
 
 def test_wrong_layout_fails_on_every_rank():
     argv = ["-m", "minipar.train", "--dp", "2", "--tp", "2", "--steps", "1", *SMALL]
-    done = launch.run(2, argv, timeout=120, capture=True)
+    done = launcher.run(2, argv, timeout=120, capture=True)
     assert done.returncode == 2, done.stdout + done.stderr
     for rank in (0, 1):
         assert (

@@ -105,7 +105,7 @@ def cell_count(job: dict) -> int:
 
 def launch_job(job: dict, n: int, timeout: float, progress=None) -> tuple[list[dict], object]:
     """Run the ranks; returns (the events rank 0 wrote, the CompletedProcess)."""
-    from minipar import launch
+    from minipar import launcher
 
     folder = tempfile.mkdtemp(prefix="minipar-bench-")
     spec_path, out_path = os.path.join(folder, "job.json"), os.path.join(folder, "out.jsonl")
@@ -116,7 +116,7 @@ def launch_job(job: dict, n: int, timeout: float, progress=None) -> tuple[list[d
     done = []
     argv = ["-m", "minipar.bench.ranks", spec_path, out_path]
     worker = threading.Thread(
-        target=lambda: done.append(launch.run(n, argv, timeout=timeout, capture=True))
+        target=lambda: done.append(launcher.run(n, argv, timeout=timeout, capture=True))
     )
     worker.start()
     while worker.is_alive():
@@ -194,10 +194,9 @@ def run_all(job: dict, args, console):
 
 
 def main(args) -> int:
-    from rich.console import Console
-
     from minipar import cost
     from minipar.bench import fit
+    from minipar.term import Console
 
     if args.collective == "tp":  # tensor-parallel layers, not a collective: bench/tp.py
         from minipar.bench import tp

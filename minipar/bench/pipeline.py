@@ -27,9 +27,8 @@ THEIRS = ["GPipe", "1F1B"]
 
 
 def main(args) -> int:
-    from rich.console import Console
-
-    from minipar import launch
+    from minipar import launcher
+    from minipar.term import Console
 
     console = Console()
     if not console.is_terminal:
@@ -38,7 +37,7 @@ def main(args) -> int:
     for p in (2, 4):
         out = os.path.join(tempfile.mkdtemp(prefix="minipar-bench-pp-"), "rows.json")
         argv = ["-m", "minipar.bench.pipeline", out]
-        done = launch.run(p, argv, timeout=args.timeout, capture=True)
+        done = launcher.run(p, argv, timeout=args.timeout, capture=True)
         if done.returncode or not os.path.exists(out):
             console.print(f"[red]minipar bench pp: p={p} failed[/]\n{(done.stderr or '')[-3000:]}")
             return 1

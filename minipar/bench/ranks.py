@@ -35,7 +35,7 @@ class Out:
 def header(comm, dist) -> dict:
     from mpi4py import MPI
 
-    from minipar import launch
+    from minipar import launcher
 
     torch = sys.modules.get("torch")
     return {
@@ -45,8 +45,8 @@ def header(comm, dist) -> dict:
         "torch_backend": dist.get_backend() if dist is not None else None,
         "python": platform.python_version(),
         "world_size": comm.size,
-        "cores": launch.cores(),
-        "oversubscribed": comm.size > launch.cores(),
+        "cores": launcher.cores(),
+        "oversubscribed": comm.size > launcher.cores(),
         "host": platform.node(),
         "load": list(os.getloadavg()),  # other processes' load: noise in every number
     }

@@ -127,17 +127,17 @@ def main(args) -> int:
     import os
     import tempfile
 
-    from rich.console import Console
     from rich.table import Table
 
-    from minipar import launch
+    from minipar import launcher
+    from minipar.term import Console
 
     console = Console()
     out = os.path.join(tempfile.mkdtemp(prefix="minipar-bench-tp-"), "times.json")
     iters = args.iters or 20
     argv = ["-m", "minipar.bench.tp", out, str(iters)]
     os.environ.setdefault("MINIPAR_TIMEOUT", "120")
-    done = launch.run(args.ranks, argv, timeout=args.timeout, capture=True)
+    done = launcher.run(args.ranks, argv, timeout=args.timeout, capture=True)
     if not os.path.exists(out):
         console.print(f"[red]minipar bench tp: the job failed[/]\n{(done.stderr or '')[-4000:]}")
         return 1
@@ -158,7 +158,7 @@ def main(args) -> int:
             f"{r['x_torch']:.2f}",
         )
     console.print(table)
-    if launch.cores() < args.ranks:
+    if launcher.cores() < args.ranks:
         console.print("[red]more ranks than cores: these numbers support no claims[/]")
     if args.json:
         with open(args.json, "w") as f:

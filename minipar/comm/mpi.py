@@ -27,8 +27,12 @@ ABORT_GRACE = 0.5  # seconds between a rank's last words and MPI_Abort
 
 def _mpi():
     if not _MPI:
-        from mpi4py import MPI
+        try:
+            from mpi4py import MPI
+        except RuntimeError as error:  # no libmpi: say how to get one, not mpi4py's .so list
+            from minipar.mpisetup import no_library
 
+            raise no_library(error) from None
         _MPI.append(MPI)
     return _MPI[0]
 
@@ -197,6 +201,8 @@ def world(timeout: float) -> MPICommunicator:
 
     mpi4py.rc.thread_level = "multiple"
     MPI = _mpi()
+    if not MPI.Is_initialized():  # mpi4py was imported with rc.initialize off (a probe)
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
     provided = MPI.Query_thread()
     if provided < MPI.THREAD_MULTIPLE:
         raise RuntimeError(

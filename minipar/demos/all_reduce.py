@@ -60,8 +60,9 @@ def agrees(row: dict, model) -> bool:
 
 
 def show(nbytes: int, p: int, rows: list[dict], auto: str) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from minipar.term import Console
 
     link = cost.default_link()
     grid = Table(

@@ -65,10 +65,10 @@ def human(nbytes: float) -> str:
 
 
 def show(rows) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from minipar import cost
+    from minipar.term import Console
 
     grid = Table(title="ping-pong between rank 0 and rank 1 (one-way time = round trip / 2)")
     for name in ("size", "round trips", "minipar us", "minipar GB/s", "mpi4py us", "mpi4py GB/s"):

@@ -37,8 +37,9 @@ def shift(comm) -> list[dict]:
 
 
 def show(logs: list[list[dict]], bytes_sent: list[int]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from minipar.term import Console
 
     p = len(logs)
     grid = Table(title=f"ring shift on {p} ranks", caption="rank r sends to r+1, receives from r-1")

@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 import minipar
-from minipar import cost, launch
+from minipar import cost, launcher
 from minipar.collectives import ring
 from minipar.lessons import planted
 from minipar.lessons.page import Page, fmt_bytes, fmt_rate, fmt_time
@@ -256,7 +256,7 @@ def crossover_section(page: Page) -> None:
         ["size>", "model rd>", "model ring>", "measured rd>", "measured ring>", "faster"],
         rows,
     )
-    if page.size > launch.cores():
+    if page.size > launcher.cores():
         page.say(
             "[yellow]More ranks than cores: every step waits for the scheduler, so the "
             "latency terms are inflated and the measured crossover moves up.[/]"

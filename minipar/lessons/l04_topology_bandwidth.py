@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 import minipar
-from minipar import cost, launch, roofline
+from minipar import cost, launcher, roofline
 from minipar.lessons import planted
 from minipar.lessons.page import Page, fmt_bytes, fmt_rate, fmt_time
 
@@ -140,9 +140,9 @@ def bench_section(page: Page) -> list[tuple]:
     page.table(
         None, ["kernel", "bandwidth>"], [("copy", fmt_rate(copy_rate)), ("add", fmt_rate(add_rate))]
     )
-    if p > launch.cores():
+    if p > launcher.cores():
         page.say(
-            f"[yellow]{p} ranks on {launch.cores()} cores: oversubscribed, so these times "
+            f"[yellow]{p} ranks on {launcher.cores()} cores: oversubscribed, so these times "
             "measure the scheduler as much as the algorithms. Make no claims from them.[/]"
         )
     rows, fits = [], []

@@ -18,11 +18,11 @@ import argparse
 import sys
 
 from rich import box
-from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
 import minipar
+from minipar.term import Console
 
 
 class Page:

@@ -187,7 +187,7 @@ class DeviceMesh:
 
     def draw(self, console=None, per_node: int | None = None) -> None:
         """Print the grid with rich, this rank highlighted (see `render`)."""
-        from rich.console import Console
+        from minipar.term import Console
 
         world = self.group.global_ranks
         (console or Console()).print(render(self.shape, self.rank, per_node, world))

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-from minipar import launch
+from minipar import launcher
 from minipar.testing.worker import load_suite
 
 CASE_TIMEOUT = "10"  # seconds any single wait may take inside a test job
@@ -73,7 +73,7 @@ def run_suite(suite: str, size: int, backend: str = "mpi", timeout: float | None
     start = time.monotonic()
     try:
         if backend == "mpi":
-            done = launch.run(size, argv, timeout=timeout, capture=True)
+            done = launcher.run(size, argv, timeout=timeout, capture=True)
         else:
             done = _spawn(argv + ["--backend", "torch", "--size", str(size)], timeout)
     finally:
@@ -91,4 +91,4 @@ def run_suite(suite: str, size: int, backend: str = "mpi", timeout: float | None
 def _spawn(argv, timeout):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.setdefault("MINIPAR_OVERSUBSCRIBED", "1")
-    return launch.run_command([sys.executable, *argv], env, timeout, capture=True)
+    return launcher.run_command([sys.executable, *argv], env, timeout, capture=True)

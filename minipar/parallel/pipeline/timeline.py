@@ -84,7 +84,7 @@ class Timeline:
         return out
 
     def print(self, console=None, width: int = 72) -> None:
-        from rich.console import Console
+        from minipar.term import Console
 
         (console or Console()).print(self.text(width))
 

@@ -1,0 +1,280 @@
+"""Launching as users expect (issue 15): any program under `minipar run`, whole lines per rank,
+rank tags, tables that are never cut off a terminal, `minipar.launch(fn)`, hints on request."""
+
+import io
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from minipar import cli, exercises, grade, launcher, relay, term
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def minipar(*args, env=None, timeout=90):
+    cmd = [sys.executable, "-m", "minipar", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def script(tmp_path, body: str, name: str = "job.py") -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+# -- 15.1 any program; 15.2 whole lines; 15.5 tables off a terminal ------------------------------
+
+LINES = """
+import sys
+import minipar
+from minipar.term import Console
+from rich.table import Table
+
+comm = minipar.init()
+r, n = comm.rank, comm.size
+for i in range(150):  # print() writes each argument apart: the pieces must not interleave
+    print("RANK", r, n, i, "x" * 40, *sys.argv[1:])
+print(str(r) * 100_000)  # one line far longer than any pipe buffer
+if r == 0:
+    grid = Table(title="wide")
+    for c in range(8):
+        grid.add_column(f"column number {c}")
+    grid.add_row(*[f"cell {c} of a wide table" for c in range(8)])
+    Console().print(grid)
+print("unfinished last line of rank", r, end="")
+"""
+
+
+def test_run_python_script_whole_lines_tags_and_a_wide_table(tmp_path):
+    """`minipar run -n 3 --tag-output python job.py ARGS`: the mpiexec habit; every line whole
+    and tagged with the rank that printed it; rank 0's 8-column table not cut (no terminal)."""
+    path = script(tmp_path, LINES)
+    done = minipar("run", "-n", "3", "--tag-output", "python", path, "--lr", "0.1")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    short = re.compile(r"\[rank(\d)\]: RANK (\d) 3 (\d+) x{40} --lr 0\.1")
+    counts = [0, 0, 0]
+    for line in lines:
+        m = short.fullmatch(line)
+        if m:
+            assert m[1] == m[2], line
+            counts[int(m[1])] += 1
+        elif len(line) > 1000:
+            rank = line[len("[rankX]: ")]
+            assert line == f"[rank{rank}]: " + rank * 100_000, line[:80]
+            counts[int(rank)] += 1000
+        else:
+            assert line.startswith("[rank"), f"an untagged or torn line: {line[:120]!r}"
+    assert counts == [1150] * 3, counts
+    for r in range(3):
+        assert f"[rank{r}]: unfinished last line of rank {r}" in lines
+    assert "…" not in done.stdout and "..." not in done.stdout
+    for c in range(8):
+        assert f"cell {c} of a wide table" in done.stdout
+
+
+def test_run_any_executable_module_and_env_tagging(tmp_path):
+    env = dict(os.environ, MINIPAR_TAG_OUTPUT="1")
+    done = minipar("run", "-n", "2", "echo", "hello", env=env)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == ["[rank0]: hello", "[rank1]: hello"]
+    done = minipar("run", "-n", "2", "python", "-m", "platform")
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 2 and "[rank" not in done.stdout
+    done = minipar("run", "-n", "2", "no_such_program_here")
+    assert done.returncode == 2 and "no such script or program" in done.stderr
+
+
+def help_of(name: str, capsys) -> str:
+    with pytest.raises(SystemExit):
+        cli.main([name, "--help"])
+    return capsys.readouterr().out
+
+
+def test_run_parses_the_program_forms(tmp_path, capsys):
+    path = script(tmp_path, "pass\n")
+    parse = cli.build_parser("run").parse_args
+    cases = {
+        ("python", "-m", "mod", "-x"): ["python", "-m", "mod", "-x"],
+        ("python", path, "-n", "7"): ["python", path, "-n", "7"],
+        (path, "-n", "7"): [sys.executable, path, "-n", "7"],
+        ("--", path): [sys.executable, path],
+        ("echo", "hi"): ["echo", "hi"],
+    }
+    for argv, program in cases.items():
+        ns = parse(["run", "-n", "4", *argv])
+        assert ns.n == 4 and launcher.program(ns) == program, argv
+    ns = parse(["run", "-n", "2", "-m", "mod", "a"])
+    assert launcher.program(ns) == [sys.executable, "-m", "mod", "a"]
+    text = help_of("run", capsys)
+    assert "run -n 4 python script.py" in text and "--tag-output" in text
+    assert "MINIPAR_TAG_OUTPUT" in text
+
+
+def test_relay_tells_ranks_the_terminal_width_only_when_there_is_one():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    one = relay.Relay(2, tag=True, out=Tty())
+    two = relay.Relay(2, out=io.StringIO())
+    try:
+        env = one.environ({})
+        assert env["FORCE_COLOR"] == "1" and int(env["COLUMNS"]) >= 40
+        assert two.environ({}) == {}  # no terminal: the ranks' tables size themselves
+        wrapped = [sys.executable, "-m", "minipar.relay", one.folder, "--", "echo", "x"]
+        assert one.wrap(["echo", "x"]) == wrapped
+    finally:
+        one.close()
+        two.close()
+    assert not os.path.exists(one.folder)
+
+
+def test_console_fits_a_table_off_a_terminal_and_keeps_a_terminals_width():
+    from rich.table import Table
+
+    grid = Table()
+    for c in range(6):
+        grid.add_column(f"a rather long header {c}")
+    grid.add_row(*[f"value {c} that must survive" for c in range(6)])
+    out = io.StringIO()
+    term.Console(file=out, width=80).print(grid)
+    text = out.getvalue()
+    assert all(f"value {c} that must survive" in text for c in range(6)), text
+    assert "…" not in text and max(map(len, text.splitlines())) > 80
+    from rich.rule import Rule
+
+    out = io.StringIO()
+    term.Console(file=out, width=40).print(Rule("a rule whose title is longer than forty columns"))
+    assert "a rule whose title is longer than forty columns" in out.getvalue()
+    out = io.StringIO()
+    term.Console(file=out, width=80, force_terminal=True, color_system=None).print(grid)
+    assert max(map(len, out.getvalue().splitlines())) <= 80  # a terminal: its width rules
+
+
+# -- 15.3 Open MPI as root ----------------------------------------------------------------------
+
+
+def test_open_mpi_as_root_gets_consent_from_the_launcher(monkeypatch):
+    monkeypatch.delenv("OMPI_ALLOW_RUN_AS_ROOT", raising=False)
+    monkeypatch.delenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", raising=False)
+    monkeypatch.setattr(launcher, "find_mpiexec", lambda: "mpiexec")
+    for flavor, root, consent in [("openmpi", True, "1"), ("openmpi", False, None),
+                                  ("mpich", True, None)]:  # fmt: skip
+        monkeypatch.setattr(launcher, "mpi_flavor", lambda f=flavor: f)
+        monkeypatch.setattr(launcher, "is_root", lambda r=root: r)
+        env = launcher.command(2, ["job.py"])[1]
+        assert env.get("OMPI_ALLOW_RUN_AS_ROOT") == consent, (flavor, root)
+        assert env.get("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM") == consent, (flavor, root)
+
+
+# -- 15.6 minipar.launch ------------------------------------------------------------------------
+
+NOTEBOOK = """
+import os, sys, time
+import minipar
+
+def total(scale):  # defined in __main__: the ranks get it by value
+    import numpy as np
+    minipar.init()
+    x = np.full(2, float(minipar.get_rank() + 1))
+    minipar.all_reduce(x)
+    print("rank", minipar.get_rank(), "says hello")
+    return minipar.get_rank(), float(x[0]) * scale
+
+def fails():
+    import time
+    import numpy as np
+    minipar.init()
+    if minipar.get_rank() == 2:
+        raise ValueError("rank two refuses")
+    if minipar.get_rank() == 1:
+        time.sleep(120)  # busy elsewhere: the job must still end at once
+    minipar.all_reduce(np.ones(2))  # rank 0 would wait for rank 2
+    return "unreachable"
+
+print("RESULTS", minipar.launch(total, args=(10,), n=3))
+start = time.monotonic()
+try:
+    minipar.launch(fails, n=3, timeout=100)
+except minipar.RankError as error:
+    print("RANK_ERROR", error.rank, repr(str(error)))
+print("SECONDS", time.monotonic() - start)
+mark = ("MINIPAR_TEST_MARK=" + os.environ["MINIPAR_TEST_MARK"]).encode()
+
+def ours(pid):  # a process of this session's jobs (the ranks inherit the mark)
+    try:
+        return pid != str(os.getpid()) and mark in open(f"/proc/{pid}/environ", "rb").read()
+    except OSError:
+        return False
+
+print("LEFT", sum(ours(p) for p in os.listdir("/proc") if p.isdigit()))
+"""
+
+
+def test_launch_runs_a_main_function_on_ranks_and_reports_the_failing_rank(tmp_path):
+    path = script(tmp_path, NOTEBOOK, "session.py")
+    mark = dict(os.environ, MINIPAR_TEST_MARK=f"{os.getpid()}-{time.time_ns()}", PYTHONPATH=ROOT)
+    done = subprocess.run(
+        [sys.executable, path], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=mark
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "RESULTS [(0, 60.0), (1, 60.0), (2, 60.0)]" in out, out + done.stderr
+    for r in range(3):
+        assert f"rank {r} says hello" in out  # streamed through
+    line = next(ln for ln in out.splitlines() if ln.startswith("RANK_ERROR"))
+    assert line.startswith("RANK_ERROR 2 ") and "rank 2 of 3 raised" in line
+    assert "Traceback" in line and "ValueError: rank two refuses" in line
+    assert "LEFT 0" in out
+    seconds = float(out.split("SECONDS ", 1)[1].split()[0])
+    assert seconds < 60, seconds  # not the 100 s timeout, nor rank 1's 120 s sleep
+
+
+def test_launch_rejects_bad_arguments_before_starting_anything():
+    import minipar
+
+    with pytest.raises(ValueError, match="positive integer, got 0"):
+        minipar.launch(print, n=0)
+    with pytest.raises(TypeError, match="callable"):
+        minipar.launch("print", n=2)
+    assert minipar.launch.run is launcher.run  # `launch.run(...)` of old still works
+
+
+# -- 15.7 hints on request ----------------------------------------------------------------------
+
+
+def test_grade_prints_hints_only_on_request(capsys):
+    from rich.console import Console
+
+    results = [grade.Result("ex03_ring_allreduce", "values", "not started", "SECRET_HINT")]
+    for hints, shown in ((False, False), (True, True)):
+        console = Console(record=True, width=120)
+        grade.report(console, results, "exercises", hints=hints)
+        assert ("SECRET_HINT" in console.export_text()) is shown
+    assert "--hints" in help_of("grade", capsys)
+
+
+def test_exercises_generate_without_hints(tmp_path, capsys):
+    written = exercises.generate(tmp_path, hints=False)
+    assert len(written) == len(exercises.sources()) + 1
+    for path in exercises.sources():
+        text = (tmp_path / path.name).read_text()
+        hinted = exercises.generated(path)[0]
+        assert text.count("raise NotImplementedError(") == hinted.count(
+            "raise NotImplementedError("
+        )
+        assert all(
+            line.strip() == f'raise NotImplementedError("{exercises.NO_HINT}")'
+            for line in text.splitlines()
+            if "raise NotImplementedError(" in line
+        ), path.name
+    assert exercises.stale(tmp_path, hints=False) == []
+    ns = cli.build_parser("exercises").parse_args(["exercises", "--generate", "--no-hints"])
+    assert ns.generate and ns.no_hints
+    assert "--generate --no-hints" in help_of("exercises", capsys)
