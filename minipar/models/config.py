@@ -90,6 +90,11 @@ class RunSpec:
             raise ValueError(f"vocab_size={m.vocab_size} is not divisible by tp={self.tp}")
         if m.n_layers % self.pp:
             raise ValueError(f"n_layers={m.n_layers} is not divisible by pp={self.pp}")
+        if self.schedule == "interleaved" and self.pp > 1 and m.n_layers % (2 * self.pp):
+            raise ValueError(
+                f"n_layers={m.n_layers} is not divisible by pp={self.pp} x virtual_stages=2 "
+                "(the interleaved schedule's two chunks per rank)"
+            )
 
     @property
     def tokens_per_step(self) -> int:
