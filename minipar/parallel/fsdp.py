@@ -263,17 +263,22 @@ class FullyShardedDataParallel(nn.Module):
             unit.full = None
         trainable = [p for p, _ in self.replicated if p.requires_grad]
         if trainable:
-            flat = torch.cat(
-                [
-                    (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                    for p in trainable
-                ]
-            )
-            minipar.all_reduce(flat, ReduceOp.AVG, self.comm)
-            offset = 0
-            for p in trainable:
+            self._all_reduce_replicated(trainable)
+
+    def _all_reduce_replicated(self, params) -> None:
+        """Average the replicated gradients (zeros where a rank has none); a parameter no rank
+        has a gradient for keeps grad None, as with DDP (one byte per parameter, MAX)."""
+        used = torch.tensor([p.grad is not None for p in params], dtype=torch.uint8)
+        flat = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+        )
+        minipar.all_reduce(flat, ReduceOp.AVG, self.comm)
+        minipar.all_reduce(used, ReduceOp.MAX, self.comm)
+        offset = 0
+        for p, flag in zip(params, used):
+            if flag:
                 p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
-                offset += p.numel()
+            offset += p.numel()
 
     @torch.no_grad()
     def gather_full_params(self) -> dict:

@@ -479,6 +479,32 @@ def fsdp_bad_inputs():
             raise AssertionError(f"compute_dtype={bad!r} accepted")
 
 
+@quiet
+def on_a_subgroup():
+    """DDP + ZeRO-1 and FSDP on the group of ranks 0 and 1 only; the others sit out."""
+    comm = minipar.init()
+    group = minipar.new_group([0, 1])
+    if comm.rank > 1:
+        return
+    want = reference("tied", "adamw")
+    x, y = batch("tied")
+    half = slice(comm.rank * N // 2, (comm.rank + 1) * N // 2)
+    model = build("tied", comm.rank)
+    ddp = DistributedDataParallel(model, group=group, bucket_cap_mb=0.0004)
+    opt = ZeroRedundancyOptimizer(
+        ddp.parameters(), torch.optim.AdamW, group=group, lr=0.01, weight_decay=0.1
+    )
+    fsdp = FullyShardedDataParallel(build("tied", comm.rank), group=group)
+    opt2 = optimizer("adamw", fsdp.parameters())
+    for step in range(STEPS):
+        for m, o in ((ddp, opt), (fsdp, opt2)):
+            o.zero_grad()
+            loss_of("tied", m(x[half]), y[half]).backward()
+            o.step()
+        assert_params(dict(model.named_parameters()), want[step], group, f"DDP+ZeRO {step}")
+        assert_params(fsdp.gather_full_params(), want[step], group, f"FSDP {step}")
+
+
 def cases(size):
     table = {}
     for kind in ("mlp", "tied"):
@@ -496,11 +522,14 @@ def cases(size):
         zero_with_ddp=zero_with_ddp,
         zero_bad_class=zero_bad_class,
         fsdp_mlp_units_linear=fsdp_training("mlp", "adamw", shard_modules=(nn.Linear,)),
+        fsdp_tied_units_linear=fsdp_training("tied", "adamw", shard_modules=(nn.Linear,)),
         fsdp_tied_bf16=fsdp_training("tied", "sgd", torch.bfloat16),
         fsdp_mlp_fp16=fsdp_training("mlp", "sgd", torch.float16),
         fsdp_ledger=fsdp_ledger,
         fsdp_bad_inputs=fsdp_bad_inputs,
     )
+    if size > 2:
+        table["on_a_subgroup"] = on_a_subgroup
     if size > 1:
         table.update(ddp_vs_torch_ddp=ddp_vs_torch_ddp, zero_vs_torch_zero=zero_vs_torch_zero)
     return table
