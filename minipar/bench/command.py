@@ -22,6 +22,7 @@ examples:
   minipar bench all_gather,reduce_scatter --sizes 1MiB,64MiB --against mpi
   minipar bench --fit                 measure alpha, beta, gamma; store them for the cost model
   minipar bench all_reduce --plot busbw.png
+  minipar bench ddp --repeat 5        DDP step vs torch DDP; DDP/ZeRO-1/FSDP memory per rank
 
 Times are the median (min, max) over iterations of the slowest rank's time; each iteration
 starts at a barrier. busbw follows nccl-tests (all-reduce: algbw x 2(n-1)/n). With more ranks
@@ -197,6 +198,10 @@ def main(args) -> int:
     from minipar import cost
     from minipar.bench import fit
 
+    if args.collective == "ddp":  # a training step, not a collective: its own module
+        from minipar.bench import ddp
+
+        return ddp.main(args)
     console = Console()
     if not console.is_terminal:  # a file or a pipe: room for every column
         console.width = max(console.width, 150)

@@ -81,12 +81,12 @@ class _Gather(torch.autograd.Function):
 
 
 class Unit:
-    """One sharding unit: its parameters as a flat vector, block `rank` of it kept here."""
+    """One sharding unit: its parameters as a flat vector, block `rank` of it kept here (the
+    original parameters are not kept: only their place, shape and name)."""
 
     def __init__(self, owner, name: str, params: list[tuple]):
         self.owner, self.name = owner, name
         comm = owner.comm
-        self.params = params  # [(param, [(module, attribute), ...])]
         self.numel = sum(p.numel() for p, _ in params)
         self.block = -(-self.numel // comm.size)
         device = params[0][0].device
@@ -94,7 +94,7 @@ class Unit:
         offset, self.layout = 0, []
         for p, where in params:
             flat[offset : offset + p.numel()] = p.detach().reshape(-1)
-            self.layout.append((offset, p.shape, where))
+            self.layout.append((offset, p.shape, where, owner.names[id(p)]))
             offset += p.numel()
         start = comm.rank * self.block
         self.shard = nn.Parameter(flat[start : start + self.block].clone())
@@ -112,14 +112,14 @@ class Unit:
 
     def bind(self, full: torch.Tensor) -> None:
         """The module's weights become views of `full` (autograd flows back to it)."""
-        for offset, shape, where in self.layout:
+        for offset, shape, where, _ in self.layout:
             view = full[offset : offset + shape.numel()].view(shape)
             for mod, attr in where:
                 object.__setattr__(mod, attr, view)
 
     def release(self) -> None:
         self.full = None
-        for _, _, where in self.layout:
+        for _, _, where, _ in self.layout:
             for mod, attr in where:
                 object.__setattr__(mod, attr, None)
 
@@ -288,8 +288,8 @@ class FullyShardedDataParallel(nn.Module):
         for unit in self.units:
             full = unit.gather(torch.float32)
             unit.full = None
-            for (offset, shape, _), (p, _) in zip(unit.layout, unit.params):
-                out[self.names[id(p)]] = full[offset : offset + shape.numel()].view(shape).clone()
+            for offset, shape, _, name in unit.layout:
+                out[name] = full[offset : offset + shape.numel()].view(shape).clone()
         for p, _ in self.replicated:
             out[self.names[id(p)]] = p.detach().clone()
         order = list(self.names.values())
