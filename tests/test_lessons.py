@@ -16,12 +16,20 @@ KEY_LINES = {
     "02": ["Lesson 02", "[60 64 68 72]", "[3 13 23 33]", "all_to_all", "Try this"],
     "03": ["step 5 (all-gather)", "0+1+2+3", "messages", "measured ring", "Try this"],
     "04": ["busbw", "MPI_Allreduce", "roofline", "hierarchical", "Try this"],
+    "05": [
+        "exposed comm",
+        "25 MB buckets",
+        "ZeRO-1 optimizer state",
+        "FSDP bytes sent",
+        "Try this",
+    ],
 }
 LABS = {
     ("02", "send-first"): "8 MiB: the timeout caught the deadlock",
     ("03", "wrong-chunk"): "caught",
     ("03", "last-bit"): "the bitwise check across ranks catches it",
     ("04", "no-wait"): "the roofline check catches it",
+    ("05", "tied-twice"): "the ledger check catches it",
 }
 
 

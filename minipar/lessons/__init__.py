@@ -81,6 +81,7 @@ LESSONS = [
         4,
         "gradients all-reduced, optimizer state sharded",
         "minipar.lessons.l05_data_parallel",
+        ("tied-twice",),
     ),
     LessonInfo(
         "06",
