@@ -151,6 +151,12 @@ class FullyShardedDataParallel(nn.Module):
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
         _check_compute_dtype(compute_dtype)
+        for name, p in module.named_parameters():
+            if p.dtype != torch.float32:
+                raise TypeError(
+                    f"parameter {name!r} is {p.dtype}; FSDP keeps fp32 master weights (use "
+                    "compute_dtype for low-precision compute)"
+                )
         if shard_modules is not None and not (
             isinstance(shard_modules, tuple) and all(isinstance(t, type) for t in shard_modules)
         ):
@@ -177,11 +183,6 @@ class FullyShardedDataParallel(nn.Module):
         self.replicated = []  # [(param, [(module, attribute), ...])]
         for p, places in _occurrences(module).values():
             for _, mod, attr in places:
-                if p.dtype != torch.float32:
-                    raise TypeError(
-                        f"parameter {self.names[id(p)]!r} is {p.dtype}; FSDP keeps fp32 master "
-                        "weights (use compute_dtype for low-precision compute)"
-                    )
                 del mod._parameters[attr]
             homes = {_innermost(mname, unit_names) for mname, _, _ in places}
             where = [(mod, attr) for _, mod, attr in places]
