@@ -227,5 +227,6 @@ def cases(size):
         table[f"{module}/bitwise_identical"] = all_reduce_bitwise(module, function)
         table[f"{module}/ledger"] = all_reduce_ledger(module, function, algorithm)
         table[f"{module}/plugs_into_minipar"] = all_reduce_plugged(f"student_{algorithm}")
-    table.update(ex05_cases(size))
+    if size in (2, 3):  # they import torch: two launches, one of them with uneven splits
+        table.update(ex05_cases(size))
     return table
