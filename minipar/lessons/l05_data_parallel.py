@@ -1,6 +1,6 @@
 """Lesson 05: data parallelism (text: lessons/05_data_parallel.md).
 
-    minipar lesson 05 -n 4                 # python -m minipar.lessons.l05_data_parallel
+    minipar lesson 05 -n 2                 # python -m minipar.lessons.l05_data_parallel
     minipar lesson 05 --break tied-twice   # a tied weight all-reduced twice, caught
 
 One MLP, four ways to train it on p ranks: a naive all-reduce per parameter after backward, DDP's
