@@ -20,6 +20,9 @@ Buckets fill in reverse registration order (backward meets the last layers first
 strictly in bucket order, so every rank issues the same collectives in the same order even when
 hooks fire in different orders or some parameters get no gradient on some ranks.
 
+A forward with grad enabled outside no_sync() arms the next backward's synchronisation (torch
+DDP decides at forward time too); one synchronised backward per such forward.
+
 Precision: gradients are bitwise identical on every rank (one all-reduce result, copied). Against
 one process training on the whole batch, the mean of p per-rank means is the same number summed
 in a different order, so fp32 agrees to rounding (tests: rtol 1e-5, atol 1e-6 after several
