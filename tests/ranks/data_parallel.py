@@ -1,8 +1,8 @@
 """DDP, ZeRO-1 and FSDP on real ranks, against one process training on the whole batch.
 
-Every case runs with warnings as errors and torch.use_deterministic_algorithms(True). Each rank
-builds its model from a different seed, so the construction-time broadcast is tested too; the
-reference is rank 0's initial model trained on the full batch in this same process.
+Every case runs with warnings as errors and deterministic algorithms (see `deterministic`).
+Each rank builds its model from a different seed, so the construction-time broadcast is tested
+too; the reference is rank 0's initial model trained on the full batch in this same process.
 
 Tolerances: fp32 DDP/FSDP rtol 1e-5 atol 1e-6 (p per-rank means averaged: the same sum in a
 different order), bitwise with one rank; ZeRO-1 alone is bitwise (same arithmetic per parameter);
@@ -23,7 +23,6 @@ from minipar.parallel import (
     ZeroRedundancyOptimizer,
 )
 
-torch.use_deterministic_algorithms(True)
 N = 12  # full batch: divisible by 1, 2, 3 and 4 ranks
 STEPS = 3
 
@@ -140,9 +139,23 @@ def same_on_every_rank(tensors, comm, what):
     assert all(s == seen[0] for s in seen), f"{what} differ across ranks"
 
 
+@functools.cache
+def deterministic() -> None:
+    """torch.use_deterministic_algorithms(True) on 2 ranks; elsewhere only the switch it flips
+    for eager code (the public function also imports torch's compiler config: ~1.5 s a rank)."""
+    if minipar.init().size == 2:
+        torch.use_deterministic_algorithms(True)
+    else:
+        torch._C._set_deterministic_algorithms(True)
+    assert torch.are_deterministic_algorithms_enabled()
+
+
 def quiet(fn):
+    """The case with warnings as errors, under deterministic algorithms."""
+
     @functools.wraps(fn)
     def case():
+        deterministic()
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             fn()
