@@ -16,6 +16,13 @@ KEY_LINES = {
     "02": ["Lesson 02", "[60 64 68 72]", "[3 13 23 33]", "all_to_all", "Try this"],
     "03": ["step 5 (all-gather)", "0+1+2+3", "messages", "measured ring", "Try this"],
     "04": ["busbw", "MPI_Allreduce", "roofline", "hierarchical", "Try this"],
+    "05": [
+        "exposed comm",
+        "25 MB buckets",
+        "ZeRO-1 optimizer state",
+        "FSDP bytes sent",
+        "Try this",
+    ],
     "06": ["the column split sends nothing forward", "one all-reduce forward (g)", "ib_ndr"],
     "08": ["dp=2 x tp=2 x pp=2", "tp: bytes sent match", "IB NDR", "★", "Try this"],
     "07": [
@@ -31,6 +38,7 @@ LABS = {
     ("03", "wrong-chunk"): "caught",
     ("03", "last-bit"): "the bitwise check across ranks catches it",
     ("04", "no-wait"): "the roofline check catches it",
+    ("05", "tied-twice"): "the ledger check catches it",
     ("06", "bias-every-rank"): "caught: the planted output is off by exactly (p - 1) x bias",
     ("07", "dp-warmup"): "never synchronised",
 }

@@ -24,6 +24,7 @@ examples:
   minipar bench all_reduce --plot busbw.png
   minipar bench tp                    tensor-parallel MLP and attention against torch's
   minipar bench pp                    pipeline schedules against torch.distributed.pipelining
+  minipar bench ddp --repeat 5        DDP step vs torch DDP; DDP/ZeRO-1/FSDP memory per rank
 
 Times are the median (min, max) over iterations of the slowest rank's time; each iteration
 starts at a barrier. busbw follows nccl-tests (all-reduce: algbw x 2(n-1)/n). With more ranks
@@ -197,6 +198,11 @@ def main(args) -> int:
     from minipar import cost
     from minipar.bench import fit
     from minipar.term import Console
+
+    if args.collective == "ddp":  # a training step, not a collective: its own module
+        from minipar.bench import ddp
+
+        return ddp.main(args)
 
     if args.collective == "tp":  # tensor-parallel layers, not a collective: bench/tp.py
         from minipar.bench import tp

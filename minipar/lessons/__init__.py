@@ -78,9 +78,10 @@ LESSONS = [
         "05",
         "05_data_parallel",
         "Data parallelism: DDP, ZeRO, FSDP",
-        4,
+        2,
         "gradients all-reduced, optimizer state sharded",
         "minipar.lessons.l05_data_parallel",
+        ("tied-twice",),
     ),
     LessonInfo(
         "06",

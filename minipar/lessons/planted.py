@@ -121,3 +121,19 @@ def dp_sync_in_cooldown(pipe, sync):
             sync()
 
     return on_instruction
+
+
+def all_reduce_gradients_every_name(model) -> None:
+    """Lesson 05, `tied-twice`: a hand-written DDP sync that walks
+    `named_parameters(remove_duplicate=False)` (to "see every layer") and all-reduces each
+    name's .grad with SUM, then divides each Parameter once by p. BUG: a tied weight (one
+    Parameter under two names) is summed twice: the second all-reduce adds p copies of the
+    already-summed gradient, so it ends p times the average. Each rank's replicas stay
+    identical, so nothing looks wrong until the ledger shows more than 2(p-1)/p Psi moved."""
+    import minipar
+
+    p = minipar.get_world_size()
+    for _, param in model.named_parameters(remove_duplicate=False):
+        minipar.all_reduce(param.grad, algorithm="ring")
+    for param in model.parameters():
+        param.grad.div_(p)

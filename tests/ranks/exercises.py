@@ -11,6 +11,7 @@ import functools
 import os
 
 import numpy as np
+from exercises_ex05 import ex05_cases
 
 import minipar
 from minipar import cost, exercises, stepdiff, whose
@@ -438,6 +439,8 @@ def cases(size):
         table["ex07_send_recv/interleaved"] = pipeline_messages("interleaved", 2)
     for shift in (1, 2, -1):
         table[f"ex02_ring_shift/shift_{shift}"] = ring_shift_case(shift, 100)
+    if size in (2, 4):  # lesson 05's cases import torch: two world sizes suffice
+        table.update(ex05_cases(size))
     table["ex02_ring_shift/8MiB_no_deadlock"] = ring_shift_case(1, 1 << 20)
     table["ex02_ring_shift/whose_data"] = whose_ring_shift()
     table["ex02_broadcast_linear/every_root"] = broadcast_every_root(

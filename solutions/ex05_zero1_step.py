@@ -1,0 +1,46 @@
+"""Exercise 05, the ZeRO-1 optimizer step (lesson 05: data parallelism).
+
+Plain data parallelism keeps the whole optimizer state (Adam: two fp32 moments, 8 bytes per
+parameter) on every rank. ZeRO stage 1 gives each parameter one owner rank:
+
+  1. partition: owner of each parameter, balanced by element count: take the parameters from
+     the largest to the smallest (ties: lower index first) and give each to the rank that owns
+     the fewest elements so far (ties: the lowest rank).
+  2. zero1_step: the local optimizer (built only on this rank's parameters) steps them; then
+     every parameter is broadcast from its owner, so all ranks hold the updated model.
+
+Each rank keeps K * Psi / N_d bytes of state instead of K * Psi. The updated values are the
+optimizer's own arithmetic on the same gradients, so they equal a plain optimizer's bitwise.
+
+Grade it: minipar grade 05
+"""
+
+import torch
+
+import minipar
+
+
+def partition(sizes: list[int], world: int) -> list[int]:
+    """owner[i]: the rank that owns parameter i (sizes[i] elements)."""
+    owner, load = [0] * len(sizes), [0] * world
+    # BEGIN SOLUTION hint: for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+    # hint: the rank with the smallest (load, rank) gets it; add sizes[i] to its load
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        r = min(range(world), key=lambda q: (load[q], q))
+        owner[i] = r
+        load[r] += sizes[i]
+    # END SOLUTION
+    return owner
+
+
+@torch.no_grad()
+def zero1_step(params, owner, local_optimizer, group=None) -> None:
+    """local_optimizer steps this rank's parameters; then each parameter is broadcast from its
+    owner rank (owner[i] is a rank of the group) to every rank."""
+    if local_optimizer is not None:
+        local_optimizer.step()
+    # BEGIN SOLUTION hint: for p, r in zip(params, owner): minipar.broadcast(p.data, r,
+    # hint: group=group)  (p.data: the parameter's storage, outside autograd)
+    for p, r in zip(params, owner):
+        minipar.broadcast(p.data, r, group=group)
+    # END SOLUTION
