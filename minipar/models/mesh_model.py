@@ -7,9 +7,9 @@
     state = part.dense_state()                 # collective: the dense state dict, every rank
 
 A step, from the outside in:
-- data parallel: the dp ranks take equal slices of the global batch; after the backward pass the
-  gradients are averaged over dp_group (one all-reduce of every local gradient, 4 bytes per
-  local parameter, ring 2(p-1)/p of it sent per rank);
+- data parallel: the dp ranks take equal slices of the global batch; each chunk is wrapped in
+  DistributedDataParallel over dp_group (or FullyShardedDataParallel with --fsdp, see
+  `data_parallel`); after a pipeline's flush DDP averages the accumulated gradients once;
 - pipeline parallel (pp > 1): `Pipeline` runs the stage over pp_group with the run's schedule
   and micro-batches (activations forward, their gradients backward, point to point);
   pp = 1: the micro-batches run one after the other, their gradients accumulating;
@@ -22,12 +22,13 @@ averaged over dp_group and broadcast from the last stage over pp_group (8 bytes 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
 
 import minipar
-from minipar.models import sharding
+from minipar.models import fsdp_state, sharding
 from minipar.models.gpt import build_gpt
 from minipar.models.parallel_gpt import TiedHead, build_chunks, dense_named_parameters
 from minipar.parallel.tensor import vocab_parallel_cross_entropy
@@ -45,13 +46,15 @@ class MeshGPT:
         v = virtual_stages_of(spec, mesh)
         self.chunks = [chunk.to(device) for chunk in build_chunks(dense, mesh, v)]
         self.tied = TiedHead(self.chunks, mesh, spec.model.tied_head)
+        self.fsdp = spec.fsdp and mesh.dp > 1
+        self.wrapped = [data_parallel(chunk, mesh, self.fsdp) for chunk in self.chunks]
         self.loss_fn = functools.partial(vocab_parallel_cross_entropy, group=mesh.tp_group)
         self.pipe = None
         if mesh.pp > 1:
             from minipar.parallel.pipeline import Pipeline
 
             self.pipe = Pipeline(
-                self.chunks if v > 1 else self.chunks[0],
+                self.wrapped if v > 1 else self.wrapped[0],
                 group=mesh.pp_group,
                 n_microbatches=spec.microbatches,
                 schedule=spec.schedule,
@@ -60,40 +63,54 @@ class MeshGPT:
             )
 
     def parameters(self) -> list[torch.nn.Parameter]:
-        """This rank's parameters, each once (a tied head on one stage is one tensor)."""
+        """What the optimizer steps, each once: this rank's parameters (FSDP: its shards and the
+        replicated ones; a tied head on one stage is one tensor)."""
         seen, out = set(), []
-        for chunk in self.chunks:
-            for q in chunk.parameters():
+        for module in self.wrapped:
+            for q in module.parameters():
                 if id(q) not in seen:
                     seen.add(id(q))
                     out.append(q)
         return out
 
     def named_parameters(self):
-        """(dense name, this rank's tensor) for every dense parameter this rank holds."""
+        """(dense name, this rank's tensor) for every dense parameter this rank holds (not with
+        FSDP, whose parameters are flat shards: see _pieces)."""
         return dense_named_parameters(self.chunks, self.mesh, self.config.tied_head)
 
     # -- a step -----------------------------------------------------------------------------
     def forward_backward(self, inputs, targets) -> float | None:
         """Gradients of this dp rank's rows accumulate in .grad; the rows' mean loss on the last
         pipeline stage, None on the others."""
-        m = self.spec.microbatches
         if self.pipe is not None:
             first, last = self.mesh.is_first_stage, self.mesh.is_last_stage
-            loss = self.pipe.step(inputs if first else None, targets if last else None)
+            with self._no_sync():  # DDP: one all-reduce after the pipeline's flush
+                loss = self.pipe.step(inputs if first else None, targets if last else None)
             return None if loss is None else loss.item()
-        total = 0.0
-        for x, y in zip(inputs.chunk(m), targets.chunk(m)):
-            loss = self.loss_fn(self.chunks[0](x), y)
-            (loss / m).backward()
+        m, total = self.spec.microbatches, 0.0
+        for i, (x, y) in enumerate(zip(inputs.chunk(m), targets.chunk(m))):
+            with self._no_sync() if i < m - 1 else contextlib.nullcontext():
+                loss = self.loss_fn(self.wrapped[0](x), y)  # DDP: the last backward syncs
+                (loss / m).backward()
             total += loss.item() / m
         return total
 
+    def _no_sync(self):
+        """DDP's no_sync on every chunk (FSDP and no data parallelism: nothing to hold back)."""
+        stack = contextlib.ExitStack()
+        for module in self.wrapped:
+            if hasattr(module, "no_sync"):
+                stack.enter_context(module.no_sync())
+        return stack
+
     def sync_grads(self) -> None:
-        """Sum the tied head's two copies' gradients, then average every gradient over dp."""
+        """Finish the data-parallel average (DDP after a pipeline: now, one all-reduce per
+        bucket), then sum the tied head's two copies' gradients (linear: the order is free)."""
+        if self.pipe is not None:
+            for module in self.wrapped:
+                if hasattr(module, "all_reduce_gradients"):
+                    module.all_reduce_gradients()
         self.tied.sync()
-        if self.mesh.dp > 1:
-            average_gradients(self.parameters(), self.mesh.dp_group)
 
     def global_loss(self, local: float | None) -> float:
         """The global batch's mean loss, the same number on every rank."""
@@ -107,21 +124,34 @@ class MeshGPT:
     # -- dense views (collective: every rank of the mesh calls them) -----------------------
     def dense_state(self) -> dict[str, torch.Tensor]:
         """The dense model's state dict (CPU tensors, GPT.state_dict's names) on every rank."""
-        pieces = {name: q.detach() for name, q in self.named_parameters()}
-        state = sharding.gather_dense(pieces, self.mesh, self.config)
+        state = sharding.gather_dense(self._pieces(), self.mesh, self.config)
         state = {name: t.cpu() for name, t in state.items()}
         if self.config.tied_head:
             state["head.proj.weight"] = state["embed.tok.weight"]
         return state
 
+    def _pieces(self) -> dict[str, torch.Tensor]:
+        """Dense name -> this rank's tp slice, for the names of its stage (FSDP: the shards
+        all-gathered over dp_group first)."""
+        if not self.fsdp:
+            return {name: q.detach() for name, q in self.named_parameters()}
+        pieces = {}
+        for module in self.wrapped:
+            pieces.update(module.gather_full_params())
+        return pieces
+
     def optimizer_state(self, opt) -> dict:
         """AdamW's state by dense parameter name, gathered like the weights (every rank)."""
         if not opt.state:  # no step taken yet
             return {}
-        named = list(self.named_parameters())
         out = {}
         for key in ("exp_avg", "exp_avg_sq"):
-            pieces = {name: opt.state[q][key] for name, q in named}
+            if self.fsdp:
+                pieces = {}
+                for module in self.wrapped:
+                    pieces.update(fsdp_state.by_name(module, lambda q, k=key: opt.state[q][k]))
+            else:
+                pieces = {name: opt.state[q][key] for name, q in self.named_parameters()}
             for name, full in sharding.gather_dense(pieces, self.mesh, self.config).items():
                 out.setdefault(name, {})[key] = full.cpu()
         step = next(iter(opt.state.values()))["step"]
@@ -130,30 +160,45 @@ class MeshGPT:
         return out
 
     def load_optimizer_state(self, opt, states) -> None:
-        """The inverse of optimizer_state: each tensor sliced for this rank's tp rank."""
+        """The inverse of optimizer_state: each tensor sliced for this rank's tp rank (and its
+        FSDP shard)."""
         if not states:
             return
         mesh = self.mesh
+        if self.fsdp:
+            for module in self.wrapped:
+                fsdp_state.load_shards(module, opt, states, mesh.tp_rank, mesh.tp, self._alias)
+            return
         for chunk in self.chunks:
             for name, q in chunk.named_parameters():
-                dense = states["embed.tok.weight" if self._is_tied_copy(name) else name]
+                dense = states[self._alias(name)]
                 opt.state[q] = {
                     k: v.clone() if k == "step" else
                     sharding.shard(name, v, mesh.tp_rank, mesh.tp).to(q.device)
                     for k, v in dense.items()
                 }  # fmt: skip
 
-    def _is_tied_copy(self, name: str) -> bool:
-        return self.config.tied_head and name == "head.proj.weight"
+    def _alias(self, name: str) -> str:
+        """The dense name whose state a parameter takes: a tied head's copy takes the
+        embedding's."""
+        tied_copy = self.config.tied_head and name == "head.proj.weight"
+        return "embed.tok.weight" if tied_copy else name
 
 
-def average_gradients(params, group) -> None:
-    """All-reduce every gradient, flattened into one buffer, and divide by the group's size."""
-    grads = [q.grad for q in params if q.grad is not None]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    minipar.all_reduce(flat, group=group)
-    flat /= minipar.get_world_size(group)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
+def data_parallel(chunk, mesh, fsdp: bool):
+    """The chunk wrapped for data parallelism over dp_group: DistributedDataParallel (bucketed
+    gradient all-reduce, 2(p-1)/p of the chunk's gradient bytes per rank), or with `fsdp`
+    FullyShardedDataParallel with one sharding unit per block, embedding and head (all-gather
+    of a unit's weights before it computes, forward and backward, reduce-scatter of its
+    gradient: 3(p-1)/p of the bytes). dp = 1: the chunk itself."""
+    if mesh.dp == 1:
+        return chunk
+    if fsdp:
+        from minipar.models.parallel_gpt import ParallelBlock, ParallelEmbedding, ParallelHead
+        from minipar.parallel.fsdp import FullyShardedDataParallel
+
+        units = (ParallelBlock, ParallelEmbedding, ParallelHead)
+        return FullyShardedDataParallel(chunk, group=mesh.dp_group, shard_modules=units)
+    from minipar.parallel.ddp import DistributedDataParallel
+
+    return DistributedDataParallel(chunk, group=mesh.dp_group)

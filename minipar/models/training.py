@@ -95,10 +95,15 @@ def check_supported(spec: RunSpec, mesh) -> None:
 
     spec.validate()
     check_layout(spec.model, mesh.tp, mesh.pp, virtual_stages_of(spec, mesh))
-    if spec.fsdp:
+    if spec.fsdp and mesh.pp > 1 and spec.schedule == "zb-h1":
         raise ValueError(
-            "--fsdp needs FullyShardedDataParallel, which this version does not have yet; "
-            "the data-parallel part averages gradients over dp_group instead (drop --fsdp)"
+            "--fsdp with schedule zb-h1: FSDP reduce-scatters a unit's gradient when its "
+            "backward runs, which zb-h1 splits in two; choose gpipe, 1f1b or interleaved"
+        )
+    if spec.fsdp and mesh.pp > 1 and spec.model.tied_head:
+        raise ValueError(
+            "--fsdp with a tied head across pipeline stages (pp > 1): the two copies' "
+            "gradients would have to be summed shard by shard; untie it or use DDP"
         )
 
 

@@ -6,8 +6,9 @@ and training 3 steps, checked against the dense single-process run.
   |a - b| <= 1e-5 + 1e-4 |b| (float32; TP and DP sum in another order), on every rank; the dense
   state gathered from the layout equals the dense run's final weights within PARAMS_TOL;
 - tied.*: a tied head (pp > 1: copies on the first and last stage, gradients summed);
+- fsdp.*: FullyShardedDataParallel as the data-parallel part (with a pipeline and TP);
 - resume.*: a checkpoint (weights and AdamW state) saved on one layout, loaded on another,
-  continues with the uninterrupted dense run's losses;
+  continues with the uninterrupted dense run's losses (FSDP: its shards gathered and re-cut);
 - errors: product mismatch, heads or layers not divisible: the same ValueError on every rank.
 
 The 4-rank layouts run two at a time, each on one half of the 8-rank world (a mesh on a
@@ -44,10 +45,10 @@ def layouts(size):
     return [(d, t, p) for d in degrees for t in degrees for p in degrees if d * t * p == size]
 
 
-def spec_for(dp, tp, pp, tied=False, schedule="1f1b", steps=STEPS):
+def spec_for(dp, tp, pp, tied=False, schedule="1f1b", steps=STEPS, fsdp=False):
     m = 2 if pp > 1 and dp < 8 else 1  # micro-batches per dp rank: batch 8 = dp x m x rows
     model = dataclasses.replace(TINY, tied_head=tied)
-    return RunSpec(dp, tp, pp, m, schedule, steps=steps, model=model)
+    return RunSpec(dp, tp, pp, m, schedule, fsdp, steps=steps, model=model)
 
 
 @functools.cache
@@ -118,13 +119,14 @@ def shared_path(name):
     return os.path.join(comm.allgather_object(folder)[0], name)
 
 
-def resume_case(first, second, tied=False):
-    """Train 2 steps on layout `first`, save; load on layout `second` and train 2 more."""
+def resume_case(first, second, tied=False, fsdp=False):
+    """Train 2 steps on layout `first`, save; load on layout `second` and train 2 more (both
+    with FSDP as the data-parallel part if `fsdp`)."""
 
     def case():
         comm = minipar.init()
         path = shared_path("ckpt.pt")
-        a = spec_for(*first, tied=tied, steps=2)
+        a = spec_for(*first, tied=tied, steps=2, fsdp=fsdp)
         mesh = DeviceMesh(*first)
         losses, part, opt = training.train_on_mesh(a, mesh)
         state = training.dense_state(part, mesh)
@@ -134,7 +136,7 @@ def resume_case(first, second, tied=False):
         comm.allgather_object(None)  # the file is complete before anyone reads it
         model, start = checkpoint.load(path)
         opt_state = checkpoint.read(path)["optimizer"]
-        b = spec_for(*second, tied=tied, steps=2)
+        b = spec_for(*second, tied=tied, steps=2, fsdp=fsdp)
         mesh = DeviceMesh(*second)
         more, _, _ = training.train_on_mesh(b, mesh, None, model, start, "cpu", opt_state)
         if comm.rank == 0:
@@ -173,6 +175,13 @@ def errors():
     spec = RunSpec(1, 1, size, size, "interleaved", model=bad)
     if bad.n_layers % (2 * size):
         expect_value_error(lambda: training.train_on_mesh(spec, mesh), "virtual_stages=2")
+    # FSDP cannot follow zb-h1's split backward, nor sum a tied head's shards across stages
+    mesh = DeviceMesh(size // 2, 1, 2)
+    spec = RunSpec(size // 2, 1, 2, 2, "zb-h1", True, batch_size=size, model=bad)
+    expect_value_error(lambda: training.train_on_mesh(spec, mesh), "--fsdp", "zb-h1")
+    tied = dataclasses.replace(bad, tied_head=True)
+    spec = RunSpec(size // 2, 1, 2, 2, "1f1b", True, batch_size=size, model=tied)
+    expect_value_error(lambda: training.train_on_mesh(spec, mesh), "--fsdp", "tied head")
     # and the world still works afterwards: nothing was left in flight
     x = torch.ones(2)
     minipar.all_reduce(x)
@@ -194,7 +203,9 @@ def cases(size):
     for a, b in four:
         name = f"half.dp{a.dp}_tp{a.tp}_pp{a.pp}+dp{b.dp}_tp{b.tp}_pp{b.pp}"
         table[name] = halves_case(a, b)
-    table["resume.dp2_tp2_pp2_to_dp1_tp4_pp2"] = resume_case((2, 2, 2), (1, 4, 2))
+    table["fsdp.dp2_tp2_pp2"] = layout_case(spec_for(2, 2, 2, fsdp=True))
+    table["fsdp.tied.dp4_tp2_pp1"] = layout_case(spec_for(4, 2, 1, tied=True, fsdp=True))
+    table["resume.fsdp.dp2_tp2_pp2_to_dp4_tp1_pp2"] = resume_case((2, 2, 2), (4, 1, 2), fsdp=True)
     table["resume.tied.dp1_tp2_pp4_to_dp8"] = resume_case((1, 2, 4), (8, 1, 1), tied=True)
     table["errors"] = errors
     return table
