@@ -22,6 +22,7 @@ examples:
   minipar train --dp 4 --steps 20 --check     4 data-parallel ranks, checked against dense
   minipar train --dp 2 --microbatches 2       gradient accumulation over 2 micro-batches
   minipar train --dp 2 --tp 2 --pp 2 --microbatches 4 --schedule 1f1b
+  minipar train --dp 4 --tp 2 --fsdp --check  FSDP as the data-parallel part
   minipar train --steps 100 --plot loss.png   the loss curve (needs the plot extra)
   minipar train --save ckpt.pt; minipar train --resume ckpt.pt --dp 2
   mpiexec -n 4 python -m minipar.train --dp 4 inside an existing launch
