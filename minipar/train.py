@@ -219,6 +219,18 @@ def check(spec, args, losses, state, start) -> list[str]:
     return training.compare(losses, reference, state, dense.state_dict())
 
 
+def describe(spec) -> str:
+    """What runs on each axis of the mesh, in words, for the summary."""
+    parts = []
+    if spec.dp > 1:
+        parts.append("FSDP" if spec.fsdp else "DDP")
+    if spec.tp > 1:
+        parts.append("Megatron TP, vocabulary-parallel loss")
+    if spec.pp > 1:
+        parts.append(f"{spec.schedule} pipeline")
+    return ", ".join(parts) or "dense (one process)"
+
+
 class Reporter:
     """Rank 0's face of the run: a rich progress bar (loss, tokens/s, memory of every rank) and
     the summary table; on other ranks it only takes part in gathering the memory figures."""
@@ -266,6 +278,7 @@ class Reporter:
         t = Table(title="minipar train", show_header=False, title_justify="left")
         rows = [
             ("layout", f"dp={s.dp} x tp={s.tp} x pp={s.pp}, {s.microbatches} micro-batch(es)"),
+            ("parallelism", describe(s)),
             ("model", f"{s.model.n_params():,} parameters, {s.model.n_layers} layers"),
             ("loss", f"{losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} steps"),
             (
