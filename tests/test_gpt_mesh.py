@@ -13,4 +13,6 @@ SUITE = ranks_suite("gpt_mesh.py")
 
 @pytest.mark.parametrize("size,name", harness.params(SUITE, [8]))
 def test_gpt_on_mesh(size, name):
-    harness.run_suite(SUITE, size, "mpi").check(name)
+    # 17 trainings on 8 ranks: ~30 s on a quiet 2-core machine, several times that under load,
+    # beyond the harness's default deadline for 17 cases
+    harness.run_suite(SUITE, size, "mpi", timeout=600).check(name)
