@@ -2,7 +2,7 @@
 
     part = MeshGPT(spec, mesh)                 # from the seeded dense weights (or model=...)
     local = part.forward_backward(inputs, targets)   # this dp rank's rows of the global batch
-    part.sync_grads()                          # tied head, then data parallel
+    part.sync_grads()                          # data parallel, then the tied head
     opt.step()
     state = part.dense_state()                 # collective: the dense state dict, every rank
 
