@@ -204,7 +204,7 @@ def cases(size):
         name = f"half.dp{a.dp}_tp{a.tp}_pp{a.pp}+dp{b.dp}_tp{b.tp}_pp{b.pp}"
         table[name] = halves_case(a, b)
     table["fsdp.dp2_tp2_pp2"] = layout_case(spec_for(2, 2, 2, fsdp=True))
-    table["resume.fsdp.dp2_tp2_pp2_to_dp4_tp1_pp2"] = resume_case((2, 2, 2), (4, 1, 2), fsdp=True)
+    table["resume.fsdp.dp2_tp2_pp2_to_dp2_tp4_pp1"] = resume_case((2, 2, 2), (2, 4, 1), fsdp=True)
     if os.environ.get("MINIPAR_EXTENDED") == "1":  # a few seconds each on 2 cores
         table["fsdp.tied.dp4_tp2_pp1"] = layout_case(spec_for(4, 2, 1, tied=True, fsdp=True))
         table["resume.tied.dp1_tp2_pp4_to_dp8"] = resume_case((1, 2, 4), (8, 1, 1), tied=True)
