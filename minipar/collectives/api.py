@@ -59,11 +59,14 @@ def _matching(out, inp, out_what: str, in_what: str, ratio: int = 1, inverse: bo
 def _run(
     comm, collective: str, algorithm, nbytes: int, args, async_op: bool, finish=None, fingerprint=()
 ):
-    """Pick the algorithm, create the Call (its tag) now, then run it here or asynchronously."""
+    """Pick the algorithm, create the Call (its tag) now, then run it here or asynchronously.
+
+    `fingerprint` is (tensor every rank passes alike, root name, root, op): the call's
+    signature, folded into its tag, is built from it (comm/signature.py)."""
     name, fn = registry.pick(collective, algorithm, nbytes, comm.size)
     if runtime.debug_enabled():  # the fingerprint is built only here, off the hot path
         _check_same_call(comm, (collective, name, *(_fp(*fingerprint) if fingerprint else ())))
-    call = Call(comm, collective, name)
+    call = Call(comm, collective, name, _signature(collective, name, *fingerprint))
 
     def run():
         try:
@@ -78,6 +81,22 @@ def _run(
         return work.submit(run, f"{collective} ({name}) on group {comm.name}")
     run()
     return None
+
+
+def _signature(collective, algorithm, x=None, root_name=None, root=None, op=None):
+    """(collective, algorithm, dtype, count, op, root name, root): what every rank must agree
+    on, from the tensor that has the same shape on every rank (on every call: keep it lean)."""
+    if x is None:
+        return (collective, algorithm, None, None, None, None, None)
+    return (
+        collective,
+        algorithm,
+        buffers.dtype_name(x),
+        buffers.numel(x),
+        None if op is None else op.name,
+        root_name,
+        root,
+    )
 
 
 def _check_same_call(comm, fingerprint) -> None:
