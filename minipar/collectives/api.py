@@ -85,18 +85,12 @@ def _run(
 
 def _signature(collective, algorithm, x=None, root_name=None, root=None, op=None):
     """(collective, algorithm, dtype, count, op, root name, root): what every rank must agree
-    on, from the tensor that has the same shape on every rank (on every call: keep it lean)."""
+    on, from the tensor that has the same shape on every rank. On every call: kept lean (raw
+    dtype object, the op's value; comm/signature.py names them only when needed)."""
     if x is None:
         return (collective, algorithm, None, None, None, None, None)
-    return (
-        collective,
-        algorithm,
-        buffers.dtype_name(x),
-        buffers.numel(x),
-        None if op is None else op.name,
-        root_name,
-        root,
-    )
+    count = x.size if type(x) is np.ndarray else buffers.numel(x)
+    return (collective, algorithm, x.dtype, count, op and op._value_, root_name, root)
 
 
 def _check_same_call(comm, fingerprint) -> None:

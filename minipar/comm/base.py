@@ -24,6 +24,7 @@ COLLECTIVE_TAG_BASE = 1 << 15  # user tags live in [0, 2**15), as MPI guarantees
 CONTROL_TAG = COLLECTIVE_TAG_BASE  # debug mode's fingerprints
 NOTICE_TAG = COLLECTIVE_TAG_BASE + 1  # mismatch notices between watchdogs (comm/watchdog.py)
 SEQ_BITS = 12  # a call's tag keeps its sequence number modulo 4096
+SEQ_MASK = (1 << SEQ_BITS) - 1
 DEFAULT_TIMEOUT = 300.0  # seconds; generous, because a first CUDA call or a cold start is slow
 
 # busy-poll this long (keeps small-message latency low), then yield; when ranks outnumber cores
@@ -171,8 +172,8 @@ def _wait(requests, timeout: float, context) -> None:
         elapsed = time.monotonic() - start
         if elapsed > timeout:
             raise _timeout(pending[0], timeout, context)
-        if elapsed > _SPIN_SECONDS:
-            time.sleep(0 if elapsed < 0.05 else 1e-4)
+        if elapsed > _SPIN_SECONDS:  # a long stall polls less, leaving the core to the others
+            time.sleep(0 if elapsed < 0.05 else 1e-4 if elapsed < 0.5 else 1e-3)
     for request in blocking:
         left = timeout - (time.monotonic() - start)
         if not request._block(max(left, 1e-3)):
@@ -202,9 +203,11 @@ class Communicator:
         self.global_ranks = list(global_ranks)  # the world rank of each rank of this group
         self._seq = 0
         self._tags = TagLayout(self.tag_ub)
+        self._tag_base, self._hash_bits = self._tags.base, self._tags.hash_bits
+        self._hash_mask = self._tags.hash_mask
         # the signature of each recent call, by sequence number modulo 2^12: what the watchdog
         # compares a peer's foreign tag (and a peer's notice) against
-        self._calls: list = [None] * (1 << SEQ_BITS)
+        self._calls: list = [None] * (SEQ_MASK + 1)
         self._failure: str | None = None  # set once a mismatch is found: every later wait raises
 
     def __repr__(self) -> str:
@@ -252,10 +255,13 @@ class Communicator:
         if self._failure is not None:
             raise MismatchError(self._failure)
         seq = self._seq
-        self._seq += 1
-        sig_hash = signature.tag_hash(sig)
-        self._calls[seq % (1 << SEQ_BITS)] = (seq, sig, sig_hash)
-        return seq, self._tags.tag(seq, sig_hash)
+        self._seq = seq + 1
+        sig_hash = signature._HASHES.get(sig)  # the cached hash, inline: this is every call's path
+        if sig_hash is None:
+            sig_hash = signature.tag_hash(sig)
+        field = seq & SEQ_MASK
+        self._calls[field] = (seq, sig, sig_hash)
+        return seq, self._tag_base + (field << self._hash_bits) + (sig_hash & self._hash_mask)
 
     def explain_timeout(self, call, error: CommTimeoutError) -> BaseException:
         """What to raise when a collective call timed out: the timeout itself by default; a

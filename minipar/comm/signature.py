@@ -3,7 +3,11 @@
 A signature is a plain tuple, built once per call from the arguments every rank passes alike:
 
     (collective, algorithm, dtype, count, op, root_name, root)
-    ("broadcast", "tree", "float32", 8, None, "src", 0)
+    ("broadcast", "tree", dtype('float32'), 8, None, "src", 0)
+
+(the dtype object and the op's value as the caller has them: turning them into names costs more
+than the whole hash, so `normal` does that only when a signature is hashed the first time, sent or
+shown).
 
 `tag_hash` folds it into a few bits of the call's tag (see base.TagLayout), so two ranks that
 disagree on any field post messages under different tags: the messages no longer match, and the
@@ -13,35 +17,39 @@ watchdog (comm/watchdog.py) sees a peer's message under a foreign tag and names 
 
 from __future__ import annotations
 
-import functools
 import zlib
 
 FIELDS = ("collective", "algorithm", "dtype", "count", "op", "root_name", "root")
 
-
-@functools.cache
-def _names_code(collective, algorithm, dtype, op, root_name) -> int:
-    """A stable number for the string fields (Python's str hash differs from rank to rank)."""
-    return zlib.crc32(f"{collective}|{algorithm}|{dtype}|{op}|{root_name}".encode())
+_HASHES: dict = {}  # signature -> hash: a training loop repeats the same few calls
 
 
 def tag_hash(sig) -> int:
-    """A deterministic 64-bit-ish hash of the signature (the same on every rank and run).
+    """A 32-bit hash of the signature, the same on every rank and in every run (crc32 of its text:
+    Python's own hash of a str differs from process to process). Computed once per distinct
+    signature; afterwards a call pays one dict lookup (the tuple's hash, in C)."""
+    h = _HASHES.get(sig)
+    if h is None:
+        if len(_HASHES) > 4096:  # counts that change every call: keep the cache bounded
+            _HASHES.clear()
+        h = _HASHES[sig] = zlib.crc32("|".join(map(str, normal(sig))).encode())
+    return h
 
-    Strings go through crc32 once (cached); the integers join through the tuple hash, which for
-    ints is the same in every process (no hash randomisation, unlike str and None), given one
-    Python version on every rank.
-    """
+
+def normal(sig) -> tuple:
+    """The signature as plain, comparable, picklable values: the dtype as its name (numpy and
+    torch spell float32 alike), the op as its name."""
     collective, algorithm, dtype, count, op, root_name, root = sig
-    code = _names_code(collective, algorithm, dtype, op, root_name)
-    if count is None:  # hash(None) is its address, which differs from rank to rank
-        return code
-    return hash((code, count, -1 if root is None else root))
+    if dtype is not None and not isinstance(dtype, str):
+        dtype = str(dtype).removeprefix("torch.")
+    if op is not None:
+        op = str(getattr(op, "name", op)).upper()
+    return (collective, algorithm, dtype, count, op, root_name, root)
 
 
 def render(sig, algorithm: bool = True) -> str:
     """broadcast(src=0, float32 x 8) — the way a user wrote the call, roughly."""
-    collective, alg, dtype, count, op, root_name, root = sig
+    collective, alg, dtype, count, op, root_name, root = normal(sig)
     parts = []
     if root_name is not None:
         parts.append(f"{root_name}={root}")
@@ -65,6 +73,7 @@ def differing(a, b) -> list[str]:
 
 def mismatch_text(group: str, seq: int, rank_a: int, sig_a, rank_b: int, sig_b) -> str:
     """The MismatchError message: both calls, side by side, and what differs."""
+    sig_a, sig_b = normal(sig_a), normal(sig_b)
     fields = differing(sig_a, sig_b)
     show_algorithm = "algorithm" in fields  # "auto" chose differently: worth saying
     if rank_a > rank_b:
