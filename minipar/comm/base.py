@@ -161,7 +161,7 @@ def _wait(requests, timeout: float, context) -> None:
         return  # the common case for small messages: done at the first poll
     blocking = [r for r in pending if r.blocking]
     pending = [r for r in pending if not r.blocking]
-    comm = pending[0].comm
+    comm = requests[0].comm
     while pending:
         pending = [r for r in pending if not r.test()]
         if not pending:

@@ -67,7 +67,7 @@ def differing(a, b) -> list[str]:
     out = []
     for name, x, y in zip(FIELDS, a, b):
         if x != y and name != "root_name":
-            out.append(a[5] if name == "root" and a[5] else name)
+            out.append((a[5] or b[5] or "root") if name == "root" else name)
     return out
 
 
