@@ -61,12 +61,19 @@ def _run(
 ):
     """Pick the algorithm, create the Call (its tag) now, then run it here or asynchronously.
 
-    `fingerprint` is (tensor every rank passes alike, root name, root, op): the call's
-    signature, folded into its tag, is built from it (comm/signature.py)."""
+    `fingerprint` is (the tensor every rank passes alike, root name, root, op): the call's
+    signature, folded into its tag, is built from it: (collective, algorithm, dtype, nbytes,
+    op, root name, root), the dtype and op as objects (comm/signature.py names them and turns
+    nbytes back into the caller's count)."""
     name, fn = registry.pick(collective, algorithm, nbytes, comm.size)
     if runtime.debug_enabled():  # the fingerprint is built only here, off the hot path
         _check_same_call(comm, (collective, name, *(_fp(*fingerprint) if fingerprint else ())))
-    call = Call(comm, collective, name, _signature(collective, name, *fingerprint))
+    if fingerprint:  # the call's signature (comm/signature.py), inline: every call comes here
+        x, root_name, root, op = fingerprint
+        sig = (collective, name, x.dtype, nbytes, op, root_name, root)
+    else:
+        sig = (collective, name, None, None, None, None, None)
+    call = Call(comm, collective, name, sig)
 
     def run():
         try:
@@ -81,16 +88,6 @@ def _run(
         return work.submit(run, f"{collective} ({name}) on group {comm.name}")
     run()
     return None
-
-
-def _signature(collective, algorithm, x=None, root_name=None, root=None, op=None):
-    """(collective, algorithm, dtype, count, op, root name, root): what every rank must agree
-    on, from the tensor that has the same shape on every rank. On every call: kept lean (raw
-    dtype object, the op's value; comm/signature.py names them only when needed)."""
-    if x is None:
-        return (collective, algorithm, None, None, None, None, None)
-    count = x.size if type(x) is np.ndarray else buffers.numel(x)
-    return (collective, algorithm, x.dtype, count, op and op._value_, root_name, root)
 
 
 def _check_same_call(comm, fingerprint) -> None:
@@ -192,7 +189,7 @@ def broadcast(tensor, src: int, group=None, algorithm="auto", async_op=False):
         buffers.nbytes(x),
         (x, src),
         async_op,
-        fingerprint=(tensor, "src", src),
+        fingerprint=(tensor, "src", src, None),
     )
 
 
@@ -256,7 +253,7 @@ def all_gather_into_tensor(
         buffers.nbytes(out),
         (out, inp),
         async_op,
-        fingerprint=(input_tensor,),
+        fingerprint=(input_tensor, None, None, None),
     )
 
 
@@ -281,7 +278,7 @@ def all_gather(tensor_list, tensor, group=None, algorithm="auto", async_op=False
         (out, inp),
         async_op,
         finish=scatter_into_list,
-        fingerprint=(tensor,),
+        fingerprint=(tensor, None, None, None),
     )
 
 
@@ -344,7 +341,7 @@ def scatter(tensor, scatter_list=None, src: int = 0, group=None, algorithm="auto
         nbytes,
         (out, inp, src),
         async_op,
-        fingerprint=(tensor, "src", src),
+        fingerprint=(tensor, "src", src, None),
     )
 
 
@@ -373,7 +370,7 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, algorithm="auto",
         (out, inp, dst),
         async_op,
         finish=finish,
-        fingerprint=(tensor, "dst", dst),
+        fingerprint=(tensor, "dst", dst, None),
     )
 
 
@@ -415,7 +412,7 @@ def all_to_all_single(
         buffers.nbytes(inp),
         (out, inp),
         async_op,
-        fingerprint=(input,),
+        fingerprint=(input, None, None, None),
     )
 
 

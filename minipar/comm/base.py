@@ -25,6 +25,7 @@ CONTROL_TAG = COLLECTIVE_TAG_BASE  # debug mode's fingerprints
 NOTICE_TAG = COLLECTIVE_TAG_BASE + 1  # mismatch notices between watchdogs (comm/watchdog.py)
 SEQ_BITS = 12  # a call's tag keeps its sequence number modulo 4096
 SEQ_MASK = (1 << SEQ_BITS) - 1
+_cached_hash = signature._HASHES.get
 DEFAULT_TIMEOUT = 300.0  # seconds; generous, because a first CUDA call or a cold start is slow
 
 # busy-poll this long (keeps small-message latency low), then yield; when ranks outnumber cores
@@ -256,11 +257,11 @@ class Communicator:
             raise MismatchError(self._failure)
         seq = self._seq
         self._seq = seq + 1
-        sig_hash = signature._HASHES.get(sig)  # the cached hash, inline: this is every call's path
+        sig_hash = _cached_hash(sig)  # inline, not signature.tag_hash: every call comes here
         if sig_hash is None:
             sig_hash = signature.tag_hash(sig)
         field = seq & SEQ_MASK
-        self._calls[field] = (seq, sig, sig_hash)
+        self._calls[field] = (seq, sig)
         return seq, self._tag_base + (field << self._hash_bits) + (sig_hash & self._hash_mask)
 
     def explain_timeout(self, call, error: CommTimeoutError) -> BaseException:

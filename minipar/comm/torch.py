@@ -161,7 +161,7 @@ class TorchCommunicator(Communicator):
         if store is None or request is None or request.peer == self.rank:
             return error
         entry = self._calls[call.seq % len(self._calls)]
-        mine = (call.seq, signature.normal(entry[1]), time.time())
+        mine = (call.seq, signature.normal(entry[1], self.size), time.time())
         store.set(self._store_key(self.rank), pickle.dumps(mine))
         theirs = _read_recent(store, self._store_key(request.peer), mine[2] - self.timeout - 5)
         if theirs is None:

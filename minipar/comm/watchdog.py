@@ -111,12 +111,12 @@ def _check_tag(comm, peer: int, tag: int) -> None:
         return  # a user message, or a control one
     field, peer_hash = decoded
     entry = _recent_call(comm, field)
-    if entry is None or (entry[2] & comm._tags.hash_mask) == peer_hash:
+    if entry is None or (signature.tag_hash(entry[1]) & comm._tags.hash_mask) == peer_hash:
         return  # a call to come, or this very call (its receive is not posted yet)
-    seq, sig, _ = entry
+    seq, sig = entry
     if (peer, seq) not in comm._asked:
         comm._asked.add((peer, seq))
-        send(comm, peer, ("call", seq, sig))
+        send(comm, peer, ("call", seq, signature.normal(sig, comm.size)))
 
 
 def _on_notice(comm, peer: int, notice) -> None:
@@ -125,9 +125,12 @@ def _on_notice(comm, peer: int, notice) -> None:
         return
     _, seq, peer_sig = notice
     entry = comm._calls[seq % (1 << SEQ_BITS)]
-    if entry is None or entry[0] != seq or entry[1] == peer_sig:
-        return  # not this call (the peer is far ahead), or no disagreement after all
-    text = signature.mismatch_text(comm.name, seq, comm.rank, entry[1], peer, peer_sig)
+    if entry is None or entry[0] != seq:
+        return  # not a call of this rank's recent past (the peer is far ahead): nothing to say
+    mine = signature.normal(entry[1], comm.size)
+    if mine == peer_sig:
+        return  # no disagreement after all
+    text = signature.mismatch_text(comm.name, seq, comm.rank, mine, peer, peer_sig)
     fail(comm, text)
 
 
