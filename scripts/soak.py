@@ -210,6 +210,8 @@ def main() -> None:
             except Exception as error:
                 raise RuntimeError(f"seed {seed}, {describe(j, s)}: {error}") from error
             pick = 1.0 if i < args.calls - 1 else 0.0
+        if world.rank == 0 and (i + 1) % 1000 == 0:
+            print(f"soak: {i + 1} calls, {time.monotonic() - start:.0f} s", flush=True)
     minipar.barrier()
     totals = world.allgather_object(moved)
     if world.rank == 0:
