@@ -74,20 +74,32 @@ def _matching(out, inp, out_what: str, in_what: str, ratio: int = 1, inverse: bo
 
 
 def _run(
-    comm, collective: str, algorithm, nbytes: int, args, async_op: bool, finish=None, fingerprint=()
+    comm,
+    collective: str,
+    algorithm,
+    nbytes: int,
+    args,
+    async_op: bool,
+    finish=None,
+    fingerprint=(),
+    uneven: bool = False,
 ):
     """Pick the algorithm, create the Call (its tag) now, then run it here or asynchronously.
 
     `fingerprint` is (the tensor every rank passes alike, root name, root, op): the call's
     signature, folded into its tag, is built from it: (collective, algorithm, dtype, nbytes,
     op, root name, root), the dtype and op as objects (comm/signature.py names them and turns
-    nbytes back into the caller's count)."""
+    nbytes back into the caller's count). `uneven`: the ranks' byte counts may differ (split
+    sizes of their own), so the count stays out of the signature and "auto" cannot price the
+    call alike on every rank: it means pairwise, whose messages do not depend on the sizes."""
+    if uneven and algorithm == "auto":
+        algorithm = "pairwise"
     name, fn = registry.pick(collective, algorithm, nbytes, comm.size)
     if runtime.debug_enabled():  # the fingerprint is built only here, off the hot path
         _check_same_call(comm, (collective, name, *(_fp(*fingerprint) if fingerprint else ())))
     if fingerprint:  # the call's signature (comm/signature.py), inline: every call comes here
         x, root_name, root, op = fingerprint
-        sig = (collective, name, x.dtype, nbytes, op, root_name, root)
+        sig = (collective, name, x.dtype, None if uneven else nbytes, op, root_name, root)
     else:
         sig = (collective, name, None, None, None, None, None)
     call = Call(comm, collective, name, sig)
@@ -454,6 +466,7 @@ def all_to_all_single(
         args,
         async_op,
         fingerprint=(input, None, None, None),
+        uneven=output_split_sizes is not None or input_split_sizes is not None,
     )
 
 

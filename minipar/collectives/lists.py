@@ -71,7 +71,8 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, algorithm="aut
         (out, inp, *equal_or(out_edges, in_edges, comm.size)),
         async_op,
         finish=unpack,
-        fingerprint=(like,),
+        fingerprint=(like, None, None, None),
+        uneven=True,
     )
 
 

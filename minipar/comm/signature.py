@@ -44,7 +44,7 @@ def normal(sig, group_size: int = 1) -> tuple:
     group_size = 1, the byte count: what the hash covers, the same on every rank)."""
     collective, algorithm, dtype, count, op, root_name, root = sig
     if dtype is not None and not isinstance(dtype, str):
-        if group_size:
+        if group_size and count is not None:
             per_rank = group_size if collective in PER_RANK else 1
             count = count // max(1, dtype.itemsize * per_rank)
         dtype = str(dtype).removeprefix("torch.")
@@ -62,7 +62,7 @@ def render(sig, algorithm: bool = True) -> str:
     if op is not None:
         parts.append(f"op={op}")
     if dtype is not None:
-        parts.append(f"{dtype} x {count}")
+        parts.append(dtype if count is None else f"{dtype} x {count}")  # None: sizes may differ
     if algorithm:
         parts.append(f"algorithm={alg}")
     return f"{collective}({', '.join(parts)})"
