@@ -254,6 +254,41 @@ def crossover(collective: str, small: str, large: str, world_size: int, link=Non
     return hi
 
 
+# -- a link per transport: MPI messages, or single-copy shared windows (comm/shm.py) -----------
+# alpha: one wait on a peer's counter in shared memory, with the Python around it; beta: one
+# byte copied once through memory (memcpy-class, where an MPI message inside a node copies it
+# twice through a bounce buffer); gamma: one byte reduced. `minipar bench --fit` measures them.
+SHARED_WINDOW = Link("shared-window", alpha=6e-6, beta=1 / 8e9, gamma=1 / 5e9, source="typical")
+SHM_MIN_BYTES = 64 << 10  # `auto` keeps smaller messages on MPI: latency, not copies, rules
+
+
+def shm_traffic(collective: str, nbytes: float, p: int) -> Traffic:
+    """Waits, bytes copied through the windows and bytes reduced by one rank of the single-copy
+    schedules (collectives/shm_direct.py); bytes_sent counts copies, priced at the link's beta."""
+    N, c = nbytes, (p - 1) / p * nbytes
+    table = {
+        "all_reduce": (3, c + N / p + c, c),  # publish p-1 chunks, my result, copy p-1 out
+        "all_gather": (2, N / p + N, 0),  # publish my block; my block and p-1 others out
+        "reduce_scatter": (2, c, c),  # publish p-1 blocks; reduce mine from p copies
+    }
+    steps, copied, reduced = table[collective]
+    return Traffic(steps, copied, reduced)
+
+
+def predict_shm(collective: str, nbytes: float, p: int, link=None) -> float:
+    link = link or SHARED_WINDOW
+    t = shm_traffic(collective, nbytes, p)
+    return t.steps * link.alpha + t.bytes_sent * link.beta + t.bytes_reduced * link.gamma
+
+
+@functools.lru_cache(maxsize=4096)
+def prefers_shm(collective: str, algorithm: str, nbytes: float, p: int, mpi=None, shm=None):
+    """Whether the shared windows beat `algorithm` over MPI messages for this call."""
+    if nbytes < SHM_MIN_BYTES:
+        return False
+    return predict_shm(collective, nbytes, p, shm) < predict(collective, algorithm, nbytes, p, mpi)
+
+
 # -- the hierarchy: GPUs in NVLink domains, domains joined by InfiniBand ----------------------
 
 

@@ -96,6 +96,12 @@ def reduce_(dst, src, op: ReduceOp, reverse: bool = False) -> None:
     """dst = dst (op) src elementwise, in place; with reverse, dst = src (op) dst.
     AVG reduces as SUM; see `finish_`."""
     a, b = (src, dst) if reverse else (dst, src)
+    reduce_into(dst, a, b, op)
+
+
+def reduce_into(dst, a, b, op: ReduceOp) -> None:
+    """dst = a (op) b elementwise (dst may be a or b): one pass where a copy and a reduce_
+    would make two."""
     if buffers.is_torch(dst):
         _reduce_torch(dst, a, b, op)
     elif dst.dtype == np.bool_:

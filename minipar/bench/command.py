@@ -71,7 +71,7 @@ def default_fit_path() -> str:
 
 def job_spec(args) -> dict:
     """The ranks' instructions, validated here so a typo fails before anything launches."""
-    from minipar.collectives import registry
+    from minipar.collectives import registry, transport
 
     collectives = spec.parse_collectives(args.collective)
     against = [] if args.against in ("none", "") else args.against.split(",")
@@ -80,7 +80,7 @@ def job_spec(args) -> dict:
             raise ValueError(f"--against takes mpi and/or torch, got {impl!r}")
     algorithms = {}
     for c in collectives:
-        known = registry.algorithms(c)
+        known = registry.algorithms(c) + transport.bench_variants(c)
         wanted = known if args.algorithms == "all" else args.algorithms.split(",")
         algorithms[c] = [a for a in wanted if a in known]
         if args.algorithms != "all" and not algorithms[c] and len(collectives) == 1:
@@ -100,7 +100,9 @@ def job_spec(args) -> dict:
 
 
 def cell_count(job: dict) -> int:
-    per_size = sum(len(job["algorithms"][c]) + len(job["against"]) for c in job["collectives"])
+    from minipar.bench import ranks
+
+    per_size = sum(len(list(ranks.cells(c, job))) for c in job["collectives"])
     return per_size * len(job["sizes"])
 
 

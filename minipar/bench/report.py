@@ -51,9 +51,13 @@ def _record(event: dict, p: int, dtype: str, link, roofs) -> dict:
     predicted = None
     if event["implementation"] == "minipar":
         algorithm = event.get("chosen") or event["algorithm"]
+        base, _, transport = algorithm.partition("@")
         try:
-            predicted = cost.predict(collective, algorithm, n, p, link)
-        except ValueError:  # a user-registered algorithm has no formula
+            if transport == "shm":  # the shared windows' own link (cost.SHARED_WINDOW)
+                predicted = cost.predict_shm(collective, n, p)
+            else:
+                predicted = cost.predict(collective, base, n, p, link)
+        except (ValueError, KeyError):  # a user-registered algorithm has no formula
             pass
     record["predicted_s"] = predicted
     record["prediction_error"] = (predicted - median) / median if predicted else None
@@ -73,7 +77,9 @@ def label(r: dict) -> str:
         return "MPI (native)"
     if r["implementation"] == "torch":
         return "torch (gloo)"
-    return f"auto → {r['chosen']}" if r.get("chosen") else r["algorithm"]
+    if r["implementation"] == "floor":
+        return "python floor (mpi4py)"
+    return f"{r['algorithm']} → {r['chosen']}" if r.get("chosen") else r["algorithm"]
 
 
 def goals(rows: list[dict], basis: str = "median") -> list[tuple[str, float | None, float, str]]:

@@ -40,6 +40,8 @@ def header(console, head: dict, link_name: str) -> None:
         f"{head.get('load', [0])[0]:.1f} at the start",
         f"model    predictions priced on link {link_name!r}",
     ]
+    if head.get("transport"):
+        lines.append(f"inside   {head['transport']}")
     if head.get("load", [0])[0] > max(1.0, head["cores"] - head["world_size"] + 1):
         lines.append(
             "[yellow]other processes are using this machine's cores: expect noise, repeat "

@@ -20,7 +20,7 @@ import pickle
 import numpy as np
 
 from minipar import buffers, runtime
-from minipar.collectives import registry, work
+from minipar.collectives import registry, transport, work
 from minipar.collectives.call import Call
 from minipar.comm.base import CONTROL_TAG, wait_all
 from minipar.errors import MiniparError, MismatchError
@@ -78,6 +78,7 @@ def _run(
 ):
     """Pick the algorithm, create the Call (its tag) now, then run it here or asynchronously."""
     name, fn = registry.pick(collective, algorithm, nbytes, comm.size)
+    name, fn = transport.route(comm, collective, name, fn, nbytes, args[0] if args else None)
     if runtime.debug_enabled():  # the fingerprint is built only here, off the hot path
         _check_same_call(comm, (collective, name, *(_fp(*fingerprint) if fingerprint else ())))
     call = Call(comm, collective, name)

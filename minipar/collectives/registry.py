@@ -8,7 +8,16 @@ asks minipar.cost for the cheapest entry, and a student's own function joins it 
 from __future__ import annotations
 
 from minipar import cost
-from minipar.collectives import bruck, double_tree, linear, pairwise, recursive, ring, tree
+from minipar.collectives import (
+    bruck,
+    double_tree,
+    linear,
+    pairwise,
+    recursive,
+    ring,
+    transport,
+    tree,
+)
 from minipar.collectives.barrier import barrier_dissemination
 
 ALGORITHMS = {
@@ -80,6 +89,10 @@ def pick(collective: str, algorithm, nbytes: int, size: int):
     table = ALGORITHMS[collective]
     if callable(algorithm):
         return getattr(algorithm, "__name__", "custom"), algorithm
+    if isinstance(algorithm, str) and "@" in algorithm:  # "ring@shm": see transport.py
+        base, forced = transport.split(algorithm)
+        name, fn = pick(collective, base, nbytes, size)
+        return f"{name}@{forced}", fn
     if algorithm == "auto":
         name = cost.choose(collective, sorted(_BUILTIN[collective]), nbytes, size)
         return name, table[name]
