@@ -256,9 +256,20 @@ def crossover(collective: str, small: str, large: str, world_size: int, link=Non
 
 # -- a link per transport: MPI messages, or single-copy shared windows (comm/shm.py) -----------
 # alpha: one wait on a peer's counter in shared memory, with the Python around it; beta: one
-# byte copied once through memory (memcpy-class, where an MPI message inside a node copies it
-# twice through a bounce buffer); gamma: one byte reduced. `minipar bench --fit` measures them.
-SHARED_WINDOW = Link("shared-window", alpha=6e-6, beta=1 / 8e9, gamma=1 / 5e9, source="typical")
+# byte copied once through a window (numpy's copy to or from memory the peer touches: measured
+# ~4.5 GB/s on the 2-core development VM, where MPICH's two copies through its small, cache-hot
+# bounce cells cost about as much as one such copy); gamma: one byte reduced. With these numbers
+# `auto` keeps MPI (docs/bench.md: the windows did not beat MPICH's ring there); a machine where
+# they win says so through MINIPAR_SHM_LINK (a link JSON file, as `minipar bench --fit` writes).
+SHARED_WINDOW = Link("shared-window", alpha=6e-6, beta=1 / 4.5e9, gamma=1 / 5e9, source="VM")
+SHM_LINK_ENV = "MINIPAR_SHM_LINK"
+
+
+def shm_link() -> Link:
+    path = os.environ.get(SHM_LINK_ENV)
+    return load_link(path) if path else SHARED_WINDOW
+
+
 SHM_MIN_BYTES = 64 << 10  # `auto` keeps smaller messages on MPI: latency, not copies, rules
 
 
@@ -276,7 +287,7 @@ def shm_traffic(collective: str, nbytes: float, p: int) -> Traffic:
 
 
 def predict_shm(collective: str, nbytes: float, p: int, link=None) -> float:
-    link = link or SHARED_WINDOW
+    link = link or shm_link()
     t = shm_traffic(collective, nbytes, p)
     return t.steps * link.alpha + t.bytes_sent * link.beta + t.bytes_reduced * link.gamma
 

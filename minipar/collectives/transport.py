@@ -99,7 +99,7 @@ def _node_for(comm, collective, name, nbytes, buf):
         return None
     from minipar.comm import shm
 
-    node = shm.node_of(comm)
+    node = shm.node_of(comm, f"{collective} (algorithm {name}) on group {comm.name}")
     if node is None and forced:
         raise ValueError(
             f"{name!r}: group {comm.name} cannot share memory (its ranks span nodes, or its "

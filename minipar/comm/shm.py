@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from minipar.comm.base import _SPIN_SECONDS
+from minipar.comm.base import _SPIN_SECONDS, wait_all
 from minipar.errors import CommTimeoutError, MismatchError
 
 HEADER = 4096  # bytes before the data: a page, so the data is page-aligned
@@ -50,17 +50,21 @@ def _mpi():
     return mpi()
 
 
-def node_of(comm):
+def node_of(comm, what: str = "shared memory"):
     """The SharedNode of `comm` when every rank of it shares this node, else None.
 
     Collective over comm the first time (MPI_Comm_split_type): every rank must ask at the same
-    point, which `transport.route` guarantees (it decides from arguments all ranks share)."""
+    point, which `transport.route` guarantees (it decides from arguments all ranks share). A
+    barrier bounded by the timeout goes first, so a missing rank is a CommTimeoutError (opening
+    with `what`), not a hang inside the blocking split."""
     cached = getattr(comm, "_shm_node", False)
     if cached is not False:
         return cached
     node = None
     if getattr(comm, "backend", None) == "mpi" and comm.size > 1:
         MPI = _mpi()
+        context = f"{what}: probing whether group {comm.name} shares one node"
+        wait_all([comm._post_barrier()], comm.timeout, context)
         local = comm.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
         everyone = comm.mpi.allreduce(int(local.Get_size() == comm.size), op=MPI.MIN)
         if everyone:

@@ -133,12 +133,14 @@ def timeout_case():
     w = world()
     if w.size < 2:
         return
-    g = minipar.new_group([0, 1], timeout=0.5) if w.size >= 2 else None
+    g = minipar.new_group([0, 1], timeout=0.5)
+    pair = minipar.new_group([0, 1])  # the default timeout: for lining the two ranks up
     if w.rank > 1:
         return
     x = np.ones(1 << 12, np.float32)
+    minipar.all_reduce(x, group=g, algorithm="ring@shm")  # both here: the windows exist
     if w.rank == 1:
-        w.barrier()
+        pair.barrier()
     try:
         minipar.all_reduce(x, group=g, algorithm="ring@shm")
     except CommTimeoutError as error:
@@ -149,7 +151,7 @@ def timeout_case():
     assert "all_reduce (algorithm ring@shm)" in message and f"rank {peer}" in message, message
     assert "timed out after 0.5 s" in message, message
     if w.rank == 0:
-        w.barrier()
+        pair.barrier()
 
 
 def mismatch_case():
