@@ -109,22 +109,22 @@ def _gather_block(node, call, piece, block, count) -> None:
 
 def all_gather(node, call, out, inp) -> None:
     """Block q of out = rank q's inp, read out of rank q's segment; pipelined like all_reduce
-    (turn j publishes block j of my input and copies the peers' block j-1 out)."""
+    (turn j publishes block j of my input and copies the peers' block j-L out)."""
     n, size, r = len(inp), buffers.itemsize(inp), node.rank
     code = _code("all_gather", inp)
     for a, b in _pieces(n, _capacity(node) // size):
         seg = node.begin((b - a) * size, code, call.context)
         blocks = list(_pieces(b - a, shm.BLOCK_BYTES // size))
         base = node.blocks
-        for j in range(len(blocks) + 1):
+        for j in range(len(blocks) + shm.LAG):
             if j < len(blocks):
                 lo, hi = blocks[j]
                 buffers.copy_(_view(seg, inp, hi - lo, lo), inp[a + lo : a + hi])
                 node.publish(READY, base + j + 1)
                 buffers.copy_(out[r * n + a + lo : r * n + a + hi], inp[a + lo : a + hi])
-            if j >= 1:
-                lo, hi = blocks[j - 1]
-                node.wait_all(READY, call.context, base + j)
+            if 0 <= j - shm.LAG < len(blocks):
+                lo, hi = blocks[j - shm.LAG]
+                node.wait_all(READY, call.context, base + j - shm.LAG + 1)
                 for q in node.peers():
                     peer = _view(node.segments[q], inp, hi - lo, lo)
                     buffers.copy_(out[q * n + a + lo : q * n + a + hi], peer)
@@ -135,7 +135,7 @@ def all_gather(node, call, out, inp) -> None:
 def reduce_scatter(node, call, out, inp, op) -> None:
     """out = the reduction over ranks of block `rank` of their inp, read from their segments.
     Only the p-1 blocks the peers need are published; mine goes straight into the reduction.
-    Pipelined: turn j publishes the peers' pieces [j] and reduces my piece [j-1]."""
+    Pipelined: turn j publishes the peers' pieces [j] and reduces my piece [j-L]."""
     p, r, n, size = node.size, node.rank, len(out), buffers.itemsize(inp)
     code = _code("reduce_scatter", inp)
     for a, b in _pieces(n, _capacity(node) // (size * p)):
@@ -143,16 +143,16 @@ def reduce_scatter(node, call, out, inp, op) -> None:
         seg = node.begin(p * m * size, code, call.context)
         blocks = list(_pieces(m, max(1, shm.BLOCK_BYTES // (size * p))))
         base = node.blocks
-        for j in range(len(blocks) + 1):
+        for j in range(len(blocks) + shm.LAG):
             if j < len(blocks):
                 lo, hi = blocks[j]
                 for q in node.peers():
                     src = inp[q * n + a + lo : q * n + a + hi]
                     buffers.copy_(_view(seg, inp, hi - lo, q * m + lo), src)
                 node.publish(READY, base + j + 1)
-            if j >= 1:
-                lo, hi = blocks[j - 1]
-                node.wait_all(READY, call.context, base + j)
+            if 0 <= j - shm.LAG < len(blocks):
+                lo, hi = blocks[j - shm.LAG]
+                node.wait_all(READY, call.context, base + j - shm.LAG + 1)
                 _reduce_mine(node, seg, out, inp, op, (a + lo, a + hi), r * m + lo)
         node.blocks = base + len(blocks)
         node.publish(DONE)

@@ -40,7 +40,7 @@ HEADER = 4096  # bytes before the data: a page, so the data is page-aligned
 READY, REDUCED, DONE, CODE, NBYTES = range(5)  # header slots (int64 each)
 MAX_SEGMENT = int(os.environ.get("MINIPAR_SHM_BYTES", 64 << 20))  # data bytes per rank, at most
 BLOCK_BYTES = int(os.environ.get("MINIPAR_SHM_BLOCK", 1 << 20))  # a pipeline block, all chunks
-LAG = int(os.environ.get("MINIPAR_SHM_LAG", 4))  # blocks between publishing and reading them
+LAG = int(os.environ.get("MINIPAR_SHM_LAG", 8))  # blocks between publishing and reading them
 WAITS = ("publish its data", "finish reducing its chunk", "finish reading my segment")
 
 
