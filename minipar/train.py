@@ -22,6 +22,7 @@ examples:
   minipar train --dp 4 --steps 20 --check     4 data-parallel ranks, checked against dense
   minipar train --dp 2 --microbatches 2       gradient accumulation over 2 micro-batches
   minipar train --dp 2 --tp 2 --pp 2 --microbatches 4 --schedule 1f1b
+  minipar train --dp 4 --tp 2 --fsdp --check  FSDP as the data-parallel part
   minipar train --steps 100 --plot loss.png   the loss curve (needs the plot extra)
   minipar train --save ckpt.pt; minipar train --resume ckpt.pt --dp 2
   mpiexec -n 4 python -m minipar.train --dp 4 inside an existing launch
@@ -47,7 +48,7 @@ def configure(parser) -> None:
     run = parser.add_argument_group("run")
     run.add_argument("--steps", type=int, default=50)
     run.add_argument("--batch-size", type=int, default=8, help="sequences per step (default 8)")
-    run.add_argument("--lr", type=float, default=3e-3)
+    run.add_argument("--lr", type=float, default=1e-3)
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--layers", type=int, default=8)
     run.add_argument("--hidden", type=int, default=64)
@@ -186,7 +187,8 @@ def run_here(args) -> int:
                 device,
                 opt_state,
             )
-        state = training.dense_state(model, mesh)
+        state = training.dense_state(model, mesh)  # collective: every rank gathers
+        optimizer = training.mesh_optimizer_state(model, opt) if args.save else None
     except ValueError as error:  # the same words on every rank, then a clean exit
         print(f"[rank {comm.rank}] minipar train: {error}", file=sys.stderr)
         minipar.finalize()
@@ -196,7 +198,6 @@ def run_here(args) -> int:
     if comm.rank == 0:
         report.summary(losses, problems if args.check else None)
         if args.save:
-            optimizer = training.optimizer_state(model, opt)
             checkpoint.save(args.save, state, spec.model, start + spec.steps, optimizer)
         if args.plot:
             report.plot(args.plot, losses, start)
@@ -216,6 +217,18 @@ def check(spec, args, losses, state, start) -> list[str]:
     reference, dense, _ = training.train_dense(spec, None, model, start, opt_state)
     print(f"dense reference: {len(reference)} steps in {time.perf_counter() - t0:.1f} s")
     return training.compare(losses, reference, state, dense.state_dict())
+
+
+def describe(spec) -> str:
+    """What runs on each axis of the mesh, in words, for the summary."""
+    parts = []
+    if spec.dp > 1:
+        parts.append("FSDP" if spec.fsdp else "DDP")
+    if spec.tp > 1:
+        parts.append("Megatron TP, vocabulary-parallel loss")
+    if spec.pp > 1:
+        parts.append(f"{spec.schedule} pipeline")
+    return ", ".join(parts) or "dense (one process)"
 
 
 class Reporter:
@@ -265,6 +278,7 @@ class Reporter:
         t = Table(title="minipar train", show_header=False, title_justify="left")
         rows = [
             ("layout", f"dp={s.dp} x tp={s.tp} x pp={s.pp}, {s.microbatches} micro-batch(es)"),
+            ("parallelism", describe(s)),
             ("model", f"{s.model.n_params():,} parameters, {s.model.n_layers} layers"),
             ("loss", f"{losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} steps"),
             (

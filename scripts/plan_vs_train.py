@@ -1,6 +1,7 @@
 """The planner's predicted step time for the tiny GPT against what `minipar train` measures.
 
     python scripts/plan_vs_train.py --layouts 1x1x1 2x1x1 4x1x1 8x1x1 2x2x2 --steps 20
+    python scripts/plan_vs_train.py --layouts all8 --steps 8     # every 8-rank layout
 
 For each dp x tp x pp layout: `minipar train --json` (launched on dp*tp*pp ranks), then
 minipar.planner.evaluate for the same layout on the "cpu" cluster, with this CPU's measured
@@ -46,6 +47,18 @@ def measure(dp: int, tp: int, pp: int, microbatches: int, steps: int) -> dict:
         return json.load(f)
 
 
+def layouts(texts: list[str]) -> list[tuple[int, int, int]]:
+    """(dp, tp, pp) from "DPxTPxPP" texts; "all8": every 8-rank layout with degrees 1, 2, 4, 8."""
+    out = []
+    for text in texts:
+        if text == "all8":
+            d = (1, 2, 4, 8)
+            out += [(a, b, c) for a in d for b in d for c in d if a * b * c == 8]
+        else:
+            out.append(tuple(int(x) for x in text.split("x")))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -54,24 +67,29 @@ def main() -> None:
         default=["1x1x1", "2x1x1", "4x1x1", "8x1x1"],
         help="dp x tp x pp, e.g. 2x2x2",
     )
-    parser.add_argument("--microbatches", type=int, default=1)
+    parser.add_argument(
+        "--microbatches",
+        type=int,
+        default=0,
+        help="per dp rank (default: 1 without a pipeline, else min(8/dp, 2 pp))",
+    )
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
     rate = planner.measure_flops()
     model = planner.MODELS["tiny"]
     print(f"measured matmul rate: {rate / 1e9:.2f} GFLOP/s per core, {launcher.cores()} cores\n")
-    print("| dp x tp x pp | predicted step | measured step (min / median / max) | ratio |")
-    print("| --- | ---: | ---: | ---: |")
-    for text in args.layouts:
-        dp, tp, pp = (int(x) for x in text.split("x"))
+    print("| dp x tp x pp | m | predicted step | measured step (min / median / max) | ratio |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for dp, tp, pp in layouts(args.layouts):
         ranks = dp * tp * pp
+        m = args.microbatches or (min(model.global_batch // dp, 2 * pp) if pp > 1 else 1)
         cpu = planner.shared_cores(planner.CLUSTERS["cpu"], ranks, launcher.cores(), rate)
-        micro = model.global_batch // dp // args.microbatches
+        micro = model.global_batch // dp // m
         predicted = planner.evaluate(model, cpu, dp, tp, pp, micro).step_time
-        steps = sorted(measure(dp, tp, pp, args.microbatches, args.steps)["step_seconds"][1:])
+        steps = sorted(measure(dp, tp, pp, m, args.steps)["step_seconds"][1:])
         median = statistics.median(steps)
         print(
-            f"| {dp} x {tp} x {pp} | {predicted * 1e3:.1f} ms | {steps[0] * 1e3:.1f} / "
+            f"| {dp} x {tp} x {pp} | {m} | {predicted * 1e3:.1f} ms | {steps[0] * 1e3:.1f} / "
             f"{median * 1e3:.1f} / {steps[-1] * 1e3:.1f} ms | {median / predicted:.2f} |"
         )
 

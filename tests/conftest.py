@@ -1,8 +1,31 @@
 import os
+import signal
+import subprocess
+import time
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_job(argv, minipar_timeout: float, limit: float):
+    """Run a job that is meant to fail, as a session of its own, with MINIPAR_TIMEOUT set: only
+    past `limit` seconds is its process group killed (rc 124), so the launcher's own clean-up is
+    what is tested. Returns (rc, output, start, end, pid)."""
+    env = dict(os.environ, MINIPAR_TIMEOUT=str(minipar_timeout), OMP_NUM_THREADS="1")
+    env.pop("MINIPAR_DEBUG", None)
+    start = time.time()
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        output, _ = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        return 124, output, start, time.time(), proc.pid
+    return proc.returncode, output, start, time.time(), proc.pid
 
 
 def ranks_suite(name: str) -> str:

@@ -12,11 +12,11 @@ import functools
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import conftest
 import pytest
 from conftest import ROOT
 
@@ -109,7 +109,8 @@ if EXTENDED:
 def command(transport, mode, debug, ranks):
     flags = ["--debug"] if debug else []
     if transport in ("mpi", "shm"):  # through `minipar run`, which must hand back the job's status
-        return [sys.executable, "-m", "minipar", "run", "-n", str(ranks), INJECT, mode, *flags]
+        run = [sys.executable, "-m", "minipar", "run", "-n", str(ranks), INJECT, mode, *flags]
+        return ["env", f"MINIPAR_TRANSPORT={transport}", *run]
     if transport == "torchrun":
         run = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
         return [sys.executable, *run, INJECT, mode, *flags]
@@ -117,24 +118,8 @@ def command(transport, mode, debug, ranks):
 
 
 def run_job(key):
-    """Run one job; only past JOB_LIMIT is its process group killed. Otherwise the launcher's own
-    clean-up (mpiexec after an abort, spawn after a failed rank) must leave nothing behind,
-    which test_no_orphans checks."""
-    env = dict(os.environ, MINIPAR_TIMEOUT=str(TIMEOUT), OMP_NUM_THREADS="1")
-    env.pop("MINIPAR_DEBUG", None)
-    env["MINIPAR_TRANSPORT"] = "shm" if key[0] == "shm" else "mpi"
-    start = time.time()
-    proc = subprocess.Popen(
-        command(*key), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        output, _ = proc.communicate(timeout=JOB_LIMIT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        return 124, output, start, time.time(), proc.pid
-    return proc.returncode, output, start, time.time(), proc.pid
+    """Run one job (see conftest.run_job): test_no_orphans checks that nothing outlives it."""
+    return conftest.run_job(command(*key), TIMEOUT, JOB_LIMIT)
 
 
 def family(transport: str) -> str:

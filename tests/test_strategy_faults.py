@@ -7,12 +7,10 @@ tests/faults/strategies.py; they start together on a few threads, and each test 
 import functools
 import os
 import re
-import signal
-import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
+import conftest
 import pytest
 from conftest import ROOT
 
@@ -43,20 +41,7 @@ def command(transport, strategy, exit_instead):
 
 
 def run_job(key):
-    env = dict(os.environ, MINIPAR_TIMEOUT=str(TIMEOUT), OMP_NUM_THREADS="1")
-    env.pop("MINIPAR_DEBUG", None)
-    start = time.time()
-    proc = subprocess.Popen(
-        command(*key), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        output, _ = proc.communicate(timeout=JOB_LIMIT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        return 124, output, start, time.time()
-    return proc.returncode, output, start, time.time()
+    return conftest.run_job(command(*key), TIMEOUT, JOB_LIMIT)
 
 
 @functools.cache
@@ -67,7 +52,7 @@ def results():
 
 @pytest.mark.parametrize("key", list(EXPECT), ids=["-".join(map(str, k)) for k in EXPECT])
 def test_fault_in_strategy(key):
-    rc, output, start, end = results()[key]
+    rc, output, start, end, _ = results()[key]
     where = f"{' '.join(command(*key)[1:])} exited {rc} after {end - start:.1f} s"
     assert rc != 124, f"{where}: the job hung\n{output[-3000:]}"
     assert rc != 0, f"{where}: a rank failed but the job succeeded\n{output[-3000:]}"

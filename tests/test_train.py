@@ -1,4 +1,4 @@
-"""`minipar train` end to end: a data-parallel run launched on 2 ranks checked against the dense
+"""`minipar train` end to end: a pipeline run launched on 2 ranks checked against the dense
 run, its checkpoint resumed on another layout, wrong layouts refused on every rank."""
 
 import json
@@ -27,13 +27,14 @@ def minipar_cli(*argv, timeout=240):
     )
 
 
-def test_data_parallel_matches_dense_and_resumes_on_another_layout(tmp_path):
-    """dp=2 (2 ranks, 2 micro-batches) for 3 steps, checked by --check; its checkpoint resumed
-    on one process for 2 more: all 5 losses are the uninterrupted dense run's."""
+def test_pipeline_run_matches_dense_and_resumes_on_another_layout(tmp_path):
+    """pp=2 (2 ranks, 1F1B over 2 micro-batches) for 3 steps, checked by --check; its checkpoint
+    resumed on one process for 2 more: all 5 losses are the uninterrupted dense run's (every
+    layout of 8 ranks is in test_gpt_mesh.py; this is the command's path)."""
     ckpt, first, second = (str(tmp_path / name) for name in ("ckpt.pt", "a.json", "b.json"))
     done = minipar_cli(
         "train",
-        "--dp",
+        "--pp",
         "2",
         "--microbatches",
         "2",
@@ -48,7 +49,7 @@ def test_data_parallel_matches_dense_and_resumes_on_another_layout(tmp_path):
     )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
-    assert "matches the dense run" in out and "dp=2 x tp=1 x pp=1" in out, out[-3000:]
+    assert "matches the dense run" in out and "dp=1 x tp=1 x pp=2" in out, out[-3000:]
     resumed = minipar_cli("train", "--resume", ckpt, "--steps", "2", "--json", second)
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
     losses = [json.load(open(path))["losses"] for path in (first, second)]

@@ -11,9 +11,8 @@ checked against the formulas. The same traffic for a 7B model on two 8-GPU nodes
 NVLink and on InfiniBand, which is why TP stays inside a node and PP goes across. Last, the
 planner's table for this machine and for a cluster.
 
-MEASURED RUN: the end trains the tiny GPT (not with --quick). For now on a data-parallel mesh of
-the same ranks; the 3D run on the lesson's mesh goes there when the tensor and pipeline build
-lands (see `measured_run_section`).
+The end (not with --quick) trains the tiny GPT on the lesson's own mesh, checks its losses
+against the dense run and sets its step time beside the planner's.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 import minipar
-from minipar import cost, launch, planner
+from minipar import cost, launcher, planner
 from minipar.lessons.page import Page, fmt_bytes, fmt_time
 from minipar.parallel.mesh import TRAFFIC, DeviceMesh, render
 
@@ -195,11 +194,12 @@ def planner_section(page: Page) -> None:
         )
 
 
-def measured_run_section(page: Page) -> None:
-    # MEASURED RUN, 3D: when the tensor/pipeline build lands, train on the lesson's own mesh
-    # (dp x tp x pp) here and put its step time beside the planner's row for that layout.
-    # Until then: the data-parallel layout of the same ranks, which the build already has.
-    page.measurement(f"the tiny GPT trained with dp={page.size} (data parallel only, for now)")
+def measured_run_section(page: Page, mesh: DeviceMesh, microbatches: int) -> None:
+    """Train the tiny GPT on the lesson's own mesh (tensor, pipeline and data parallel at once),
+    check its losses against the dense run on one process, and put its step time beside the
+    planner's prediction for the same layout."""
+    layout = f"dp={mesh.dp} x tp={mesh.tp} x pp={mesh.pp}"
+    page.measurement(f"the tiny GPT trained on the mesh: {layout}, {microbatches} micro-batches")
     if page.quick:
         page.say("Skipped with --quick (it loads torch on every rank): run without --quick.")
         return
@@ -207,32 +207,36 @@ def measured_run_section(page: Page) -> None:
 
     from minipar.models import training
 
-    spec = training.RunSpec(dp=page.size, steps=6)
+    spec = training.RunSpec(mesh.dp, mesh.tp, mesh.pp, microbatches, "1f1b", steps=6)
     times = []
-    losses, *_ = training.train_on_mesh(
-        spec, DeviceMesh(dp=page.size), lambda step, loss, t: times.append(t)
-    )
+    losses, *_ = training.train_on_mesh(spec, mesh, lambda step, loss, t: times.append(t))
+    # a step takes as long as its slowest rank
     measured = statistics.median(max(ts) for ts in zip(*page.gather(times[1:])))
+    dense = training.train_dense(spec)[0] if page.rank == 0 else losses
+    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, dense))
     cpu = planner.shared_cores(
-        planner.CLUSTERS["cpu"], page.size, launch.cores(), planner.measure_flops()
+        planner.CLUSTERS["cpu"], page.size, launcher.cores(), planner.measure_flops()
     )
-    micro = TINY.global_batch // page.size
-    predicted = planner.evaluate(TINY, cpu, page.size, 1, 1, micro).step_time
+    micro = TINY.global_batch // mesh.dp // microbatches
+    predicted = planner.evaluate(TINY, cpu, mesh.dp, mesh.tp, mesh.pp, micro).step_time
     page.table(
         None,
-        ["layout", "loss first > last", "predicted step>", "measured step (median)>"],
+        ["layout", "loss first > last", "vs dense>", "predicted step>", "measured step>"],
         [
             (
-                f"dp={page.size}",
+                layout,
                 f"{losses[0]:.3f} > {losses[-1]:.3f}",
+                f"{worst:.1e}",
                 fmt_time(predicted),
                 fmt_time(measured),
             )
         ],
-        caption="predicted: the planner on the 'cpu' cluster with this CPU's measured matmul "
-        "rate shared by the ranks",
+        caption="vs dense: the largest relative difference of a step's loss from the same run on "
+        "one process; predicted: the planner on the 'cpu' cluster with this CPU's measured "
+        "matmul rate shared by the ranks; measured: the median step (the first excluded)",
     )
     page.check(losses[-1] < losses[0], "the loss falls")
+    page.check(worst <= 1e-4, "every step's loss equals the dense run's (float32, within 1e-4)")
 
 
 def main(argv=None) -> int:
@@ -240,10 +244,11 @@ def main(argv=None) -> int:
     dp, tp, pp = default_layout(page.size)
     mesh = DeviceMesh(dp=dp, tp=tp, pp=pp)
     mesh_section(page, mesh)
-    traffic_section(page, mesh, microbatches=min(4, TINY.global_batch // dp))
+    microbatches = min(4, TINY.global_batch // dp)
+    traffic_section(page, mesh, microbatches)
     placement_section(page)
     planner_section(page)
-    measured_run_section(page)
+    measured_run_section(page, mesh, microbatches)
     page.try_this(
         [
             "minipar lesson 08 -n 4: which layout does it pick, and what changes in the traffic?",

@@ -5,9 +5,11 @@
     from minipar.models import checkpoint
 
 config.py is the run as plain data (model shape, layout), gpt.py the dense model (the reference
-every parallel layout must match), data.py the shipped text and byte tokenizer, checkpoint.py
-save/load of the dense weights, training.py the training loops. Importing this package is light:
-torch loads with the first name that needs it.
+every parallel layout must match), parallel_gpt.py its tensor-parallel pipeline stages,
+mesh_model.py one rank's share of it on a DeviceMesh (MeshGPT), sharding.py and fsdp_state.py
+how dense tensors are cut and gathered back, data.py the shipped text and byte tokenizer,
+checkpoint.py save/load of the dense weights, training.py the training loops. Importing this
+package is light: torch loads with the first name that needs it.
 """
 
 from __future__ import annotations
@@ -23,8 +25,19 @@ _LAZY = {
     "Head": "minipar.models.gpt",
     "build_gpt": "minipar.models.gpt",
     "lm_loss": "minipar.models.gpt",
+    "MeshGPT": "minipar.models.mesh_model",
 }
-_SUBMODULES = {"checkpoint", "config", "data", "gpt", "training"}
+_SUBMODULES = {
+    "checkpoint",
+    "config",
+    "data",
+    "fsdp_state",
+    "gpt",
+    "mesh_model",
+    "parallel_gpt",
+    "sharding",
+    "training",
+}
 
 __all__ = sorted(_LAZY) + sorted(_SUBMODULES)
 

@@ -64,7 +64,7 @@ class RunSpec:
     fsdp: bool = False
     steps: int = 50
     batch_size: int = 8  # sequences per step, all ranks together
-    lr: float = 3e-3
+    lr: float = 1e-3
     seed: int = 0
     model: GPTConfig = field(default_factory=GPTConfig)
 
@@ -90,6 +90,11 @@ class RunSpec:
             raise ValueError(f"vocab_size={m.vocab_size} is not divisible by tp={self.tp}")
         if m.n_layers % self.pp:
             raise ValueError(f"n_layers={m.n_layers} is not divisible by pp={self.pp}")
+        if self.schedule == "interleaved" and self.pp > 1 and m.n_layers % (2 * self.pp):
+            raise ValueError(
+                f"n_layers={m.n_layers} is not divisible by pp={self.pp} x virtual_stages=2 "
+                "(the interleaved schedule's two chunks per rank)"
+            )
 
     @property
     def tokens_per_step(self) -> int:

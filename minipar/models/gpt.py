@@ -12,12 +12,13 @@ tied to the token embedding or not. Attention and MLP are the tensor-parallel la
 twins (minipar.parallel.tensor.DenseSelfAttention / DenseMLP), so their `from_dense` slices
 exactly these weights.
 
-How a parallel build maps onto it: `embed.tok` becomes a VocabParallelEmbedding (rows of the
-vocabulary per tp rank; `embed.pos` stays whole), each block's `attn` and `mlp` their tensor-
-parallel twins (from_dense), `head.proj` a column-parallel layer over the vocabulary whose
-logits go to vocab_parallel_cross_entropy, and `stages()` is what a pipeline splits. A tied head
-on a pipeline lives on the first and the last stage: their two gradients of the shared weight
-must be summed between those stages before the optimizer step (Megatron's embedding group).
+How the parallel build (parallel_gpt.py) maps onto it: `embed.tok` becomes a
+VocabParallelEmbedding (rows of the vocabulary per tp rank; `embed.pos` stays whole), each
+block's `attn` and `mlp` their tensor-parallel twins (from_dense), `head.proj` a column-parallel
+layer over the vocabulary whose logits go to vocab_parallel_cross_entropy, and the blocks are
+cut into pipeline stages. A tied head on a pipeline lives on the first and the last stage: their
+two gradients of the shared weight are summed between those stages before the optimizer step
+(Megatron's embedding group), so the parallel model stays this tied model.
 
 Every parameter is initialised from its own generator, seeded by (seed, the parameter's name):
 a pipeline stage that builds only blocks 4-7, or a tensor-parallel rank that slices them, gets

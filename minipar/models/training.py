@@ -11,10 +11,9 @@ global batch of `batch_size` sequences is split over the dp ranks and, on each, 
 `microbatches` micro-batches whose gradients accumulate; the reported loss is the mean over the
 whole global batch, as the dense run computes it.
 
-In this version the mesh run is data parallel only (tp = pp = 1), the gradients averaged by one
-all-reduce of all of them, flattened, on dp_group after the backward pass (DDP with a single
-bucket and no overlap: 4 bytes per parameter, 2(p-1)/p of it sent per rank by the ring). The
-tensor- and pipeline-parallel build plugs in at `build_for_mesh` and `dense_state`.
+On a mesh each rank trains its MeshGPT (minipar.models.mesh_model): its tensor-parallel slice of
+its pipeline stage, gradients averaged over dp_group; `dense_state` gathers the dense weights
+back from any layout, so checkpoints move between layouts.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import time
 
 import torch
 
-import minipar
 from minipar.models.config import SCHEDULES, RunSpec  # noqa: F401  (re-exported)
 from minipar.models.data import Batches, dp_slice, load_tokens
 from minipar.models.gpt import GPT, build_gpt, lm_loss
@@ -31,7 +29,13 @@ from minipar.models.gpt import GPT, build_gpt, lm_loss
 
 def make_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
     """AdamW without weight decay: the same update on every layout."""
-    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    return make_optimizer_for(model.parameters(), lr)
+
+
+def make_optimizer_for(params, lr: float) -> torch.optim.Optimizer:
+    """AdamW on these parameters (elementwise, so a slice of a tensor takes the slice of the
+    dense update)."""
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
 
 
 def optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
@@ -85,31 +89,31 @@ def train_dense(
 
 
 def check_supported(spec: RunSpec, mesh) -> None:
-    """ValueError (on every rank alike) for a layout this version cannot build."""
-    if mesh.tp > 1 or mesh.pp > 1 or spec.fsdp:
+    """ValueError (on every rank alike) for a layout this model cannot be cut into."""
+    from minipar.models.mesh_model import virtual_stages_of
+    from minipar.models.parallel_gpt import check_layout
+
+    spec.validate()
+    check_layout(spec.model, mesh.tp, mesh.pp, virtual_stages_of(spec, mesh))
+    if spec.fsdp and mesh.pp > 1 and spec.schedule == "zb-h1":
         raise ValueError(
-            f"tp={mesh.tp}, pp={mesh.pp}{', --fsdp' if spec.fsdp else ''} need the "
-            "tensor/pipeline/FSDP build of the GPT, which this version does not have yet; "
-            "data parallelism alone (--dp N) works"
+            "--fsdp with schedule zb-h1: FSDP reduce-scatters a unit's gradient when its "
+            "backward runs, which zb-h1 splits in two; choose gpipe, 1f1b or interleaved"
+        )
+    if spec.fsdp and mesh.pp > 1 and spec.model.tied_head:
+        raise ValueError(
+            "--fsdp with a tied head across pipeline stages (pp > 1): the two copies' "
+            "gradients would have to be summed shard by shard; untie it or use DDP"
         )
 
 
-def build_for_mesh(spec: RunSpec, mesh, model: GPT | None = None, device="cpu") -> GPT:
-    """This rank's part of the model for the mesh, from the dense weights (seeded or given)."""
+def build_for_mesh(spec: RunSpec, mesh, model: GPT | None = None, device="cpu"):
+    """This rank's part of the model for the mesh (a MeshGPT), from the dense weights (seeded or
+    given): every layout starts from the same numbers."""
+    from minipar.models.mesh_model import MeshGPT
+
     check_supported(spec, mesh)
-    return (model or build_gpt(spec.model, spec.seed)).to(device)
-
-
-def average_gradients(model: torch.nn.Module, group) -> None:
-    """All-reduce every gradient, flattened into one buffer, and divide by the group's size."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    minipar.all_reduce(flat, group=group)
-    flat /= minipar.get_world_size(group)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
+    return MeshGPT(spec, mesh, model, device)
 
 
 def train_on_mesh(
@@ -121,12 +125,12 @@ def train_on_mesh(
     device="cpu",
     opt_state=None,
 ):
-    """The same run on this rank of the mesh. Returns (losses, this rank's model, optimizer);
-    every rank gets the global batch's mean loss."""
+    """The same run on this rank of the mesh. Returns (losses, this rank's MeshGPT, optimizer);
+    every rank gets the global batch's mean loss at every step."""
     spec.validate()
-    model = build_for_mesh(spec, mesh, model, device)
-    opt = make_optimizer(model, spec.lr)
-    load_optimizer_state(model, opt, opt_state)  # dense names: the data-parallel copy's own
+    part = build_for_mesh(spec, mesh, model, device)
+    opt = make_optimizer_for(part.parameters(), spec.lr)
+    part.load_optimizer_state(opt, opt_state)  # dense names, sliced for this rank
     batches = Batches(load_tokens(), spec.batch_size, spec.model.seq_len, spec.seed)
     rows = dp_slice(spec.batch_size, mesh.dp_rank, mesh.dp)
     losses = []
@@ -134,23 +138,28 @@ def train_on_mesh(
         t0 = time.perf_counter()
         inputs, targets = (t[rows].to(device) for t in batches.get(step))
         opt.zero_grad(set_to_none=True)
-        local = accumulate(model, inputs, targets, spec.microbatches, 1.0)
-        if mesh.dp > 1:
-            average_gradients(model, mesh.dp_group)
+        local = part.forward_backward(inputs, targets)
+        part.sync_grads()
         opt.step()
-        loss = torch.tensor([local], dtype=torch.float64)
-        minipar.all_reduce(loss, group=mesh.dp_group)
-        losses.append(loss.item() / mesh.dp)
+        losses.append(part.global_loss(local))
         if on_step:
             on_step(step, losses[-1], time.perf_counter() - t0)
-    return losses, model, opt
+    return losses, part, opt
 
 
-def dense_state(model: GPT, mesh) -> dict:
-    """The dense state dict of the model this rank trained (data parallel: its own copy)."""
-    if mesh.tp > 1 or mesh.pp > 1:  # the gather across tp and pp groups comes with that build
-        raise ValueError("gathering a tensor/pipeline-parallel model needs its parallel build")
-    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+def dense_state(part, mesh=None) -> dict:
+    """The dense state dict of the model the mesh trained, on every rank (collective: every
+    rank calls it): tensor-parallel slices all-gathered, pipeline stages collected."""
+    if isinstance(part, GPT):
+        return {k: v.detach().cpu() for k, v in part.state_dict().items()}
+    return part.dense_state()
+
+
+def mesh_optimizer_state(part, opt) -> dict:
+    """optimizer_state for a dense GPT or a MeshGPT (then collective: every rank calls it)."""
+    if isinstance(part, GPT):
+        return optimizer_state(part, opt)
+    return part.optimizer_state(opt)
 
 
 def compare(losses, reference, state, reference_state, rtol: float = 1e-4, atol: float = 1e-5):

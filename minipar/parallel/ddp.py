@@ -205,6 +205,13 @@ class DistributedDataParallel(nn.Module):
         self._callback_queued = False
         self.finish_gradient_synchronization()
 
+    def all_reduce_gradients(self) -> None:
+        """Average the gradients accumulated so far, now, in one pass over the buckets: for a
+        caller that ran its own backward passes under no_sync() (a pipeline schedule's
+        micro-batches), so the step costs one all-reduce per bucket, not one per micro-batch."""
+        self._armed = True
+        self.finish_gradient_synchronization()
+
     def finish_gradient_synchronization(self) -> None:
         """Launch the buckets still waiting (parameters without a gradient this step count as
         their current .grad, or zeros), wait for every bucket and write the averages back.

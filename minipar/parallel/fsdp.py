@@ -170,7 +170,9 @@ class FullyShardedDataParallel(nn.Module):
         self.names = {id(p): n for n, p in module.named_parameters()}  # the unwrapped names
         self.module = module
         self._build_units(module, shard_modules)
-        self._armed, self._callback_queued = False, False
+        # forwards with grad whose backward has not finished: a pipeline runs several
+        # micro-batches' forwards before their backwards, each backward finishing its own
+        self._armed, self._callback_queued = 0, False
 
     def _build_units(self, module: nn.Module, shard_modules) -> None:
         def is_unit(mod):
@@ -218,7 +220,7 @@ class FullyShardedDataParallel(nn.Module):
 
     def forward(self, *args, **kwargs):
         if torch.is_grad_enabled():
-            self._armed = True
+            self._armed += 1
         cast = self.compute_dtype
         for p, where in self.replicated:
             value = p if cast is None or not p.is_floating_point() else p.to(cast)
@@ -258,7 +260,7 @@ class FullyShardedDataParallel(nn.Module):
         Idempotent: a no-op when no forward/backward is pending."""
         if not self._armed:
             return
-        self._armed = False
+        self._armed -= 1
         for unit in self.units:
             unit.finish()
             unit.full = None

@@ -1,0 +1,204 @@
+"""One rank's share of the tiny GPT on a DeviceMesh, and what a training step does with it.
+
+    part = MeshGPT(spec, mesh)                 # from the seeded dense weights (or model=...)
+    local = part.forward_backward(inputs, targets)   # this dp rank's rows of the global batch
+    part.sync_grads()                          # data parallel, then the tied head
+    opt.step()
+    state = part.dense_state()                 # collective: the dense state dict, every rank
+
+A step, from the outside in:
+- data parallel: the dp ranks take equal slices of the global batch; each chunk is wrapped in
+  DistributedDataParallel over dp_group (or FullyShardedDataParallel with --fsdp, see
+  `data_parallel`); after a pipeline's flush DDP averages the accumulated gradients once;
+- pipeline parallel (pp > 1): `Pipeline` runs the stage over pp_group with the run's schedule
+  and micro-batches (activations forward, their gradients backward, point to point);
+  pp = 1: the micro-batches run one after the other, their gradients accumulating;
+- tensor parallel: inside every layer (see parallel_gpt.py); the loss is
+  vocab_parallel_cross_entropy over tp_group, on the logits' vocabulary slices.
+
+The reported loss is the whole global batch's mean on every rank: the last stage's mean is
+averaged over dp_group and broadcast from the last stage over pp_group (8 bytes each).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+
+import minipar
+from minipar.models import fsdp_state, sharding
+from minipar.models.gpt import build_gpt
+from minipar.models.parallel_gpt import TiedHead, build_chunks, dense_named_parameters
+from minipar.parallel.tensor import vocab_parallel_cross_entropy
+
+
+def virtual_stages_of(spec, mesh) -> int:
+    """Chunks per rank: 2 for the interleaved schedule on a real pipeline, else 1."""
+    return 2 if spec.schedule == "interleaved" and mesh.pp > 1 else 1
+
+
+class MeshGPT:
+    def __init__(self, spec, mesh, model=None, device="cpu"):
+        self.spec, self.mesh, self.config = spec, mesh, spec.model
+        dense = model if model is not None else build_gpt(spec.model, spec.seed)
+        v = virtual_stages_of(spec, mesh)
+        self.chunks = [chunk.to(device) for chunk in build_chunks(dense, mesh, v)]
+        self.tied = TiedHead(self.chunks, mesh, spec.model.tied_head)
+        self.fsdp = spec.fsdp and mesh.dp > 1
+        self.wrapped = [data_parallel(chunk, mesh, self.fsdp) for chunk in self.chunks]
+        self.loss_fn = functools.partial(vocab_parallel_cross_entropy, group=mesh.tp_group)
+        self.pipe = None
+        if mesh.pp > 1:
+            from minipar.parallel.pipeline import Pipeline
+
+            self.pipe = Pipeline(
+                self.wrapped if v > 1 else self.wrapped[0],
+                group=mesh.pp_group,
+                n_microbatches=spec.microbatches,
+                schedule=spec.schedule,
+                loss_fn=self.loss_fn if mesh.is_last_stage else None,
+                virtual_stages=v,
+            )
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """What the optimizer steps, each once: this rank's parameters (FSDP: its shards and the
+        replicated ones; a tied head on one stage is one tensor)."""
+        seen, out = set(), []
+        for module in self.wrapped:
+            for q in module.parameters():
+                if id(q) not in seen:
+                    seen.add(id(q))
+                    out.append(q)
+        return out
+
+    def named_parameters(self):
+        """(dense name, this rank's tensor) for every dense parameter this rank holds (not with
+        FSDP, whose parameters are flat shards: see _pieces)."""
+        return dense_named_parameters(self.chunks, self.mesh, self.config.tied_head)
+
+    # -- a step -----------------------------------------------------------------------------
+    def forward_backward(self, inputs, targets) -> float | None:
+        """Gradients of this dp rank's rows accumulate in .grad; the rows' mean loss on the last
+        pipeline stage, None on the others."""
+        if self.pipe is not None:
+            first, last = self.mesh.is_first_stage, self.mesh.is_last_stage
+            with self._no_sync():  # DDP: one all-reduce after the pipeline's flush
+                loss = self.pipe.step(inputs if first else None, targets if last else None)
+            return None if loss is None else loss.item()
+        m, total = self.spec.microbatches, 0.0
+        for i, (x, y) in enumerate(zip(inputs.chunk(m), targets.chunk(m))):
+            with self._no_sync() if i < m - 1 else contextlib.nullcontext():
+                loss = self.loss_fn(self.wrapped[0](x), y)  # DDP: the last backward syncs
+                (loss / m).backward()
+            total += loss.item() / m
+        return total
+
+    def _no_sync(self):
+        """DDP's no_sync on every chunk (FSDP and no data parallelism: nothing to hold back)."""
+        stack = contextlib.ExitStack()
+        for module in self.wrapped:
+            if hasattr(module, "no_sync"):
+                stack.enter_context(module.no_sync())
+        return stack
+
+    def sync_grads(self) -> None:
+        """Finish the data-parallel average (DDP after a pipeline: now, one all-reduce per
+        bucket), then sum the tied head's two copies' gradients (linear: the order is free)."""
+        if self.pipe is not None:
+            for module in self.wrapped:
+                if hasattr(module, "all_reduce_gradients"):
+                    module.all_reduce_gradients()
+        self.tied.sync()
+
+    def global_loss(self, local: float | None) -> float:
+        """The global batch's mean loss, the same number on every rank."""
+        t = torch.tensor([local or 0.0], dtype=torch.float64)
+        if self.mesh.dp > 1:
+            minipar.all_reduce(t, group=self.mesh.dp_group)
+        if self.mesh.pp > 1:
+            minipar.broadcast(t, group=self.mesh.pp_group, group_src=self.mesh.pp - 1)
+        return t.item() / self.mesh.dp
+
+    # -- dense views (collective: every rank of the mesh calls them) -----------------------
+    def dense_state(self) -> dict[str, torch.Tensor]:
+        """The dense model's state dict (CPU tensors, GPT.state_dict's names) on every rank."""
+        state = sharding.gather_dense(self._pieces(), self.mesh, self.config)
+        state = {name: t.cpu() for name, t in state.items()}
+        if self.config.tied_head:
+            state["head.proj.weight"] = state["embed.tok.weight"]
+        return state
+
+    def _pieces(self) -> dict[str, torch.Tensor]:
+        """Dense name -> this rank's tp slice, for the names of its stage (FSDP: the shards
+        all-gathered over dp_group first)."""
+        if not self.fsdp:
+            return {name: q.detach() for name, q in self.named_parameters()}
+        pieces = {}
+        for module in self.wrapped:
+            pieces.update(module.gather_full_params())
+        return pieces
+
+    def optimizer_state(self, opt) -> dict:
+        """AdamW's state by dense parameter name, gathered like the weights (every rank)."""
+        if not opt.state:  # no step taken yet
+            return {}
+        out = {}
+        for key in ("exp_avg", "exp_avg_sq"):
+            if self.fsdp:
+                pieces = {}
+                for module in self.wrapped:
+                    pieces.update(fsdp_state.by_name(module, lambda q, k=key: opt.state[q][k]))
+            else:
+                pieces = {name: opt.state[q][key] for name, q in self.named_parameters()}
+            for name, full in sharding.gather_dense(pieces, self.mesh, self.config).items():
+                out.setdefault(name, {})[key] = full.cpu()
+        step = next(iter(opt.state.values()))["step"]
+        for record in out.values():
+            record["step"] = step.detach().clone().cpu()
+        return out
+
+    def load_optimizer_state(self, opt, states) -> None:
+        """The inverse of optimizer_state: each tensor sliced for this rank's tp rank (and its
+        FSDP shard)."""
+        if not states:
+            return
+        mesh = self.mesh
+        if self.fsdp:
+            for module in self.wrapped:
+                fsdp_state.load_shards(module, opt, states, mesh.tp_rank, mesh.tp, self._alias)
+            return
+        for chunk in self.chunks:
+            for name, q in chunk.named_parameters():
+                dense = states[self._alias(name)]
+                opt.state[q] = {
+                    k: v.clone() if k == "step" else
+                    sharding.shard(name, v, mesh.tp_rank, mesh.tp).to(q.device)
+                    for k, v in dense.items()
+                }  # fmt: skip
+
+    def _alias(self, name: str) -> str:
+        """The dense name whose state a parameter takes: a tied head's copy takes the
+        embedding's."""
+        tied_copy = self.config.tied_head and name == "head.proj.weight"
+        return "embed.tok.weight" if tied_copy else name
+
+
+def data_parallel(chunk, mesh, fsdp: bool):
+    """The chunk wrapped for data parallelism over dp_group: DistributedDataParallel (bucketed
+    gradient all-reduce, 2(p-1)/p of the chunk's gradient bytes per rank), or with `fsdp`
+    FullyShardedDataParallel with one sharding unit per block, embedding and head (all-gather
+    of a unit's weights before it computes, forward and backward, reduce-scatter of its
+    gradient: 3(p-1)/p of the bytes). dp = 1: the chunk itself."""
+    if mesh.dp == 1:
+        return chunk
+    if fsdp:
+        from minipar.models.parallel_gpt import ParallelBlock, ParallelEmbedding, ParallelHead
+        from minipar.parallel.fsdp import FullyShardedDataParallel
+
+        units = (ParallelBlock, ParallelEmbedding, ParallelHead)
+        return FullyShardedDataParallel(chunk, group=mesh.dp_group, shard_modules=units)
+    from minipar.parallel.ddp import DistributedDataParallel
+
+    return DistributedDataParallel(chunk, group=mesh.dp_group)

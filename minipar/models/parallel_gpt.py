@@ -1,0 +1,176 @@
+"""The tiny GPT built for a DeviceMesh: this rank's tensor-parallel slice of its pipeline stage.
+
+    chunks = build_chunks(dense_model, mesh, virtual_stages=1)   # a list of StageChunk
+    logits = chunks[0](tokens)             # pp = 1: the whole model, vocabulary-split logits
+    loss = vocab_parallel_cross_entropy(logits, targets, mesh.tp_group)
+
+Every piece is made from the dense model's own module by `from_dense` (or copied whole), so
+every layout starts from the dense model's weights:
+
+    embed.tok   -> VocabParallelEmbedding (V/tp rows per rank; one all-reduce forward)
+    embed.pos   -> copied whole (every tp rank adds the same position rows)
+    blocks.i    -> ParallelSelfAttention + ParallelMLP (one all-reduce forward, one backward
+                   each), LayerNorms copied whole
+    head.proj   -> ColumnParallelLinear over the vocabulary: logits stay split, and
+                   vocab_parallel_cross_entropy never gathers them (3 numbers per token move)
+
+The pipeline cuts the blocks into pp * virtual_stages global stages of equal size (n_layers must
+divide); the first global stage also holds the embedding and the last the head. A StageChunk
+names its parameters exactly as the dense model does (blocks keep their global index), so
+`named_parameters()` is the map from this rank's tensors to the dense state dict.
+
+A tied head: with one pipeline stage the head's projection is the embedding's own tensor (both
+are the same vocabulary rows of the same matrix), so autograd sums its two gradients. With
+pp > 1 the first and the last stage each hold a copy; `TiedHead.sync` sums their gradients
+(one exchange of V/tp x hidden numbers each way between the two ranks, over pp_group), so both
+copies take the same AdamW step and stay equal: the model is still the dense tied model.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from minipar.comm.base import wait_all
+from minipar.models.gpt import GPT
+from minipar.parallel.tensor import (
+    ColumnParallelLinear,
+    ParallelMLP,
+    ParallelSelfAttention,
+    VocabParallelEmbedding,
+)
+
+TIED_TAG = 7_777  # the tied head's gradient exchange on pp_group (the pipeline's tags are done)
+
+
+class ParallelEmbedding(nn.Module):
+    def __init__(self, embed, tp_group):
+        super().__init__()
+        self.tok = VocabParallelEmbedding.from_dense(embed.tok, tp_group)
+        self.pos = copy.deepcopy(embed.pos)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.tok(idx) + self.pos(torch.arange(idx.shape[-1], device=idx.device))
+
+
+class ParallelBlock(nn.Module):
+    def __init__(self, block, tp_group):
+        super().__init__()
+        self.ln1, self.ln2 = copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)
+        self.attn = ParallelSelfAttention.from_dense(block.attn, tp_group)
+        self.mlp = ParallelMLP.from_dense(block.mlp, tp_group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class ParallelHead(nn.Module):
+    """Final LayerNorm and the column-parallel projection: this rank's V/tp logits."""
+
+    def __init__(self, head, tp_group):
+        super().__init__()
+        self.ln_f = copy.deepcopy(head.ln_f)
+        self.proj = ColumnParallelLinear.from_dense(head.proj, tp_group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.ln_f(x))
+
+
+class StageChunk(nn.Module):
+    """Consecutive layers of the model on this rank: maybe the embedding, blocks (keyed by their
+    global index), maybe the head."""
+
+    def __init__(self, embed=None, blocks=None, head=None):
+        super().__init__()
+        self.embed, self.head = embed, head
+        self.blocks = nn.ModuleDict(blocks or {})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            x = self.embed(x)
+        for block in self.blocks.values():
+            x = block(x)
+        return self.head(x) if self.head is not None else x
+
+
+def check_layout(config, tp: int, pp: int, virtual_stages: int = 1) -> None:
+    """ValueError naming the numbers when the model cannot be cut this way (every rank alike)."""
+    if config.n_heads % tp:
+        raise ValueError(f"n_heads={config.n_heads} is not divisible by tp={tp}")
+    if config.vocab_size % tp:
+        raise ValueError(f"vocab_size={config.vocab_size} is not divisible by tp={tp}")
+    if config.n_layers % (pp * virtual_stages):
+        raise ValueError(
+            f"n_layers={config.n_layers} is not divisible by pp={pp} x "
+            f"virtual_stages={virtual_stages} (stages of equal size)"
+        )
+
+
+def stage_blocks(n_layers: int, n_stages: int, stage: int) -> range:
+    """The global block indices of global stage `stage` of `n_stages` equal stages."""
+    per = n_layers // n_stages
+    return range(stage * per, (stage + 1) * per)
+
+
+def build_chunks(model: GPT, mesh, virtual_stages: int = 1) -> list[StageChunk]:
+    """This rank's chunks (global stages c * pp + pp_rank for c < virtual_stages), sliced for
+    its tp rank from the dense `model` (which is left as it was)."""
+    config, tp_group = model.config, mesh.tp_group
+    check_layout(config, mesh.tp, mesh.pp, virtual_stages)
+    n_stages = mesh.pp * virtual_stages
+    chunks = []
+    for c in range(virtual_stages):
+        stage = c * mesh.pp + mesh.pp_rank
+        blocks = {
+            str(i): ParallelBlock(model.blocks[i], tp_group)
+            for i in stage_blocks(config.n_layers, n_stages, stage)
+        }
+        embed = ParallelEmbedding(model.embed, tp_group) if stage == 0 else None
+        head = ParallelHead(model.head, tp_group) if stage == n_stages - 1 else None
+        chunks.append(StageChunk(embed, blocks, head))
+    if config.tied_head and n_stages == 1:
+        chunks[0].head.proj.weight = chunks[0].embed.tok.weight
+    return chunks
+
+
+class TiedHead:
+    """The gradient sum of a tied head whose two copies live on the first and the last pipeline
+    rank (pp > 1); a no-op on every other rank and for an untied or unsplit model."""
+
+    def __init__(self, chunks, mesh, tied: bool):
+        self.mesh, self.param, self.peer = mesh, None, None
+        if not tied or mesh.pp == 1:
+            return
+        for chunk in chunks:
+            if mesh.is_first_stage and chunk.embed is not None:
+                self.param, self.peer = chunk.embed.tok.weight, mesh.pp - 1
+            if mesh.is_last_stage and chunk.head is not None:
+                self.param, self.peer = chunk.head.proj.weight, 0
+
+    def sync(self) -> None:
+        """grad <- grad + the other copy's grad, on both ranks (one sendrecv of the grad)."""
+        if self.param is None:
+            return
+        g = self.param.grad
+        mine = g.detach().clone() if g is not None else torch.zeros_like(self.param)
+        theirs = torch.empty_like(mine)
+        comm = self.mesh.pp_group
+        reqs = [comm.irecv(theirs, self.peer, TIED_TAG), comm.isend(mine, self.peer, TIED_TAG)]
+        wait_all(reqs, comm.timeout, "tied head: exchanging the embedding's gradient")
+        self.param.grad = mine + theirs
+
+
+def dense_named_parameters(chunks, mesh, tied: bool):
+    """(dense name, parameter) of this rank, each dense name once: the last stage's copy of a
+    tied head is left out (it equals the first stage's embed.tok.weight)."""
+    seen = set()
+    for chunk in chunks:
+        for name, param in chunk.named_parameters():
+            if tied and mesh.pp > 1 and name == "head.proj.weight":
+                continue
+            if name not in seen:
+                seen.add(name)
+                yield name, param
