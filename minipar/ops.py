@@ -38,6 +38,10 @@ class ReduceOp(enum.Enum):
     def __repr__(self) -> str:
         return f"ReduceOp.{self.name}"
 
+    # members are singletons compared by identity, so hash by identity too: in C, unlike Enum's
+    # own __hash__ (a Python function): every collective call hashes its signature, op included
+    __hash__ = object.__hash__
+
 
 _NUMPY = {
     ReduceOp.SUM: np.add,

@@ -209,6 +209,10 @@ def finalize() -> None:
     from minipar.collectives import work
 
     work.shutdown()
+    if _state.world.backend == "mpi":
+        from minipar.comm import watchdog
+
+        watchdog.shutdown()
     _state.world = None
 
 

@@ -35,7 +35,7 @@ def test_reliability_torch(size, name):
 
 
 @pytest.mark.parametrize("size,name", harness.params(MISMATCH, [2]))
-def test_count_mismatch_is_loud_mpi(size, name):
+def test_mismatch_is_loud_mpi(size, name):
     harness.run_suite(MISMATCH, size, "mpi").check(name)
 
 

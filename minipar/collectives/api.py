@@ -76,12 +76,22 @@ def _matching(out, inp, out_what: str, in_what: str, ratio: int = 1, inverse: bo
 def _run(
     comm, collective: str, algorithm, nbytes: int, args, async_op: bool, finish=None, fingerprint=()
 ):
-    """Pick the algorithm, create the Call (its tag) now, then run it here or asynchronously."""
+    """Pick the algorithm, create the Call (its tag) now, then run it here or asynchronously.
+
+    `fingerprint` is (the tensor every rank passes alike, root name, root, op): the call's
+    signature, folded into its tag, is built from it: (collective, algorithm, dtype, nbytes,
+    op, root name, root), the dtype and op as objects (comm/signature.py names them and turns
+    nbytes back into the caller's count)."""
     name, fn = registry.pick(collective, algorithm, nbytes, comm.size)
     name, fn = transport.route(comm, collective, name, fn, nbytes, args[0] if args else None)
     if runtime.debug_enabled():  # the fingerprint is built only here, off the hot path
         _check_same_call(comm, (collective, name, *(_fp(*fingerprint) if fingerprint else ())))
-    call = Call(comm, collective, name)
+    if fingerprint:  # the call's signature (comm/signature.py), inline: every call comes here
+        x, root_name, root, op = fingerprint
+        sig = (collective, name, x.dtype, nbytes, op, root_name, root)
+    else:
+        sig = (collective, name, None, None, None, None, None)
+    call = Call(comm, collective, name, sig)
 
     def run():
         try:
@@ -197,7 +207,7 @@ def broadcast(tensor, src=None, group=None, algorithm="auto", async_op=False, gr
         buffers.nbytes(x),
         (x, src),
         async_op,
-        fingerprint=(tensor, "src", src),
+        fingerprint=(tensor, "src", src, None),
     )
 
 
@@ -263,7 +273,7 @@ def all_gather_into_tensor(
         buffers.nbytes(out),
         (out, inp),
         async_op,
-        fingerprint=(input_tensor,),
+        fingerprint=(input_tensor, None, None, None),
     )
 
 
@@ -288,7 +298,7 @@ def all_gather(tensor_list, tensor, group=None, algorithm="auto", async_op=False
         (out, inp),
         async_op,
         finish=scatter_into_list,
-        fingerprint=(tensor,),
+        fingerprint=(tensor, None, None, None),
     )
 
 
@@ -359,7 +369,7 @@ def scatter(
         nbytes,
         (out, inp, src),
         async_op,
-        fingerprint=(tensor, "src", src),
+        fingerprint=(tensor, "src", src, None),
     )
 
 
@@ -396,7 +406,7 @@ def gather(
         (out, inp, dst),
         async_op,
         finish=finish,
-        fingerprint=(tensor, "dst", dst),
+        fingerprint=(tensor, "dst", dst, None),
     )
 
 
@@ -444,7 +454,7 @@ def all_to_all_single(
         buffers.nbytes(inp),
         args,
         async_op,
-        fingerprint=(input,),
+        fingerprint=(input, None, None, None),
     )
 
 

@@ -3,8 +3,9 @@
 An algorithm receives a `Call` and talks through it as through a communicator (`rank`, `size`,
 `send`, `recv`, `sendrecv`, `isend`, `irecv`, `wait`), so a student's function written against a
 communicator plugs in unchanged. The Call adds what the algorithm should not have to think about:
-the call's own tag (collectives in flight never mix), the trace ledger, and timeouts that say
-which collective, step and peer a rank was waiting for.
+the call's own tag (collectives in flight never mix, and neither do ranks that disagree about the
+call: the tag carries a hash of its signature), the trace ledger, and timeouts that say which
+collective, step and peer a rank was waiting for.
 
     for s in call.rounds(p - 1):   # each iteration is one step of the algorithm
         call.sendrecv(chunk_out, right, chunk_in, left)
@@ -12,32 +13,20 @@ which collective, step and peer a rank was waiting for.
 
 from __future__ import annotations
 
-import functools
-
 from minipar import buffers, ledger
 from minipar.comm.base import wait_all
-
-
-@functools.cache
-def kind_of(collective: str, algorithm: str) -> int:
-    """A number in [0, 256) for (collective, algorithm), part of every message's tag: ranks that
-    disagree on which collective or algorithm they are in never match each other's messages, so
-    they time out (naming the peer) instead of computing a wrong answer. It is the collective's
-    row and the algorithm's column in registry.ALGORITHMS (15: a function passed directly)."""
-    from minipar.collectives.registry import ALGORITHMS
-
-    names = list(ALGORITHMS)
-    row = names.index(collective) if collective in names else 15
-    table = list(ALGORITHMS.get(collective, ()))
-    column = table.index(algorithm) if algorithm in table else 15
-    return 16 * (row % 16) + min(column, 15)
+from minipar.errors import CommTimeoutError
 
 
 class Call:
-    def __init__(self, comm, collective: str, algorithm: str):
+    def __init__(self, comm, collective: str, algorithm: str, sig=None):
+        """`sig`: the call's signature (comm/signature.py), folded into its tag; by default
+        the (collective, algorithm) pair alone."""
         self.comm, self.collective, self.algorithm = comm, collective, algorithm
         self.rank, self.size = comm.rank, comm.size
-        self.seq, self.tag = comm.next_collective_tag(kind_of(collective, algorithm))
+        if sig is None:
+            sig = (collective, algorithm, None, None, None, None, None)
+        self.seq, self.tag = comm.next_collective_tag(sig)
         self.step = 0
         ledger.begin_call(comm, collective, algorithm, self.seq)
 
@@ -79,7 +68,10 @@ class Call:
         )
 
     def wait(self, requests) -> None:
-        wait_all(requests, self.comm.timeout, self.context)
+        try:
+            wait_all(requests, self.comm.timeout, self.context)
+        except CommTimeoutError as error:  # the transport may find out why (torch: the store)
+            raise self.comm.explain_timeout(self, error) from None
 
     def send(self, buf, dst: int) -> None:
         self.wait([self.isend(buf, dst)])

@@ -4,9 +4,11 @@ A transport moves the bytes of one contiguous buffer from one rank to another an
 Everything above it (collectives, strategies, lessons) talks to this interface only, so the same
 ring all-reduce runs over mpi4py under mpiexec and over torch.distributed under torchrun.
 
-Tags: user point-to-point messages use tags below `COLLECTIVE_TAG_BASE`; each collective call
-takes one tag above it from its group's sequence number, so collectives in flight at the same
-time (async ones, or on different threads) never match each other's messages.
+Tags (see TagLayout): user point-to-point messages use tags below `COLLECTIVE_TAG_BASE` (2^15);
+a few control tags sit just above; each collective call takes one tag from the top half of the
+transport's tag range, made of its group's sequence number and a hash of its signature, so
+collectives in flight at the same time (async ones, or on different threads) never match each
+other's messages, and neither do ranks that disagree about a call.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ import os
 import time
 
 from minipar import buffers, ledger
-from minipar.errors import CommTimeoutError, MiniparError
+from minipar.comm import signature
+from minipar.errors import CommTimeoutError, MiniparError, MismatchError
 
 COLLECTIVE_TAG_BASE = 1 << 15  # user tags live in [0, 2**15), as MPI guarantees at least that
-COLLECTIVE_TAG_SPAN = 1 << 12  # sequence numbers wrap here; 4096 calls in flight never happen
-COLLECTIVE_KINDS = 1 << 8  # each sequence number has 256 tags: one per (collective, algorithm)
-CONTROL_TAG = COLLECTIVE_TAG_BASE + COLLECTIVE_TAG_SPAN * COLLECTIVE_KINDS  # debug fingerprints
+CONTROL_TAG = COLLECTIVE_TAG_BASE  # debug mode's fingerprints
+NOTICE_TAG = COLLECTIVE_TAG_BASE + 1  # mismatch notices between watchdogs (comm/watchdog.py)
+SEQ_BITS = 12  # a call's tag keeps its sequence number modulo 4096
+SEQ_MASK = (1 << SEQ_BITS) - 1
+_cached_hash = signature._HASHES.get
 DEFAULT_TIMEOUT = 300.0  # seconds; generous, because a first CUDA call or a cold start is slow
 
 # busy-poll this long (keeps small-message latency low), then yield; when ranks outnumber cores
@@ -40,6 +45,40 @@ def env_timeout() -> float:
     if seconds <= 0:
         raise ValueError(f"MINIPAR_TIMEOUT must be positive, got {value!r}")
     return seconds
+
+
+class TagLayout:
+    """Where a collective call's tag comes from, given the transport's largest tag `tag_ub`.
+
+        tag = 2^(B-1) + (seq mod 2^12) * 2^H + (signature hash mod 2^H)
+
+    with 2^B - 1 <= tag_ub: the top half of the tag range belongs to collectives, user tags
+    [0, 2^15) and the control tags (2^15, 2^15 + 1) stay below it. MPICH's bound 2^29 - 1
+    gives H = 16 hash bits, Open MPI's (and torch's) 2^31 - 1 give H = 18. Two ranks that
+    disagree on a call get the same tag only if their hashes collide: probability 2^-H per
+    mismatched call (1 in 65,536 on MPICH), and then the call behaves as before this check
+    (the sizes may still differ and raise, else it completes with a wrong answer).
+    """
+
+    def __init__(self, tag_ub: int):
+        bits = (tag_ub + 1).bit_length() - 1
+        if bits < SEQ_BITS + 5:
+            raise MiniparError(
+                f"this transport's largest tag is {tag_ub}; minipar needs at least "
+                f"{(1 << (SEQ_BITS + 5)) - 1} (collective tags carry a sequence number and hash)"
+            )
+        self.base = 1 << (bits - 1)
+        self.hash_bits = bits - 1 - SEQ_BITS
+        self.hash_mask = (1 << self.hash_bits) - 1
+
+    def tag(self, seq: int, sig_hash: int) -> int:
+        return self.base + ((seq % (1 << SEQ_BITS)) << self.hash_bits) + (sig_hash & self.hash_mask)
+
+    def decode(self, tag: int):
+        """(seq mod 2^12, hash bits) of a collective tag, or None for a user or control tag."""
+        if tag < self.base:
+            return None
+        return (tag - self.base) >> self.hash_bits, tag & self.hash_mask
 
 
 class Request:
@@ -123,15 +162,19 @@ def _wait(requests, timeout: float, context) -> None:
         return  # the common case for small messages: done at the first poll
     blocking = [r for r in pending if r.blocking]
     pending = [r for r in pending if not r.blocking]
+    comm = requests[0].comm
     while pending:
         pending = [r for r in pending if not r.test()]
         if not pending:
             break
+        failure = getattr(comm, "_failure", None)  # the watchdog found a mismatch on this group
+        if failure is not None:
+            raise MismatchError(failure)
         elapsed = time.monotonic() - start
         if elapsed > timeout:
             raise _timeout(pending[0], timeout, context)
-        if elapsed > _SPIN_SECONDS:
-            time.sleep(0 if elapsed < 0.05 else 1e-4)
+        if elapsed > _SPIN_SECONDS:  # a long stall polls less, leaving the core to the others
+            time.sleep(0 if elapsed < 0.05 else 1e-4 if elapsed < 0.5 else 1e-3)
     for request in blocking:
         left = timeout - (time.monotonic() - start)
         if not request._block(max(left, 1e-3)):
@@ -143,20 +186,30 @@ def _wait(requests, timeout: float, context) -> None:
 def _timeout(request, timeout: float, context) -> CommTimeoutError:
     context = context() if callable(context) else context  # a callable: built only when needed
     where = f"{context}: " if context else ""
-    return CommTimeoutError(
+    error = CommTimeoutError(
         f"{where}timed out after {timeout:g} s waiting for {request.describe()}"
     )
+    error.request = request  # what a transport may inspect to explain the timeout
+    return error
 
 
 class Communicator:
     """A group of ranks that can message each other. Transports implement the `_i*` methods."""
 
     backend = "none"
+    tag_ub = (1 << 31) - 1  # the largest tag the transport accepts (MPI asks MPI_TAG_UB)
 
     def __init__(self, rank: int, size: int, name: str, timeout: float, global_ranks):
         self.rank, self.size, self.name, self.timeout = rank, size, name, timeout
         self.global_ranks = list(global_ranks)  # the world rank of each rank of this group
         self._seq = 0
+        self._tags = TagLayout(self.tag_ub)
+        self._tag_base, self._hash_bits = self._tags.base, self._tags.hash_bits
+        self._hash_mask = self._tags.hash_mask
+        # the signature of each recent call, by sequence number modulo 2^12: what the watchdog
+        # compares a peer's foreign tag (and a peer's notice) against
+        self._calls: list = [None] * (SEQ_MASK + 1)
+        self._failure: str | None = None  # set once a mismatch is found: every later wait raises
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} rank {self.rank} of {self.size}>"
@@ -197,11 +250,24 @@ class Communicator:
         wait_all([self._post_barrier()], self.timeout, f"barrier on group {self.name}")
 
     # -- collectives bookkeeping --------------------------------------------------------
-    def next_collective_tag(self, kind: int = 0) -> tuple[int, int]:
-        """(sequence number, tag) for the next collective call on this group."""
+    def next_collective_tag(self, sig) -> tuple[int, int]:
+        """(sequence number, tag) for the next collective call on this group, whose signature
+        (comm/signature.py) is `sig`; raises MismatchError once the group has seen a mismatch."""
+        if self._failure is not None:
+            raise MismatchError(self._failure)
         seq = self._seq
-        self._seq += 1
-        return seq, COLLECTIVE_TAG_BASE + (seq % COLLECTIVE_TAG_SPAN) * COLLECTIVE_KINDS + kind
+        self._seq = seq + 1
+        sig_hash = _cached_hash(sig)  # inline, not signature.tag_hash: every call comes here
+        if sig_hash is None:
+            sig_hash = signature.tag_hash(sig)
+        field = seq & SEQ_MASK
+        self._calls[field] = (seq, sig)
+        return seq, self._tag_base + (field << self._hash_bits) + (sig_hash & self._hash_mask)
+
+    def explain_timeout(self, call, error: CommTimeoutError) -> BaseException:
+        """What to raise when a collective call timed out: the timeout itself by default; a
+        transport that can ask the peer what it was doing may return a MismatchError."""
+        return error
 
     # -- checks -----------------------------------------------------------------------------
     def _check_peer(self, peer, what: str) -> None:

@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from minipar import buffers
-from minipar.comm import cuda
+from minipar.comm import cuda, watchdog
 from minipar.comm.base import Communicator, NonMember, Request, check_ranks, wait_all
 from minipar.errors import MessageSizeError
 
@@ -118,9 +118,13 @@ class MPICommunicator(Communicator):
     def __init__(self, mpi_comm, name: str, timeout: float, global_ranks=None):
         if global_ranks is None:
             global_ranks = range(mpi_comm.Get_size())
+        self.tag_ub = mpi_comm.Get_attr(_mpi().TAG_UB)  # 2^29 - 1 in MPICH, 2^31 - 1 Open MPI
         super().__init__(mpi_comm.Get_rank(), mpi_comm.Get_size(), name, timeout, global_ranks)
         self.mpi = mpi_comm
         self._pool = None
+        self._asked: set = set()  # (peer, seq) the watchdog already sent a notice about
+        self._notices: list = []  # the watchdog's notices in flight, kept alive
+        watchdog.watch(self)  # finds ranks that disagree about a call (comm/watchdog.py)
 
     def _wire(self, buf, outgoing: bool):
         """(what MPI reads or writes, staged host copy or None)."""

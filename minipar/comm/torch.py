@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import itertools
 import os
 import pickle
 import socket
 import sys
+import time
 
 from minipar import buffers
+from minipar.comm import signature
 from minipar.comm.base import Communicator, NonMember, Request, check_ranks, wait_all
-from minipar.errors import MessageSizeError
+from minipar.errors import CommTimeoutError, MessageSizeError, MismatchError
+
+EXPLAIN_WAIT = 2.0  # seconds a timed-out rank waits to hear what its peer was doing
 
 
 def _dist():
@@ -48,6 +53,15 @@ class TorchRequest(Request):
         except RuntimeError as error:
             if "Timed out" in str(error) or "timed out" in str(error):
                 return False
+            if (
+                "clos" in str(error).lower()
+            ):  # closed, closure: the peer's own wait timed out (or it left)
+                closed = CommTimeoutError(
+                    f"{self.describe()}: the connection to rank {self.peer} closed (its own wait "
+                    f"timed out, or it left): {str(error).strip().splitlines()[-1]}"
+                )
+                closed.request = self
+                raise closed from None
             raise
         return True
 
@@ -125,6 +139,8 @@ class TorchCommunicator(Communicator):
         super().__init__(dist.get_rank(self.group), size, name, timeout, glob)
         self.pg_backend = dist.get_backend(self.group)
         self._mailbox: dict[int, list] = {}
+        # every rank makes the same groups in the same order, so this numbers them alike
+        self._uid = next(_GROUP_NUMBERS)
 
     def _wire(self, buf, outgoing: bool):
         """(tensor torch.distributed moves, or a staged copy of it; staged or None)."""
@@ -147,6 +163,36 @@ class TorchCommunicator(Communicator):
             else torch.empty(raw.numel(), dtype=torch.uint8, device=device)
         )
         return staged, staged
+
+    def explain_timeout(self, call, error):
+        """gloo cannot probe, and a gloo wait that timed out closes the connection, so nothing
+        can be checked while a call runs. At its timeout a rank writes the call it is stuck in
+        to torch.distributed's key-value store and reads the peer's (the peer, timed out too or
+        cut off by the closed connection, does the same): MismatchError if they disagree, else
+        the timeout, saying what the peer was doing."""
+        request = getattr(error, "request", None)
+        store = _store()
+        if store is None or request is None or request.peer == self.rank:
+            return error
+        entry = self._calls[call.seq % len(self._calls)]
+        mine = (call.seq, signature.normal(entry[1], self.size), time.time())
+        store.set(self._store_key(self.rank), pickle.dumps(mine))
+        theirs = _read_recent(store, self._store_key(request.peer), mine[2] - self.timeout - 5)
+        if theirs is None:
+            return CommTimeoutError(
+                f"{error}; rank {request.peer} is not stuck in a minipar call on this group "
+                f"(it did not say within {EXPLAIN_WAIT:g} s: busy elsewhere, or gone)"
+            )
+        seq, sig, _ = theirs
+        if seq == call.seq and sig != mine[1]:
+            text = signature.mismatch_text(self.name, seq, self.rank, mine[1], request.peer, sig)
+            return MismatchError(f"{text} (found at the timeout: gloo has no probe)")
+        return CommTimeoutError(
+            f"{error}; rank {request.peer} is stuck in call #{seq}: {signature.render(sig)}"
+        )
+
+    def _store_key(self, rank: int) -> str:
+        return f"minipar/stuck/{self._uid}/{rank}"
 
     def _post_send(self, buf, dst, tag) -> Request:
         if dst == self.rank:
@@ -216,6 +262,31 @@ class TorchCommunicator(Communicator):
     def abort(self, code: int = 1) -> None:
         sys.stderr.flush()
         os._exit(code)
+
+
+_GROUP_NUMBERS = itertools.count()
+
+
+def _store():
+    """torch.distributed's own key-value store (TCPStore under torchrun), or None."""
+    try:
+        return _dist().distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+
+
+def _read_recent(store, key: str, since: float):
+    """The (seq, signature, time) a peer wrote under `key` after `since`, waiting up to
+    EXPLAIN_WAIT seconds for it; None if it never came."""
+    deadline = time.monotonic() + EXPLAIN_WAIT
+    while True:
+        if store.check([key]):
+            entry = pickle.loads(store.get(key))
+            if entry[2] >= since:
+                return entry
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
 
 
 def init_from_env(backend: str | None = None, timeout: float = 300.0) -> None:

@@ -1,0 +1,151 @@
+"""The MPI watchdog: a thread that finds ranks disagreeing about a collective call, off its path.
+
+Every collective message's tag carries the call's sequence number on its group and a hash of its
+signature (base.TagLayout, signature.py). When ranks disagree (another root, op, dtype, count,
+collective), their messages carry different tags and never match: nothing wrong is computed,
+but someone would wait for the timeout, or, when the disagreeing ranks only send (two ranks that
+both think they are the broadcast's root), everybody returns and the messages sit unreceived.
+Like ProcessGroupNCCL's watchdog, one thread per process looks every PERIOD seconds, on each
+group this process is in:
+
+    1. MPI_Iprobe(peer, ANY_TAG) for each peer: the oldest message from it not yet received.
+       A collective tag whose sequence number is one of this rank's recent calls but whose hash
+       is not that call's means the peer made another call at that position: a suspicion.
+    2. Suspicion -> a notice to that peer on NOTICE_TAG: ("call", seq, my signature).
+    3. A rank receiving ("call", seq, sig) compares with its own call #seq (full number, from its
+       table of recent signatures): if they differ, the mismatch is certain. It fails the group
+       (every later wait on it raises MismatchError naming both calls) and sends ("abort",
+       text) to every other rank of the group, which fail it with the same text.
+
+So every rank raises within about three periods (suspicion, confirmation, abort), wherever it
+is waiting, or at its next call on that group; one that never calls minipar again is not told.
+Nothing is sent unless a tag disagrees, and a call pays only for hashing its signature.
+A message from a peer more than 2048 calls ahead can look like a recent one (sequence numbers
+wrap at 4096): its notice is then harmless, since the peer's call #seq is checked by full number.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import weakref
+
+from minipar.comm import signature
+from minipar.comm.base import NOTICE_TAG, SEQ_BITS
+
+PERIOD = 0.1  # seconds between looks; a mismatch is reported within about 3 of them
+WINDOW = 1 << (SEQ_BITS - 1)  # a tag's sequence number counts as "recent" this far back
+
+
+class Watchdog:
+    def __init__(self):
+        self.comms: weakref.WeakSet = weakref.WeakSet()
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._loop, name="minipar-watchdog", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.stop.wait(PERIOD):
+            with self.lock:
+                comms = list(self.comms)
+            for comm in comms:
+                if comm._failure is None and not self.stop.is_set():
+                    try:
+                        look(comm)
+                    except Exception as error:  # noqa: BLE001  (never kill the thread)
+                        comm._watchdog_error = error
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+_watchdog: list[Watchdog] = []
+
+
+def watch(comm) -> None:
+    """Have the watchdog look after this MPI group (started with the first group of 2+ ranks)."""
+    if comm.size < 2:
+        return
+    if not _watchdog:
+        _watchdog.append(Watchdog())
+        atexit.register(shutdown)  # registered after mpi4py's, so it runs before MPI_Finalize
+    with _watchdog[0].lock:
+        _watchdog[0].comms.add(comm)
+
+
+def shutdown() -> None:
+    """Stop the thread (minipar.finalize, and at exit before MPI is finalized)."""
+    if _watchdog:
+        _watchdog.pop().close()
+
+
+def look(comm) -> None:
+    """One look at one group: read the notices, then probe each peer's oldest message."""
+    from mpi4py import MPI
+
+    status = MPI.Status()
+    while comm.mpi.Iprobe(MPI.ANY_SOURCE, NOTICE_TAG, status):
+        notice = comm.mpi.recv(source=status.Get_source(), tag=NOTICE_TAG)
+        _on_notice(comm, status.Get_source(), notice)
+        if comm._failure is not None:
+            return
+    for peer in range(comm.size):
+        if peer != comm.rank and comm.mpi.Iprobe(peer, MPI.ANY_TAG, status):
+            _check_tag(comm, peer, status.Get_tag())
+
+
+def _recent_call(comm, field: int):
+    """This rank's call whose sequence number is `field` modulo 2^12, if it is one of the last
+    WINDOW calls it started (a larger field is a call still to come: a peer ahead of us)."""
+    entry = comm._calls[field]
+    if entry is None or not 0 <= comm._seq - 1 - entry[0] < WINDOW:
+        return None
+    return entry
+
+
+def _check_tag(comm, peer: int, tag: int) -> None:
+    decoded = comm._tags.decode(tag)
+    if decoded is None:
+        return  # a user message, or a control one
+    field, peer_hash = decoded
+    entry = _recent_call(comm, field)
+    if entry is None or (signature.tag_hash(entry[1]) & comm._tags.hash_mask) == peer_hash:
+        return  # a call to come, or this very call (its receive is not posted yet)
+    seq, sig = entry
+    if (peer, seq) not in comm._asked:
+        comm._asked.add((peer, seq))
+        send(comm, peer, ("call", seq, signature.normal(sig, comm.size)))
+
+
+def _on_notice(comm, peer: int, notice) -> None:
+    if notice[0] == "abort":
+        fail(comm, notice[1], tell_others=False)
+        return
+    _, seq, peer_sig = notice
+    entry = comm._calls[seq % (1 << SEQ_BITS)]
+    if entry is None or entry[0] != seq:
+        return  # not a call of this rank's recent past (the peer is far ahead): nothing to say
+    mine = signature.normal(entry[1], comm.size)
+    if mine == peer_sig:
+        return  # no disagreement after all
+    text = signature.mismatch_text(comm.name, seq, comm.rank, mine, peer, peer_sig)
+    fail(comm, text)
+
+
+def fail(comm, text: str, tell_others: bool = True) -> None:
+    """Mark the group failed (its waits raise MismatchError(text)) and tell the other ranks."""
+    if comm._failure is not None:
+        return
+    comm._failure = text
+    if tell_others:
+        for q in range(comm.size):
+            if q != comm.rank:
+                send(comm, q, ("abort", text))
+
+
+def send(comm, peer: int, notice) -> None:
+    """A small pickled control message, nonblocking; the request is kept until the process ends
+    (a handful per mismatch, none otherwise)."""
+    comm._notices.append(comm.mpi.isend(notice, dest=peer, tag=NOTICE_TAG))
