@@ -33,14 +33,43 @@ ROUTED = {
 }
 
 
+_PLAIN = {}  # collective -> the built-in algorithm names (filled on first use)
+
+
+def _fill_plain() -> None:
+    from minipar.collectives import registry
+
+    for collective, names in registry._BUILTIN.items():
+        _PLAIN[collective] = frozenset(names)
+
+
 def bench_variants(collective: str) -> list[str]:
     """Extra `minipar bench` rows: the ring forced onto each transport, side by side."""
     return ["ring@mpi", "ring@shm"] if collective in ROUTED else []
 
 
+def _env():
+    """MINIPAR_TRANSPORT as set now (tests and users may change it between calls)."""
+    value = _env_raw()
+    return None if value is None or isinstance(value, str) else os.fsdecode(value)
+
+
+def _env_raw():
+    """The same, undecoded, read from os.environ's own dict: `os.environ.get` of a missing name
+    raises and catches a KeyError inside (~1-10 us), which every collective call would pay."""
+    data = getattr(os.environ, "_data", None)
+    if data is None:  # pragma: no cover - not CPython's os._Environ
+        return os.environ.get(ENV)
+    return data.get(_ENV_KEY)
+
+
+_ENV_KEY = os.fsencode(ENV) if os.name != "nt" else ENV.upper()
+_AUTO_RAW = (None, b"auto", "auto")
+
+
 def requested() -> str:
     """MINIPAR_TRANSPORT, checked (a typo is an error, not silently MPI)."""
-    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    value = (_env() or "auto").strip().lower() or "auto"
     if value not in CHOICES:
         raise ValueError(f"{ENV} must be one of {', '.join(CHOICES)}, got {value!r}")
     return value
@@ -59,6 +88,15 @@ def route(comm, collective: str, name: str, fn, nbytes: int, buf):
     schedule over shared windows. Decided from what every rank shares (the collective, the
     algorithm, the size, the environment), so all ranks decide alike; the first call that may
     use the windows probes the node, collectively."""
+    if not _PLAIN:
+        _fill_plain()
+    if (
+        type(name) is str
+        and name in _PLAIN.get(collective, ())
+        and _env_raw() in _AUTO_RAW
+        and not (name in ROUTED.get(collective, ()) and nbytes >= cost.SHM_MIN_BYTES)
+    ):
+        return name, fn  # the common case, decided in a few lookups: MPI, as always
     node = _node_for(comm, collective, name, nbytes, buf)
     if node is None:
         return name, fn
