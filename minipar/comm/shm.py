@@ -156,6 +156,9 @@ class SharedNode:
     def _poll(self, head, slot, k, q, what) -> None:
         start, timeout = time.monotonic(), self.comm.timeout
         while head[slot] < k:
+            failure = getattr(self.comm, "_failure", None)  # the MPI watchdog saw a mismatch
+            if failure is not None:
+                raise MismatchError(failure)
             elapsed = time.monotonic() - start
             if elapsed > timeout:
                 where = what() if callable(what) else what
