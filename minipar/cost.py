@@ -265,9 +265,21 @@ SHARED_WINDOW = Link("shared-window", alpha=6e-6, beta=1 / 4.5e9, gamma=1 / 5e9,
 SHM_LINK_ENV = "MINIPAR_SHM_LINK"
 
 
+_shm_default: list = [None]
+
+
 def shm_link() -> Link:
-    path = os.environ.get(SHM_LINK_ENV)
-    return load_link(path) if path else SHARED_WINDOW
+    """The window link `auto` prices with: set_shm_link's, else the JSON file named by
+    MINIPAR_SHM_LINK (`minipar bench --fit` writes one beside the MPI link), else
+    SHARED_WINDOW."""
+    if _shm_default[0] is None:
+        path = os.environ.get(SHM_LINK_ENV)
+        _shm_default[0] = load_link(path) if path else SHARED_WINDOW
+    return _shm_default[0]
+
+
+def set_shm_link(link: Link) -> None:
+    _shm_default[0] = link
 
 
 SHM_MIN_BYTES = 64 << 10  # `auto` keeps smaller messages on MPI: latency, not copies, rules
@@ -292,11 +304,15 @@ def predict_shm(collective: str, nbytes: float, p: int, link=None) -> float:
     return t.steps * link.alpha + t.bytes_sent * link.beta + t.bytes_reduced * link.gamma
 
 
-@functools.lru_cache(maxsize=4096)
 def prefers_shm(collective: str, algorithm: str, nbytes: float, p: int, mpi=None, shm=None):
     """Whether the shared windows beat `algorithm` over MPI messages for this call."""
     if nbytes < SHM_MIN_BYTES:
         return False
+    return _prefers_shm(collective, algorithm, nbytes, p, mpi or default_link(), shm or shm_link())
+
+
+@functools.lru_cache(maxsize=4096)
+def _prefers_shm(collective, algorithm, nbytes, p, mpi, shm) -> bool:
     return predict_shm(collective, nbytes, p, shm) < predict(collective, algorithm, nbytes, p, mpi)
 
 

@@ -192,6 +192,10 @@ def run_all(job: dict, args, console):
             return runs, f"the job failed (exit {proc.returncode}):\n{(proc.stderr or '')[-4000:]}"
         if job["fit"] and i == 0:
             os.environ[cost.LINK_ENV] = job["fit_path"]  # later runs' `auto` prices with the fit
+            if any("shm_alpha" in e for e in events if e["type"] == "fit"):
+                from minipar.bench import fit
+
+                os.environ[cost.SHM_LINK_ENV] = fit.shm_path(job["fit_path"])
         runs.append(events)
     return runs, None
 

@@ -130,8 +130,14 @@ def main(argv=None) -> int:
         measured = fit.measure(comm, timer)
         link = fit.as_link(measured)
         cost.set_default_link(link)  # auto now prices with this machine's numbers
+        windows = fit.measure_shm(comm, timer)  # the second transport's link, if there is one
+        if windows:
+            measured.update(windows)
+            cost.set_shm_link(fit.as_shm_link(measured))
         if comm.rank == 0:
             cost.save_link(link, job["fit_path"], **measured)
+            if windows:
+                cost.save_link(fit.as_shm_link(measured), fit.shm_path(job["fit_path"]))
         out.emit("fit", path=job["fit_path"], **measured)
     sweep(out, timer, ops.Context(comm, comm.mpi, dist), job)
     timer.barrier()

@@ -99,6 +99,12 @@ def fit_panel(console, measured: dict, rows: list[dict], link) -> None:
         f"saved  {measured['path']}   use it: MINIPAR_LINK={measured['path']} "
         "or minipar.cost.load_link(path)",
     ]
+    if "shm_alpha" in measured:  # the shared windows' own link (bench/fit.py: measure_shm)
+        lines.append(
+            f"shm    alpha {measured['shm_alpha'] * 1e6:.1f} µs, beta "
+            f"{measured['shm_beta'] * 1e9:.3f} ns/B ({1 / measured['shm_beta'] / 1e9:.2f} GB/s "
+            "a copy through a window); saved beside it as -shm, MINIPAR_SHM_LINK uses it"
+        )
     for small in ("tree", "recursive_doubling"):
         predicted = cost.crossover("all_reduce", small, "ring", p, link)
         seen = fit.measured_crossover(rows, small, "ring")
