@@ -65,6 +65,8 @@ def flat(x):
     """A 1-D view of all of `x`'s elements (no copy). A torch tensor is detached first: like
     torch.distributed, collectives write into a tensor that requires grad without autograd
     seeing it (else an in-place reduction would fail half-way through a collective)."""
+    if type(x) is np.ndarray:
+        return x if x.ndim == 1 else x.reshape(-1)
     if is_torch(x):
         x = x.detach()
         return x.as_strided((x.numel(),), (1,))  # stride 1 even for 0- and 1-element tensors

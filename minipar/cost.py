@@ -254,6 +254,68 @@ def crossover(collective: str, small: str, large: str, world_size: int, link=Non
     return hi
 
 
+# -- a link per transport: MPI messages, or single-copy shared windows (comm/shm.py) -----------
+# alpha: one wait on a peer's counter in shared memory, with the Python around it; beta: one
+# byte copied once through a window (numpy's copy to or from memory the peer touches: measured
+# ~4.5 GB/s on the 2-core development VM, where MPICH's two copies through its small, cache-hot
+# bounce cells cost about as much as one such copy); gamma: one byte reduced. With these numbers
+# `auto` keeps MPI (docs/bench.md: the windows did not beat MPICH's ring there); a machine where
+# they win says so through MINIPAR_SHM_LINK (a link JSON file, as `minipar bench --fit` writes).
+SHARED_WINDOW = Link("shared-window", alpha=6e-6, beta=1 / 4.5e9, gamma=1 / 5e9, source="VM")
+SHM_LINK_ENV = "MINIPAR_SHM_LINK"
+
+
+_shm_default: list = [None]
+
+
+def shm_link() -> Link:
+    """The window link `auto` prices with: set_shm_link's, else the JSON file named by
+    MINIPAR_SHM_LINK (`minipar bench --fit` writes one beside the MPI link), else
+    SHARED_WINDOW."""
+    if _shm_default[0] is None:
+        path = os.environ.get(SHM_LINK_ENV)
+        _shm_default[0] = load_link(path) if path else SHARED_WINDOW
+    return _shm_default[0]
+
+
+def set_shm_link(link: Link) -> None:
+    _shm_default[0] = link
+
+
+SHM_MIN_BYTES = 64 << 10  # `auto` keeps smaller messages on MPI: latency, not copies, rules
+
+
+def shm_traffic(collective: str, nbytes: float, p: int) -> Traffic:
+    """Waits, bytes copied through the windows and bytes reduced by one rank of the single-copy
+    schedules (collectives/shm_direct.py); bytes_sent counts copies, priced at the link's beta."""
+    N, c = nbytes, (p - 1) / p * nbytes
+    table = {
+        "all_reduce": (3, c + N / p + c, c),  # publish p-1 chunks, my result, copy p-1 out
+        "all_gather": (2, N / p + N, 0),  # publish my block; my block and p-1 others out
+        "reduce_scatter": (2, c, c),  # publish p-1 blocks; reduce mine from p copies
+    }
+    steps, copied, reduced = table[collective]
+    return Traffic(steps, copied, reduced)
+
+
+def predict_shm(collective: str, nbytes: float, p: int, link=None) -> float:
+    link = link or shm_link()
+    t = shm_traffic(collective, nbytes, p)
+    return t.steps * link.alpha + t.bytes_sent * link.beta + t.bytes_reduced * link.gamma
+
+
+def prefers_shm(collective: str, algorithm: str, nbytes: float, p: int, mpi=None, shm=None):
+    """Whether the shared windows beat `algorithm` over MPI messages for this call."""
+    if nbytes < SHM_MIN_BYTES:
+        return False
+    return _prefers_shm(collective, algorithm, nbytes, p, mpi or default_link(), shm or shm_link())
+
+
+@functools.lru_cache(maxsize=4096)
+def _prefers_shm(collective, algorithm, nbytes, p, mpi, shm) -> bool:
+    return predict_shm(collective, nbytes, p, shm) < predict(collective, algorithm, nbytes, p, mpi)
+
+
 # -- the hierarchy: GPUs in NVLink domains, domains joined by InfiniBand ----------------------
 
 

@@ -147,6 +147,12 @@ def smoke_checks(ranks: int = 2, timeout: float = 60) -> list[Check]:
             "CUDA-aware MPI", "yes" if facts["cuda_aware"] else "no", note=facts["cuda_aware_why"]
         ),
     ]
+    if "transport" in facts:
+        good = facts.get("shm_ok", True)
+        note = '`MINIPAR_TRANSPORT=mpi|shm|auto`; `algorithm="ring@shm"` forces one call'
+        if facts.get("shm_used"):
+            note = "an all-reduce over the shared windows agreed; " + note
+        checks.append(Check("transport", facts["transport"], "ok" if good else "fail", note))
     if ranks > 1:
         what = f"ring shift + all-reduce in {facts['seconds']:.2f} s"
         checks.append(Check(f"{ranks}-rank smoke job", "passed" if agreed else "wrong results",

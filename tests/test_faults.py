@@ -70,6 +70,16 @@ EXPECT = {
         "nonzero",
         ["MismatchError", "  rank 1: call #1 all_reduce(algorithm="],
     ),
+    # the shared-memory transport (MINIPAR_TRANSPORT=shm): the others wait on a window's
+    # counter, not a message, and must end as promptly
+    ("shm", "raise_between", False, 3): (
+        "nonzero",
+        ["[rank 1] RuntimeError: injected fault (raise_between)", "[rank 1] minipar: aborting"],
+    ),
+    ("shm", "sys_exit", False, 2): (
+        "nonzero",
+        ["CommTimeoutError: all_reduce (algorithm", "@shm)", "waiting for rank 1 to publish"],
+    ),
     ("torch", "raise_mid", False, 2): (
         "nonzero",
         ["Process 1 terminated with the following error", "injected fault (raise_mid)"],
@@ -107,8 +117,9 @@ if EXTENDED:
 
 def command(transport, mode, debug, ranks):
     flags = ["--debug"] if debug else []
-    if transport == "mpi":  # through `minipar run`, which must hand back the job's status
-        return [sys.executable, "-m", "minipar", "run", "-n", str(ranks), INJECT, mode, *flags]
+    if transport in ("mpi", "shm"):  # through `minipar run`, which must hand back the job's status
+        run = [sys.executable, "-m", "minipar", "run", "-n", str(ranks), INJECT, mode, *flags]
+        return ["env", f"MINIPAR_TRANSPORT={transport}", *run]
     if transport == "torchrun":
         run = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
         return [sys.executable, *run, INJECT, mode, *flags]
@@ -121,7 +132,7 @@ def run_job(key):
 
 
 def family(transport: str) -> str:
-    return "mpi" if transport == "mpi" else "torch"
+    return "mpi" if transport in ("mpi", "shm") else "torch"
 
 
 @functools.cache

@@ -15,7 +15,7 @@ KEY_LINES = {
     "01": ["Lesson 01", "1120 GB", "needs >= 6 GPUs", "rank-to-rank bandwidth", "Try this"],
     "02": ["Lesson 02", "[60 64 68 72]", "[3 13 23 33]", "all_to_all", "Try this"],
     "03": ["step 5 (all-gather)", "0+1+2+3", "messages", "measured ring", "Try this"],
-    "04": ["busbw", "MPI_Allreduce", "roofline", "hierarchical", "Try this"],
+    "04": ["busbw", "MPI_Allreduce", "roofline", "One copy or two", "hierarchical", "Try this"],
     "05": [
         "exposed comm",
         "25 MB buckets",

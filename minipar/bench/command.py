@@ -71,7 +71,7 @@ def default_fit_path() -> str:
 
 def job_spec(args) -> dict:
     """The ranks' instructions, validated here so a typo fails before anything launches."""
-    from minipar.collectives import registry
+    from minipar.collectives import registry, transport
 
     collectives = spec.parse_collectives(args.collective)
     against = [] if args.against in ("none", "") else args.against.split(",")
@@ -80,7 +80,7 @@ def job_spec(args) -> dict:
             raise ValueError(f"--against takes mpi and/or torch, got {impl!r}")
     algorithms = {}
     for c in collectives:
-        known = registry.algorithms(c)
+        known = registry.algorithms(c) + transport.bench_variants(c)
         wanted = known if args.algorithms == "all" else args.algorithms.split(",")
         algorithms[c] = [a for a in wanted if a in known]
         if args.algorithms != "all" and not algorithms[c] and len(collectives) == 1:
@@ -100,7 +100,9 @@ def job_spec(args) -> dict:
 
 
 def cell_count(job: dict) -> int:
-    per_size = sum(len(job["algorithms"][c]) + len(job["against"]) for c in job["collectives"])
+    from minipar.bench import ranks
+
+    per_size = sum(len(list(ranks.cells(c, job))) for c in job["collectives"])
     return per_size * len(job["sizes"])
 
 
@@ -190,6 +192,10 @@ def run_all(job: dict, args, console):
             return runs, f"the job failed (exit {proc.returncode}):\n{(proc.stderr or '')[-4000:]}"
         if job["fit"] and i == 0:
             os.environ[cost.LINK_ENV] = job["fit_path"]  # later runs' `auto` prices with the fit
+            if any("shm_alpha" in e for e in events if e["type"] == "fit"):
+                from minipar.bench import fit
+
+                os.environ[cost.SHM_LINK_ENV] = fit.shm_path(job["fit_path"])
         runs.append(events)
     return runs, None
 

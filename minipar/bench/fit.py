@@ -14,6 +14,7 @@ Ranks other than 0 and 1 wait at the barriers while the pair measures.
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 import time
 
@@ -71,6 +72,52 @@ def measure(comm, timer) -> dict:
         "ranks": comm.size,
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
     }
+
+
+def measure_shm(comm, timer) -> dict | None:
+    """The shared windows' link (comm/shm.py), fitted to `ring@shm` all-reduces of 8 B (three
+    waits: alpha) and of SMALL and LARGE (the slope, less the reduction at gamma, spread over the
+    bytes the schedule copies: beta); None when this group cannot share memory."""
+    import numpy as np
+
+    import minipar
+    from minipar import cost
+    from minipar.comm import shm
+
+    if shm.node_of(comm, "bench --fit") is None:
+        return None
+
+    def fastest(nbytes: int, iters: int) -> float:
+        x = np.ones(max(1, nbytes // 4), np.float32)
+        minipar.all_reduce(x, algorithm="ring@shm")  # the window grows here, not in the timing
+        times = []
+        for _ in range(iters):
+            timer.barrier()
+            start = time.perf_counter()
+            minipar.all_reduce(x, algorithm="ring@shm")
+            times.append(time.perf_counter() - start)
+        return timer.max_over_ranks(min(times))
+
+    tiny, small, large = fastest(8, 200), fastest(SMALL, 5), fastest(LARGE, 3)
+    per_byte = max((large - small) / (LARGE - SMALL), 1e-13)
+    t = cost.shm_traffic("all_reduce", 1.0, comm.size)  # bytes copied / reduced per byte
+    gamma = 1 / _reduce_rate(timer, LARGE)
+    beta = max((per_byte - t.bytes_reduced * gamma) / t.bytes_sent, 1e-13)
+    return {"shm_alpha": tiny / t.steps, "shm_beta": beta, "shm_gamma": gamma}
+
+
+def as_shm_link(fit: dict):
+    from minipar import cost
+
+    source = f"minipar bench --fit (shared windows), {fit['ranks']} ranks on {fit['host']}"
+    name = f"fitted-shm:{fit['host']}"
+    return cost.Link(name, fit["shm_alpha"], fit["shm_beta"], fit["shm_gamma"], source)
+
+
+def shm_path(path: str) -> str:
+    """Where --fit stores the windows' link: beside the MPI link's file."""
+    root, ext = os.path.splitext(path)
+    return f"{root}-shm{ext or '.json'}"
 
 
 def as_link(fit: dict):

@@ -46,7 +46,44 @@ def make(impl: str, collective: str, algorithm: str, nbytes: int, dtype: str, ct
         return _mpi(collective, count, block, dtype, ctx)
     if impl == "torch":
         return _torch(collective, count, block, dtype, ctx)
+    if impl == "floor":
+        return _floor(collective, count, dtype, ctx)
     raise ValueError(f"unknown implementation {impl!r}")
+
+
+FLOOR_BYTES = 64 << 10  # the python floor row is about call overhead: small messages only
+
+
+def probe_buffer(nbytes: int, dtype: str):
+    """A one-element buffer of the bench's kind (what the transport choice looks at)."""
+    return _buffer(1, dtype)
+
+
+def _floor(collective, count, dtype, ctx):
+    """The python floor: the same all-reduce as recursive doubling, in bare mpi4py `Sendrecv`
+    calls and a numpy add, with no minipar at all (no checks, no tags, no timeouts). What is
+    left between this row and minipar's is what minipar's layers cost."""
+    import numpy as np
+    from mpi4py import MPI
+
+    p, r, comm = ctx.size, ctx.rank, ctx.mpi
+    np_dtype = _numpy_dtype(dtype)
+    nbytes = count * ITEMSIZE[dtype]
+    if collective != "all_reduce" or np_dtype is None or p & (p - 1) or nbytes > FLOOR_BYTES:
+        raise ValueError(
+            f"the python floor is an all-reduce of numpy dtypes up to {FLOOR_BYTES} bytes on a "
+            "power-of-two number of ranks"
+        )
+    x, tmp = _buffer(count, dtype), _buffer(count, dtype)
+    send, recv = [x, MPI.BYTE], [tmp, MPI.BYTE]
+    peers = [r ^ (1 << k) for k in range(p.bit_length() - 1)]
+
+    def run():
+        for peer in peers:
+            comm.Sendrecv(send, peer, 7, recv, peer, 7)
+            np.add(x, tmp, out=x)
+
+    return run
 
 
 def _minipar(collective, algorithm, count, block, dtype, ctx):

@@ -36,6 +36,7 @@ def header(comm, dist) -> dict:
     from mpi4py import MPI
 
     from minipar import launcher
+    from minipar.collectives import transport
 
     torch = sys.modules.get("torch")
     return {
@@ -49,6 +50,7 @@ def header(comm, dist) -> dict:
         "oversubscribed": comm.size > launcher.cores(),
         "host": platform.node(),
         "load": list(os.getloadavg()),  # other processes' load: noise in every number
+        "transport": transport.describe(comm),
     }
 
 
@@ -58,12 +60,14 @@ def cells(collective: str, job: dict):
         yield "minipar", algorithm
     for impl in job["against"]:
         yield impl, "native"
+    if collective == "all_reduce" and job["against"]:
+        yield "floor", "native"  # bare mpi4py + numpy: what Python alone costs (ops.py)
 
 
 def one_size(out, timer, ctx, job, collective: str, nbytes: int) -> None:
     """Every cell of one size: build each op (or skip it, on every rank), then time them all,
     taking turns (timing.py)."""
-    from minipar.collectives import registry
+    from minipar.collectives import registry, transport
 
     ops_by_cell, where = {}, {"collective": collective, "nbytes": nbytes}
     for impl, algorithm in cells(collective, job):
@@ -79,8 +83,12 @@ def one_size(out, timer, ctx, job, collective: str, nbytes: int) -> None:
     times = timer.take_turns(ops_by_cell, job["iters"], job["warmup"], job["budget"])
     for (impl, algorithm), ts in times.items():
         extra = {}
-        if algorithm == "auto":
-            extra["chosen"] = registry.pick(collective, "auto", nbytes, ctx.size)[0]
+        if impl == "minipar":  # what runs: auto's pick, and the transport it goes over
+            chosen = registry.pick(collective, algorithm, nbytes, ctx.size)[0]
+            buf = ops.probe_buffer(nbytes, job["dtype"])
+            chosen = transport.choice(ctx.comm, collective, chosen, nbytes, buf)
+            if chosen != algorithm:
+                extra["chosen"] = chosen
         out.emit("row", implementation=impl, algorithm=algorithm, times=ts, **where, **extra)
 
 
@@ -122,8 +130,14 @@ def main(argv=None) -> int:
         measured = fit.measure(comm, timer)
         link = fit.as_link(measured)
         cost.set_default_link(link)  # auto now prices with this machine's numbers
+        windows = fit.measure_shm(comm, timer)  # the second transport's link, if there is one
+        if windows:
+            measured.update(windows)
+            cost.set_shm_link(fit.as_shm_link(measured))
         if comm.rank == 0:
             cost.save_link(link, job["fit_path"], **measured)
+            if windows:
+                cost.save_link(fit.as_shm_link(measured), fit.shm_path(job["fit_path"]))
         out.emit("fit", path=job["fit_path"], **measured)
     sweep(out, timer, ops.Context(comm, comm.mpi, dist), job)
     timer.barrier()

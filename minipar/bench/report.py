@@ -33,7 +33,7 @@ def records(events: list[dict], dtype: str, link) -> list[dict]:
     native = {(r["collective"], r["nbytes"], r["implementation"]): r
               for r in rows if r["algorithm"] == "native"}  # fmt: skip
     for r in rows:
-        for impl in ("mpi", "torch"):
+        for impl in ("mpi", "torch", "floor"):
             ref = native.get((r["collective"], r["nbytes"], impl))
             r[f"ratio_{impl}"] = r["time_s_median"] / ref["time_s_median"] if ref else None
             r[f"ratio_{impl}_min"] = r["time_s_min"] / ref["time_s_min"] if ref else None
@@ -51,9 +51,13 @@ def _record(event: dict, p: int, dtype: str, link, roofs) -> dict:
     predicted = None
     if event["implementation"] == "minipar":
         algorithm = event.get("chosen") or event["algorithm"]
+        base, _, transport = algorithm.partition("@")
         try:
-            predicted = cost.predict(collective, algorithm, n, p, link)
-        except ValueError:  # a user-registered algorithm has no formula
+            if transport == "shm":  # the shared windows' own link (cost.SHARED_WINDOW)
+                predicted = cost.predict_shm(collective, n, p)
+            else:
+                predicted = cost.predict(collective, base, n, p, link)
+        except (ValueError, KeyError):  # a user-registered algorithm has no formula
             pass
     record["predicted_s"] = predicted
     record["prediction_error"] = (predicted - median) / median if predicted else None
@@ -73,7 +77,9 @@ def label(r: dict) -> str:
         return "MPI (native)"
     if r["implementation"] == "torch":
         return "torch (gloo)"
-    return f"auto → {r['chosen']}" if r.get("chosen") else r["algorithm"]
+    if r["implementation"] == "floor":
+        return "python floor (mpi4py)"
+    return f"{r['algorithm']} → {r['chosen']}" if r.get("chosen") else r["algorithm"]
 
 
 def goals(rows: list[dict], basis: str = "median") -> list[tuple[str, float | None, float, str]]:
@@ -82,6 +88,7 @@ def goals(rows: list[dict], basis: str = "median") -> list[tuple[str, float | No
     each cell's fastest iteration instead of its median."""
     if basis == "min":
         rows = [dict(r, ratio_mpi=r.get("ratio_mpi_min"), ratio_torch=r.get("ratio_torch_min"),
+                     ratio_floor=r.get("ratio_floor_min"),
                      roofline_fraction=r["roofline_fraction"] and r["roofline_fraction"]
                      * r["time_s_median"] / r["time_s_min"]) for r in rows]  # fmt: skip
 
@@ -106,6 +113,12 @@ def goals(rows: list[dict], basis: str = "median") -> list[tuple[str, float | No
         ("ring all_reduce >= 1 MiB: time / MPI (worst size)",
          worst(pick("all_reduce", "ring", min_bytes=mib1), "ratio_mpi"), 1.0, "<="),
         ("latency-optimal all_reduce 8 B: time / MPI (best of rd, tree)", best_latency, 2.0, "<="),
+        ("latency-optimal all_reduce 8 B: time / python floor (best of rd, tree)",
+         worst(latency, "ratio_floor", min), 1.5, "<="),
+        ("auto all_reduce 8 B: time / MPI",
+         worst(pick("all_reduce", "auto", exact=8), "ratio_mpi"), 2.0, "<="),
+        ("auto all_reduce 8 B: time / python floor",
+         worst(pick("all_reduce", "auto", exact=8), "ratio_floor"), 1.5, "<="),
         ("auto: time / gloo (worst size)",
          worst([r for r in minipar_rows if r["algorithm"] == "auto"], "ratio_torch"), 0.5, "<="),
         ("every minipar algorithm: time / gloo (worst)", worst(minipar_rows, "ratio_torch"), 1.0,

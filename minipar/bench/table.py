@@ -40,6 +40,8 @@ def header(console, head: dict, link_name: str) -> None:
         f"{head.get('load', [0])[0]:.1f} at the start",
         f"model    predictions priced on link {link_name!r}",
     ]
+    if head.get("transport"):
+        lines.append(f"inside   {head['transport']}")
     if head.get("load", [0])[0] > max(1.0, head["cores"] - head["world_size"] + 1):
         lines.append(
             "[yellow]other processes are using this machine's cores: expect noise, repeat "
@@ -97,6 +99,12 @@ def fit_panel(console, measured: dict, rows: list[dict], link) -> None:
         f"saved  {measured['path']}   use it: MINIPAR_LINK={measured['path']} "
         "or minipar.cost.load_link(path)",
     ]
+    if "shm_alpha" in measured:  # the shared windows' own link (bench/fit.py: measure_shm)
+        lines.append(
+            f"shm    alpha {measured['shm_alpha'] * 1e6:.1f} µs, beta "
+            f"{measured['shm_beta'] * 1e9:.3f} ns/B ({1 / measured['shm_beta'] / 1e9:.2f} GB/s "
+            "a copy through a window); saved beside it as -shm, MINIPAR_SHM_LINK uses it"
+        )
     for small in ("tree", "recursive_doubling"):
         predicted = cost.crossover("all_reduce", small, "ring", p, link)
         seen = fit.measured_crossover(rows, small, "ring")

@@ -20,7 +20,7 @@ import pickle
 import numpy as np
 
 from minipar import buffers, runtime
-from minipar.collectives import registry, work
+from minipar.collectives import registry, transport, work
 from minipar.collectives.call import Call
 from minipar.comm.base import CONTROL_TAG, wait_all
 from minipar.errors import MiniparError, MismatchError
@@ -95,6 +95,7 @@ def _run(
     if uneven and algorithm == "auto":
         algorithm = "pairwise"
     name, fn = registry.pick(collective, algorithm, nbytes, comm.size)
+    name, fn = transport.route(comm, collective, name, fn, nbytes, args[0] if args else None)
     if runtime.debug_enabled():  # the fingerprint is built only here, off the hot path
         _check_same_call(comm, (collective, name, *(_fp(*fingerprint) if fingerprint else ())))
     if fingerprint:  # the call's signature (comm/signature.py), inline: every call comes here

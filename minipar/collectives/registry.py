@@ -8,7 +8,16 @@ asks minipar.cost for the cheapest entry, and a student's own function joins it 
 from __future__ import annotations
 
 from minipar import cost
-from minipar.collectives import bruck, double_tree, linear, pairwise, recursive, ring, tree
+from minipar.collectives import (
+    bruck,
+    double_tree,
+    linear,
+    pairwise,
+    recursive,
+    ring,
+    transport,
+    tree,
+)
 from minipar.collectives.barrier import barrier_dissemination
 
 ALGORITHMS = {
@@ -52,6 +61,9 @@ ALIASES = {
 _BUILTIN = {name: set(table) for name, table in ALGORITHMS.items()}
 
 
+_AUTO: dict = {}  # (collective, nbytes, size) -> (link, name): auto's answers, per link
+
+
 def canonical(collective: str) -> str:
     name = ALIASES.get(collective, collective)
     if name not in ALGORITHMS:
@@ -80,9 +92,20 @@ def pick(collective: str, algorithm, nbytes: int, size: int):
     table = ALGORITHMS[collective]
     if callable(algorithm):
         return getattr(algorithm, "__name__", "custom"), algorithm
+    if isinstance(algorithm, str) and "@" in algorithm:  # "ring@shm": see transport.py
+        base, forced = transport.split(algorithm)
+        name, fn = pick(collective, base, nbytes, size)
+        return f"{name}@{forced}", fn
     if algorithm == "auto":
-        name = cost.choose(collective, sorted(_BUILTIN[collective]), nbytes, size)
-        return name, table[name]
+        link = cost.default_link()
+        key = (collective, nbytes, size)
+        hit = _AUTO.get(key)
+        if hit is None or hit[0] is not link:  # a new size, or a new default link
+            if len(_AUTO) > 4096:
+                _AUTO.clear()
+            name = cost.choose(collective, sorted(_BUILTIN[collective]), nbytes, size, link)
+            hit = _AUTO[key] = (link, name)
+        return hit[1], table[hit[1]]
     if algorithm not in table:
         raise ValueError(
             f"unknown {collective} algorithm {algorithm!r}; choose one of "

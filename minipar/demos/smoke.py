@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 import minipar
+from minipar.collectives import transport
 
 PREFIX = "MINIPAR_SMOKE "
 THREAD_LEVELS = ["MPI_THREAD_SINGLE", "MPI_THREAD_FUNNELED", "MPI_THREAD_SERIALIZED",
@@ -33,6 +34,18 @@ def all_reduce_ok(comm) -> bool:
     """Everyone adds up 0..size-1 in every slot of a 1000-element vector."""
     x = np.full(1000, comm.rank, dtype=np.float64)
     minipar.all_reduce(x, algorithm="ring")
+    return bool(np.all(x == comm.size * (comm.size - 1) / 2))
+
+
+def shm_ok(comm):
+    """The all-reduce over shared windows (comm/shm.py): True if right, None if this group
+    cannot share memory (it spans nodes, or has one rank)."""
+    from minipar.comm import shm
+
+    if comm.size == 1 or shm.node_of(comm) is None:
+        return None
+    x = np.full(1000, comm.rank, dtype=np.float64)
+    minipar.all_reduce(x, algorithm="ring@shm")
     return bool(np.all(x == comm.size * (comm.size - 1) / 2))
 
 
@@ -63,7 +76,8 @@ def _name(level: int) -> str:
 def main() -> None:
     start = time.perf_counter()
     comm = minipar.init()
-    ok = {"ring": ring_ok(comm), "all_reduce": all_reduce_ok(comm)}
+    ok = {"ring": ring_ok(comm), "all_reduce": all_reduce_ok(comm), "shm": shm_ok(comm)}
+    where = transport.describe(comm)  # collective: every rank asks
     everyone = comm.allgather_object(ok)
     if comm.rank == 0:
         facts = library_facts()
@@ -71,6 +85,9 @@ def main() -> None:
             size=comm.size,
             ring_ok=all(r["ring"] for r in everyone),
             all_reduce_ok=all(r["all_reduce"] for r in everyone),
+            shm_ok=all(r["shm"] is not False for r in everyone),
+            shm_used=all(r["shm"] for r in everyone),
+            transport=where,
             seconds=round(time.perf_counter() - start, 3),
         )
         print(PREFIX + json.dumps(facts), flush=True)

@@ -205,6 +205,60 @@ def cluster_section(page: Page) -> None:
     page.check(rows[2][3] < rows[1][3], "hierarchical beats a flat ring across 8 nodes")
 
 
+def one_copy_section(page: Page) -> None:
+    """MPI's bounce buffer against a shared window, side by side, on the ranks of this node."""
+    from minipar.comm import shm
+
+    page.section("One copy or two")
+    mpi = getattr(page.comm, "mpi", None)
+    if mpi is None or shm.node_of(page.comm, "lesson 04") is None:
+        page.say("This group cannot share memory (not MPI, or it spans nodes): nothing to compare.")
+        return
+    n = (4 << 20) if page.quick else (32 << 20)
+    half = n // 2
+    a, b = np.ones(half // 4, np.float32), np.empty(half // 4, np.float32)
+    right, left = (page.rank + 1) % page.size, (page.rank - 1) % page.size
+    x = np.ones(n // 4, np.float32)
+    rows = [
+        (
+            "MPI Sendrecv of n/2 (in and out of a bounce buffer)",
+            lambda: mpi.Sendrecv(a, right, 5, b, left, 5),
+        ),  # fmt: skip
+        ("one numpy copy of n/2 (what a window read costs)", lambda: np.copyto(b, a)),
+        (
+            "ring all-reduce over MPI (ring@mpi)",
+            lambda: minipar.all_reduce(x, algorithm="ring@mpi"),
+        ),
+        (
+            "all-reduce over shared windows (ring@shm)",
+            lambda: minipar.all_reduce(x, algorithm="ring@shm"),
+        ),  # fmt: skip
+    ]
+    times = [timed(page, op, 3) for _, op in rows]
+    page.table(
+        f"n = {fmt_bytes(n)} on {page.size} ranks of one node",
+        ["what", "time>"],
+        [(name, fmt_time(t)) for (name, _), t in zip(rows, times)],
+    )
+    x[:] = 1
+    minipar.all_reduce(x, algorithm="ring@shm")
+    page.check(bool((x == page.size).all()), "the windows' all-reduce is right")
+    page.say(
+        "Inside a node MPI moves a message twice: the sender copies it into a shared bounce "
+        "buffer, the receiver copies it out. With a shared window (MPI.Win.Allocate_shared) each "
+        "rank writes its data once into its own segment and the peers reduce or copy straight "
+        "out of it. Whether that wins depends on the machine: MPICH's bounce cells are small "
+        "and stay in cache, so its second copy is cheap; a window read of data the peer wrote a "
+        "moment ago crosses cores. Measure, then let the cost model price each transport."
+    )
+    page.say(
+        "GPUs have the same choice. Staging through the host copies device to host, host to "
+        "host, host to device; CUDA IPC (cudaIpcGetMemHandle) maps a peer GPU's buffer, and "
+        "over NVLink peer-to-peer a kernel reads or reduces straight out of it: one copy per "
+        "hop, which is how NCCL moves data inside an NVLink domain."
+    )
+
+
 def lab_no_wait(page: Page) -> None:
     p, n = page.size, 64 << 20  # large, so the floor (ms) dwarfs a loaded machine's hiccups
     page.section("Break-it lab: timing an async all-reduce without waiting for it")
@@ -247,6 +301,7 @@ def main(argv=None) -> int:
         predict_section(page)
         fits = bench_section(page)
         fit_section(page, fits)
+        one_copy_section(page)
         cluster_section(page)
         page.try_this(
             [

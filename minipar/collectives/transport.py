@@ -1,0 +1,167 @@
+"""Which transport carries a collective call: MPI messages (the reference) or shared windows.
+
+Inside one node the single-copy windows of comm/shm.py move a byte with one copy where an MPI
+message takes two. Only the bandwidth algorithms of the collectives that move the most bytes
+take them (all-reduce: ring and Rabenseifner; all-gather and reduce-scatter: ring), and `auto`
+(also what `algorithm="auto"` resolves to) does so when every rank of the group shares this
+node, the buffer is in host memory, and the cost model prices the window's link below the
+algorithm over MPI (minipar.cost.prefers_shm; never below cost.SHM_MIN_BYTES).
+
+Overrides, the same on every rank:
+- the environment: MINIPAR_TRANSPORT=mpi (never shared windows), shm (every built-in
+  algorithm of those collectives, at any size, whenever the group can share memory) or auto
+  (the default);
+- one call: `algorithm="ring@shm"` or `"ring@mpi"` (any algorithm name, then @transport).
+
+The trace shows the choice: a call that went through the windows is recorded with algorithm
+"<name>@shm" (and sends no messages).
+"""
+
+from __future__ import annotations
+
+import os
+
+from minipar import buffers, cost
+from minipar.collectives import shm_direct
+
+ENV = "MINIPAR_TRANSPORT"
+CHOICES = ("auto", "mpi", "shm")
+ROUTED = {
+    "all_reduce": ("ring", "rabenseifner"),
+    "all_gather": ("ring",),
+    "reduce_scatter": ("ring",),
+}
+
+
+_PLAIN = {}  # collective -> the built-in algorithm names (filled on first use)
+
+
+def _fill_plain() -> None:
+    from minipar.collectives import registry
+
+    for collective, names in registry._BUILTIN.items():
+        _PLAIN[collective] = frozenset(names)
+
+
+def bench_variants(collective: str) -> list[str]:
+    """Extra `minipar bench` rows: the ring forced onto each transport, side by side."""
+    return ["ring@mpi", "ring@shm"] if collective in ROUTED else []
+
+
+def _env():
+    """MINIPAR_TRANSPORT as set now (tests and users may change it between calls)."""
+    value = _env_raw()
+    return None if value is None or isinstance(value, str) else os.fsdecode(value)
+
+
+def _env_raw():
+    """The same, undecoded, read from os.environ's own dict: `os.environ.get` of a missing name
+    raises and catches a KeyError inside (~1-10 us), which every collective call would pay."""
+    data = getattr(os.environ, "_data", None)
+    if data is None:  # pragma: no cover - not CPython's os._Environ
+        return os.environ.get(ENV)
+    return data.get(_ENV_KEY)
+
+
+_ENV_KEY = os.fsencode(ENV) if os.name != "nt" else ENV.upper()
+_AUTO_RAW = (None, b"auto", "auto")
+
+
+def requested() -> str:
+    """MINIPAR_TRANSPORT, checked (a typo is an error, not silently MPI)."""
+    value = (_env() or "auto").strip().lower() or "auto"
+    if value not in CHOICES:
+        raise ValueError(f"{ENV} must be one of {', '.join(CHOICES)}, got {value!r}")
+    return value
+
+
+def split(name: str) -> tuple[str, str]:
+    """'ring@shm' -> ('ring', 'shm'); 'ring' -> ('ring', '')."""
+    base, _, forced = name.partition("@")
+    if forced and forced not in ("mpi", "shm"):
+        raise ValueError(f"unknown transport {forced!r} in algorithm {name!r}; use @mpi or @shm")
+    return base, forced
+
+
+def route(comm, collective: str, name: str, fn, nbytes: int, buf):
+    """(name, function) that run this call: fn over the group's transport, or the single-copy
+    schedule over shared windows. Decided from what every rank shares (the collective, the
+    algorithm, the size, the environment), so all ranks decide alike; the first call that may
+    use the windows probes the node, collectively."""
+    if not _PLAIN:
+        _fill_plain()
+    if (
+        type(name) is str
+        and name in _PLAIN.get(collective, ())
+        and _env_raw() in _AUTO_RAW
+        and not (name in ROUTED.get(collective, ()) and nbytes >= cost.SHM_MIN_BYTES)
+    ):
+        return name, fn  # the common case, decided in a few lookups: MPI, as always
+    node = _node_for(comm, collective, name, nbytes, buf)
+    if node is None:
+        return name, fn
+    base = split(name)[0]
+    ticket, schedule = node.ticket(), shm_direct.SCHEDULES[collective]
+
+    def run(call, *args):
+        node.run(ticket, call.context(), lambda: schedule(node, call, *args))
+
+    run.__name__ = f"{base}@shm"
+    return f"{base}@shm", run
+
+
+def choice(comm, collective: str, name: str, nbytes: int, buf) -> str:
+    """The name `route` would give this call (for the bench's "auto → ..." column)."""
+    return f"{split(name)[0]}@shm" if _node_for(comm, collective, name, nbytes, buf) else name
+
+
+def _node_for(comm, collective, name, nbytes, buf):
+    """The SharedNode this call should run on, or None for the group's own transport."""
+    if not isinstance(name, str) or comm.size == 1:
+        return None  # one rank: nothing moves, any schedule is the identity
+    base, forced = split(name)
+    mode = forced or requested()
+    if mode == "mpi" or (mode == "auto" and base not in ROUTED.get(collective, ())):
+        return None
+    if mode == "shm" and not forced and not _builtin(collective, base):
+        return None  # a user's own algorithm runs as written
+    if collective not in shm_direct.SCHEDULES or buf is None or buffers.is_cuda(buf):
+        if forced:
+            what = f"{collective} of {buffers.describe(buf)}" if buf is not None else collective
+            raise ValueError(
+                f"{name!r}: the shared-memory transport carries {', '.join(ROUTED)} "
+                f"of host buffers only, not {what}"
+            )
+        return None
+    if mode == "auto" and not cost.prefers_shm(collective, base, nbytes, comm.size):
+        return None
+    from minipar.comm import shm
+
+    node = shm.node_of(comm, f"{collective} (algorithm {name}) on group {comm.name}")
+    if node is None and forced:
+        raise ValueError(
+            f"{name!r}: group {comm.name} cannot share memory (its ranks span nodes, or its "
+            "transport is not MPI)"
+        )
+    return node
+
+
+def _builtin(collective: str, name: str) -> bool:
+    from minipar.collectives import registry
+
+    return name in registry._BUILTIN.get(collective, ())
+
+
+def describe(comm) -> str:
+    """The transport line of the bench header and `minipar doctor` (collective: it may probe)."""
+    from minipar.comm import shm
+
+    try:
+        mode = requested()
+    except ValueError as error:
+        return str(error)
+    if mode == "mpi" or getattr(comm, "backend", None) != "mpi":
+        return f"{comm.backend} messages only ({ENV}={mode})"
+    if shm.node_of(comm) is None:
+        return f"mpi only: the group cannot share memory ({ENV}={mode})"
+    return f"shm + mpi ({ENV}={mode}): single-copy windows across the {comm.size} ranks"

@@ -1,0 +1,216 @@
+"""Single-copy shared memory: the ranks of a group on one node read each other's memory directly.
+
+MPI inside a node moves a message with two copies: the sender copies it into a shared bounce
+buffer, the receiver copies it out. Here every rank owns one segment of an MPI shared window
+(`MPI.Win.Allocate_shared` on the `Split_type(COMM_TYPE_SHARED)` communicator) and every rank
+maps every segment, so a rank writes its data once into its own segment and its peers reduce
+or copy straight out of it: one copy per byte and hop instead of two.
+
+    rank 0's segment  [ header | data ........ ]   written by rank 0 only
+    rank 1's segment  [ header | data ........ ]   written by rank 1 only; rank 0 reads it
+
+Synchronisation: each segment starts with a header of counters that only its owner writes
+(`READY`: my data up to block b is in place; `REDUCED`: my chunks up to block b are final;
+`DONE`: I have finished reading your segments for round k). A round goes in blocks of about
+BLOCK_BYTES, pipelined, so that what one rank has just written is still in the shared cache when
+its peer reads it (MPI's small bounce cells enjoy the same; a whole 32 MiB chunk would not).
+A waiting rank polls a peer's counter, spins
+briefly, then yields the core with `time.sleep` (at once when ranks outnumber cores), so it
+never holds the core the peer needs. Every wait is bounded by the group's timeout and names the
+collective, the peer and what it waited for. `MPI_Win_sync` orders the data before the counter
+(a memory barrier on weakly ordered CPUs; nearly free on x86).
+
+A `SharedNode` belongs to one group (`node_of(comm)`); calls on it run one at a time, in the
+order the caller issued them (a ticket taken in the caller's thread), so an async call on the
+progress thread and a blocking one on the main thread never share the segments at once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+
+from minipar.comm.base import _SPIN_SECONDS, wait_all
+from minipar.errors import CommTimeoutError, MismatchError
+
+HEADER = 4096  # bytes before the data: a page, so the data is page-aligned
+READY, REDUCED, DONE, CODE, NBYTES = range(5)  # header slots (int64 each)
+MAX_SEGMENT = int(os.environ.get("MINIPAR_SHM_BYTES", 64 << 20))  # data bytes per rank, at most
+BLOCK_BYTES = int(os.environ.get("MINIPAR_SHM_BLOCK", 1 << 20))  # a pipeline block, all chunks
+LAG = int(os.environ.get("MINIPAR_SHM_LAG", 8))  # blocks between publishing and reading them
+WAITS = ("publish its data", "finish reducing its chunk", "finish reading my segment")
+
+
+def _mpi():
+    from minipar.comm.mpi import _mpi as mpi
+
+    return mpi()
+
+
+def node_of(comm, what: str = "shared memory"):
+    """The SharedNode of `comm` when every rank of it shares this node, else None.
+
+    Collective over comm the first time (MPI_Comm_split_type): every rank must ask at the same
+    point, which `transport.route` guarantees (it decides from arguments all ranks share). A
+    barrier bounded by the timeout goes first, so a missing rank is a CommTimeoutError (opening
+    with `what`), not a hang inside the blocking split."""
+    cached = getattr(comm, "_shm_node", False)
+    if cached is not False:
+        return cached
+    node = None
+    if getattr(comm, "backend", None) == "mpi" and comm.size > 1:
+        MPI = _mpi()
+        context = f"{what}: probing whether group {comm.name} shares one node"
+        wait_all([comm._post_barrier()], comm.timeout, context)
+        local = comm.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+        everyone = comm.mpi.allreduce(int(local.Get_size() == comm.size), op=MPI.MIN)
+        if everyone:
+            node = SharedNode(comm, local)
+        else:
+            local.Free()
+    comm._shm_node = node
+    return node
+
+
+class SharedNode:
+    """The shared segments of one node-local group, their counters and the call order."""
+
+    def __init__(self, comm, local):
+        self.comm, self.mpi, self.rank, self.size = comm, local, comm.rank, comm.size
+        self.win, self.capacity, self.round = None, 0, 0
+        self.blocks = 0  # blocks finished in earlier rounds: READY and REDUCED count blocks
+        self.segments, self.headers = [], []
+        self._order = threading.Condition()
+        self._issued = self._turn = 0
+
+    # -- call order --------------------------------------------------------------------------
+    def ticket(self) -> int:
+        """Taken in the caller's thread when the call is made: its place in the queue."""
+        with self._order:
+            self._issued += 1
+            return self._issued - 1
+
+    def run(self, ticket: int, what: str, fn) -> None:
+        """Run fn() once every call issued before this one has finished on this rank."""
+        with self._order:
+            if not self._order.wait_for(lambda: self._turn == ticket, self.comm.timeout):
+                raise CommTimeoutError(
+                    f"{what}: timed out after {self.comm.timeout:g} s waiting for this rank's "
+                    f"earlier shared-memory call #{self._turn} to finish"
+                )
+        try:
+            fn()
+        finally:
+            with self._order:
+                self._turn += 1
+                self._order.notify_all()
+
+    # -- rounds --------------------------------------------------------------------------
+    def begin(self, nbytes: int, code: int, what) -> np.ndarray:
+        """Start a round that publishes nbytes: wait until every peer finished reading my
+        segment (the previous round), grow the window if needed; returns my data segment."""
+        self.round += 1
+        k = self.round
+        for q in self.peers():
+            self.wait(q, DONE, k - 1, what)
+        if nbytes > self.capacity or self.win is None:
+            self._grow(nbytes, what)
+        head = self.headers[self.rank]
+        head[CODE], head[NBYTES] = code, nbytes
+        return self.segments[self.rank]
+
+    def publish(self, slot: int, value: int | None = None) -> None:
+        """Set my counter `slot` (to this round, or to a block number): the data it stands for
+        (READY: published; REDUCED: my chunk final; DONE: I read what I needed) is in place."""
+        self.win.Sync()  # the data before the counter, on every CPU
+        self.headers[self.rank][slot] = self.round if value is None else value
+
+    def wait_all(self, slot: int, what, value: int | None = None) -> None:
+        for q in self.peers():
+            self.wait(q, slot, self.round if value is None else value, what)
+
+    def peers(self):
+        return (q for q in range(self.size) if q != self.rank)
+
+    def wait(self, q: int, slot: int, k: int, what) -> None:
+        """Until peer q's counter `slot` reaches round k, within the group's timeout."""
+        head = self.headers[q] if self.headers else None
+        if head is None or k <= 0:
+            return
+        if head[slot] < k:
+            self._poll(head, slot, k, q, what)
+        self.win.Sync()  # read the data only after seeing the counter
+        if slot == READY:
+            mine = self.headers[self.rank]
+            if head[CODE] != mine[CODE] or head[NBYTES] != mine[NBYTES]:
+                raise MismatchError(
+                    f"{what() if callable(what) else what}: rank {q} of group {self.comm.name} "
+                    f"published {int(head[NBYTES])} bytes for call code {int(head[CODE])}, this "
+                    f"rank {int(mine[NBYTES])} bytes for code {int(mine[CODE])}; every rank must "
+                    "make the same collective calls in the same order with matching sizes"
+                )
+
+    def _poll(self, head, slot, k, q, what) -> None:
+        start, timeout = time.monotonic(), self.comm.timeout
+        while head[slot] < k:
+            failure = getattr(self.comm, "_failure", None)  # the MPI watchdog saw a mismatch
+            if failure is not None:
+                raise MismatchError(failure)
+            elapsed = time.monotonic() - start
+            if elapsed > timeout:
+                where = what() if callable(what) else what
+                raise CommTimeoutError(
+                    f"{where}: timed out after {timeout:g} s waiting for rank {q} to "
+                    f"{WAITS[slot]} (shared-memory round {k}) on group {self.comm.name}"
+                )
+            if elapsed > _SPIN_SECONDS:  # yield: the peer may need this very core
+                time.sleep(0 if elapsed < 0.05 else 1e-4)
+
+    # -- the window ----------------------------------------------------------------------
+    def _grow(self, nbytes: int, what) -> None:
+        """A bigger window, collectively (all ranks reach the same round with the same size).
+        Everyone has finished the previous round (begin waited for DONE), so freeing is safe."""
+        MPI = _mpi()
+        size = max(nbytes, min(MAX_SEGMENT, 2 * self.capacity), 1 << 16)
+        size = -(-size // 4096) * 4096
+        if self.win is not None:
+            self.win.Unlock_all()
+            self.win.Free()
+        self.win = MPI.Win.Allocate_shared(HEADER + size, 1, comm=self.mpi)
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        self.capacity = size
+        raw = []
+        for q in range(self.size):
+            buf, _ = self.win.Shared_query(q)
+            raw.append(np.frombuffer(buf, dtype=np.uint8, count=HEADER + size))
+        self.headers = [r[:HEADER].view(np.int64) for r in raw]
+        self.segments = [r[HEADER:] for r in raw]
+        mine = self.headers[self.rank]
+        mine[:] = 0
+        mine[READY] = mine[REDUCED] = self.blocks  # no block of this round is in place
+        mine[DONE] = self.round - 1
+        self.win.Sync()
+        request = self.mpi.Ibarrier()  # nobody reads a header before its owner set it
+        start = time.monotonic()
+        while not request.Test():
+            if time.monotonic() - start > self.comm.timeout:
+                raise CommTimeoutError(
+                    f"{what() if callable(what) else what}: timed out after "
+                    f"{self.comm.timeout:g} s waiting for the other ranks to map a "
+                    f"{size}-byte shared window on group {self.comm.name}"
+                )
+            time.sleep(0)
+        self.win.Sync()
+
+
+def describe(comm) -> str:
+    """What this group's windows are, in a line."""
+    node = getattr(comm, "_shm_node", False)
+    if node is False:
+        return "shared memory: not probed yet"
+    if node is None:
+        return "shared memory: unavailable (the group spans nodes, or is not MPI)"
+    return f"shared memory: single-copy windows across all {comm.size} ranks of {comm.name}"
