@@ -3,7 +3,8 @@
 Every buffer crosses as raw bytes (`MPI.BYTE`), so every dtype works, bfloat16 and float16
 included, and the receiver checks that exactly as many bytes arrived as its buffer holds.
 CUDA tensors go straight to MPI when it is CUDA-aware, else through pinned host buffers
-(see comm/cuda.py).
+(see comm/cuda.py), chunk by chunk with the copies overlapped for messages larger than one
+chunk (see comm/staging.py and comm/mpi_staged.py).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import time
 
 import numpy as np
 
-from minipar import buffers
-from minipar.comm import cuda
+from minipar import buffers, ledger
+from minipar.comm import cuda, staging
 from minipar.comm.base import Communicator, NonMember, Request, check_ranks, wait_all
 from minipar.errors import MessageSizeError
 
@@ -77,7 +78,7 @@ class MPIRequest(Request):
         if self._staged is not None:
             if self._target is not None:  # a staged receive: host -> device
                 buffers.byte_view(self._target).copy_(self._staged)
-            self.comm._pool.give(self._staged)
+            self.comm._pinned().give(self._staged)
             self._staged = None
 
 
@@ -121,6 +122,21 @@ class MPICommunicator(Communicator):
         super().__init__(mpi_comm.Get_rank(), mpi_comm.Get_size(), name, timeout, global_ranks)
         self.mpi = mpi_comm
         self._pool = None
+        self._chunk = staging.chunk_bytes()  # the same on every rank: both ends cut alike
+        self._stage_host = staging.stage_host()  # tests: CPU tensors take the chunked path
+
+    def _pinned(self) -> cuda.PinnedPool:
+        if self._pool is None:
+            self._pool = cuda.PinnedPool()
+        return self._pool
+
+    def _pipelined(self, buf) -> bool:
+        """Whether buf crosses in chunks with overlapped copies (comm/staging.py)."""
+        if isinstance(buf, np.ndarray) or not (buffers.is_cuda(buf) or self._stage_host):
+            return False
+        if buffers.is_cuda(buf) and cuda.mpi_cuda_aware()[0]:
+            return False
+        return len(staging.bounds(buffers.nbytes(buf), self._chunk)) > 1
 
     def _wire(self, buf, outgoing: bool):
         """(what MPI reads or writes, staged host copy or None)."""
@@ -130,27 +146,40 @@ class MPICommunicator(Communicator):
             return buffers.as_bytes(buf), None
         cuda.synchronize(buf)
         raw = buffers.byte_view(buf)
-        if cuda.mpi_cuda_aware()[0]:
+        aware = cuda.mpi_cuda_aware()[0]
+        ledger.note_path(self, "send" if outgoing else "recv", -1, raw.numel(),
+                         "direct" if aware else "staged")  # fmt: skip
+        if aware:
             return raw, None
-        if self._pool is None:
-            self._pool = cuda.PinnedPool()
-        staged = self._pool.take(raw.numel())
+        staged = self._pinned().take(raw.numel())
         if outgoing:
             staged.copy_(raw)
         return staged.numpy(), staged
 
     def _post_send(self, buf, dst, tag) -> Request:
+        if self._pipelined(buf):
+            from minipar.comm.mpi_staged import PipelinedSend
+
+            return PipelinedSend(self, buf, dst, tag)
         wire, staged = self._wire(buf, outgoing=True)
         req = self.mpi.Isend([wire, _mpi().BYTE], dst, tag)
         return MPIRequest(self, "send", dst, tag, buffers.nbytes(buf), req, wire, staged)
 
     def _post_recv(self, buf, src, tag) -> Request:
+        if self._pipelined(buf):
+            from minipar.comm.mpi_staged import PipelinedRecv
+
+            return PipelinedRecv(self, buf, src, tag)
         wire, staged = self._wire(buf, outgoing=False)
         req = self.mpi.Irecv([wire, _mpi().BYTE], src, tag)
         target = buf if staged is not None else None
         return MPIRequest(self, "recv", src, tag, buffers.nbytes(buf), req, wire, staged, target)
 
     def _post_recv_any(self, buf, tag) -> Request:
+        if self._pipelined(buf):
+            from minipar.comm.mpi_staged import PipelinedRecv
+
+            return PipelinedRecv(self, buf, None, tag)
         wire, staged = self._wire(buf, outgoing=False)
         req = self.mpi.Irecv([wire, _mpi().BYTE], _mpi().ANY_SOURCE, tag)
         target = buf if staged is not None else None

@@ -87,18 +87,21 @@ def run(name, algorithm, x, p, r, n, cpu):
     return torch.cat(outs) if r == 0 else x
 
 
+COLLECTIVES = [
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "scatter",
+    "gather",
+]
+
+
 def cases(size):
     table = {f"ping_pong_{str(d)[6:]}": ping_pong(d) for d in DTYPES}
-    for name in [
-        "all_reduce",
-        "broadcast",
-        "reduce",
-        "all_gather",
-        "reduce_scatter",
-        "all_to_all",
-        "scatter",
-        "gather",
-    ]:
+    for name in COLLECTIVES:
         for algorithm in minipar.algorithms(name):
             for dtype in (torch.float32, torch.bfloat16, torch.int64):
                 table[f"{name}.{algorithm}.{str(dtype)[6:]}"] = collective(name, algorithm, dtype)
