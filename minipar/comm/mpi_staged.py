@@ -32,6 +32,7 @@ class PipelinedSend(Request):
         copier = staging.Copier(buf)
         data = self._host[HEADER:]
         self._copies = [copier.copy(data[a:b], raw[a:b]) for a, b in self._pieces]
+        self._raw = raw  # the copies still read it: keep it alive until they are done
         self._parts: list = []  # the chunk sends posted so far
         self._open: list = []  # those not yet complete
         ledger.note_path(comm, "send", dst, nbytes, "staged-pipelined")

@@ -63,7 +63,10 @@ def _name(level: int) -> str:
 def main() -> None:
     start = time.perf_counter()
     comm = minipar.init()
+    from minipar import devices
+
     ok = {"ring": ring_ok(comm), "all_reduce": all_reduce_ok(comm)}
+    ok["local_rank"], ok["local_rank_from"] = devices.local_rank(), devices._chosen.source
     everyone = comm.allgather_object(ok)
     if comm.rank == 0:
         facts = library_facts()
@@ -72,6 +75,8 @@ def main() -> None:
             ring_ok=all(r["ring"] for r in everyone),
             all_reduce_ok=all(r["all_reduce"] for r in everyone),
             seconds=round(time.perf_counter() - start, 3),
+            local_ranks=[r["local_rank"] for r in everyone],
+            local_rank_from=everyone[0]["local_rank_from"],
         )
         print(PREFIX + json.dumps(facts), flush=True)
     comm.barrier()

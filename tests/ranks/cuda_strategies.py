@@ -74,8 +74,10 @@ def check_steps(wrapper_cls, what, **kwargs):
         got = [p.detach() for p in _full_params(wrapped, model)]
         for i, (a, b) in enumerate(zip(got, want[step])):
             assert a.device == dev(), f"{what}: parameter {i} on {a.device}, not {dev()}"
-            torch.testing.assert_close(a, b, rtol=rtol(), atol=1e-6,
-                                       msg=lambda m, i=i: f"{what} step {step} param {i}: {m}")  # fmt: skip
+            where = f"{what} step {step} param {i}"
+            torch.testing.assert_close(
+                a, b, rtol=rtol(), atol=1e-6, msg=lambda m, w=where: f"{w}: {m}"
+            )
 
 
 def _full_params(wrapped, model):
@@ -157,8 +159,9 @@ def pipeline_parallel():
         for (name, q), r in zip(model.named_parameters(), reference.parameters()):
             if q.grad is not None:
                 assert q.grad.device == dev()
+                where = f"PP {schedule} {name}"
                 torch.testing.assert_close(q.grad, r.grad, rtol=rtol(), atol=1e-6,
-                                           msg=lambda m, n=name: f"PP {schedule} {n}: {m}")  # fmt: skip
+                                           msg=lambda m, w=where: f"{w}: {m}")  # fmt: skip
 
 
 def cases(size):
