@@ -42,7 +42,7 @@ def exercise_impl(request):
 
 
 def pytest_collection_modifyitems(config, items):
-    gpu = [item for item in items if "gpu" in item.keywords]
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu:
         return
     why = _no_cuda_reason()
