@@ -78,7 +78,7 @@ class MPIRequest(Request):
         if self._staged is not None:
             if self._target is not None:  # a staged receive: host -> device
                 buffers.byte_view(self._target).copy_(self._staged)
-            self.comm._pinned().give(self._staged)
+            self.comm._pool.give(self._staged)
             self._staged = None
 
 
@@ -131,10 +131,10 @@ class MPICommunicator(Communicator):
         return self._pool
 
     def _pipelined(self, buf) -> bool:
-        """Whether buf crosses in chunks with overlapped copies (comm/staging.py)."""
-        if isinstance(buf, np.ndarray) or not (buffers.is_cuda(buf) or self._stage_host):
-            return False
-        if buffers.is_cuda(buf) and cuda.mpi_cuda_aware()[0]:
+        """Whether a torch tensor on a GPU (or any, under MINIPAR_STAGE_HOST) crosses in chunks
+        with overlapped copies (comm/staging.py). Callers test the cheap part first, so numpy
+        arrays and CPU tensors pay one isinstance and one attribute read."""
+        if buf.is_cuda and cuda.mpi_cuda_aware()[0]:
             return False
         return len(staging.bounds(buffers.nbytes(buf), self._chunk)) > 1
 
@@ -157,7 +157,11 @@ class MPICommunicator(Communicator):
         return staged.numpy(), staged
 
     def _post_send(self, buf, dst, tag) -> Request:
-        if self._pipelined(buf):
+        if (
+            not isinstance(buf, np.ndarray)
+            and (buf.is_cuda or self._stage_host)
+            and self._pipelined(buf)
+        ):
             from minipar.comm.mpi_staged import PipelinedSend
 
             return PipelinedSend(self, buf, dst, tag)
@@ -166,7 +170,11 @@ class MPICommunicator(Communicator):
         return MPIRequest(self, "send", dst, tag, buffers.nbytes(buf), req, wire, staged)
 
     def _post_recv(self, buf, src, tag) -> Request:
-        if self._pipelined(buf):
+        if (
+            not isinstance(buf, np.ndarray)
+            and (buf.is_cuda or self._stage_host)
+            and self._pipelined(buf)
+        ):
             from minipar.comm.mpi_staged import PipelinedRecv
 
             return PipelinedRecv(self, buf, src, tag)
@@ -176,7 +184,11 @@ class MPICommunicator(Communicator):
         return MPIRequest(self, "recv", src, tag, buffers.nbytes(buf), req, wire, staged, target)
 
     def _post_recv_any(self, buf, tag) -> Request:
-        if self._pipelined(buf):
+        if (
+            not isinstance(buf, np.ndarray)
+            and (buf.is_cuda or self._stage_host)
+            and self._pipelined(buf)
+        ):
             from minipar.comm.mpi_staged import PipelinedRecv
 
             return PipelinedRecv(self, buf, None, tag)
