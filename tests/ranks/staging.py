@@ -85,6 +85,20 @@ def size_header():
     minipar.barrier()
 
 
+def one_end_chunked():
+    """A chunked send into a plain receive: the receiver sees a message of the wrong size."""
+    w = minipar.init()
+    if w.size < 2:
+        return
+    if w.rank == 0:
+        with chunked(w):
+            w.send(torch.ones(3 * CHUNK // 4), 1, tag=78)
+    elif w.rank == 1:
+        with pytest.raises(MessageSizeError, match="expected 3072 bytes"):
+            w.recv(torch.zeros(3 * CHUNK // 4), 0, tag=78)
+    minipar.barrier()
+
+
 def cpu_path_untouched():
     """Without the switch, CPU tensors and numpy arrays cross as one message each ('host')."""
     w = minipar.init()
@@ -108,6 +122,7 @@ def cases(size):
     table = {
         "any_source": any_source,
         "size_header": size_header,
+        "one_end_chunked": one_end_chunked,
         "cpu_path_untouched": cpu_path_untouched,
         "device_on_cpu": device_on_cpu,
     }
