@@ -1,9 +1,11 @@
 """The MPI transport's requests for a pipelined staged message (see comm/staging.py): one
 logical send or receive made of k chunk messages, each a plain MPIRequest with its size check.
 
-The first chunk carries an 8-byte header, the whole message's size: chunk sizes alone cannot
-tell a 2-chunk receive from the first two chunks of a 3-chunk send, the header can (and a plain,
-unchunked receive on the other end sees a message too large for it, so it fails too)."""
+An 8-byte header message, the whole message's size, goes first: chunk sizes alone cannot tell a
+2-chunk receive from the first two chunks of a 3-chunk send, the header can (and a plain,
+unchunked receive on the other end gets 8 bytes where it expected more, so it fails too). It is
+its own message rather than a prefix of chunk 0, so that the pinned buffer holds exactly the
+data (the pool rounds sizes up to a power of two: n + 8 bytes would take a block of 2n)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,6 @@ from minipar.comm.base import Request
 from minipar.comm.mpi import MPIAnySourceRequest, MPIRequest, _mpi
 from minipar.errors import MessageSizeError
 
-HEADER = 8  # bytes: the message's total size, as int64, before the first chunk's data
-
 
 class PipelinedSend(Request):
     """Chunk i goes to MPI as soon as its device -> host copy has finished."""
@@ -27,19 +27,20 @@ class PipelinedSend(Request):
         raw = buffers.byte_view(buf)
         self._pinned = buffers.is_cuda(buf)  # else a CPU tensor under MINIPAR_STAGE_HOST
         self._host = _host_buffer(comm, raw, self._pinned)
-        self._host[:HEADER].numpy().view(np.int64)[0] = nbytes
         self._pieces = staging.bounds(nbytes, comm._chunk)
         copier = staging.Copier(buf)
-        data = self._host[HEADER:]
-        self._copies = [copier.copy(data[a:b], raw[a:b]) for a, b in self._pieces]
+        self._copies = [copier.copy(self._host[a:b], raw[a:b]) for a, b in self._pieces]
         self._raw = raw  # the copies still read it: keep it alive until they are done
+        header = np.array([nbytes], dtype=np.int64)
+        req = comm.mpi.Isend([header, _mpi().BYTE], dst, tag)
+        self._open = [MPIRequest(comm, "send", dst, tag, 8, req, header)]  # not yet complete
         self._parts: list = []  # the chunk sends posted so far
-        self._open: list = []  # those not yet complete
         ledger.note_path(comm, "send", dst, nbytes, "staged-pipelined")
 
     def _poll(self) -> bool:
         while len(self._parts) < len(self._pieces) and self._copies[len(self._parts)].ready():
-            wire = _wire(self._host, self._pieces, len(self._parts))
+            a, b = self._pieces[len(self._parts)]
+            wire = self._host[a:b].numpy()
             req = self.comm.mpi.Isend([wire, _mpi().BYTE], self.peer, self.tag)
             part = MPIRequest(self.comm, "send", self.peer, self.tag, wire.size, req, wire)
             self._parts.append(part)
@@ -65,45 +66,43 @@ class PipelinedRecv(Request):
         self._pinned = cuda
         self._pieces = staging.bounds(nbytes, comm._chunk)
         self._copier = staging.Copier(buf)
-        self._parts = [None] * len(self._pieces)
+        self._parts: list = []
         self._copies: list = []
-        self._any = src is None
-        self._post(0, src)
-        if src is not None:
-            for i in range(1, len(self._pieces)):
-                self._post(i, src)
+        self._header = np.zeros(1, dtype=np.int64)
+        self._header_req = self._post(self._header, src)
+        self._header_done = False
+        if src is not None:  # else: once the header says who sends
+            self._post_chunks(src)
         ledger.note_path(comm, "recv", self.peer, nbytes, "staged-pipelined")
 
-    def _post(self, i: int, src) -> None:
-        wire = _wire(self._host, self._pieces, i)
+    def _post(self, wire, src):
         MPI = _mpi()
         peer = MPI.ANY_SOURCE if src is None else src
         req = self.comm.mpi.Irecv([wire, MPI.BYTE], peer, self.tag)
         kind = MPIAnySourceRequest if src is None else MPIRequest
-        self._parts[i] = kind(self.comm, "recv", -1 if src is None else src, self.tag, wire.size,
-                              req, wire)  # fmt: skip
+        return kind(self.comm, "recv", -1 if src is None else src, self.tag, wire.nbytes, req, wire)
+
+    def _post_chunks(self, src: int) -> None:
+        self._parts = [self._post(self._host[a:b].numpy(), src) for a, b in self._pieces]
 
     def _poll(self) -> bool:
-        for i, part in enumerate(self._parts):
-            if part is None or i < len(self._copies):
-                continue  # not posted yet, or landed and its copy queued
-            if i != len(self._copies) or not part._poll():
-                break  # MPI delivers one sender's chunks in order
-            a, b = self._pieces[i]
-            if i == 0:
-                self._check_header(part.peer)
-            data = self._host[HEADER:]
-            self._copies.append(self._copier.copy(self._raw[a:b], data[a:b]))
-            if i == 0 and self._any:  # the sender is known now: the rest come from it
-                self.peer = part.peer
-                for j in range(1, len(self._pieces)):
-                    self._post(j, self.peer)
-        if len(self._copies) < len(self._pieces):
-            return False
+        if not self._header_done:
+            if not self._header_req._poll():
+                return False
+            self._header_done = True
+            self.peer = self._header_req.peer
+            self._check_header(self.peer)
+            if not self._parts:
+                self._post_chunks(self.peer)
+        while len(self._copies) < len(self._parts):  # MPI delivers one sender's chunks in order
+            if not self._parts[len(self._copies)]._poll():
+                return False
+            a, b = self._pieces[len(self._copies)]
+            self._copies.append(self._copier.copy(self._raw[a:b], self._host[a:b]))
         return all(c.ready() for c in self._copies)
 
     def _check_header(self, sender: int) -> None:
-        sent = int(self._host[:HEADER].numpy().view(np.int64)[0])
+        sent = int(self._header[0])
         if sent != self.nbytes:
             raise MessageSizeError(
                 f"rank {self.comm.rank} of group {self.comm.name} expected {self.nbytes} bytes "
@@ -112,9 +111,8 @@ class PipelinedRecv(Request):
             )
 
     def _cancel(self) -> None:
-        for part in self._parts:
-            if part is not None:
-                part._cancel()
+        for part in [self._header_req, *self._parts]:
+            part._cancel()
 
     def _finish(self) -> None:
         if self._pinned:
@@ -122,12 +120,6 @@ class PipelinedRecv(Request):
 
 
 def _host_buffer(comm, raw, pinned: bool):
-    """Header + data bytes: pinned (reused) for a CUDA buffer, plain for a CPU test tensor."""
-    n = HEADER + raw.numel()
+    """The data's bytes on the host: pinned (reused) for a CUDA buffer, plain for a CPU tensor."""
+    n = raw.numel()
     return comm._pinned().take(n) if pinned else raw.new_empty(n, device="cpu")
-
-
-def _wire(host, pieces, i: int):
-    """The bytes of chunk i as MPI sees them (chunk 0 with the header in front)."""
-    a, b = pieces[i]
-    return host[(0 if i == 0 else HEADER + a) : HEADER + b].numpy()
