@@ -23,6 +23,8 @@ _LAZY = {
     "get_world_size": "minipar.runtime",
     "get_backend": "minipar.runtime",
     "new_group": "minipar.runtime",
+    "device": "minipar.devices",
+    "local_rank": "minipar.devices",
     # collectives
     "broadcast": "minipar.collectives.api",
     "all_reduce": "minipar.collectives.api",

@@ -153,11 +153,54 @@ def smoke_checks(ranks: int = 2, timeout: float = 60) -> list[Check]:
         if facts.get("shm_used"):
             note = "an all-reduce over the shared windows agreed; " + note
         checks.append(Check("transport", facts["transport"], "ok" if good else "fail", note))
+    checks += device_checks(facts)
     if ranks > 1:
         what = f"ring shift + all-reduce in {facts['seconds']:.2f} s"
         checks.append(Check(f"{ranks}-rank smoke job", "passed" if agreed else "wrong results",
                             "ok" if agreed else "fail", what))  # fmt: skip
     return checks
+
+
+def device_checks(facts: dict) -> list[Check]:
+    """Which device each smoke-job rank would compute on (minipar.device()), and whether ranks
+    share a GPU (allowed: they take turns on it; NCCL would refuse, minipar does not)."""
+    if "local_ranks" not in facts:
+        return []
+    from minipar import devices
+
+    torch = sys.modules.get("torch")
+    gpus = torch.cuda.device_count() if torch is not None and torch.cuda.is_available() else 0
+    local = facts["local_ranks"]
+    where = ["cpu" if gpus == 0 else f"cuda:{devices.pick_index(lr, gpus)}" for lr in local]
+    value = ", ".join(f"rank {r} -> {d}" for r, d in enumerate(where))
+    note = f"local rank from {facts['local_rank_from']}"
+    shared = max((where.count(d) for d in set(where)), default=0)
+    if gpus and shared > 1:
+        note += (f"; {shared} ranks share a GPU (allowed: they take turns on it; "
+                 "torch.distributed's NCCL would refuse, use gloo as the reference)")  # fmt: skip
+    return [Check("rank devices", value, note=note)]
+
+
+def path_checks(checks: list[Check]) -> list[Check]:
+    """How CUDA tensors will cross MPI: direct, or staged (pipelined above one chunk)."""
+    aware = next((c for c in checks if c.name == "CUDA-aware MPI"), None)
+    if aware is None:
+        return []
+    from minipar.comm import staging
+
+    if aware.value == "yes":
+        return [Check("CUDA tensor path", "direct", note="device buffers go straight to MPI, "
+                      "after the current stream is synchronised")]  # fmt: skip
+    try:
+        chunk = staging.chunk_bytes()
+    except ValueError as error:
+        return [Check("CUDA tensor path", "bad MINIPAR_STAGE_CHUNK", "fail", str(error))]
+    if chunk == 0:
+        return [Check("CUDA tensor path", "staged", note="one pinned-host copy each way "
+                      "(MINIPAR_STAGE_CHUNK=0: pipelining off)")]  # fmt: skip
+    return [Check("CUDA tensor path", f"staged, pipelined above {chunk >> 10} KiB",
+                  note="pinned host buffers; large messages cross in chunks with the copies "
+                  "overlapped (MINIPAR_STAGE_CHUNK sets the chunk)")]  # fmt: skip
 
 
 def collect(smoke: bool = True, timeout: float = 60) -> dict:
@@ -167,6 +210,7 @@ def collect(smoke: bool = True, timeout: float = 60) -> dict:
     checks += torch_checks() + machine_checks()
     if mpi_ok:
         checks += smoke_checks(2 if smoke else 1, timeout)
+    checks += path_checks(checks)
     cuda = next((c for c in checks if c.name == "CUDA devices"), None)
     aware = next((c for c in checks if c.name == "CUDA-aware MPI"), None)
     if cuda and aware and cuda.value != "none" and aware.value == "no":

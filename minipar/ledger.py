@@ -15,6 +15,7 @@ algorithm that computes the right answer the wrong way (too many bytes, extra ro
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 
 
@@ -29,6 +30,9 @@ class Message:
     kind: str  # "send" or "recv"
     peer: int  # the other rank, in the group's numbering
     nbytes: int
+    # how the bytes crossed: "host" (CPU memory), or for a CUDA buffer on MPI "direct"
+    # (CUDA-aware), "staged" (one pinned-host copy each way) or "staged-pipelined" (chunked)
+    path: str = "host"
 
 
 @dataclass
@@ -72,6 +76,26 @@ class Trace:
         call = self._open.get((message.group, message.seq))
         if call is not None:
             call.messages.append(message)
+
+    def _set_path(self, group: str, kind: str, peer: int, nbytes: int, path: str) -> None:
+        for i in range(len(self.messages) - 1, max(len(self.messages) - 64, 0) - 1, -1):
+            m = self.messages[i]
+            same = (m.group, m.kind, m.nbytes, m.path) == (group, kind, nbytes, "host")
+            if same and (m.peer == peer or peer == -1):
+                self.messages[i] = dataclasses.replace(m, path=path)
+                call = self._open.get((m.group, m.seq))
+                if call is not None:
+                    at = next((j for j, c in enumerate(call.messages) if c is m), None)
+                    if at is not None:
+                        call.messages[at] = self.messages[i]
+                return
+
+    def paths(self) -> dict:
+        """{path: number of messages}: how this rank's messages crossed (see Message.path)."""
+        counts: dict = {}
+        for m in self.messages:
+            counts[m.path] = counts.get(m.path, 0) + 1
+        return counts
 
     def _select(self, collective):
         return [m for m in self.messages if collective in (None, m.collective)]
@@ -128,6 +152,13 @@ def record(comm, collective, algorithm, seq, step, kind, peer, nbytes) -> None:
         )
         for ledger in _active:
             ledger._add(message)
+
+
+def note_path(comm, kind: str, peer: int, nbytes: int, path: str) -> None:
+    """The transport says how a message it was just given crosses: set `path` on the latest
+    matching message of each open ledger (recorded a moment ago, by the same thread)."""
+    for ledger in _active:
+        ledger._set_path(comm.name, kind, peer, nbytes, path)
 
 
 @contextlib.contextmanager

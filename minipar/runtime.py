@@ -87,6 +87,9 @@ def init(backend: str = "auto", timeout: float | None = None, debug: bool | None
         if not torch_comm._dist().is_initialized():
             torch_comm.init_from_env(timeout=seconds)
         _state.world = torch_comm.TorchCommunicator(None, "world", seconds)
+    from minipar import devices
+
+    devices.remember(_state.world)  # the local rank; the GPU too if torch is imported already
     _install_excepthook()
     return _state.world
 
@@ -213,6 +216,9 @@ def finalize() -> None:
         from minipar.comm import watchdog
 
         watchdog.shutdown()
+    from minipar import devices
+
+    devices.forget()
     _state.world = None
 
 

@@ -36,6 +36,7 @@ def ranks_suite(name: str) -> str:
 def pytest_configure(config):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     config.addinivalue_line("markers", "slow: long-running (extended runs only)")
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped, with why, without)")
 
 
 # -- the exercises' grader: which tree the exercise tests import (tests/test_exercises.py) ------
@@ -58,3 +59,26 @@ def exercise_impl(request):
     folder = str(exercises.tree(request.config.getoption("--impl")))
     os.environ["MINIPAR_EXERCISES_IMPL"] = folder
     return folder
+
+
+# -- GPU tests: `pytest -m gpu` selects them; without a CUDA device they skip, saying why -----
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu:
+        return
+    why = _no_cuda_reason()
+    if why:
+        for item in gpu:
+            item.add_marker(pytest.mark.skip(reason=why))
+
+
+def _no_cuda_reason() -> str:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return f"no CUDA device (torch {torch.__version__}, CUDA build: {torch.version.cuda})"
+    return ""

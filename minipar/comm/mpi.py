@@ -3,7 +3,8 @@
 Every buffer crosses as raw bytes (`MPI.BYTE`), so every dtype works, bfloat16 and float16
 included, and the receiver checks that exactly as many bytes arrived as its buffer holds.
 CUDA tensors go straight to MPI when it is CUDA-aware, else through pinned host buffers
-(see comm/cuda.py).
+(see comm/cuda.py), chunk by chunk with the copies overlapped for messages larger than one
+chunk (see comm/staging.py and comm/mpi_staged.py).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import time
 
 import numpy as np
 
-from minipar import buffers
-from minipar.comm import cuda, watchdog
+from minipar import buffers, ledger
+from minipar.comm import cuda, staging, watchdog
 from minipar.comm.base import Communicator, NonMember, Request, check_ranks, wait_all
 from minipar.errors import MessageSizeError
 
@@ -125,6 +126,21 @@ class MPICommunicator(Communicator):
         self._asked: set = set()  # (peer, seq) the watchdog already sent a notice about
         self._notices: list = []  # the watchdog's notices in flight, kept alive
         watchdog.watch(self)  # finds ranks that disagree about a call (comm/watchdog.py)
+        self._chunk = staging.chunk_bytes()  # the same on every rank: both ends cut alike
+        self._stage_host = staging.stage_host()  # tests: CPU tensors take the chunked path
+
+    def _pinned(self) -> cuda.PinnedPool:
+        if self._pool is None:
+            self._pool = cuda.PinnedPool()
+        return self._pool
+
+    def _pipelined(self, buf) -> bool:
+        """Whether a torch tensor on a GPU (or any, under MINIPAR_STAGE_HOST) crosses in chunks
+        with overlapped copies (comm/staging.py). Callers test the cheap part first, so numpy
+        arrays and CPU tensors pay one isinstance and one attribute read."""
+        if buf.is_cuda and cuda.mpi_cuda_aware()[0]:
+            return False
+        return len(staging.bounds(buffers.nbytes(buf), self._chunk)) > 1
 
     def _wire(self, buf, outgoing: bool):
         """(what MPI reads or writes, staged host copy or None)."""
@@ -134,27 +150,52 @@ class MPICommunicator(Communicator):
             return buffers.as_bytes(buf), None
         cuda.synchronize(buf)
         raw = buffers.byte_view(buf)
-        if cuda.mpi_cuda_aware()[0]:
+        aware = cuda.mpi_cuda_aware()[0]
+        ledger.note_path(self, "send" if outgoing else "recv", -1, raw.numel(),
+                         "direct" if aware else "staged")  # fmt: skip
+        if aware:
             return raw, None
-        if self._pool is None:
-            self._pool = cuda.PinnedPool()
-        staged = self._pool.take(raw.numel())
+        staged = self._pinned().take(raw.numel())
         if outgoing:
             staged.copy_(raw)
         return staged.numpy(), staged
 
     def _post_send(self, buf, dst, tag) -> Request:
+        if (
+            not isinstance(buf, np.ndarray)
+            and (buf.is_cuda or self._stage_host)
+            and self._pipelined(buf)
+        ):
+            from minipar.comm.mpi_staged import PipelinedSend
+
+            return PipelinedSend(self, buf, dst, tag)
         wire, staged = self._wire(buf, outgoing=True)
         req = self.mpi.Isend([wire, _mpi().BYTE], dst, tag)
         return MPIRequest(self, "send", dst, tag, buffers.nbytes(buf), req, wire, staged)
 
     def _post_recv(self, buf, src, tag) -> Request:
+        if (
+            not isinstance(buf, np.ndarray)
+            and (buf.is_cuda or self._stage_host)
+            and self._pipelined(buf)
+        ):
+            from minipar.comm.mpi_staged import PipelinedRecv
+
+            return PipelinedRecv(self, buf, src, tag)
         wire, staged = self._wire(buf, outgoing=False)
         req = self.mpi.Irecv([wire, _mpi().BYTE], src, tag)
         target = buf if staged is not None else None
         return MPIRequest(self, "recv", src, tag, buffers.nbytes(buf), req, wire, staged, target)
 
     def _post_recv_any(self, buf, tag) -> Request:
+        if (
+            not isinstance(buf, np.ndarray)
+            and (buf.is_cuda or self._stage_host)
+            and self._pipelined(buf)
+        ):
+            from minipar.comm.mpi_staged import PipelinedRecv
+
+            return PipelinedRecv(self, buf, None, tag)
         wire, staged = self._wire(buf, outgoing=False)
         req = self.mpi.Irecv([wire, _mpi().BYTE], _mpi().ANY_SOURCE, tag)
         target = buf if staged is not None else None

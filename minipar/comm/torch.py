@@ -294,10 +294,12 @@ def init_from_env(backend: str | None = None, timeout: float = 300.0) -> None:
     import torch
 
     dist = _dist()
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend is None:  # NCCL needs a GPU per rank; ranks sharing one GPU use gloo
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        backend = "nccl" if dist.is_nccl_available() and gpus >= local_ranks > 0 else "gloo"
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % max(gpus, 1))
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
 
 

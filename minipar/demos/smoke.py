@@ -78,6 +78,9 @@ def main() -> None:
     comm = minipar.init()
     ok = {"ring": ring_ok(comm), "all_reduce": all_reduce_ok(comm), "shm": shm_ok(comm)}
     where = transport.describe(comm)  # collective: every rank asks
+    from minipar import devices
+
+    ok["local_rank"], ok["local_rank_from"] = devices.local_rank(), devices._chosen.source
     everyone = comm.allgather_object(ok)
     if comm.rank == 0:
         facts = library_facts()
@@ -89,6 +92,8 @@ def main() -> None:
             shm_used=all(r["shm"] for r in everyone),
             transport=where,
             seconds=round(time.perf_counter() - start, 3),
+            local_ranks=[r["local_rank"] for r in everyone],
+            local_rank_from=everyone[0]["local_rank_from"],
         )
         print(PREFIX + json.dumps(facts), flush=True)
     comm.barrier()

@@ -1,9 +1,11 @@
 """CUDA tensors through minipar (run by tests/test_cuda.py and scripts/gpu_check.sh on a GPU).
 
-Every rank uses GPU `rank % device_count`. Each case runs a collective on CUDA tensors and on CPU
-copies of the same inputs and requires identical results (integer-valued inputs, exact in any
-order), and checks the MPI transport's CUDA path: direct when the MPI is CUDA-aware, staged
-through pinned host memory otherwise (MINIPAR_CUDA_AWARE=0 forces staging)."""
+Every rank uses minipar.device() (its local rank modulo the GPUs; the CPU in
+`scripts/gpu_check.sh --cpu-dry-run`, which proves the driver, not the GPU path). Each case runs
+a collective on CUDA tensors and on CPU copies of the same inputs and requires identical
+results (integer-valued inputs, exact in any order), and checks the MPI transport's CUDA path:
+direct when the MPI is CUDA-aware, staged through pinned host memory otherwise
+(MINIPAR_CUDA_AWARE=0 forces staging)."""
 
 import numpy as np
 import torch
@@ -14,7 +16,8 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64
 
 
 def device():
-    return torch.device("cuda", minipar.get_rank() % torch.cuda.device_count())
+    minipar.init()
+    return minipar.device()
 
 
 def ints(rank, n, dtype, salt=0):
@@ -49,7 +52,7 @@ def collective(name, algorithm, dtype):
         run(name, algorithm, ints(r, p * n, dtype), p, r, n, cpu=True)
         on_gpu = run(name, algorithm, ints(r, p * n, dtype).to(device()), p, r, n, cpu=False)
         on_cpu = run(name, algorithm, ints(r, p * n, dtype), p, r, n, cpu=True)
-        assert on_gpu.is_cuda or name == "reduce" and r != 0
+        assert on_gpu.device == device() or name == "reduce" and r != 0
         assert torch.equal(on_gpu.cpu(), on_cpu), f"{name}/{algorithm} {dtype}: GPU != CPU"
 
     return case
@@ -87,18 +90,21 @@ def run(name, algorithm, x, p, r, n, cpu):
     return torch.cat(outs) if r == 0 else x
 
 
+COLLECTIVES = [
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "scatter",
+    "gather",
+]
+
+
 def cases(size):
     table = {f"ping_pong_{str(d)[6:]}": ping_pong(d) for d in DTYPES}
-    for name in [
-        "all_reduce",
-        "broadcast",
-        "reduce",
-        "all_gather",
-        "reduce_scatter",
-        "all_to_all",
-        "scatter",
-        "gather",
-    ]:
+    for name in COLLECTIVES:
         for algorithm in minipar.algorithms(name):
             for dtype in (torch.float32, torch.bfloat16, torch.int64):
                 table[f"{name}.{algorithm}.{str(dtype)[6:]}"] = collective(name, algorithm, dtype)
