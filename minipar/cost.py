@@ -305,8 +305,10 @@ def predict_shm(collective: str, nbytes: float, p: int, link=None) -> float:
 
 
 def prefers_shm(collective: str, algorithm: str, nbytes: float, p: int, mpi=None, shm=None):
-    """Whether the shared windows beat `algorithm` over MPI messages for this call."""
-    if nbytes < SHM_MIN_BYTES:
+    """Whether the shared windows beat `algorithm` over MPI messages for this call. Only a
+    measured window link can say so (MINIPAR_SHM_LINK, from `minipar bench --fit`, or `shm=`):
+    until then `auto` keeps every call on MPI, the reference, whose messages the ledger counts."""
+    if nbytes < SHM_MIN_BYTES or (shm is None and not os.environ.get(SHM_LINK_ENV)):
         return False
     return _prefers_shm(collective, algorithm, nbytes, p, mpi or default_link(), shm or shm_link())
 

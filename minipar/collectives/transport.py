@@ -5,7 +5,8 @@ message takes two. Only the bandwidth algorithms of the collectives that move th
 take them (all-reduce: ring and Rabenseifner; all-gather and reduce-scatter: ring), and `auto`
 (also what `algorithm="auto"` resolves to) does so when every rank of the group shares this
 node, the buffer is in host memory, and the cost model prices the window's link below the
-algorithm over MPI (minipar.cost.prefers_shm; never below cost.SHM_MIN_BYTES).
+algorithm over MPI (minipar.cost.prefers_shm: only with a fitted window link, MINIPAR_SHM_LINK
+from `minipar bench --fit`; never below cost.SHM_MIN_BYTES).
 
 Overrides, the same on every rank:
 - the environment: MINIPAR_TRANSPORT=mpi (never shared windows), shm (every built-in
