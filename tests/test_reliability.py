@@ -19,6 +19,7 @@ from minipar.testing import harness
 from minipar.testing.worker import load_suite
 
 ALL_MPI = ranks_suite("reliability_all_mpi.py")  # bad input, debug, timeouts, mismatch, concurrency
+EXTENDED = os.environ.get("MINIPAR_EXTENDED") == "1"
 ALL_TORCH = ranks_suite("reliability_all_torch.py")  # the same but mismatch, on torch (gloo)
 MISMATCH = ranks_suite("reliability_mismatch.py")
 CONCURRENCY = ranks_suite("reliability_concurrency.py")
@@ -29,7 +30,7 @@ def test_reliability_mpi(size, name):
     harness.run_suite(ALL_MPI, size, "mpi").check(name)
 
 
-@pytest.mark.parametrize("size,name", harness.params(ALL_TORCH, [3]))
+@pytest.mark.parametrize("size,name", harness.params(ALL_TORCH, [2, 3] if EXTENDED else [2]))
 def test_reliability_torch(size, name):
     harness.run_suite(ALL_TORCH, size, "torch").check(name)
 

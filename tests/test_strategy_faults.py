@@ -1,4 +1,4 @@
-"""A rank that raises or exits in the middle of a DDP, FSDP, tensor-parallel or pipeline step
+"""A rank that raises in the middle of a DDP, FSDP, tensor-parallel or pipeline step
 ends the whole job non-zero within seconds, with that rank's traceback, on the MPI transport
 (`minipar run`) and on torch.distributed (gloo, torch.multiprocessing.spawn). The jobs are in
 tests/faults/strategies.py; they start together on a few threads, and each test checks one.
@@ -25,7 +25,6 @@ EXPECT = {
     ("mpi", "fsdp", False): ["[rank 1] RuntimeError: injected fault (fsdp)", "minipar: aborting"],
     ("mpi", "tp", False): ["[rank 1] RuntimeError: injected fault (tp)", "minipar: aborting"],
     ("mpi", "pp", False): ["[rank 1] RuntimeError: injected fault (pp)", "minipar: aborting"],
-    ("mpi", "pp", True): ["[fault] rank 1 pp"],
     ("torch", "ddp", False): ["Process 1 terminated", "injected fault (ddp)"],
     ("torch", "fsdp", False): ["Process 1 terminated", "injected fault (fsdp)"],
     ("torch", "tp", False): ["Process 1 terminated", "injected fault (tp)"],
