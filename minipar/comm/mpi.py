@@ -119,7 +119,7 @@ class MPICommunicator(Communicator):
     def __init__(self, mpi_comm, name: str, timeout: float, global_ranks=None):
         if global_ranks is None:
             global_ranks = range(mpi_comm.Get_size())
-        self.tag_ub = mpi_comm.Get_attr(_mpi().TAG_UB)  # 2^29 - 1 in MPICH, 2^31 - 1 Open MPI
+        self.tag_ub = world_tag_ub()  # 2^29 - 1 in MPICH, 2^31 - 1 in Open MPI
         super().__init__(mpi_comm.Get_rank(), mpi_comm.Get_size(), name, timeout, global_ranks)
         self.mpi = mpi_comm
         self._pool = None
@@ -238,6 +238,14 @@ class MPICommunicator(Communicator):
         sys.stderr.flush()
         time.sleep(ABORT_GRACE)
         self.mpi.Abort(code)
+
+
+def world_tag_ub() -> int:
+    """MPI_TAG_UB: an attribute of COMM_WORLD only (the standard attaches it there; Open MPI's
+    derived communicators return None), else the standard's guaranteed minimum, 32767."""
+    MPI = _mpi()
+    value = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+    return int(value) if value is not None else 32767
 
 
 def world(timeout: float) -> MPICommunicator:
