@@ -13,8 +13,8 @@ all_to_all's tensors may differ in size (an all-to-all-v): ranks must agree on w
 from __future__ import annotations
 
 from minipar import buffers, runtime
-from minipar.collectives.api import _check_list, _run, _same_type, equal_or
-from minipar.ops import ReduceOp, as_op, check_op, finish_
+from minipar.collectives.api import _check_list, _run, _same_type, equal_or, reduce_scatter_tensor
+from minipar.ops import ReduceOp, as_op, check_op
 
 
 def _tensors(tensors, comm, what: str, writable: bool = False) -> None:
@@ -88,15 +88,5 @@ def reduce_scatter(
     buffers.check(output, "output", writable=True)
     _check_list(input_list, output, comm, "input_list", like_what="output")
     check_op(op, output)
-    inp, _ = _packed(input_list)
-    out = buffers.flat(output)
-    return _run(
-        comm,
-        "reduce_scatter",
-        algorithm,
-        buffers.nbytes(inp),
-        (out, inp, op),
-        async_op,
-        finish=lambda: finish_(out, op, comm.size),
-        fingerprint=(output, None, None, op),
-    )
+    inp, _ = _packed(input_list)  # the list, laid end to end, is reduce_scatter_tensor's input
+    return reduce_scatter_tensor(output, inp, op, group, algorithm, async_op)
