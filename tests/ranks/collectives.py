@@ -337,10 +337,13 @@ def progress_case():
         return
     x = np.ones(1 << 18, dtype=np.float32)
     work = minipar.all_reduce(x, algorithm="ring", async_op=True)
-    deadline = time.monotonic() + 5
-    while not work.is_completed() and time.monotonic() < deadline:
+    # 0.25 s on 8 ranks on a quiet 2-core machine; the bound is generous because CI machines are
+    # loaded and 8 oversubscribed ranks each share their core with the other's progress threads
+    started = time.monotonic()
+    while not work.is_completed() and time.monotonic() < started + 30:
         np.sqrt(np.arange(20000.0)).sum()  # the "backward pass": no minipar call in here
-    assert work.is_completed(), "async all-reduce made no progress while the caller computed"
+    took = time.monotonic() - started
+    assert work.is_completed(), f"async all-reduce made no progress in {took:.1f} s of computing"
     work.wait()
     assert (x == w.size).all()
 
