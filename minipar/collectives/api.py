@@ -20,7 +20,7 @@ import pickle
 import numpy as np
 
 from minipar import buffers, runtime
-from minipar.collectives import registry, transport, work
+from minipar.collectives import lean, registry, transport, work
 from minipar.collectives.call import Call
 from minipar.comm.base import CONTROL_TAG, wait_all
 from minipar.errors import MiniparError, MismatchError
@@ -227,6 +227,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=F
     """Reduce `tensor` over the group; every rank ends with the result in `tensor`."""
     comm = runtime.resolve(group)
     op = as_op(op)
+    if not async_op and lean.all_reduce(comm, tensor, op, algorithm):
+        return None  # small and blocking: done on the lean path (lean.py)
     buffers.check(tensor, "tensor", writable=True)
     check_op(op, tensor)
     x = buffers.flat(tensor)

@@ -38,6 +38,25 @@ def _mpi():
     return _MPI[0]
 
 
+def raise_if_truncated(error, comm, peer, tag, nbytes) -> None:
+    """An MPI error from a receive whose message was larger than its buffer, said plainly."""
+    if error.Get_error_class() == _mpi().ERR_TRUNCATE:
+        raise MessageSizeError(
+            f"message from rank {peer} (tag {tag}) on group {comm.name} is larger than the "
+            f"{nbytes}-byte receive buffer of rank {comm.rank}; sizes must match on both sides"
+        ) from None
+
+
+def check_count(status, comm, peer, tag, nbytes) -> None:
+    """A completed receive must have filled its buffer: a shorter message is an error too."""
+    got = status.Get_count(_mpi().BYTE)
+    if got != nbytes:
+        raise MessageSizeError(
+            f"rank {comm.rank} of group {comm.name} expected {nbytes} bytes from rank {peer} "
+            f"(tag {tag}) but {got} arrived; sizes must match on both sides"
+        )
+
+
 class MPIRequest(Request):
     def __init__(self, comm, kind, peer, tag, nbytes, mpi_request, keep, staged=None, target=None):
         super().__init__(comm, kind, peer, tag, nbytes)
@@ -50,21 +69,10 @@ class MPIRequest(Request):
         try:
             done = self._req.Test(self._status)
         except MPI.Exception as error:
-            if error.Get_error_class() == MPI.ERR_TRUNCATE:
-                raise MessageSizeError(
-                    f"message from rank {self.peer} (tag {self.tag}) on group {self.comm.name} "
-                    f"is larger than the {self.nbytes}-byte receive buffer of rank "
-                    f"{self.comm.rank}; sizes must match on both sides"
-                ) from None
+            raise_if_truncated(error, self.comm, self.peer, self.tag, self.nbytes)
             raise
         if done and self.kind == "recv":
-            got = self._status.Get_count(MPI.BYTE)
-            if got != self.nbytes:
-                raise MessageSizeError(
-                    f"rank {self.comm.rank} of group {self.comm.name} expected {self.nbytes} "
-                    f"bytes from rank {self.peer} (tag {self.tag}) but {got} arrived; "
-                    "sizes must match on both sides"
-                )
+            check_count(self._status, self.comm, self.peer, self.tag, self.nbytes)
         return done
 
     def _cancel(self) -> None:
@@ -128,6 +136,7 @@ class MPICommunicator(Communicator):
         watchdog.watch(self)  # finds ranks that disagree about a call (comm/watchdog.py)
         self._chunk = staging.chunk_bytes()  # the same on every rank: both ends cut alike
         self._stage_host = staging.stage_host()  # tests: CPU tensors take the chunked path
+        self._lean: dict = {}  # collectives/lean.py's plans for this group
 
     def _pinned(self) -> cuda.PinnedPool:
         if self._pool is None:

@@ -445,6 +445,74 @@ def thread_level_case():
     assert MPI.Query_thread() == MPI.THREAD_MULTIPLE, MPI.Query_thread()
 
 
+def lean_taken_case():
+    """Small blocking all-reduces take the lean path (a plan is cached for their shape); async
+    calls, traced calls, other algorithms and large buffers take the general one; all agree."""
+    from minipar.collectives import lean, registry
+
+    w = world()
+    p, r = w.size, w.rank
+    plans = w._lean
+    plans.clear()
+    x = np.full(2, float(r + 1), dtype=np.float32)
+    auto = registry.pick("all_reduce", "auto", x.nbytes, p)[0]
+    minipar.all_reduce(x)
+    want = np.float32(p * (p + 1) / 2)
+    assert (x == want).all(), x
+    lean_plans = [k for k, plan in plans.items() if plan is not None]
+    expected = [(np.dtype(np.float32), 2)] if p == 1 or auto == "recursive_doubling" else []
+    assert [k[1:3] for k in lean_plans] == expected, (auto, plans)
+    minipar.all_reduce(np.ones(3), async_op=True).wait()  # async: never planned
+    with minipar.trace():
+        minipar.all_reduce(np.ones(5))  # traced: planned maybe, but run on the general path
+    minipar.all_reduce(np.ones(7), algorithm="ring")
+    big = np.ones(lean.MAX_BYTES // 8 + 1)
+    minipar.all_reduce(big, algorithm="recursive_doubling")
+    assert (big == p).all()
+    shapes = {k[2]: plan for k, plan in plans.items()}
+    assert 3 not in shapes and shapes[big.size] is None, plans
+    assert (shapes[7] is None) == (p > 1), plans  # on one rank every algorithm is no message
+
+
+def lean_mixed_case():
+    """Rank 0 records a trace (general path) while the others run lean: the same messages meet,
+    and every rank's result is bitwise that of an all-general run, signed zeros and NaN too."""
+    w = world()
+    r = w.rank
+    base = np.array([-0.0, 0.0, np.nan, 1.5, -2.25, np.inf], dtype=np.float32)
+    for op in (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT, ReduceOp.AVG):
+        mine = np.roll(base, r) * np.float32(1 + r)
+        mixed, general = mine.copy(), mine.copy()
+        if r == 0:
+            with minipar.trace():
+                minipar.all_reduce(mixed, op=op)
+        else:
+            minipar.all_reduce(mixed, op=op)
+        with minipar.trace():
+            minipar.all_reduce(general, op=op)
+        assert mixed.tobytes() == general.tobytes(), (op, mixed, general)
+        seen = w.allgather_object(mixed.tobytes())
+        assert all(b == seen[0] for b in seen), (op, r)
+
+
+def lean_torch_case():
+    """CPU torch tensors (one that requires grad too) on the lean path: the exact ops agree with
+    the general path bit for bit; bfloat16 (no numpy twin) goes the general way and is right."""
+    w = world()
+    p, r = w.size, w.rank
+    leaf = torch.full((2, 3), float(r), requires_grad=True)
+    minipar.all_reduce(leaf, op=ReduceOp.AVG)
+    assert torch.equal(leaf.detach(), torch.full((2, 3), (p - 1) / 2)), leaf
+    assert leaf.grad is None and leaf.requires_grad
+    ints = torch.arange(4, dtype=torch.int64) + r
+    minipar.all_reduce(ints, op=ReduceOp.BXOR)
+    want = np.bitwise_xor.reduce([np.arange(4) + q for q in range(p)], axis=0)
+    assert (ints.numpy() == want).all(), ints
+    half = torch.full((3,), 1.0 + r, dtype=torch.bfloat16)
+    minipar.all_reduce(half)
+    assert torch.equal(half, torch.full((3,), p * (p + 1) / 2, dtype=torch.bfloat16)), half
+
+
 REDUCING = ["all_reduce", "reduce", "reduce_scatter"]
 MOVING = ["broadcast", "all_gather", "scatter", "gather", "all_to_all"]
 
@@ -472,4 +540,7 @@ def cases(size):
     table["async_progress"] = progress_case
     table["ring_memory"] = memory_case
     table["thread_level"] = thread_level_case
+    table["lean.taken"] = lean_taken_case
+    table["lean.mixed_paths"] = lean_mixed_case
+    table["lean.torch"] = lean_torch_case
     return table
