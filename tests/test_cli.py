@@ -181,7 +181,7 @@ def test_doctor_json_says_minipar_can_run():
 def test_doctor_table_and_verdict_render():
     from rich.console import Console
 
-    from minipar import doctor
+    from minipar.cli import doctor
 
     report = {"ok": False, "checks": [
         {"name": "mpiexec", "value": "not found", "status": "fail", "note": "pip install mpich"},
