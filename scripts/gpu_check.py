@@ -89,7 +89,7 @@ def run_one(label, name, size, backend, overrides, notes):
 def environment_facts(dry_run: bool) -> dict:
     import torch
 
-    from minipar import doctor
+    from minipar.cli import doctor
 
     facts = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
              "mode": "cpu dry run" if dry_run else "gpu", "python": platform.python_version(),

@@ -111,7 +111,7 @@ def test_measured_crossover():
 def test_two_rank_run(tmp_path):
     """One short job: every key, positive times, busbw = algbw x factor, the fit stored."""
     out, png, link = tmp_path / "out.json", tmp_path / "bw.png", tmp_path / "link.json"
-    argv = [sys.executable, "-m", "minipar.bench", "all_reduce,all_gather,reduce_scatter",
+    argv = [sys.executable, "-m", "minipar", "bench", "all_reduce,all_gather,reduce_scatter",
             "-n", "2", "--sizes", "8,64KiB", "--algorithms", "ring,recursive_doubling,auto",
             "--against", "mpi,torch", "--iters", "3", "--warmup", "1", "--json", str(out),
             "--plot", str(png), "--fit", "--fit-path", str(link), "--timeout", "120"]  # fmt: skip

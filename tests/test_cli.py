@@ -1,10 +1,13 @@
 """The `minipar` command: help, `run`, `doctor`, and how light `import minipar` is."""
 
+import ast
+import importlib
 import json
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -54,6 +57,80 @@ def test_help_imports_no_torch_numpy_or_mpi():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+# -- layering: the library never imports the face -----------------------------------------------
+
+
+def _imports_of(tree, package: str):
+    """(line, module) for each module an `ast` tree imports, relative imports resolved against
+    `package`; `from X import a, b` counts as X.a and X.b too (a submodule may be imported so)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, *([base] if base else [])])
+            yield node.lineno, base
+            yield from ((node.lineno, f"{base}.{alias.name}") for alias in node.names)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module":
+            if node.args and isinstance(node.args[0], ast.Constant):
+                yield node.lineno, str(node.args[0].value)
+
+
+def _is_cli(name: str) -> bool:
+    return name == "minipar.cli" or name.startswith("minipar.cli.")
+
+
+def test_no_library_module_imports_the_cli():
+    """Every module of minipar outside minipar/cli/ (comm, collectives, parallel, models, cost,
+    planner, lessons, bench, testing, ...) leaves the face alone: no `import minipar.cli`,
+    `from minipar import cli`, `from minipar.cli... import`, relative forms included."""
+    root = Path(cli.__file__).parent.parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent)
+        if rel.parts[1] == "cli" or rel.as_posix() == "minipar/__main__.py":
+            continue  # the face itself, and `python -m minipar`, its entry point
+        package = ".".join(rel.parts[:-1])  # what a relative import in this file starts from
+        text = path.read_text()
+        if "cli" not in text:  # no spelling of the import can hide without these letters
+            continue
+        for line, name in _imports_of(ast.parse(text, str(path)), package):
+            if _is_cli(name):
+                found.append(f"{rel}:{line} imports {name}")
+    assert not found, "the library imports the command line:\n" + "\n".join(found)
+
+
+def test_import_scan_sees_every_spelling():
+    """The scan above catches each way of writing the import (so its silence means something)."""
+    spellings = [
+        ("import minipar.cli", "minipar"),
+        ("import minipar.cli.plan as p", "minipar.models"),
+        ("from minipar import cli", "minipar.models"),
+        ("from minipar.cli import grade", "minipar"),
+        ("from minipar.cli.train import main", "minipar"),
+        ("from . import cli", "minipar"),
+        ("from .cli import run", "minipar"),
+        ("from ..cli import lesson", "minipar.lessons"),
+        ("from ... import cli", "minipar.parallel.tensor"),
+        ("importlib.import_module('minipar.cli.tour')", "minipar"),
+    ]
+    for code, package in spellings:
+        names = [name for _, name in _imports_of(ast.parse(code), package)]
+        assert any(_is_cli(n) for n in names), code
+    assert not any(_is_cli(n) for _, n in _imports_of(ast.parse("from . import clip"), "minipar"))
+
+
+def test_every_command_is_a_cli_module_with_configure_and_main():
+    for name, (module_name, summary) in cli.COMMANDS.items():
+        assert module_name == f"minipar.cli.{name}", f"{name} lives in {module_name}"
+        module = importlib.import_module(module_name)
+        assert callable(getattr(module, "configure", None)), f"{module_name} has no configure"
+        assert callable(getattr(module, "main", None)), f"{module_name} has no main"
+        assert summary
 
 
 def test_missing_command_module_is_a_clear_message_and_spares_the_others(monkeypatch, capsys):
@@ -181,7 +258,7 @@ def test_doctor_json_says_minipar_can_run():
 def test_doctor_table_and_verdict_render():
     from rich.console import Console
 
-    from minipar import doctor
+    from minipar.cli import doctor
 
     report = {"ok": False, "checks": [
         {"name": "mpiexec", "value": "not found", "status": "fail", "note": "pip install mpich"},

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from minipar import exercises, grade
+from minipar import exercises
+from minipar.cli import grade
 
 SAMPLE = '''\
 def f(x):

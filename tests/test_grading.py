@@ -12,7 +12,8 @@ import xml.etree.ElementTree as ET
 import pytest
 from conftest import ranks_suite
 
-from minipar import exercises, grade, gradebook, whose
+from minipar import exercises, gradebook, whose
+from minipar.cli import grade
 from minipar.testing import harness
 
 SUITE = ranks_suite("grading.py")

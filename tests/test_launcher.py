@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from minipar import cli, exercises, grade, launcher, relay, term
+from minipar import cli, exercises, launcher, relay, term
+from minipar.cli import grade, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -108,9 +109,9 @@ def test_run_parses_the_program_forms(tmp_path, capsys):
     }
     for argv, program in cases.items():
         ns = parse(["run", "-n", "4", *argv])
-        assert ns.n == 4 and launcher.program(ns) == program, argv
+        assert ns.n == 4 and run.program(ns) == program, argv
     ns = parse(["run", "-n", "2", "-m", "mod", "a"])
-    assert launcher.program(ns) == [sys.executable, "-m", "mod", "a"]
+    assert run.program(ns) == [sys.executable, "-m", "mod", "a"]
     text = help_of("run", capsys)
     assert "run -n 4 python script.py" in text and "--tag-output" in text
     assert "MINIPAR_TAG_OUTPUT" in text

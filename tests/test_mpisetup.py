@@ -133,7 +133,7 @@ def test_open_mpi_as_root_runs_without_the_user_setting_anything(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(done.stdout.split("\n")[:2]) == ["RANK 0 2", "RANK 1 2"], done.stdout
     probe = (
-        "from minipar import doctor, launcher; "
+        "from minipar import launcher; from minipar.cli import doctor; "
         "print([(c.name, c.status, c.value, c.note) for c in doctor.mpi_checks()])"
     )
     done = subprocess.run(
@@ -151,7 +151,7 @@ def test_doctor_compares_the_mpiexec_on_path_with_the_librarys(tmp_path):
     fake.write_text("#!/bin/sh\necho 'mpiexec (Open MPI) 5.0.0'\n")
     fake.chmod(0o755)
     probe = (
-        "import json; from minipar import doctor; "
+        "import json; from minipar.cli import doctor; "
         "print(json.dumps([c.__dict__ for c in doctor.mpi_checks()]))"
     )
     path = f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}"

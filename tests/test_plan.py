@@ -7,8 +7,16 @@ import pytest
 from minipar import cost
 from minipar.cli import main as cli_main
 from minipar.models import GPTConfig
-from minipar.plan import CLUSTERS, ModelSpec, best, bubble_fraction, plan_layouts
-from minipar.planner import GB, evaluate, state_memory
+from minipar.planner import (
+    CLUSTERS,
+    GB,
+    ModelSpec,
+    best,
+    bubble_fraction,
+    evaluate,
+    plan_layouts,
+    state_memory,
+)
 
 H100 = CLUSTERS["dgx-h100"]
 SEVEN_B = ModelSpec.preset("7b", seq_len=2048, global_batch=256)

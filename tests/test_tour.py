@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from minipar import tour
+from minipar.cli import tour
 
 
 def test_quick_tour_runs_every_core_step():
@@ -47,7 +47,7 @@ def test_unknown_step_is_an_error(capsys):
     assert "no step named nope" in capsys.readouterr().out
 
 
-# -- lessons plug in through minipar.lesson.tour_steps() ----------------------------------------
+# -- lessons plug in through minipar.cli.lesson.tour_steps() ------------------------------------
 
 
 def _args(**kw):
@@ -57,7 +57,7 @@ def _args(**kw):
 
 @pytest.fixture
 def fake_lessons(monkeypatch):
-    """A stand-in minipar.lesson whose tour_steps() returns every kind of item."""
+    """A stand-in minipar.cli.lesson whose tour_steps() returns every kind of item."""
     calls = []
 
     def one():
@@ -71,8 +71,8 @@ def fake_lessons(monkeypatch):
     def broken():
         raise RuntimeError("lesson three is broken")
 
-    module = types.ModuleType("minipar.lesson")
-    module.__spec__ = importlib.machinery.ModuleSpec("minipar.lesson", None)
+    module = types.ModuleType("minipar.cli.lesson")
+    module.__spec__ = importlib.machinery.ModuleSpec("minipar.cli.lesson", None)
     module.tour_steps = lambda: [
         one,
         ("Lesson two", two),
@@ -80,7 +80,7 @@ def fake_lessons(monkeypatch):
         ("Lesson four", [sys.executable, "-c", "print('four ran')"]),
         ("Lesson five", [sys.executable, "-c", "raise SystemExit(3)"]),
     ]
-    monkeypatch.setitem(sys.modules, "minipar.lesson", module)
+    monkeypatch.setitem(sys.modules, "minipar.cli.lesson", module)
     return calls
 
 

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from minipar import launcher
+from minipar.cli.train import _parser, to_argv
 from minipar.models.gpt import GPTConfig
 from minipar.models.training import RunSpec, train_dense
-from minipar.train import _parser, to_argv
 
 SMALL = ["--layers", "2", "--hidden", "32", "--heads", "4", "--seq", "32"]
 
@@ -59,7 +59,7 @@ def test_pipeline_run_matches_dense_and_resumes_on_another_layout(tmp_path):
 
 
 def test_wrong_layout_fails_on_every_rank():
-    argv = ["-m", "minipar.train", "--dp", "2", "--tp", "2", "--steps", "1", *SMALL]
+    argv = ["-m", "minipar.cli.train", "--dp", "2", "--tp", "2", "--steps", "1", *SMALL]
     done = launcher.run(2, argv, timeout=120, capture=True)
     assert done.returncode == 2, done.stdout + done.stderr
     for rank in (0, 1):

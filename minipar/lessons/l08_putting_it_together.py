@@ -175,17 +175,17 @@ def claims() -> list[str]:
 
 
 def planner_section(page: Page) -> None:
-    from minipar import plan
+    from minipar import plan_table
 
     page.prediction(f"the planner: the tiny GPT on {page.size} ranks of this machine")
     cpu = planner.CLUSTERS["cpu"]
     layouts = planner.plan_layouts(TINY, cpu, page.size)
-    page.console.print(plan.table(layouts, TINY, cpu, page.size, top=6))
+    page.console.print(plan_table.table(layouts, TINY, cpu, page.size, top=6))
     if not page.quick:
         model, h100 = planner.MODELS["7b"], planner.CLUSTERS["dgx-h100"]
         page.prediction("the planner: 7B on 2 nodes of 8 H100 (80 GB), ZeRO-1")
         big = planner.plan_layouts(model, h100, 16, zero=1)
-        page.console.print(plan.table(big, model, h100, 16, top=6))
+        page.console.print(plan_table.table(big, model, h100, 16, top=6))
         chosen = planner.best(big)
         page.check(chosen is not None and chosen.tp <= 8, "the best 7B layout keeps TP in a node")
         page.check(

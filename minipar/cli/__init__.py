@@ -7,6 +7,10 @@ Each subcommand lives in its own module, which exposes `configure(parser)` (adds
 sets `parser.epilog` to a few examples) and `main(args) -> int` (the exit status). Only the module
 of the command being run is imported, so `minipar --help` stays fast (no torch, no MPI), and a
 command whose module is missing or broken never stops the others from working.
+
+This package is the face: minipar/cli/NAME.py is the command NAME, calling the library below it
+(launcher, planner, models, bench's measuring code, ...). Nothing outside minipar/cli/ imports it
+(tests/test_cli.py checks), so the library stands apart from its command line.
 """
 
 from __future__ import annotations
@@ -20,15 +24,15 @@ import minipar
 
 # name -> (module, one-line summary); the order is the order of `minipar --help`
 COMMANDS = {
-    "run": ("minipar.launcher", "run a script, module or any program on N ranks under mpiexec"),
-    "doctor": ("minipar.doctor", "check MPI, torch and CUDA, and run a 2-rank smoke job"),
-    "tour": ("minipar.tour", "the guided demo: ping-pong, ring shift, collectives, lessons"),
-    "lesson": ("minipar.lesson", "run one lesson and print what moved where"),
-    "bench": ("minipar.bench", "time the collectives' algorithms against the cost model"),
-    "exercises": ("minipar.exercises", "list, build or check the student exercises"),
-    "grade": ("minipar.grade", "grade the exercises with the lessons' tests"),
-    "train": ("minipar.train", "train a tiny model with data, tensor and pipeline parallelism"),
-    "plan": ("minipar.plan", "plan a parallel layout for a model on a cluster"),
+    "run": ("minipar.cli.run", "run a script, module or any program on N ranks under mpiexec"),
+    "doctor": ("minipar.cli.doctor", "check MPI, torch and CUDA, and run a 2-rank smoke job"),
+    "tour": ("minipar.cli.tour", "the guided demo: ping-pong, ring shift, collectives, lessons"),
+    "lesson": ("minipar.cli.lesson", "run one lesson and print what moved where"),
+    "bench": ("minipar.cli.bench", "time the collectives' algorithms against the cost model"),
+    "exercises": ("minipar.cli.exercises", "list, build or check the student exercises"),
+    "grade": ("minipar.cli.grade", "grade the exercises with the lessons' tests"),
+    "train": ("minipar.cli.train", "train a tiny model with data, tensor and pipeline parallelism"),
+    "plan": ("minipar.cli.plan", "plan a parallel layout for a model on a cluster"),
 }
 
 DESCRIPTION = """\

@@ -33,7 +33,7 @@ def text_path(lesson: LessonInfo) -> Path:
     """lessons/NN_name.md in the current folder if it is there, else in the checkout minipar was
     installed from (pip install -e .)."""
     here = Path.cwd() / lesson.text
-    return here if here.is_file() else Path(__file__).resolve().parent.parent / lesson.text
+    return here if here.is_file() else Path(__file__).resolve().parents[2] / lesson.text
 
 
 def exists(lesson: LessonInfo) -> bool:

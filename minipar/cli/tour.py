@@ -7,8 +7,8 @@ The tour is a list of steps run in order. The first ones are minipar's own:
     ring-shift   who sends what to whom in a ring               (minipar.demos.ring_shift, 4 ranks)
     all-reduce   six all-reduce algorithms: ledger vs cost model (minipar.demos.all_reduce, 4 ranks)
 
-Then, when `minipar.lesson` exists and has `tour_steps()`, the short version of each lesson. That
-function returns a list whose items are any of:
+Then, when `minipar.cli.lesson` exists and has `tour_steps()`, the short version of each lesson.
+That function returns a list whose items are any of:
 
     Step(name, title, run, text)     run(tour) -> status (this module's own kind of step)
     (title, callable)                callable() or callable(quick=...) -> status
@@ -78,7 +78,7 @@ def _takes_quick(module: str) -> bool:
 
 
 def doctor_step(tour: Tour) -> bool:
-    from minipar import doctor
+    from minipar.cli import doctor
 
     report = doctor.collect(smoke=True, timeout=min(tour.timeout, 60))
     tour.console.print(
@@ -114,11 +114,11 @@ CORE_STEPS = [
 
 
 def lesson_steps() -> list[Step]:
-    """The lessons' short versions, from minipar.lesson.tour_steps() when that exists."""
-    if importlib.util.find_spec("minipar.lesson") is None:
+    """The lessons' short versions, from minipar.cli.lesson.tour_steps() when that exists."""
+    if importlib.util.find_spec("minipar.cli.lesson") is None:
         return []
     try:
-        provider = getattr(importlib.import_module("minipar.lesson"), "tour_steps", None)
+        provider = getattr(importlib.import_module("minipar.cli.lesson"), "tour_steps", None)
         items = list(provider()) if provider else []
     except Exception as error:  # a broken lesson module must not take the tour down
         return [Step("lessons", "Lessons", lambda t, e=error: _raise(e))]

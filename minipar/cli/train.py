@@ -2,7 +2,7 @@
 
     minipar train --dp 2 --steps 50 --check
 
-Run from a shell it launches dp*tp*pp ranks under mpiexec (python -m minipar.train ...); run
+Run from a shell it launches dp*tp*pp ranks under mpiexec (python -m minipar.cli.train ...); run
 inside an existing launch (mpiexec, srun, torchrun) it trains on the ranks it finds. The training
 itself is minipar.models.training; this module is the command's face.
 """
@@ -25,7 +25,7 @@ examples:
   minipar train --dp 4 --tp 2 --fsdp --check  FSDP as the data-parallel part
   minipar train --steps 100 --plot loss.png   the loss curve (needs the plot extra)
   minipar train --save ckpt.pt; minipar train --resume ckpt.pt --dp 2
-  mpiexec -n 4 python -m minipar.train --dp 4 inside an existing launch
+  mpiexec -n 4 python -m minipar train --dp 4   inside an existing launch
 
 --check trains the dense model on one process from the same weights and batches and compares
 the loss at every step (|a - b| <= 1e-5 + 1e-4 |b|, float32) and the final parameters
@@ -131,7 +131,7 @@ def main(args) -> int:
         return 2
     from minipar import launcher
 
-    cmd, env = launcher.command(n, ["-m", "minipar.train", *to_argv(args)])
+    cmd, env = launcher.command(n, ["-m", "minipar.cli.train", *to_argv(args)])
     env[_LAUNCHED] = "1"
     if sys.stdout.isatty():
         env.setdefault("FORCE_COLOR", "1")

@@ -1,0 +1,109 @@
+"""`minipar run`: a script, a module or any program on N ranks under mpiexec.
+
+    minipar run -n 4 script.py        minipar run -n 4 -m module        minipar run -n 2 hostname
+
+How the job is launched (the right mpiexec, oversubscription, root consent, whole lines per rank,
+the timeout) is minipar.launcher's; this module is the command's face: its options, which program
+each rank runs, and the messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import sys
+
+from minipar import launcher
+
+EXAMPLES = """\
+examples:
+  minipar run -n 4 script.py                  script.py on 4 ranks (this Python runs it)
+  minipar run -n 4 python script.py --lr 0.1  the mpiexec habit: any program and its arguments
+  minipar run -n 8 -m minipar.demos.ring_shift   a module (also: python -m MODULE)
+  minipar run -n 2 hostname                   any executable on PATH
+  minipar run -n 2 -- script.py -n 7          '--' ends minipar's options
+  minipar run -n 4 --tag-output script.py     prefix each line with its rank: [rank0]: ...
+  minipar run -n 4 --timeout 60 script.py     kill the whole job after 60 s (exit 124)
+
+Every line a rank prints arrives whole (never mixed with another rank's); MINIPAR_TAG_OUTPUT=1
+does what --tag-output does. The exit status is the job's: 0 when every rank exited 0. More
+ranks than cores is fine (oversubscribed: waits yield the core instead of spinning). Open MPI
+run as root gets OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1. MINIPAR_MPIEXEC picks the mpiexec.
+"""
+
+
+def configure(parser) -> None:
+    parser.epilog = EXAMPLES
+    parser.add_argument("-n", "--np", dest="n", type=int, default=1, metavar="N",
+                        help="number of ranks (default 1)")  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=None, metavar="S",
+                        help="kill the whole job after S seconds and exit 124")  # fmt: skip
+    parser.add_argument("--tag-output", action="store_true", default=None,
+                        help="prefix lines with the rank, [rank0]:")  # fmt: skip
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the mpiexec command line instead of running it")  # fmt: skip
+    parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE ...",
+                        help="run a module (python -m MODULE), with its arguments")  # fmt: skip
+    parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="program [args]",
+                        help="script.py, or a program (python ...)")  # fmt: skip
+
+
+def program(args) -> list[str]:
+    """The whole command line each rank runs, from `-m module ...`, `[--] script.py ...` (run by
+    this Python) or `[--] program ...` (anything on PATH or a path: python, ./a.out, hostname)."""
+    argv = list(args.argv)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if args.module:
+        if argv:
+            raise ValueError("give either -m MODULE or a program, not both")
+        return [sys.executable, "-m", *args.module]
+    if not argv:
+        raise ValueError(
+            "nothing to run: give a script (minipar run -n 4 script.py), a program "
+            "(minipar run -n 4 python script.py) or -m MODULE"
+        )
+    first = argv[0]
+    if first.startswith("-"):
+        raise ValueError(f"unknown option {first!r} before the program")
+    if first.endswith(".py") or (os.path.isfile(first) and not os.access(first, os.X_OK)):
+        if not os.path.isfile(first):
+            raise ValueError(f"no such script: {first}")
+        return [sys.executable, *argv]
+    if shutil.which(first) is None:
+        raise ValueError(f"no such script or program: {first} (not a file, not on PATH)")
+    return argv
+
+
+def main(args) -> int:
+    """`minipar run`: the job's output streams through as it happens; returns the job's status."""
+    from rich.console import Console
+
+    from minipar.errors import MPISetupError
+    from minipar.relay import Relay, tag_from_env
+
+    err = Console(stderr=True, highlight=False)
+    tag = tag_from_env() if args.tag_output is None else args.tag_output
+    relay = None if args.dry_run else Relay(max(args.n, 1), tag=tag)
+    try:
+        cmd, env = launcher.command(args.n, program(args), python=False, relay=relay)
+    except (ValueError, FileNotFoundError, MPISetupError) as error:
+        if relay is not None:
+            relay.close()
+        err.print(f"[bold red]minipar run:[/] {error}", markup=True)
+        return 2
+    if args.dry_run:
+        print(shlex.join(cmd))
+        return 0
+    try:
+        done = launcher.run_relayed(cmd, env, relay, args.timeout)
+    except KeyboardInterrupt:
+        err.print("[bold red]minipar run:[/] interrupted, job killed")
+        return 130
+    if done.returncode == 124 and args.timeout is not None:
+        err.print(f"[bold red]minipar run:[/] job killed after {args.timeout:g} s (--timeout)")
+    elif done.returncode != 0:
+        err.print(f"[bold red]minipar run:[/] job exited with status {done.returncode}")
+    return done.returncode
