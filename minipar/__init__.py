@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-import importlib
+from minipar import lazy
 
 __version__ = "0.1.0"
 
@@ -88,15 +88,4 @@ _SUBMODULES = {
 __all__ = sorted(_LAZY) + sorted(_SUBMODULES)
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    if name in _SUBMODULES:
-        return importlib.import_module(f"minipar.{name}")
-    raise AttributeError(f"module 'minipar' has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__ = lazy.attributes(__name__, _LAZY, _SUBMODULES)

@@ -12,7 +12,7 @@ this package is light: each name is loaded (with torch) on first use.
 
 from __future__ import annotations
 
-import importlib
+from minipar import lazy
 
 _LAZY = {
     "DistributedDataParallel": "minipar.parallel.ddp",
@@ -24,13 +24,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'minipar.parallel' has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__ = lazy.attributes(__name__, _LAZY)

@@ -14,7 +14,7 @@ Importing this package is light: torch loads on first use.
 
 from __future__ import annotations
 
-import importlib
+from minipar import lazy
 
 # split.py loads torch only when called; importing it here keeps the name `split` the function
 # (importing the submodule later would otherwise rebind it to the module)
@@ -28,13 +28,4 @@ _LAZY = {
 __all__ = sorted([*_LAZY, "split"])
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'minipar.parallel.pipeline' has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__ = lazy.attributes(__name__, _LAZY)
