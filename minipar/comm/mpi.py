@@ -18,7 +18,7 @@ import numpy as np
 from minipar import buffers, ledger
 from minipar.comm import cuda, staging, watchdog
 from minipar.comm.base import Communicator, NonMember, Request, check_ranks, wait_all
-from minipar.errors import MessageSizeError
+from minipar.errors import MessageSizeError, MiniparError
 
 _MPI = []  # the mpi4py.MPI module, once imported (a function-level import costs ~0.5 us a call)
 
@@ -114,6 +114,12 @@ class MPIBarrierRequest(MPIRequest):
     def describe(self) -> str:
         return f"the other ranks of group {self.comm.name} to {self.what}"
 
+    def _cancel(self) -> None:
+        # MPI cannot withdraw a nonblocking collective: the abandoned one would complete with the
+        # group's next one of its kind and hand it wrong data. The group's control channel is
+        # spent; later control calls refuse to run (see MPICommunicator._control_usable).
+        self.comm._control_spent = f"{self.what} timed out on group {self.comm.name}"
+
 
 class MPIControlRequest(MPIBarrierRequest):
     what = "join a control all-gather (allgather_object)"
@@ -137,6 +143,7 @@ class MPICommunicator(Communicator):
         self._chunk = staging.chunk_bytes()  # the same on every rank: both ends cut alike
         self._stage_host = staging.stage_host()  # tests: CPU tensors take the chunked path
         self._lean: dict = {}  # collectives/lean.py's plans for this group
+        self._control_spent = None  # why Ibarrier / Iallgather can no longer be trusted here
 
     def _pinned(self) -> cuda.PinnedPool:
         if self._pool is None:
@@ -211,13 +218,23 @@ class MPICommunicator(Communicator):
         nbytes = buffers.nbytes(buf)
         return MPIAnySourceRequest(self, "recv", -1, tag, nbytes, req, wire, staged, target)
 
+    def _control_usable(self) -> None:
+        if self._control_spent is not None:
+            raise MiniparError(
+                f"group {self.name} cannot run another control collective: an earlier "
+                f"{self._control_spent} and is still pending inside MPI, so it would meet this "
+                "call's messages; make a new group (minipar.new_group) to go on"
+            )
+
     def _post_barrier(self) -> Request:
+        self._control_usable()
         return MPIBarrierRequest(self, "barrier", -1, -1, 0, self.mpi.Ibarrier(), None)
 
     def allgather_object(self, obj, context: str = "") -> list:
         """Pickled control messages (small): lengths, then the bytes, both with timeouts.
         `context` opens the timeout's message (what the all-gather was for)."""
         MPI = _mpi()
+        self._control_usable()
         data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
         sizes = np.zeros(self.size, dtype=np.int64)
         req = self.mpi.Iallgather([np.array([data.size], dtype=np.int64), MPI.INT64_T], sizes)

@@ -108,6 +108,16 @@ def barrier_timeout():
     for message in messages[:-1]:
         assert "barrier on group late_barrier: timed out after" in message, message
         assert "the other ranks of group late_barrier to reach the barrier" in message
+    if g.backend == "mpi" and not away:
+        # the abandoned MPI_Ibarrier would complete with the next one: refused, and said why
+        for again in (g.barrier, lambda: g.allgather_object(w.rank)):
+            try:
+                again()
+            except minipar.errors.MiniparError as error:
+                assert "cannot run another control collective" in str(error), error
+                assert "reach the barrier timed out on group late_barrier" in str(error), error
+            else:
+                raise AssertionError("a control call ran on a group whose barrier timed out")
 
 
 def debug_check_timeout():
