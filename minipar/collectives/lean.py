@@ -9,7 +9,7 @@ wraps every message in a Request object. Here that is worked out once, in a `Pla
 (group, algorithm, dtype, count, op, thread), and each call runs the plan's steps on mpi4py's
 own requests:
 
-    per step: Irecv into scratch, Isend of x, poll both, x = low op high (a cached ufunc)
+    per step: Irecv into scratch, send x, poll, x = low op high (a cached ufunc)
 
 The messages are the very ones recursive.all_reduce_recursive_doubling sends (same tag, sizes,
 order and arithmetic), so a rank on this path and one on the general path (say, one with a trace
@@ -36,10 +36,16 @@ import numpy as np
 
 from minipar import buffers, cost, ledger, runtime
 from minipar.collectives import layout, registry, transport
+from minipar.comm import signature
 from minipar.comm.base import _SPIN_SECONDS, abandon, wait_all
 from minipar.ops import _NUMPY, _NUMPY_BOOL, ReduceOp, check_op
 
 MAX_BYTES = 64 << 10  # the latency regime; a plan keeps a scratch buffer of this size at most
+# A blocking MPI_Send of this few bytes returns at once in every MPI (they go eagerly, buffered at
+# the receiver), so it cannot hang on an absent peer and skips a request: a third of the Python
+# on an 8 B step. Larger sends may wait for the receiver (rendezvous), so they are Isends whose
+# waits time out.
+EAGER_BYTES = 256
 _EXACT = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 # polls of a step's two requests before handing over to the general waiter (which yields): none
 # when ranks outnumber cores, where spinning only steals the core from the peer we wait for
@@ -53,13 +59,25 @@ class Plan:
     (send_to, recv_from, mode) per step, mode "low" (x = incoming op x: the partner is the lower
     rank), "high" (x = x op incoming), "copy" (received straight into x) or None (send only)."""
 
-    __slots__ = ("comm", "steps", "sig", "kernel", "scratch", "link", "avg", "status", "mpi")
+    __slots__ = (
+        "comm",
+        "steps",
+        "sig",
+        "sig_hash",
+        "kernel",
+        "scratch",
+        "link",
+        "avg",
+        "status",
+        "mpi",
+    )
 
     def __init__(self, comm, steps, sig, kernel, scratch, link, avg):
         self.comm, self.steps, self.sig, self.kernel = comm, steps, sig, kernel
         self.scratch, self.link, self.avg = scratch, link, avg
         self.mpi = _mpi()
         self.status = self.mpi.Status()
+        self.sig_hash = signature.tag_hash(sig)
 
 
 def _mpi():
@@ -150,15 +168,31 @@ def _plan(comm, x, op, algorithm) -> Plan | None:
 
 def _run(plan: Plan, x) -> None:
     comm, MPI = plan.comm, plan.mpi
-    _, tag = comm.next_collective_tag(plan.sig)
+    _, tag = comm.next_collective_tag(plan.sig, plan.sig_hash)
     mine, theirs = [x, MPI.BYTE], [plan.scratch, MPI.BYTE]
+    eager, status = x.nbytes <= EAGER_BYTES, plan.status
     for step, (send_to, recv_from, mode) in enumerate(plan.steps):
         recv = send = None
         if recv_from is not None:
             recv = comm.mpi.Irecv(mine if mode == "copy" else theirs, recv_from, tag)
-        if send_to is not None:
+        if send_to is not None and eager:
+            comm.mpi.Send(mine, send_to, tag)  # returns at once: see EAGER_BYTES
+        elif send_to is not None:
             send = comm.mpi.Isend(mine, send_to, tag)
-        _wait(plan, recv, send, tag, step, x, send_to, recv_from, mode)
+        try:
+            for _ in range(SPINS):  # the common case: done within a few polls
+                if recv is not None and recv.Test(status):
+                    recv = None
+                    if status.Get_count(MPI.BYTE) != (x if mode == "copy" else theirs[0]).nbytes:
+                        _wrong_size(plan, status, tag, x, recv_from, mode)
+                if send is not None and send.Test():
+                    send = None
+                if recv is None and send is None:
+                    break
+            else:
+                _wait(plan, recv, send, tag, step, x, send_to, recv_from, mode)
+        except MPI.Exception as error:
+            _failed(plan, error, send, tag, x, send_to, recv_from, mode)
         if mode == "low":
             plan.kernel(plan.scratch, x, out=x)
         elif mode == "high":
@@ -167,30 +201,29 @@ def _run(plan: Plan, x) -> None:
         np.divide(x, comm.size, out=x, casting="unsafe")
 
 
+def _wrong_size(plan: Plan, status, tag: int, x, recv_from, mode) -> None:
+    from minipar.comm.mpi import check_count
+
+    into = x if mode == "copy" else plan.scratch
+    check_count(status, plan.comm, recv_from, tag, into.nbytes)
+
+
+def _failed(plan: Plan, error, send, tag: int, x, send_to, recv_from, mode) -> None:
+    """An MPI error while polling (a message larger than the buffer): said plainly, and the send
+    still in flight is abandoned with its buffer kept alive (comm/base.py)."""
+    from minipar.comm.mpi import raise_if_truncated
+
+    into = x if mode == "copy" else plan.scratch
+    abandon(_wrap(plan, None, send, tag, x, send_to, into, recv_from))
+    raise_if_truncated(error, plan.comm, recv_from, tag, into.nbytes)
+    raise error
+
+
 def _wait(plan: Plan, recv, send, tag: int, step: int, x, send_to, recv_from, mode) -> None:
-    """Poll the step's requests a little; then hand them to the general waiter, which yields the
-    core and times out naming the peer. A receive's size is checked either way. (Not MPI 4's
+    """The step's requests, still pending after the spin, handed to the general waiter: it
+    yields the core, checks sizes, notices a mismatch and times out naming the peer. (Not MPI 4's
     Isendrecv, one request for both: MPICH 5.0's fills its status with a wrong count.)"""
     into = x if mode == "copy" else plan.scratch
-    status, MPI = plan.status, plan.mpi
-    try:
-        for _ in range(SPINS):
-            if recv is not None and recv.Test(status):
-                recv = None
-                if status.Get_count(MPI.BYTE) != into.nbytes:
-                    from minipar.comm.mpi import check_count
-
-                    check_count(status, plan.comm, recv_from, tag, into.nbytes)
-            if send is not None and send.Test():
-                send = None
-            if recv is None and send is None:
-                return
-    except MPI.Exception as error:
-        from minipar.comm.mpi import raise_if_truncated
-
-        abandon(_wrap(plan, None, send, tag, x, send_to, into, recv_from))
-        raise_if_truncated(error, plan.comm, recv_from, tag, into.nbytes)
-        raise
     pending = _wrap(plan, recv, send, tag, x, send_to, into, recv_from)
     wait_all(pending, plan.comm.timeout, lambda: _context(plan, step))
 

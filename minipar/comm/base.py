@@ -250,14 +250,16 @@ class Communicator:
         wait_all([self._post_barrier()], self.timeout, f"barrier on group {self.name}")
 
     # -- collectives bookkeeping --------------------------------------------------------
-    def next_collective_tag(self, sig) -> tuple[int, int]:
+    def next_collective_tag(self, sig, sig_hash=None) -> tuple[int, int]:
         """(sequence number, tag) for the next collective call on this group, whose signature
-        (comm/signature.py) is `sig`; raises MismatchError once the group has seen a mismatch."""
+        (comm/signature.py) is `sig` (`sig_hash` its tag_hash, if the caller kept it); raises
+        MismatchError once the group has seen a mismatch."""
         if self._failure is not None:
             raise MismatchError(self._failure)
         seq = self._seq
         self._seq = seq + 1
-        sig_hash = _cached_hash(sig)  # inline, not signature.tag_hash: every call comes here
+        if sig_hash is None:
+            sig_hash = _cached_hash(sig)  # inline, not signature.tag_hash: every call comes here
         if sig_hash is None:
             sig_hash = signature.tag_hash(sig)
         field = seq & SEQ_MASK
