@@ -108,6 +108,20 @@ def test_measured_crossover():
 
 
 @pytest.mark.timeout(150)
+def test_relative_slope_fits_a_line_and_weighs_sizes_alike():
+    sizes = [1 << k for k in range(20, 27)]
+    alpha, beta = 5e-6, 2e-10
+    exact = [alpha + n * beta for n in sizes]
+    assert fit.relative_slope(sizes, exact, alpha) == pytest.approx(beta, rel=1e-12)
+    # one size 2x slower (a cache edge): a two-point slope through it is off by ~2x at the
+    # other end; the relative fit keeps every other size within a few tens of percent
+    bumped = list(exact)
+    bumped[-1] *= 2
+    b = fit.relative_slope(sizes, bumped, alpha)
+    errors = [(alpha + n * b - t) / t for n, t in zip(sizes, bumped)]
+    assert max(abs(e) for e in errors[:-1]) < 0.2 and abs(errors[-1]) < 0.5, errors
+
+
 def test_two_rank_run(tmp_path):
     """One short job: every key, positive times, busbw = algbw x factor, the fit stored."""
     out, png, link = tmp_path / "out.json", tmp_path / "bw.png", tmp_path / "link.json"
