@@ -112,6 +112,10 @@ class Cluster:
     precision: str = "bf16"  # "bf16" (mixed, with fp32 master weights) or "fp32"
     op_overhead: float = 5e-6  # seconds each kernel (one torch op) costs besides its FLOPs
     source: str = ""
+    # seconds each message-step on the critical path costs besides the link's alpha: 0 with a
+    # core (or GPU) per rank; with more ranks than cores, the wait for a peer the scheduler is
+    # not running (measured: calibrated_cpu)
+    step_wait: float = 0.0
 
 
 CLUSTERS = {
@@ -221,6 +225,13 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     grads = m.params / (lay.tp * lay.pp) * value_bytes
     dp_total = dp_all_reduce_time(grads, lay.dp, lay.tp, h) * (1.5 if zero >= 3 else 1.0)
     dp_comm = max(0.0, dp_total - 2 / 3 * compute)
+    waits = {"tp": 0.0, "pp": 0.0, "dp": 0.0}
+    if c.step_wait:  # every message-step on the critical path waits for its peer's turn
+        from minipar.step_messages import message_steps
+
+        steps = message_steps(m, lay, zero, value_bytes)
+        waits = {axis: n * c.step_wait for axis, n in steps.items()}
+    tp_comm, pp_comm, dp_comm = tp_comm + waits["tp"], pp_comm + waits["pp"], dp_comm + waits["dp"]
     total = compute + bubble + tp_comm + pp_comm + dp_comm
     return {
         "compute": compute,
@@ -229,6 +240,7 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
         "pp_comm": pp_comm,
         "dp_comm": dp_comm,
         "dp_total": dp_total,
+        "waits": sum(waits.values()),  # already inside the three comm terms
         "total": total,
     }
 
@@ -377,3 +389,19 @@ def shared_cores(cluster: Cluster, ranks: int, cores: int, peak_flops: float | N
     share = min(1.0, cores / ranks)
     peak = cluster.peak_flops if peak_flops is None else peak_flops
     return replace(cluster, peak_flops=peak * share, op_overhead=cluster.op_overhead / share)
+
+
+def calibrated_cpu(
+    ranks: int, cores: int, alpha, peak_flops: float | None = None, cluster: Cluster | None = None
+) -> Cluster:
+    """The "cpu" cluster (or `cluster`) for `ranks` processes on `cores` cores, calibrated by
+    measurement: shared_cores' share of the rate and per-op cost, and, when ranks outnumber
+    cores, `step_wait` = alpha less the link's own alpha for every message-step. `alpha`: the
+    measured seconds per message-step with `ranks` ranks (a float, or a cost.Link such as
+    minipar.bench.step_latency.measure's or `minipar bench --fit`'s file loaded)."""
+    alpha = getattr(alpha, "alpha", alpha)
+    if not alpha >= 0:
+        raise ValueError(f"alpha must be a non-negative number of seconds, got {alpha!r}")
+    base = shared_cores(cluster or CLUSTERS["cpu"], ranks, cores, peak_flops)
+    wait = max(0.0, alpha - base.hierarchy.intra.alpha) if ranks > cores else 0.0
+    return replace(base, step_wait=wait)

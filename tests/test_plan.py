@@ -3,12 +3,15 @@
 import json
 
 import pytest
+from conftest import ranks_suite
 
 from minipar import cost
 from minipar.cli import main as cli_main
 from minipar.models import GPTConfig
 from minipar.plan import CLUSTERS, ModelSpec, best, bubble_fraction, plan_layouts
-from minipar.planner import GB, evaluate, state_memory
+from minipar.planner import GB, calibrated_cpu, evaluate, shared_cores, state_memory
+from minipar.step_messages import message_steps
+from minipar.testing import harness
 
 H100 = CLUSTERS["dgx-h100"]
 SEVEN_B = ModelSpec.preset("7b", seq_len=2048, global_batch=256)
@@ -96,3 +99,60 @@ def test_command(capsys):
     )
     assert cli_main(["plan", "--layers", "4"]) == 2
     assert "--layers, --hidden and --heads" in capsys.readouterr().err
+
+
+TINY = ModelSpec.preset("tiny")
+CPU = CLUSTERS["cpu"]
+
+
+def test_oversubscribed_message_steps_cost_the_measured_alpha():
+    alpha = 3e-3  # seconds per message-step, as measured with 8 ranks on 2 cores
+    cpu = calibrated_cpu(8, 2, alpha, peak_flops=50e9)
+    wait = alpha - CPU.hierarchy.intra.alpha
+    assert cpu.step_wait == pytest.approx(wait)
+    plain = shared_cores(CPU, 8, 2, 50e9)
+    for dp, tp, pp, micro in [(1, 8, 1, 8), (8, 1, 1, 1), (1, 1, 8, 1), (2, 2, 2, 2)]:
+        lay, before = (
+            evaluate(TINY, cpu, dp, tp, pp, micro),
+            evaluate(TINY, plain, dp, tp, pp, micro),
+        )
+        steps = message_steps(TINY, lay)
+        assert lay.time["waits"] == pytest.approx(sum(steps.values()) * wait)
+        for axis in ("tp", "pp", "dp"):  # each axis's waits land in its comm term
+            added = lay.time[f"{axis}_comm"] - before.time[f"{axis}_comm"]
+            assert added == pytest.approx(steps[axis] * wait)
+        assert lay.step_time == pytest.approx(before.step_time + lay.time["waits"])
+    # 8 ranks of tensor parallelism: 34 all-reduces of the activations a step (4 per block, the
+    # embedding's, the head's) in 2 log2(8) = 6 steps (rabenseifner) and the loss's 2 in 3
+    # (recursive doubling), all on the critical path
+    pure_tp = evaluate(TINY, cpu, 1, 8, 1, 8)
+    assert message_steps(TINY, pure_tp) == {"tp": 34 * 6 + 2 * 3, "pp": 0, "dp": 0}
+    # pipeline: 2 hops in each of m + p - 1 slots, the agreement (3) and the loss's broadcast (3)
+    assert message_steps(TINY, evaluate(TINY, cpu, 1, 1, 8, 1))["pp"] == 2 * (8 + 7) + 3 + 3
+    # twice the wait, twice the term; the order of the layouts follows the message-steps
+    double = calibrated_cpu(8, 2, 2 * alpha - CPU.hierarchy.intra.alpha, peak_flops=50e9)
+    assert evaluate(TINY, double, 1, 8, 1, 8).time["waits"] == pytest.approx(
+        2 * pure_tp.time["waits"]
+    )
+    assert pure_tp.step_time > evaluate(TINY, cpu, 8, 1, 1, 1).step_time
+
+
+def test_cpu_prediction_unchanged_with_a_core_per_rank():
+    for ranks, cores in [(2, 2), (2, 4), (1, 1)]:
+        cpu = calibrated_cpu(ranks, cores, cost.Link("slow", 5e-3, 1e-9, 1e-9), 50e9)
+        assert cpu.step_wait == 0
+        for dp, tp, pp in [(ranks, 1, 1), (1, ranks, 1), (1, 1, ranks)]:
+            a = evaluate(TINY, cpu, dp, tp, pp, 1).time
+            b = evaluate(TINY, shared_cores(CPU, ranks, cores, 50e9), dp, tp, pp, 1).time
+            assert a == b and a["waits"] == 0
+    assert evaluate(SEVEN_B, H100, 2, 2, 2, 1).time["waits"] == 0  # datacenter presets: none
+    with pytest.raises(ValueError, match="alpha must be a non-negative number of seconds"):
+        calibrated_cpu(8, 2, -1.0)
+
+
+STEP_SUITE = ranks_suite("step_messages.py")
+
+
+@pytest.mark.parametrize("size,name", harness.params(STEP_SUITE, [4]))
+def test_message_count_equals_the_traced_step(size, name):
+    harness.run_suite(STEP_SUITE, size).check(name)
