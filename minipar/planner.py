@@ -31,6 +31,15 @@ Step time on one GPU, the sum of:
   (assumed: up to 2/3 of the compute).
 Each collective is priced with minipar.cost on the link it crosses: NVLink when the group fits
 inside a node, InfiniBand otherwise (tp innermost, then dp, then pp, as DeviceMesh lays them).
+- waits, only where ranks outnumber cores (the cluster's `step_wait` > 0; 0 for the GPU
+  presets): a rank that waits for a peer the scheduler is not running waits its turn, so every
+  message-step on the critical path costs `step_wait` more than the link's alpha. The steps
+  are minipar.step_messages': the tp all-reduces of the busiest stage (4 per block, the
+  embedding's, the head's, the loss's 2, per micro-batch, in the steps of the algorithm `auto`
+  runs) times m + p - 1 slots, 2 hops per slot plus 2 small collectives on the pipeline, and
+  the dp group's gradient buckets, `used` map and loss. Each axis's waits are added to its comm
+  term. calibrated_cpu sets `step_wait` from a measurement (minipar.bench.step_latency: ring
+  all-reduces on that many ranks), and from the same measurement a slower per-byte cost.
 These are estimates for choosing a layout, not promises: real kernels, overlap and memory
 fragmentation move every term.
 """
@@ -392,16 +401,36 @@ def shared_cores(cluster: Cluster, ranks: int, cores: int, peak_flops: float | N
 
 
 def calibrated_cpu(
-    ranks: int, cores: int, alpha, peak_flops: float | None = None, cluster: Cluster | None = None
+    ranks: int,
+    cores: int,
+    alpha,
+    peak_flops: float | None = None,
+    share: float | None = None,
+    cluster: Cluster | None = None,
 ) -> Cluster:
     """The "cpu" cluster (or `cluster`) for `ranks` processes on `cores` cores, calibrated by
-    measurement: shared_cores' share of the rate and per-op cost, and, when ranks outnumber
-    cores, `step_wait` = alpha less the link's own alpha for every message-step. `alpha`: the
-    measured seconds per message-step with `ranks` ranks (a float, or a cost.Link such as
-    minipar.bench.step_latency.measure's or `minipar bench --fit`'s file loaded)."""
+    measurement. Compute: each rank gets `share` of a core (measured, e.g. step_latency's
+    compute_share; default cores / ranks as in shared_cores): the rate times it, each op's
+    overhead over it. Communication, when ranks outnumber cores: `step_wait` = alpha less the
+    link's own alpha for every message-step on the critical path. `alpha`: the measured seconds
+    per message-step with `ranks` ranks, a float or a cost.Link (step_latency.measure's, or a
+    link file loaded); a Link's beta, if larger, also prices the bytes (on a shared core a large
+    message crosses in several turns)."""
+    link = alpha if isinstance(alpha, cost.Link) else None
     alpha = getattr(alpha, "alpha", alpha)
     if not alpha >= 0:
         raise ValueError(f"alpha must be a non-negative number of seconds, got {alpha!r}")
-    base = shared_cores(cluster or CLUSTERS["cpu"], ranks, cores, peak_flops)
-    wait = max(0.0, alpha - base.hierarchy.intra.alpha) if ranks > cores else 0.0
-    return replace(base, step_wait=wait)
+    if share is not None and not 0 < share <= 1:
+        raise ValueError(f"share must be in (0, 1], got {share!r}")
+    cluster = cluster or CLUSTERS["cpu"]
+    base = shared_cores(cluster, ranks, cores, peak_flops)
+    if share is not None:
+        peak = cluster.peak_flops if peak_flops is None else peak_flops
+        base = replace(cluster, peak_flops=peak * share, op_overhead=cluster.op_overhead / share)
+    if ranks <= cores:
+        return base
+    h = base.hierarchy
+    if link is not None and link.beta > h.intra.beta:
+        slow = replace(h.intra, name=f"{h.intra.name}, {link.name}", beta=link.beta)
+        h = cost.Hierarchy(slow, slow, h.per_node)
+    return replace(base, hierarchy=h, step_wait=max(0.0, alpha - base.hierarchy.intra.alpha))
