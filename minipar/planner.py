@@ -40,6 +40,9 @@ inside a node, InfiniBand otherwise (tp innermost, then dp, then pp, as DeviceMe
   the dp group's gradient buckets, `used` map and loss. Each axis's waits are added to its comm
   term. calibrated_cpu sets `step_wait` from a measurement (minipar.bench.step_latency: ring
   all-reduces on that many ranks), and from the same measurement a slower per-byte cost.
+On a CPU no datasheet gives the compute terms either: measure_flops (a matmul's rate),
+measure_compute (efficiency and per-op cost, fitted to dense steps of the tiny GPT) and
+step_latency's compute_share (the share of a core each rank gets) calibrate them.
 These are estimates for choosing a layout, not promises: real kernels, overlap and memory
 fragmentation move every term.
 """
@@ -377,7 +380,8 @@ def fmt_seconds(t: float) -> str:
 
 def measure_flops(rows: int = 512, hidden: int = 64, repeats: int = 50) -> float:
     """FLOP/s this process reaches on a float32 matmul of the tiny GPT's MLP shape (rows tokens
-    x hidden -> 4 hidden): a measured `peak_flops` for the "cpu" cluster. Median of `repeats`."""
+    x hidden -> 4 hidden): a measured `peak_flops` for the "cpu" cluster. Median of `repeats`,
+    each timed in this thread's CPU seconds: other jobs sharing the core do not count."""
     import statistics
     import time
 
@@ -386,10 +390,45 @@ def measure_flops(rows: int = 512, hidden: int = 64, repeats: int = 50) -> float
     a, b = torch.randn(rows, hidden), torch.randn(hidden, 4 * hidden)
     times = []
     for _ in range(repeats + 1):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         a @ b
-        times.append(time.perf_counter() - t0)
+        times.append(time.thread_time() - t0)
     return 2 * rows * hidden * 4 * hidden / statistics.median(times[1:])
+
+
+def measure_compute(rate: float, steps: int = 4) -> dict:
+    """This CPU's `efficiency` and `op_overhead` for the tiny GPT, from one process: the CPU
+    seconds (time.process_time: other jobs' load does not count) of dense training steps of
+    minipar.models' default GPT with 1 and with 8 micro-batches (the fastest of `steps` each),
+    solved for the two unknowns of compute = FLOPs / (rate x efficiency) + kernels x overhead
+    (kernels: ops_per_step). `rate`: measure_flops'. Loads torch."""
+    import time
+
+    from minipar.models import training
+    from minipar.models.config import RunSpec
+    from minipar.models.data import Batches, load_tokens
+    from minipar.models.gpt import build_gpt
+
+    spec, seconds = RunSpec(), {}
+    model = build_gpt(spec.model, spec.seed)
+    opt = training.make_optimizer(model, spec.lr)
+    inputs, targets = Batches(load_tokens(), spec.batch_size, spec.model.seq_len, 0).get(0)
+    for m in (1, spec.batch_size):
+        times = []
+        for _ in range(steps + 1):  # the first warms up
+            start = time.process_time()
+            training.accumulate(model, inputs, targets, m, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            times.append(time.process_time() - start)
+        seconds[m] = min(times[1:])
+    tiny = MODELS["tiny"]
+    ops = {m: ops_per_step(tiny, Layout(1, 1, 1, tiny.global_batch // m, m)) for m in seconds}
+    (m1, t1), (m2, t2) = sorted(seconds.items())
+    overhead = max(0.0, (t2 - t1) / (ops[m2] - ops[m1]))
+    flops_seconds = max(t1 - ops[m1] * overhead, 0.05 * t1)  # noise must not make it negative
+    efficiency = min(1.0, tiny.train_flops() / rate / flops_seconds)
+    return {"efficiency": efficiency, "op_overhead": overhead, "step_seconds": seconds}
 
 
 def shared_cores(cluster: Cluster, ranks: int, cores: int, peak_flops: float | None = None):

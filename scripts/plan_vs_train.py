@@ -3,21 +3,23 @@
     python scripts/plan_vs_train.py --layouts 1x1x1 2x1x1 4x1x1 8x1x1 2x2x2 --steps 20
     python scripts/plan_vs_train.py --layouts all8 --steps 8     # every 8-rank layout
 
-First it measures this machine: the matmul rate of one process (planner.measure_flops) and,
-for each number of ranks the layouts use, the seconds per message-step and per byte of a step
-with that many ranks and the share of a core each gets (minipar.bench.step_latency). Then for
-each dp x tp x pp layout: `minipar train --json` (launched on dp*tp*pp ranks), and
-minipar.planner.evaluate for the same layout on the "cpu" cluster twice: "old", the rate shared
-among the ranks (planner.shared_cores), and "new", calibrated (planner.calibrated_cpu: the
-measured share of a core per rank, and every message-step on the critical path at the measured
-cost). Prints a markdown table (min /
-median / max of the measured steps, the first step excluded) for docs/. Run it on a quiet
-machine; `--json PATH` also keeps every number.
+First it measures this machine: the matmul rate of one process (planner.measure_flops), the
+efficiency and per-op cost of a dense step of the tiny GPT (planner.measure_compute) and, for
+each number of ranks the layouts use, the seconds per message-step and per byte of a step with
+that many ranks and the share of a core each gets computing the tiny GPT
+(minipar.bench.step_latency with gpt_work). Then for each dp x tp x pp layout: `minipar train
+--json` (launched on dp*tp*pp ranks), and minipar.planner.evaluate for the same layout on the
+"cpu" cluster twice: "old", the matmul rate shared among the ranks (planner.shared_cores), and
+"new", calibrated (planner.calibrated_cpu: the measured efficiency, per-op cost and share of a
+core per rank, and every message-step on the critical path at the measured cost). Prints a
+markdown table (min / median / max of the measured steps, the first step excluded) for docs/.
+Run it on a quiet machine; `--json PATH` also keeps every number.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -87,10 +89,19 @@ def main() -> None:
     chosen = layouts([t for text in args.layouts for t in text.split(",")])
     model, cores = planner.MODELS["tiny"], launcher.cores()
     rate = planner.measure_flops()
-    print(f"measured matmul rate: {rate / 1e9:.2f} GFLOP/s per core, {cores} cores")
+    fit = planner.measure_compute(rate)
+    calibrated = dataclasses.replace(
+        planner.CLUSTERS["cpu"], efficiency=fit["efficiency"], op_overhead=fit["op_overhead"]
+    )
+    dense = ", ".join(f"{m} micro-batches {t * 1e3:.0f} ms" for m, t in fit["step_seconds"].items())
+    print(
+        f"measured matmul rate: {rate / 1e9:.2f} GFLOP/s per core, {cores} cores; a dense step "
+        f"of the tiny GPT in CPU time: {dense}: efficiency {fit['efficiency']:.2f}, "
+        f"{fit['op_overhead'] * 1e6:.0f} us per op"
+    )
     links, shares = {}, {}
     for ranks in sorted({dp * tp * pp for dp, tp, pp in chosen} - {1}):
-        links[ranks], measured = step_latency.measure(ranks)
+        links[ranks], measured = step_latency.measure(ranks, gpt=True)
         shares[ranks] = measured["share"]
         mbps = 1 / links[ranks].beta / 1e6 if links[ranks].beta else float("inf")
         print(
@@ -111,7 +122,7 @@ def main() -> None:
         micro = model.global_batch // dp // m
         old_cpu = planner.shared_cores(planner.CLUSTERS["cpu"], ranks, cores, rate)
         link, share = links.get(ranks, 0.0), shares.get(ranks)
-        new_cpu = planner.calibrated_cpu(ranks, cores, link, rate, share)
+        new_cpu = planner.calibrated_cpu(ranks, cores, link, rate, share, calibrated)
         old = planner.evaluate(model, old_cpu, dp, tp, pp, micro)
         new = planner.evaluate(model, new_cpu, dp, tp, pp, micro)
         steps = sorted(measure(dp, tp, pp, m, args.steps)["step_seconds"][1:])
@@ -126,7 +137,7 @@ def main() -> None:
         rows.append({"layout": [dp, tp, pp], "m": m, "message_steps": n_steps,
                      "old": old.time, "new": new.time, "measured": steps})  # fmt: skip
     if args.json:
-        found = {"rate": rate, "cores": cores, "rows": rows}
+        found = {"rate": rate, "compute": fit, "cores": cores, "rows": rows}
         found["links"] = {n: vars(link) for n, link in links.items()}
         found["shares"] = shares
         with open(args.json, "w") as f:

@@ -156,3 +156,19 @@ STEP_SUITE = ranks_suite("step_messages.py")
 @pytest.mark.parametrize("size,name", harness.params(STEP_SUITE, [4]))
 def test_message_count_equals_the_traced_step(size, name):
     harness.run_suite(STEP_SUITE, size).check(name)
+
+
+def test_calibrated_cpu_takes_the_measured_share_and_bytes():
+    measured = cost.Link("steps:8on2", 1e-3, 1 / 50e6, 1 / 5e9)  # 50 MB/s within a step
+    cpu = calibrated_cpu(8, 2, measured, peak_flops=50e9, share=0.2)
+    assert cpu.peak_flops == pytest.approx(0.2 * 50e9)
+    assert cpu.op_overhead == pytest.approx(CPU.op_overhead / 0.2)
+    assert cpu.hierarchy.intra.beta == cpu.hierarchy.inter.beta == measured.beta
+    assert cpu.hierarchy.intra.alpha == CPU.hierarchy.intra.alpha  # the wait is step_wait's
+    lay = evaluate(TINY, cpu, 1, 8, 1, 8)
+    act = 8 * 64 * 64 * 4  # one micro-batch's activations, fp32
+    ring = cost.predict("all_reduce", "ring", act, 8, cpu.hierarchy.intra)
+    waits = message_steps(TINY, lay)["tp"] * cpu.step_wait
+    assert lay.time["tp_comm"] == pytest.approx(32 * ring + waits)  # bytes: 4 per block
+    with pytest.raises(ValueError, match="share must be in"):
+        calibrated_cpu(8, 2, measured, share=1.5)

@@ -10,7 +10,7 @@ stage: the calls and the message-steps the planner prices.
 from collections import Counter
 
 import minipar
-from minipar import planner, step_messages
+from minipar import planner, runtime, step_messages
 from minipar.models import training
 from minipar.models.config import GPTConfig, RunSpec
 from minipar.models.data import Batches, dp_slice, load_tokens
@@ -58,6 +58,16 @@ def check(dp, tp, pp, m, fsdp=False):
     assert got == Counter(want), f"stage {mesh.pp_rank}: traced {dict(got)}, planner {want}"
 
 
+def step_latency_measures():
+    """The measurement calibrated_cpu takes: positive, finite, the same on every rank."""
+    from minipar.bench import step_latency
+
+    got = step_latency.time_per_step(calls=3, blocks=2)
+    assert 0 < got["alpha"] < 1 and 0 <= got["beta"] < 1e-3 and 0 < got["share"] <= 1, got
+    seen = runtime.world().allgather_object((got["alpha"], got["beta"], got["share"]))
+    assert all(s == seen[0] for s in seen), seen
+
+
 def cases(size):
     if size != 4:
         return {}
@@ -66,4 +76,5 @@ def cases(size):
         "dp2_tp2_m2": lambda: check(2, 2, 1, 2),
         "tp2_pp2_m2": lambda: check(1, 2, 2, 2),
         "dp2_pp2_fsdp": lambda: check(2, 1, 2, 2, fsdp=True),
+        "step_latency": step_latency_measures,
     }
