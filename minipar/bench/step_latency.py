@@ -1,8 +1,8 @@
 """Seconds per message-step, and per byte of a step, on this machine with n ranks: the planner's
 latency and bandwidth when ranks outnumber cores.
 
-    link, measured = step_latency.measure(8)   # 8 ranks: link.alpha, link.beta per step, and
-    measured["share"]                           # the share of a core each rank computes with
+    link, measured = step_latency.measure(8, gpt=True)   # 8 ranks: link.alpha, link.beta per
+    measured["share"]                                    # step; the share of a core per rank
     python -m minipar.bench.step_latency 8 link.json [--gpt]   # the same from a shell
 
 Each rank runs ring all-reduces back to back (2 (n-1) steps each, every step a send to one
@@ -15,11 +15,15 @@ waits for a peer waits until the scheduler runs that peer, and a large message c
 several turns: no datasheet has those numbers, so the planner takes them from here
 (planner.calibrated_cpu). Stored with cost.save_link, like `minipar bench --fit`'s link.
 
-The same launch measures the share of a core each rank computes with (compute_share): a block
-of work on one rank alone, then on every rank at once; the work is small numpy matmuls, or with
-`--gpt` forward and backward passes of the tiny GPT (torch: its Python and cache traffic too).
-cores / ranks on an idle machine; less where other jobs share the cores or the ranks crowd each
-other out of the caches, which the planner's cores / ranks would not see.
+Idle ranks hand the core over quickly; in training the peer a rank waits for is computing and
+keeps the core for its time slice. With `--gpt` alpha is measured busy: every small all-reduce
+follows a forward and backward pass of the tiny GPT on every rank, and alpha is what those
+blocks take beyond the same passes alone, per step (8 ranks on 2 cores, loaded: ~3 ms busy,
+~0.5 ms idle). The same launch measures the share of a core each rank computes with
+(compute_share): a block of work on one rank alone, then on every rank at once (numpy matmuls,
+or with `--gpt` the GPT's passes: torch's Python and cache traffic too). cores / ranks on an
+idle machine; less where other jobs share the cores or the ranks crowd each other out of the
+caches, which the planner's cores / ranks would not see.
 """
 
 from __future__ import annotations
@@ -90,12 +94,13 @@ def time_per_step(group=None, calls: int = 10, blocks: int = 5, work=None) -> di
         "ranks": p,
         "bytes": [SMALL, p * LARGE_PER_STEP],
     }
-    if work is not None:
-        n = max(2, calls // 2)
-        busy = _block_seconds(tiny, group, n, blocks, work)
-        alone = _block_seconds(None, group, n, blocks, work)
-        extra = statistics.median(busy) - statistics.median(alone)
-        found.update(alpha=max(extra, 0.0) / (n * steps), busy_blocks=[busy, alone])
+    if work is not None:  # pairs of blocks, with and without, so both see the same load
+        n, pairs = max(2, calls // 2), []
+        for _ in range(2 * blocks):
+            busy = _block_seconds(tiny, group, n, 1, work)[0]
+            pairs.append((busy, _block_seconds(None, group, n, 1, work)[0]))
+        extra = statistics.median(b - a for b, a in pairs)
+        found.update(alpha=max(extra, 0.0) / (n * steps), busy_pairs=pairs)
     return found
 
 
@@ -132,12 +137,12 @@ def gpt_work(reps: int = 4):
     return work
 
 
-def compute_share(group=None, work=None, blocks: int = 3) -> float:
+def compute_share(group=None, work=None, blocks: int = 3, repeat: int = 4) -> float:
     """The share of a core each rank gets when all of the group's ranks compute at once: the
-    time of a block of `work` (default matmul_work()) on rank 0 alone (the others asleep, not
-    polling; the fastest block) over its time when every rank runs it (the slowest rank, the
-    median block). cores / ranks on an idle machine; less when other processes share the
-    cores, or when the ranks' working sets crowd each other out of the caches."""
+    time of `repeat` blocks of `work` (default matmul_work()) on rank 0 alone (the others
+    asleep, not polling; the fastest try) over their time when every rank runs them (the
+    slowest rank, the median try). cores / ranks on an idle machine; less when other processes
+    share the cores, or when the ranks' working sets crowd each other out of the caches."""
     import numpy as np
 
     import minipar
@@ -149,7 +154,8 @@ def compute_share(group=None, work=None, blocks: int = 3) -> float:
             minipar.barrier(group=group)
             start = time.perf_counter()
             if every or rank == 0:
-                work()
+                for _ in range(repeat):
+                    work()
             else:
                 time.sleep(SLEEP)  # longer than rank 0's block: rank 0 has the core alone
             worst[0] = time.perf_counter() - start if every or rank == 0 else 0.0
