@@ -12,8 +12,8 @@ tokens, hidden h), read off the code that sends:
   backward) and the loss's 2 all-reduces of 1 and 2 numbers per token (cross_entropy.py).
 - pp group (P > 1), per micro-batch: the activation received and sent forward, its gradient
   received and sent backward (one of each at the end stages; pipeline/interpreter); per step
-  1 all-gather that agrees on the layout (mpi4py's, outside minipar's ledger) and the loss's
-  broadcast from the last stage (8 bytes, models/mesh_model.py).
+  the agreement on the layout (allgather_object: 2 of MPI's own all-gathers, outside minipar's
+  ledger) and the loss's broadcast from the last stage (8 bytes, models/mesh_model.py).
 - dp group (dp > 1), per step: DDP's gradient all-reduce (one per 25 MiB bucket), its `used`
   map (1 byte per parameter tensor) and the loss's all-reduce (8 bytes); with FSDP (zero 3) per
   sharding unit (each block, the embedding, the head) and micro-batch 2 all-gathers (forward,
@@ -80,7 +80,8 @@ def calls(model, lay, stage: int, value_bytes: int = 4, zero: int = 0) -> list[C
         act = tokens * model.hidden * value_bytes
         for kind in P2P:  # an end stage sends (and receives) one way only
             out.append(Calls("pp", kind, act, m * (2 - first - last), "activations, gradients"))
-        out.append(Calls("pp", "all_gather", 64, 1, "agree on the layout", traced=False))
+        # mpi4py's Iallgather of the sizes, then Iallgatherv of the pickled views
+        out.append(Calls("pp", "all_gather", 64, 2, "agree on the layout", traced=False))
         out.append(Calls("pp", "broadcast", 8, 1, "the loss, from the last stage"))
     if lay.dp > 1:
         params, tensors = stage_params(model, lay.tp, P, stage)
@@ -150,5 +151,7 @@ def message_steps(model, lay, zero: int = 0, value_bytes: int = 4) -> dict:
     pp = 0.0
     if P > 1:
         once = [c for c in calls(model, lay, P - 1, value_bytes, zero) if c.axis == "pp"]
-        pp = 2 * (m + P - 1) + sum(steps_of(c, P) for c in once if c.collective not in P2P)
+        pp = 2 * (m + P - 1) + sum(
+            c.count * steps_of(c, P) for c in once if c.collective not in P2P
+        )
     return {"tp": tp_per_micro * (m + P - 1), "pp": pp, "dp": dp}

@@ -127,8 +127,9 @@ def test_oversubscribed_message_steps_cost_the_measured_alpha():
     # (recursive doubling), all on the critical path
     pure_tp = evaluate(TINY, cpu, 1, 8, 1, 8)
     assert message_steps(TINY, pure_tp) == {"tp": 34 * 6 + 2 * 3, "pp": 0, "dp": 0}
-    # pipeline: 2 hops in each of m + p - 1 slots, the agreement (3) and the loss's broadcast (3)
-    assert message_steps(TINY, evaluate(TINY, cpu, 1, 1, 8, 1))["pp"] == 2 * (8 + 7) + 3 + 3
+    # pipeline: 2 hops in each of m + p - 1 slots, the agreement (2 all-gathers of 3 steps)
+    # and the loss's broadcast (a tree: 3)
+    assert message_steps(TINY, evaluate(TINY, cpu, 1, 1, 8, 1))["pp"] == 2 * (8 + 7) + 6 + 3
     # twice the wait, twice the term; the order of the layouts follows the message-steps
     double = calibrated_cpu(8, 2, 2 * alpha - CPU.hierarchy.intra.alpha, peak_flops=50e9)
     assert evaluate(TINY, double, 1, 8, 1, 8).time["waits"] == pytest.approx(

@@ -72,8 +72,8 @@ def cases(size):
     if size != 4:
         return {}
     return {
-        "tp4": lambda: check(1, 4, 1, 1),
         "dp2_tp2_m2": lambda: check(2, 2, 1, 2),
+        "tp4": lambda: check(1, 4, 1, 1),
         "tp2_pp2_m2": lambda: check(1, 2, 2, 2),
         "dp2_pp2_fsdp": lambda: check(2, 1, 2, 2, fsdp=True),
         "step_latency": step_latency_measures,
