@@ -113,6 +113,9 @@ MODELS = {
 }
 
 
+OPS_PER_LAYER = 36  # kernels one block runs per micro-batch, forward and backward (an estimate)
+
+
 @dataclass(frozen=True)
 class Cluster:
     """Nodes of `per_node` accelerators: their memory, peak rate, and the links between them."""
@@ -129,6 +132,9 @@ class Cluster:
     # core (or GPU) per rank; with more ranks than cores, the wait for a peer the scheduler is
     # not running (measured: calibrated_cpu)
     step_wait: float = 0.0
+    ops_per_layer: int = OPS_PER_LAYER  # kernels per block per micro-batch, forward + backward
+    ops_outside: int = 20  # kernels per micro-batch outside the blocks: embedding, head, loss
+    optimizer_ops_per_tensor: float = 0.0  # 0: a foreach/fused optimizer, ~10 kernels a step
 
 
 CLUSTERS = {
@@ -146,7 +152,11 @@ CLUSTERS = {
         efficiency=1.0,
         op_overhead=20e-6,  # eager torch on a CPU: tens of microseconds of Python per op
         precision="fp32",
-        source="assumed: 10 GFLOP/s and 20 us per op per rank, shared-memory link from cost",
+        source="assumed: 10 GFLOP/s and 20 us per op per rank, shared-memory link from cost; "
+        "ops counted with torch.profiler on the tiny GPT",
+        ops_per_layer=86,  # aten ops of a block, forward and backward (torch.profiler)
+        ops_outside=36,  # embedding, head and loss
+        optimizer_ops_per_tensor=9,  # torch's AdamW on a CPU loops over the tensors
     ),
 }
 
@@ -225,7 +235,7 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     h, gpus = c.hierarchy, lay.dp * lay.tp * lay.pp
     value_bytes = 4 if c.precision == "fp32" else 2
     flops = m.train_flops(recompute) / gpus / (c.peak_flops * c.efficiency)
-    compute = flops + ops_per_step(m, lay) * c.op_overhead
+    compute = flops + ops_per_step(m, lay, c) * c.op_overhead
     bubble = compute * (lay.pp - 1) / lay.microbatches
     act = lay.micro_batch * m.seq_len * m.hidden * value_bytes  # one micro-batch's b s h
     per_layer = 6 if recompute else 4
@@ -261,14 +271,22 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     }
 
 
-OPS_PER_LAYER = 36  # kernels one block runs per micro-batch, forward and backward (an estimate)
-
-
-def ops_per_step(m: ModelSpec, lay: Layout) -> float:
+def ops_per_step(m: ModelSpec, lay: Layout, c: Cluster | None = None) -> float:
     """Kernels one GPU launches in a step: its L/pp blocks for each of the m micro-batches, the
-    embedding, head and loss (~20), and the optimizer (~10, foreach kernels). Each costs a fixed
-    overhead besides its FLOPs: what makes tiny micro-batches and tiny models slow."""
-    return (OPS_PER_LAYER * m.layers / lay.pp + 20) * lay.microbatches + 10
+    embedding, head and loss, and the optimizer. Each costs a fixed overhead besides its FLOPs:
+    what makes tiny micro-batches and tiny models slow. The counts are the cluster's (default
+    the GPU presets': 36 a block, ~20 outside the blocks, ~10 foreach optimizer kernels); the
+    "cpu" cluster's were counted with torch.profiler on the tiny GPT: 86 aten ops a block, 36
+    outside, and AdamW's loop over the tensors, 9 ops per parameter tensor."""
+    layer, outside = (c.ops_per_layer, c.ops_outside) if c else (OPS_PER_LAYER, 20)
+    per_tensor = c.optimizer_ops_per_tensor if c else 0.0
+    optimizer = 10.0
+    if per_tensor:
+        from minipar.step_messages import stage_params
+
+        tensors = max(stage_params(m, lay.tp, lay.pp, s)[1] for s in range(lay.pp))
+        optimizer = per_tensor * tensors
+    return (layer * m.layers / lay.pp + outside) * lay.microbatches + optimizer
 
 
 def _problems(m: ModelSpec, c: Cluster, lay: Layout, tp_across_nodes: bool) -> list[str]:
@@ -427,7 +445,8 @@ def measure_compute(rate: float, steps: int = 4) -> dict:
             times.append(time.process_time() - start)
         seconds[m] = min(times[1:])
     tiny = MODELS["tiny"]
-    ops = {m: ops_per_step(tiny, Layout(1, 1, 1, tiny.global_batch // m, m)) for m in seconds}
+    cpu = CLUSTERS["cpu"]
+    ops = {m: ops_per_step(tiny, Layout(1, 1, 1, tiny.global_batch // m, m), cpu) for m in seconds}
     (m1, t1), (m2, t2) = sorted(seconds.items())
     overhead = max(0.0, (t2 - t1) / (ops[m2] - ops[m1]))
     flops_seconds = max(t1 - ops[m1] * overhead, 0.05 * t1)  # noise must not make it negative
