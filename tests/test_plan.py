@@ -173,3 +173,16 @@ def test_calibrated_cpu_takes_the_measured_share_and_bytes():
     assert lay.time["tp_comm"] == pytest.approx(32 * ring + waits)  # bytes: 4 per block
     with pytest.raises(ValueError, match="share must be in"):
         calibrated_cpu(8, 2, measured, share=1.5)
+
+
+def test_cpu_counts_torch_ops_gpu_presets_keep_theirs():
+    from minipar.planner import ops_per_step
+    from minipar.step_messages import stage_params
+
+    dense = evaluate(TINY, CPU, 1, 1, 1, 8)
+    assert stage_params(TINY, 1, 1, 0)[1] == 101  # the tiny GPT's parameter tensors
+    # torch.profiler on the tiny GPT: 86 aten ops a block, 36 outside; AdamW: 9 per tensor
+    assert ops_per_step(TINY, dense, CPU) == 86 * 8 + 36 + 9 * 101
+    assert ops_per_step(TINY, dense, H100) == ops_per_step(TINY, dense) == 36 * 8 + 20 + 10
+    last_stage = evaluate(TINY, CPU, 1, 1, 8, 1)  # 8 micro-batches of one block; 12 + 3 tensors
+    assert ops_per_step(TINY, last_stage, CPU) == (86 + 36) * 8 + 9 * 15

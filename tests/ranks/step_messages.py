@@ -11,10 +11,7 @@ from collections import Counter
 
 import minipar
 from minipar import planner, runtime, step_messages
-from minipar.models import training
 from minipar.models.config import GPTConfig, RunSpec
-from minipar.models.data import Batches, dp_slice, load_tokens
-from minipar.parallel import DeviceMesh
 
 CONFIG = GPTConfig(seq_len=16, hidden=32, n_layers=4, n_heads=4)
 SPEC = planner.ModelSpec(4, 32, 4, seq_len=16, global_batch=8, vocab=CONFIG.vocab_size)
@@ -22,6 +19,10 @@ SPEC = planner.ModelSpec(4, 32, 4, seq_len=16, global_batch=8, vocab=CONFIG.voca
 
 def traced_step(dp, tp, pp, m, fsdp):
     """The ledger of the second training step on this rank, and the mesh."""
+    from minipar.models import training  # torch: here, so collecting the tests stays light
+    from minipar.models.data import Batches, dp_slice, load_tokens
+    from minipar.parallel import DeviceMesh
+
     spec = RunSpec(dp, tp, pp, m, "1f1b", fsdp, steps=2, model=CONFIG)
     mesh = DeviceMesh(dp, tp, pp)
     part = training.build_for_mesh(spec, mesh)
