@@ -21,7 +21,10 @@ Step time on one GPU, the sum of:
   `efficiency` times the GPU's peak rate, plus a fixed cost per kernel (`op_overhead`, ~36
   kernels per layer per micro-batch): the term that makes many tiny micro-batches slow;
 - bubble: the pipeline fills and drains, idle for (p-1)/m of the compute, i.e. a fraction
-  (p-1)/(m+p-1) of the pipeline's time (Megatron-LM 2021, the same for GPipe and 1F1B);
+  (p-1)/(m+p-1) of the pipeline's time (Megatron-LM 2021, the same for GPipe and 1F1B). With
+  more ranks than cores (calibrated_cpu: `core_share` < 1 of a core per rank) an idle stage
+  leaves its core to the working ones, and only the fill and drain at a whole core's speed is
+  lost: (p-1)/m of the compute times core_share;
 - tensor-parallel communication, exposed: 4 all-reduces of the b s h activations per layer per
   micro-batch (2 forward, 2 backward; 6 with recomputation), on the critical path;
 - pipeline communication, exposed: a send of b s h activations forward and of their gradient
@@ -135,6 +138,7 @@ class Cluster:
     ops_per_layer: int = OPS_PER_LAYER  # kernels per block per micro-batch, forward + backward
     ops_outside: int = 20  # kernels per micro-batch outside the blocks: embedding, head, loss
     optimizer_ops_per_tensor: float = 0.0  # 0: a foreach/fused optimizer, ~10 kernels a step
+    core_share: float = 1.0  # of a core (GPU) per rank; < 1: ranks outnumber cores
 
 
 CLUSTERS = {
@@ -236,7 +240,9 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     value_bytes = 4 if c.precision == "fp32" else 2
     flops = m.train_flops(recompute) / gpus / (c.peak_flops * c.efficiency)
     compute = flops + ops_per_step(m, lay, c) * c.op_overhead
-    bubble = compute * (lay.pp - 1) / lay.microbatches
+    # a stage idle in the fill or drain leaves its core to the working ones: with a share of a
+    # core per rank (ranks > cores), only the fill and drain at a whole core's speed is lost
+    bubble = compute * c.core_share * (lay.pp - 1) / lay.microbatches
     act = lay.micro_batch * m.seq_len * m.hidden * value_bytes  # one micro-batch's b s h
     per_layer = 6 if recompute else 4
     tp_link = _link(lay.tp, h.per_node, h)
@@ -477,7 +483,7 @@ def calibrated_cpu(
     link's own alpha for every message-step on the critical path. `alpha`: the measured seconds
     per message-step with `ranks` ranks, a float or a cost.Link (step_latency.measure's, or a
     link file loaded); a Link's beta, if larger, also prices the bytes (on a shared core a large
-    message crosses in several turns)."""
+    message crosses in several turns); and `core_share` shrinks the pipeline's bubble."""
     link = alpha if isinstance(alpha, cost.Link) else None
     alpha = getattr(alpha, "alpha", alpha)
     if not alpha >= 0:
@@ -486,8 +492,8 @@ def calibrated_cpu(
         raise ValueError(f"share must be in (0, 1], got {share!r}")
     cluster = cluster or CLUSTERS["cpu"]
     base = shared_cores(cluster, ranks, cores, peak_flops)
+    peak = cluster.peak_flops if peak_flops is None else peak_flops
     if share is not None:
-        peak = cluster.peak_flops if peak_flops is None else peak_flops
         base = replace(cluster, peak_flops=peak * share, op_overhead=cluster.op_overhead / share)
     if ranks <= cores:
         return base
@@ -495,4 +501,5 @@ def calibrated_cpu(
     if link is not None and link.beta > h.intra.beta:
         slow = replace(h.intra, name=f"{h.intra.name}, {link.name}", beta=link.beta)
         h = cost.Hierarchy(slow, slow, h.per_node)
-    return replace(base, hierarchy=h, step_wait=max(0.0, alpha - base.hierarchy.intra.alpha))
+    wait = max(0.0, alpha - base.hierarchy.intra.alpha)
+    return replace(base, hierarchy=h, step_wait=wait, core_share=base.peak_flops / peak)

@@ -121,7 +121,8 @@ def test_oversubscribed_message_steps_cost_the_measured_alpha():
         for axis in ("tp", "pp", "dp"):  # each axis's waits land in its comm term
             added = lay.time[f"{axis}_comm"] - before.time[f"{axis}_comm"]
             assert added == pytest.approx(steps[axis] * wait)
-        assert lay.step_time == pytest.approx(before.step_time + lay.time["waits"])
+        unbubbled = lambda x: x.step_time - x.time["bubble"]  # the bubble: its own test
+        assert unbubbled(lay) == pytest.approx(unbubbled(before) + lay.time["waits"])
     # 8 ranks of tensor parallelism: 34 all-reduces of the activations a step (4 per block, the
     # embedding's, the head's) in 2 log2(8) = 6 steps (rabenseifner) and the loss's 2 in 3
     # (recursive doubling), all on the critical path
@@ -186,3 +187,12 @@ def test_cpu_counts_torch_ops_gpu_presets_keep_theirs():
     assert ops_per_step(TINY, dense, H100) == ops_per_step(TINY, dense) == 36 * 8 + 20 + 10
     last_stage = evaluate(TINY, CPU, 1, 1, 8, 1)  # 8 micro-batches of one block; 12 + 3 tensors
     assert ops_per_step(TINY, last_stage, CPU) == (86 + 36) * 8 + 9 * 15
+
+
+def test_oversubscribed_bubble_is_the_fill_and_drain_at_a_whole_core():
+    cpu = calibrated_cpu(8, 2, 1e-3, peak_flops=50e9, share=0.2)
+    assert cpu.core_share == pytest.approx(0.2) and CPU.core_share == H100.core_share == 1
+    lay = evaluate(TINY, cpu, 1, 1, 8, 1)  # 8 stages, 8 micro-batches
+    assert lay.time["bubble"] == pytest.approx(lay.time["compute"] * 0.2 * 7 / 8)
+    quiet = evaluate(TINY, calibrated_cpu(2, 2, 1e-3, peak_flops=50e9), 1, 1, 2, 1)
+    assert quiet.time["bubble"] == pytest.approx(quiet.time["compute"] * 1 / 8)
