@@ -31,8 +31,8 @@ Step time on one GPU, the sum of:
   backward in each of the m + p - 1 slots of the schedule;
 - data-parallel communication, exposed: the gradient all-reduce (ZeRO 1-2: reduce-scatter plus
   all-gather, the same bytes; ZeRO-3: 1.5 times that) less what hides behind the backward pass
-  (assumed: up to 2/3 of the compute; nothing when the gradients fit one 25 MiB DDP bucket,
-  which starts only after the whole backward).
+  (assumed: up to 2/3 of the compute; on the "cpu" cluster nothing when the gradients fit one
+  25 MiB bucket of minipar's DDP, which starts only after the whole backward).
 Each collective is priced with minipar.cost on the link it crosses: NVLink when the group fits
 inside a node, InfiniBand otherwise (tp innermost, then dp, then pp, as DeviceMesh lays them).
 - waits, only where ranks outnumber cores (the cluster's `step_wait` > 0; 0 for the GPU
@@ -139,6 +139,7 @@ class Cluster:
     ops_outside: int = 20  # kernels per micro-batch outside the blocks: embedding, head, loss
     optimizer_ops_per_tensor: float = 0.0  # 0: a foreach/fused optimizer, ~10 kernels a step
     core_share: float = 1.0  # of a core (GPU) per rank; < 1: ranks outnumber cores
+    ddp_bucket_bytes: float = 0.0  # gradients within one bucket hide nothing (0: not modelled)
 
 
 CLUSTERS = {
@@ -161,6 +162,7 @@ CLUSTERS = {
         ops_per_layer=86,  # aten ops of a block, forward and backward (torch.profiler)
         ops_outside=36,  # embedding, head and loss
         optimizer_ops_per_tensor=9,  # torch's AdamW on a CPU loops over the tensors
+        ddp_bucket_bytes=25 * 2**20,  # minipar's DistributedDataParallel default
     ),
 }
 
@@ -253,9 +255,9 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     pp_comm = 2 * (lay.microbatches + lay.pp - 1) * hop if lay.pp > 1 else 0.0
     grads = m.params / (lay.tp * lay.pp) * value_bytes
     dp_total = dp_all_reduce_time(grads, lay.dp, lay.tp, h) * (1.5 if zero >= 3 else 1.0)
-    # DDP launches a bucket when its gradients are ready: with a single bucket (25 MiB, a
-    # model that small) that is after the whole backward, and nothing hides
-    one_bucket = grads <= 25 * 2**20 and zero < 3
+    # DDP launches a bucket when its gradients are ready: with a single bucket (a model that
+    # small) that is after the whole backward, and nothing hides
+    one_bucket = grads <= c.ddp_bucket_bytes and zero < 3
     dp_comm = dp_total if one_bucket else max(0.0, dp_total - 2 / 3 * compute)
     waits = {"tp": 0.0, "pp": 0.0, "dp": 0.0}
     if c.step_wait:  # every message-step on the critical path waits for its peer's turn
