@@ -21,16 +21,32 @@ Step time on one GPU, the sum of:
   `efficiency` times the GPU's peak rate, plus a fixed cost per kernel (`op_overhead`, ~36
   kernels per layer per micro-batch): the term that makes many tiny micro-batches slow;
 - bubble: the pipeline fills and drains, idle for (p-1)/m of the compute, i.e. a fraction
-  (p-1)/(m+p-1) of the pipeline's time (Megatron-LM 2021, the same for GPipe and 1F1B);
+  (p-1)/(m+p-1) of the pipeline's time (Megatron-LM 2021, the same for GPipe and 1F1B). With
+  more ranks than cores (calibrated_cpu: `core_share` < 1 of a core per rank) an idle stage
+  leaves its core to the working ones, and only the fill and drain at a whole core's speed is
+  lost: (p-1)/m of the compute times core_share;
 - tensor-parallel communication, exposed: 4 all-reduces of the b s h activations per layer per
   micro-batch (2 forward, 2 backward; 6 with recomputation), on the critical path;
 - pipeline communication, exposed: a send of b s h activations forward and of their gradient
   backward in each of the m + p - 1 slots of the schedule;
 - data-parallel communication, exposed: the gradient all-reduce (ZeRO 1-2: reduce-scatter plus
   all-gather, the same bytes; ZeRO-3: 1.5 times that) less what hides behind the backward pass
-  (assumed: up to 2/3 of the compute).
+  (assumed: up to 2/3 of the compute; on the "cpu" cluster nothing when the gradients fit one
+  25 MiB bucket of minipar's DDP, which starts only after the whole backward).
 Each collective is priced with minipar.cost on the link it crosses: NVLink when the group fits
 inside a node, InfiniBand otherwise (tp innermost, then dp, then pp, as DeviceMesh lays them).
+- waits, only where ranks outnumber cores (the cluster's `step_wait` > 0; 0 for the GPU
+  presets): a rank that waits for a peer the scheduler is not running waits its turn, so every
+  message-step on the critical path costs `step_wait` more than the link's alpha. The steps
+  are minipar.step_messages': the tp all-reduces of the busiest stage (4 per block, the
+  embedding's, the head's, the loss's 2, per micro-batch, in the steps of the algorithm `auto`
+  runs) times m + p - 1 slots, 2 hops per slot plus 2 small collectives on the pipeline, and
+  the dp group's gradient buckets, `used` map and loss. Each axis's waits are added to its comm
+  term. calibrated_cpu sets `step_wait` from a measurement (minipar.bench.step_latency: ring
+  all-reduces on that many ranks), and from the same measurement a slower per-byte cost.
+On a CPU no datasheet gives the compute terms either: measure_flops (a matmul's rate),
+measure_compute (efficiency and per-op cost, fitted to dense steps of the tiny GPT) and
+step_latency's compute_share (the share of a core each rank gets) calibrate them.
 These are estimates for choosing a layout, not promises: real kernels, overlap and memory
 fragmentation move every term.
 """
@@ -100,6 +116,9 @@ MODELS = {
 }
 
 
+OPS_PER_LAYER = 36  # kernels one block runs per micro-batch, forward and backward (an estimate)
+
+
 @dataclass(frozen=True)
 class Cluster:
     """Nodes of `per_node` accelerators: their memory, peak rate, and the links between them."""
@@ -112,6 +131,15 @@ class Cluster:
     precision: str = "bf16"  # "bf16" (mixed, with fp32 master weights) or "fp32"
     op_overhead: float = 5e-6  # seconds each kernel (one torch op) costs besides its FLOPs
     source: str = ""
+    # seconds each message-step on the critical path costs besides the link's alpha: 0 with a
+    # core (or GPU) per rank; with more ranks than cores, the wait for a peer the scheduler is
+    # not running (measured: calibrated_cpu)
+    step_wait: float = 0.0
+    ops_per_layer: int = OPS_PER_LAYER  # kernels per block per micro-batch, forward + backward
+    ops_outside: int = 20  # kernels per micro-batch outside the blocks: embedding, head, loss
+    optimizer_ops_per_tensor: float = 0.0  # 0: a foreach/fused optimizer, ~10 kernels a step
+    core_share: float = 1.0  # of a core (GPU) per rank; < 1: ranks outnumber cores
+    ddp_bucket_bytes: float = 0.0  # gradients within one bucket hide nothing (0: not modelled)
 
 
 CLUSTERS = {
@@ -129,7 +157,12 @@ CLUSTERS = {
         efficiency=1.0,
         op_overhead=20e-6,  # eager torch on a CPU: tens of microseconds of Python per op
         precision="fp32",
-        source="assumed: 10 GFLOP/s and 20 us per op per rank, shared-memory link from cost",
+        source="assumed: 10 GFLOP/s and 20 us per op per rank, shared-memory link from cost; "
+        "ops counted with torch.profiler on the tiny GPT",
+        ops_per_layer=86,  # aten ops of a block, forward and backward (torch.profiler)
+        ops_outside=36,  # embedding, head and loss
+        optimizer_ops_per_tensor=9,  # torch's AdamW on a CPU loops over the tensors
+        ddp_bucket_bytes=25 * 2**20,  # minipar's DistributedDataParallel default
     ),
 }
 
@@ -208,8 +241,10 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     h, gpus = c.hierarchy, lay.dp * lay.tp * lay.pp
     value_bytes = 4 if c.precision == "fp32" else 2
     flops = m.train_flops(recompute) / gpus / (c.peak_flops * c.efficiency)
-    compute = flops + ops_per_step(m, lay) * c.op_overhead
-    bubble = compute * (lay.pp - 1) / lay.microbatches
+    compute = flops + ops_per_step(m, lay, c) * c.op_overhead
+    # a stage idle in the fill or drain leaves its core to the working ones: with a share of a
+    # core per rank (ranks > cores), only the fill and drain at a whole core's speed is lost
+    bubble = compute * c.core_share * (lay.pp - 1) / lay.microbatches
     act = lay.micro_batch * m.seq_len * m.hidden * value_bytes  # one micro-batch's b s h
     per_layer = 6 if recompute else 4
     tp_link = _link(lay.tp, h.per_node, h)
@@ -220,7 +255,17 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     pp_comm = 2 * (lay.microbatches + lay.pp - 1) * hop if lay.pp > 1 else 0.0
     grads = m.params / (lay.tp * lay.pp) * value_bytes
     dp_total = dp_all_reduce_time(grads, lay.dp, lay.tp, h) * (1.5 if zero >= 3 else 1.0)
-    dp_comm = max(0.0, dp_total - 2 / 3 * compute)
+    # DDP launches a bucket when its gradients are ready: with a single bucket (a model that
+    # small) that is after the whole backward, and nothing hides
+    one_bucket = grads <= c.ddp_bucket_bytes and zero < 3
+    dp_comm = dp_total if one_bucket else max(0.0, dp_total - 2 / 3 * compute)
+    waits = {"tp": 0.0, "pp": 0.0, "dp": 0.0}
+    if c.step_wait:  # every message-step on the critical path waits for its peer's turn
+        from minipar.step_messages import message_steps
+
+        steps = message_steps(m, lay, zero, value_bytes)
+        waits = {axis: n * c.step_wait for axis, n in steps.items()}
+    tp_comm, pp_comm, dp_comm = tp_comm + waits["tp"], pp_comm + waits["pp"], dp_comm + waits["dp"]
     total = compute + bubble + tp_comm + pp_comm + dp_comm
     return {
         "compute": compute,
@@ -229,18 +274,27 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
         "pp_comm": pp_comm,
         "dp_comm": dp_comm,
         "dp_total": dp_total,
+        "waits": sum(waits.values()),  # already inside the three comm terms
         "total": total,
     }
 
 
-OPS_PER_LAYER = 36  # kernels one block runs per micro-batch, forward and backward (an estimate)
-
-
-def ops_per_step(m: ModelSpec, lay: Layout) -> float:
+def ops_per_step(m: ModelSpec, lay: Layout, c: Cluster | None = None) -> float:
     """Kernels one GPU launches in a step: its L/pp blocks for each of the m micro-batches, the
-    embedding, head and loss (~20), and the optimizer (~10, foreach kernels). Each costs a fixed
-    overhead besides its FLOPs: what makes tiny micro-batches and tiny models slow."""
-    return (OPS_PER_LAYER * m.layers / lay.pp + 20) * lay.microbatches + 10
+    embedding, head and loss, and the optimizer. Each costs a fixed overhead besides its FLOPs:
+    what makes tiny micro-batches and tiny models slow. The counts are the cluster's (default
+    the GPU presets': 36 a block, ~20 outside the blocks, ~10 foreach optimizer kernels); the
+    "cpu" cluster's were counted with torch.profiler on the tiny GPT: 86 aten ops a block, 36
+    outside, and AdamW's loop over the tensors, 9 ops per parameter tensor."""
+    layer, outside = (c.ops_per_layer, c.ops_outside) if c else (OPS_PER_LAYER, 20)
+    per_tensor = c.optimizer_ops_per_tensor if c else 0.0
+    optimizer = 10.0
+    if per_tensor:
+        from minipar.step_messages import stage_params
+
+        tensors = max(stage_params(m, lay.tp, lay.pp, s)[1] for s in range(lay.pp))
+        optimizer = per_tensor * tensors
+    return (layer * m.layers / lay.pp + outside) * lay.microbatches + optimizer
 
 
 def _problems(m: ModelSpec, c: Cluster, lay: Layout, tp_across_nodes: bool) -> list[str]:
@@ -356,7 +410,8 @@ def fmt_seconds(t: float) -> str:
 
 def measure_flops(rows: int = 512, hidden: int = 64, repeats: int = 50) -> float:
     """FLOP/s this process reaches on a float32 matmul of the tiny GPT's MLP shape (rows tokens
-    x hidden -> 4 hidden): a measured `peak_flops` for the "cpu" cluster. Median of `repeats`."""
+    x hidden -> 4 hidden): a measured `peak_flops` for the "cpu" cluster. Median of `repeats`,
+    each timed in this thread's CPU seconds: other jobs sharing the core do not count."""
     import statistics
     import time
 
@@ -365,10 +420,46 @@ def measure_flops(rows: int = 512, hidden: int = 64, repeats: int = 50) -> float
     a, b = torch.randn(rows, hidden), torch.randn(hidden, 4 * hidden)
     times = []
     for _ in range(repeats + 1):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         a @ b
-        times.append(time.perf_counter() - t0)
+        times.append(time.thread_time() - t0)
     return 2 * rows * hidden * 4 * hidden / statistics.median(times[1:])
+
+
+def measure_compute(rate: float, steps: int = 4) -> dict:
+    """This CPU's `efficiency` and `op_overhead` for the tiny GPT, from one process: the CPU
+    seconds (time.process_time: other jobs' load does not count) of dense training steps of
+    minipar.models' default GPT with 1 and with 8 micro-batches (the fastest of `steps` each),
+    solved for the two unknowns of compute = FLOPs / (rate x efficiency) + kernels x overhead
+    (kernels: ops_per_step). `rate`: measure_flops'. Loads torch."""
+    import time
+
+    from minipar.models import training
+    from minipar.models.config import RunSpec
+    from minipar.models.data import Batches, load_tokens
+    from minipar.models.gpt import build_gpt
+
+    spec, seconds = RunSpec(), {}
+    model = build_gpt(spec.model, spec.seed)
+    opt = training.make_optimizer(model, spec.lr)
+    inputs, targets = Batches(load_tokens(), spec.batch_size, spec.model.seq_len, 0).get(0)
+    for m in (1, spec.batch_size):
+        times = []
+        for _ in range(steps + 1):  # the first warms up
+            start = time.process_time()
+            training.accumulate(model, inputs, targets, m, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            times.append(time.process_time() - start)
+        seconds[m] = min(times[1:])
+    tiny = MODELS["tiny"]
+    cpu = CLUSTERS["cpu"]
+    ops = {m: ops_per_step(tiny, Layout(1, 1, 1, tiny.global_batch // m, m), cpu) for m in seconds}
+    (m1, t1), (m2, t2) = sorted(seconds.items())
+    overhead = max(0.0, (t2 - t1) / (ops[m2] - ops[m1]))
+    flops_seconds = max(t1 - ops[m1] * overhead, 0.05 * t1)  # noise must not make it negative
+    efficiency = min(1.0, tiny.train_flops() / rate / flops_seconds)
+    return {"efficiency": efficiency, "op_overhead": overhead, "step_seconds": seconds}
 
 
 def shared_cores(cluster: Cluster, ranks: int, cores: int, peak_flops: float | None = None):
@@ -377,3 +468,40 @@ def shared_cores(cluster: Cluster, ranks: int, cores: int, peak_flops: float | N
     share = min(1.0, cores / ranks)
     peak = cluster.peak_flops if peak_flops is None else peak_flops
     return replace(cluster, peak_flops=peak * share, op_overhead=cluster.op_overhead / share)
+
+
+def calibrated_cpu(
+    ranks: int,
+    cores: int,
+    alpha,
+    peak_flops: float | None = None,
+    share: float | None = None,
+    cluster: Cluster | None = None,
+) -> Cluster:
+    """The "cpu" cluster (or `cluster`) for `ranks` processes on `cores` cores, calibrated by
+    measurement. Compute: each rank gets `share` of a core (measured, e.g. step_latency's
+    compute_share; default cores / ranks as in shared_cores): the rate times it, each op's
+    overhead over it. Communication, when ranks outnumber cores: `step_wait` = alpha less the
+    link's own alpha for every message-step on the critical path. `alpha`: the measured seconds
+    per message-step with `ranks` ranks, a float or a cost.Link (step_latency.measure's, or a
+    link file loaded); a Link's beta, if larger, also prices the bytes (on a shared core a large
+    message crosses in several turns); and `core_share` shrinks the pipeline's bubble."""
+    link = alpha if isinstance(alpha, cost.Link) else None
+    alpha = getattr(alpha, "alpha", alpha)
+    if not alpha >= 0:
+        raise ValueError(f"alpha must be a non-negative number of seconds, got {alpha!r}")
+    if share is not None and not 0 < share <= 1:
+        raise ValueError(f"share must be in (0, 1], got {share!r}")
+    cluster = cluster or CLUSTERS["cpu"]
+    base = shared_cores(cluster, ranks, cores, peak_flops)
+    peak = cluster.peak_flops if peak_flops is None else peak_flops
+    if share is not None:
+        base = replace(cluster, peak_flops=peak * share, op_overhead=cluster.op_overhead / share)
+    if ranks <= cores:
+        return base
+    h = base.hierarchy
+    if link is not None and link.beta > h.intra.beta:
+        slow = replace(h.intra, name=f"{h.intra.name}, {link.name}", beta=link.beta)
+        h = cost.Hierarchy(slow, slow, h.per_node)
+    wait = max(0.0, alpha - base.hierarchy.intra.alpha)
+    return replace(base, hierarchy=h, step_wait=wait, core_share=base.peak_flops / peak)
