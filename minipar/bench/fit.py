@@ -1,10 +1,11 @@
 """`minipar bench --fit`: this machine's alpha, beta and gamma, measured through minipar itself.
 
-    alpha   half the round trip of an 8-byte ping-pong between ranks 0 and 1 (comm.send/recv)
-    beta    per byte of a two-way exchange (comm.sendrecv), fitted to exchanges of 1 to 64 MiB so
-            that the relative error is smallest over that range (`relative_slope`): every step
-            of a ring or butterfly sends and receives at once, and on shared memory the same
-            core does both copies, so a one-way ping-pong would flatter the link
+    alpha,  per step and per byte sent, fitted together to the transport's own ring all-reduce of
+    beta    1 to 64 MiB (gamma held fixed) so that the relative error is smallest over that range
+            (`relative_line`): a ring step sends and receives at once, copies into and out of
+            the transport's buffers, shares the memory bus with the reduction and pays the
+            collective's Python per step, which a bare exchange or ping-pong would not show
+            (both are reported beside it: `ping_pong_alpha`, `exchange_GBps`)
     gamma   seconds per byte of `np.add(a, b, out=a)` on 64 MiB, every rank at once
 
 Each is the fastest of several repetitions (on a shared machine the slow ones measure someone
@@ -20,6 +21,7 @@ import socket
 import time
 
 SMALL, LARGE = 16 << 20, 64 << 20  # beyond the caches: collectives stream from memory
+FIT_SIZES = [1 << k for k in range(20, 27)]  # 1 MiB .. 64 MiB: where the model must hold
 
 
 def _pair_times(comm, timer, nbytes: int, iters: int, exchange: bool) -> float:
@@ -45,14 +47,71 @@ def _pair_times(comm, timer, nbytes: int, iters: int, exchange: bool) -> float:
     return timer.max_over_ranks(mine)
 
 
-def relative_slope(sizes, times, alpha: float) -> float:
-    """beta minimising the sum of ((alpha + n beta - t) / t)^2 over the measured (n, t): the fit
-    that keeps the *relative* error small at every size, which is what a prediction's reader
-    judges it by, where a plain least squares would serve the largest sizes and a two-point
-    slope two sizes only. Closed form: beta = sum(n (t - alpha) / t^2) / sum(n^2 / t^2)."""
-    num = sum(n * (t - alpha) / t**2 for n, t in zip(sizes, times))
+def relative_slope(sizes, times, alpha) -> float:
+    """beta minimising the sum of ((a + n beta - t) / t)^2 over the measured (n, t), where `a`
+    (alpha: one number, or one per point) is the part of each time the model already explains.
+    This keeps the *relative* error small at every size, which is what a prediction's reader
+    judges it by; a plain least squares would serve the largest sizes and a two-point slope
+    two sizes only. Closed form: beta = sum(n (t - a) / t^2) / sum(n^2 / t^2)."""
+    offsets = alpha if isinstance(alpha, (list, tuple)) else [alpha] * len(sizes)
+    num = sum(n * (t - a) / t**2 for n, t, a in zip(sizes, times, offsets))
     den = sum(n * n / t**2 for n, t in zip(sizes, times))
     return max(num / den, 1e-13)
+
+
+def _all_reduce_time(timer, algorithm: str, nbytes: int, iters: int, typical=True) -> float:
+    """The median (typical=True) or the fastest of `iters` minipar all-reduces of nbytes
+    (float32), each iteration timed as bench times a row's: from a barrier, the slowest rank's
+    time. The median is what bench's rows report and the model is judged against."""
+    import numpy as np
+
+    import minipar
+
+    x = np.ones(max(1, nbytes // 4), np.float32)
+    minipar.all_reduce(x, algorithm=algorithm)  # scratch and windows grow here, untimed
+    times = []
+    for _ in range(iters):
+        timer.barrier()
+        start = time.perf_counter()
+        minipar.all_reduce(x, algorithm=algorithm)
+        times.append(timer.max_over_ranks(time.perf_counter() - start))
+    times.sort()
+    return times[len(times) // 2] if typical else times[0]
+
+
+def relative_line(steps, sent, times, known) -> tuple[float, float]:
+    """(alpha, beta) minimising the sum of ((steps alpha + sent beta + known - t) / t)^2: the
+    two-parameter form of relative_slope (a 2 x 2 linear system)."""
+    u = [k / t for k, t in zip(steps, times)]
+    v = [n / t for n, t in zip(sent, times)]
+    w = [(t - c) / t for t, c in zip(times, known)]
+    uu, uv, vv = sum(a * a for a in u), sum(a * b for a, b in zip(u, v)), sum(b * b for b in v)
+    uw, vw = sum(a * c for a, c in zip(u, w)), sum(b * c for b, c in zip(v, w))
+    det = uu * vv - uv * uv
+    if det <= 0:
+        return 0.0, relative_slope(sent, times, known)
+    return (uw * vv - vw * uv) / det, (uu * vw - uv * uw) / det
+
+
+def fit_ring(comm, timer, algorithm: str, traffic, alpha: float, gamma: float):
+    """(alpha, beta) of a transport, fitted to its own ring all-reduce at FIT_SIZES: what a step
+    and a byte sent cost in the algorithm the model prices (the collective's per-step Python,
+    copies into and out of the transport, the memory bus shared with the reduction), gamma
+    fixed from its own measurement. `traffic(n)` gives the ring's steps and bytes on this
+    transport (cost.traffic or cost.shm_traffic). `alpha`, the bare message latency, is kept
+    if the fitted one comes out smaller (a noisy run), and beta refitted with it."""
+    times, steps, sent, known = [], [], [], []
+    for n in FIT_SIZES:
+        times.append(_all_reduce_time(timer, algorithm, n, max(5, (64 << 20) // n)))
+        t = traffic(n)
+        steps.append(t.steps)
+        sent.append(t.bytes_sent)
+        known.append((t.bytes_reduced + t.bytes_copied) * gamma)
+    fitted_alpha, beta = relative_line(steps, sent, times, known)
+    if fitted_alpha < alpha or beta <= 0:
+        fitted_alpha = alpha
+        beta = relative_slope(sent, times, [k * alpha + c for k, c in zip(steps, known)])
+    return fitted_alpha, beta
 
 
 def _reduce_rate(timer, nbytes: int) -> float:
@@ -66,17 +125,25 @@ def measure(comm, timer) -> dict:
     """alpha, beta, gamma (seconds, s/byte, s/byte) and the raw measurements, on every rank."""
     if comm.size < 2:
         raise ValueError("--fit needs at least 2 ranks (it times messages between two of them)")
+    from minipar import cost
+
     alpha = _pair_times(comm, timer, 8, 500, exchange=False)
-    sizes = [1 << k for k in range(20, 27)]  # 1 MiB .. 64 MiB, where the model must hold
-    times = [_pair_times(comm, timer, n, max(3, (16 << 20) // n), exchange=True) for n in sizes]
+    small = _pair_times(comm, timer, SMALL, 10, exchange=True)
+    large = _pair_times(comm, timer, LARGE, 5, exchange=True)
     one_way = _pair_times(comm, timer, LARGE, 5, exchange=False)
-    beta = relative_slope(sizes, times, alpha)
     add_rate = _reduce_rate(timer, LARGE)
+    p = comm.size
+    ring_alpha, beta = fit_ring(
+        comm, timer, "ring@mpi", lambda n: cost.traffic("all_reduce", "ring", n, p), alpha,
+        1 / add_rate,
+    )  # fmt: skip
     return {
-        "alpha": alpha,
+        "alpha": ring_alpha,
         "beta": beta,
+        "ping_pong_alpha": alpha,
         "gamma": 1 / add_rate,
-        "exchange_GBps": 1 / beta / 1e9,
+        "exchange_GBps": (LARGE - SMALL) / max(large - small, 1e-12) / 1e9,
+        "ring_GBps": 1 / beta / 1e9,
         "one_way_GBps": LARGE / one_way / 1e9,
         "reduce_GBps": add_rate / 1e9,
         "host": socket.gethostname(),
@@ -86,35 +153,23 @@ def measure(comm, timer) -> dict:
 
 
 def measure_shm(comm, timer) -> dict | None:
-    """The shared windows' link (comm/shm.py), fitted to `ring@shm` all-reduces of 8 B (three
-    waits: alpha) and of SMALL and LARGE (the slope, less the reduction at gamma, spread over the
-    bytes the schedule copies: beta); None when this group cannot share memory."""
-    import numpy as np
-
-    import minipar
+    """The shared windows' link (comm/shm.py): alpha from `ring@shm` all-reduces of 8 B (its
+    waits), beta fitted to its all-reduces of 1 to 64 MiB as for MPI (fit_ring_beta, over the
+    bytes the schedule copies); None when this group cannot share memory."""
     from minipar import cost
     from minipar.comm import shm
 
     if shm.node_of(comm, "bench --fit") is None:
         return None
 
-    def fastest(nbytes: int, iters: int) -> float:
-        x = np.ones(max(1, nbytes // 4), np.float32)
-        minipar.all_reduce(x, algorithm="ring@shm")  # the window grows here, not in the timing
-        times = []
-        for _ in range(iters):
-            timer.barrier()
-            start = time.perf_counter()
-            minipar.all_reduce(x, algorithm="ring@shm")
-            times.append(time.perf_counter() - start)
-        return timer.max_over_ranks(min(times))
-
-    tiny, small, large = fastest(8, 200), fastest(SMALL, 5), fastest(LARGE, 3)
-    per_byte = max((large - small) / (LARGE - SMALL), 1e-13)
-    t = cost.shm_traffic("all_reduce", 1.0, comm.size)  # bytes copied / reduced per byte
+    tiny = _all_reduce_time(timer, "ring@shm", 8, 200, typical=False)
     gamma = 1 / _reduce_rate(timer, LARGE)
-    beta = max((per_byte - t.bytes_reduced * gamma) / t.bytes_sent, 1e-13)
-    return {"shm_alpha": tiny / t.steps, "shm_beta": beta, "shm_gamma": gamma}
+    alpha = tiny / cost.shm_traffic("all_reduce", 8, comm.size).steps
+    alpha, beta = fit_ring(
+        comm, timer, "ring@shm", lambda n: cost.shm_traffic("all_reduce", n, comm.size), alpha,
+        gamma,
+    )  # fmt: skip
+    return {"shm_alpha": alpha, "shm_beta": beta, "shm_gamma": gamma}
 
 
 def as_shm_link(fit: dict):

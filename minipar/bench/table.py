@@ -91,9 +91,11 @@ def fit_panel(console, measured: dict, rows: list[dict], link) -> None:
 
     p = measured["ranks"]
     lines = [
-        f"alpha  {measured['alpha'] * 1e6:.1f} µs   (8-byte ping-pong, half a round trip)",
-        f"beta   {measured['beta'] * 1e9:.3f} ns/B = {measured['exchange_GBps']:.2f} GB/s "
-        f"(two-way exchange; one way: {measured['one_way_GBps']:.2f} GB/s)",
+        f"alpha  {measured['alpha'] * 1e6:.1f} µs per step (fitted to the ring, 1-64 MiB; an "
+        f"8-byte ping-pong: {measured.get('ping_pong_alpha', measured['alpha']) * 1e6:.1f} µs)",
+        f"beta   {measured['beta'] * 1e9:.3f} ns/B = {measured['ring_GBps']:.2f} GB/s "
+        f"(fitted to the ring, 1-64 MiB; a bare exchange {measured['exchange_GBps']:.2f} GB/s, "
+        f"one way {measured['one_way_GBps']:.2f} GB/s)",
         f"gamma  {measured['gamma'] * 1e9:.3f} ns/B = {measured['reduce_GBps']:.2f} GB/s "
         "(numpy add, every rank at once)",
         f"saved  {measured['path']}   use it: MINIPAR_LINK={measured['path']} "
