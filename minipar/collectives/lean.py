@@ -130,14 +130,16 @@ def all_reduce(comm, tensor, op: ReduceOp, algorithm) -> bool:
 
 
 def _torch_view(tensor, op):
-    """A 1-D numpy view of a CPU tensor's memory, if the lean path can take it."""
-    if not buffers.is_torch(tensor) or tensor.is_cuda or not tensor.is_contiguous():
-        return None
-    if op not in _EXACT:
+    """A 1-D numpy view of a CPU tensor's memory, if the lean path can take it; None sends
+    anything unusual (bfloat16, sparse, meta, a conjugate view) to the general path, which
+    handles it or says what is wrong with it."""
+    if op not in _EXACT or not buffers.is_torch(tensor):
         return None
     try:
+        if tensor.is_cuda or not tensor.is_contiguous():
+            return None
         return tensor.detach().reshape(-1).numpy()
-    except TypeError:  # bfloat16 and others numpy lacks
+    except (TypeError, RuntimeError):
         return None
 
 
