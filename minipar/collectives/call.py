@@ -13,8 +13,11 @@ collective, step and peer a rank was waiting for.
 
 from __future__ import annotations
 
+import numpy as np
+
 from minipar import buffers, ledger
 from minipar.comm.base import wait_all
+from minipar.comm.mpi_direct import exchange
 from minipar.errors import CommTimeoutError
 
 
@@ -28,6 +31,7 @@ class Call:
             sig = (collective, algorithm, None, None, None, None, None)
         self.seq, self.tag = comm.next_collective_tag(sig)
         self.step = 0
+        self._direct = comm.backend == "mpi"  # numpy steps may take mpi_direct.exchange
         ledger.begin_call(comm, collective, algorithm, self.seq)
 
     def rounds(self, n: int):
@@ -62,10 +66,7 @@ class Call:
 
     def context(self) -> str:
         """Where this rank is, for a timeout's message (built only if one happens)."""
-        return (
-            f"{self.collective} (algorithm {self.algorithm}) on group {self.comm.name}, "
-            f"rank {self.rank}, step {self.step}"
-        )
+        return self._where(self.step)
 
     def wait(self, requests) -> None:
         try:
@@ -74,10 +75,35 @@ class Call:
             raise self.comm.explain_timeout(self, error) from None
 
     def send(self, buf, dst: int) -> None:
+        if self._direct and type(buf) is np.ndarray and not ledger._active:
+            return self._exchange(buf, dst, None, None)
         self.wait([self.isend(buf, dst)])
 
     def recv(self, buf, src: int) -> None:
+        if self._direct and type(buf) is np.ndarray and not ledger._active:
+            return self._exchange(None, None, buf, src)
         self.wait([self.irecv(buf, src)])
 
     def sendrecv(self, sendbuf, dst: int, recvbuf, src: int) -> None:
+        if (
+            self._direct
+            and type(sendbuf) is np.ndarray
+            and type(recvbuf) is np.ndarray
+            and not ledger._active
+        ):
+            return self._exchange(sendbuf, dst, recvbuf, src)
         self.wait([self.irecv(recvbuf, src), self.isend(sendbuf, dst)])
+
+    def _exchange(self, sendbuf, dst, recvbuf, src) -> None:
+        """numpy buffers on an MPI group, nothing recording: mpi4py's own requests, polled a
+        little before the general wait (comm/mpi_direct.py); the same messages as isend/irecv."""
+        try:
+            exchange(self.comm, sendbuf, dst, recvbuf, src, self.tag, self._where, self.step)
+        except CommTimeoutError as error:
+            raise self.comm.explain_timeout(self, error) from None
+
+    def _where(self, step: int) -> str:
+        return (
+            f"{self.collective} (algorithm {self.algorithm}) on group {self.comm.name}, "
+            f"rank {self.rank}, step {step}"
+        )

@@ -9,7 +9,7 @@ wraps every message in a Request object. Here that is worked out once, in a `Pla
 (group, algorithm, dtype, count, op, thread), and each call runs the plan's steps on mpi4py's
 own requests:
 
-    per step: Irecv into scratch, send x, poll, x = low op high (a cached ufunc)
+    per step: comm/mpi_direct.exchange (Irecv into scratch, send x, poll), x = low op high
 
 The messages are the very ones recursive.all_reduce_recursive_doubling sends (same tag, sizes,
 order and arithmetic), so a rank on this path and one on the general path (say, one with a trace
@@ -18,9 +18,8 @@ recording) still meet, and their results are bitwise identical. What stays on th
   contiguous and writable, run on every call);
 - the call's tag: its sequence number and the hash of its signature, so ranks that disagree
   about the call still never match and the watchdog still finds them;
-- every message's size check;
-- the timeout: after a short spin a step falls back to the general waiter (comm/base.py), which
-  yields the core, times out naming the collective, step and peer, and notices a mismatch.
+- every message's size check, and the timeout naming the collective, step and peer (both in
+  mpi_direct.exchange, which the general path's steps on numpy buffers use too).
 
 Taken only when the result is the same as the general path's by construction: blocking calls on
 an MPI group, numpy arrays or CPU torch tensors (torch: the exactly-rounded ops only, where
@@ -37,19 +36,12 @@ import numpy as np
 from minipar import buffers, cost, ledger, runtime
 from minipar.collectives import layout, registry, transport
 from minipar.comm import signature
-from minipar.comm.base import _SPIN_SECONDS, abandon, wait_all
+from minipar.comm.mpi import _MPI
+from minipar.comm.mpi_direct import EAGER_BYTES, SPINS, failed, still_pending, wrong_size
 from minipar.ops import _NUMPY, _NUMPY_BOOL, ReduceOp, check_op
 
 MAX_BYTES = 64 << 10  # the latency regime; a plan keeps a scratch buffer of this size at most
-# A blocking MPI_Send of this few bytes returns at once in every MPI (they go eagerly, buffered at
-# the receiver), so it cannot hang on an absent peer and skips a request: a third of the Python
-# on an 8 B step. Larger sends may wait for the receiver (rendezvous), so they are Isends whose
-# waits time out.
-EAGER_BYTES = 256
 _EXACT = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
-# polls of a step's two requests before handing over to the general waiter (which yields): none
-# when ranks outnumber cores, where spinning only steals the core from the peer we wait for
-SPINS = 0 if _SPIN_SECONDS == 0 else 200
 _get_ident = threading.get_ident
 _NOT_YET = object()
 
@@ -59,22 +51,24 @@ class Plan:
     (send_to, recv_from, mode) per step, mode "low" (x = incoming op x: the partner is the lower
     rank), "high" (x = x op incoming), "copy" (received straight into x) or None (send only)."""
 
-    __slots__ = ("comm", "steps", "sig", "sig_hash", "kernel", "scratch", "theirs")
-    __slots__ += ("link", "avg", "status", "mpi")
+    __slots__ = ("comm", "steps", "sig", "sig_hash", "kernel", "scratch", "link", "avg")
+    __slots__ += ("status", "byte", "theirs")
 
     def __init__(self, comm, steps, sig, kernel, scratch, link, avg):
         self.comm, self.steps, self.sig, self.kernel = comm, steps, sig, kernel
         self.scratch, self.link, self.avg = scratch, link, avg
-        self.mpi = _mpi()
-        self.status = self.mpi.Status()
         self.sig_hash = signature.tag_hash(sig)
-        self.theirs = [scratch, self.mpi.BYTE]  # the receive buffer, as mpi4py takes it
+        MPI = _MPI[0]
+        self.status, self.byte = MPI.Status(), MPI.BYTE
+        self.theirs = [scratch, MPI.BYTE]  # the receive buffer, as mpi4py takes it
 
-
-def _mpi():
-    from minipar.comm.mpi import _mpi
-
-    return _mpi()
+    def where(self, step: int) -> str:
+        """Where this rank was, for a timeout's message (built only if one happens)."""
+        comm = self.comm
+        return (
+            f"all_reduce (algorithm recursive_doubling) on group {comm.name}, "
+            f"rank {comm.rank}, step {step}"
+        )
 
 
 def schedule(rank: int, p: int) -> list[tuple]:
@@ -163,82 +157,39 @@ def _plan(comm, x, op, algorithm) -> Plan | None:
 
 
 def _run(plan: Plan, x) -> None:
-    comm, MPI, status = plan.comm, plan.mpi, plan.status
-    mpi, BYTE, nbytes = comm.mpi, MPI.BYTE, x.nbytes
+    """The plan's steps; each is comm/mpi_direct.exchange written out inline (the same requests,
+    spin, size check and fallbacks), which saves a call and a few lookups a step: a tenth of an
+    8-byte all-reduce."""
+    comm, status, scratch, kernel = plan.comm, plan.status, plan.scratch, plan.kernel
+    mpi, BYTE, nbytes = comm.mpi, plan.byte, x.nbytes
     _, tag = comm.next_collective_tag(plan.sig, plan.sig_hash)
     mine, theirs = [x, BYTE], plan.theirs
     for step, (send_to, recv_from, mode) in enumerate(plan.steps):
+        into = x if mode == "copy" else scratch
         recv = send = None
         if recv_from is not None:
             recv = mpi.Irecv(mine if mode == "copy" else theirs, recv_from, tag)
         if send_to is not None and nbytes <= EAGER_BYTES:
-            mpi.Send(mine, send_to, tag)  # returns at once: see EAGER_BYTES
+            mpi.Send(mine, send_to, tag)  # returns at once: see mpi_direct.EAGER_BYTES
         elif send_to is not None:
             send = mpi.Isend(mine, send_to, tag)
         try:
-            for _ in range(SPINS):  # the common case: done within a few polls
+            for _ in range(SPINS):
                 if recv is not None and recv.Test(status):
                     recv = None
                     if status.Get_count(BYTE) != nbytes:
-                        _wrong_size(plan, status, tag, x, recv_from, mode)
+                        wrong_size(comm, status, recv_from, tag, into)
                 if send is not None and send.Test():
                     send = None
                 if recv is None and send is None:
                     break
-            else:
-                _wait(plan, recv, send, tag, step, x, send_to, recv_from, mode)
-        except MPI.Exception as error:
-            _failed(plan, error, send, tag, x, send_to, recv_from, mode)
+        except BaseException as error:
+            failed(comm, error, recv, send, tag, x, send_to, into, recv_from)
+        if recv is not None or send is not None:
+            still_pending(comm, recv, send, tag, x, send_to, into, recv_from, plan.where, step)
         if mode == "low":
-            plan.kernel(theirs[0], x, out=x)
+            kernel(scratch, x, out=x)
         elif mode == "high":
-            plan.kernel(x, theirs[0], out=x)
+            kernel(x, scratch, out=x)
     if plan.avg and comm.size > 1:
         np.divide(x, comm.size, out=x, casting="unsafe")
-
-
-def _wrong_size(plan: Plan, status, tag: int, x, recv_from, mode) -> None:
-    from minipar.comm.mpi import check_count
-
-    into = x if mode == "copy" else plan.scratch
-    check_count(status, plan.comm, recv_from, tag, into.nbytes)
-
-
-def _failed(plan: Plan, error, send, tag: int, x, send_to, recv_from, mode) -> None:
-    """An MPI error while polling (a message larger than the buffer): said plainly, and the send
-    still in flight is abandoned with its buffer kept alive (comm/base.py)."""
-    from minipar.comm.mpi import raise_if_truncated
-
-    into = x if mode == "copy" else plan.scratch
-    abandon(_wrap(plan, None, send, tag, x, send_to, into, recv_from))
-    raise_if_truncated(error, plan.comm, recv_from, tag, into.nbytes)
-    raise error
-
-
-def _wait(plan: Plan, recv, send, tag: int, step: int, x, send_to, recv_from, mode) -> None:
-    """The step's requests, still pending after the spin, handed to the general waiter: it
-    yields the core, checks sizes, notices a mismatch and times out naming the peer. (Not MPI 4's
-    Isendrecv, one request for both: MPICH 5.0's fills its status with a wrong count.)"""
-    into = x if mode == "copy" else plan.scratch
-    pending = _wrap(plan, recv, send, tag, x, send_to, into, recv_from)
-    wait_all(pending, plan.comm.timeout, lambda: _context(plan, step))
-
-
-def _wrap(plan: Plan, recv, send, tag: int, x, send_to, into, recv_from) -> list:
-    """The step's pending mpi4py requests as the transport's own Request objects."""
-    from minipar.comm.mpi import MPIRequest
-
-    pending = []
-    if recv is not None:
-        pending.append(MPIRequest(plan.comm, "recv", recv_from, tag, into.nbytes, recv, into))
-    if send is not None:
-        pending.append(MPIRequest(plan.comm, "send", send_to, tag, x.nbytes, send, x))
-    return pending
-
-
-def _context(plan: Plan, step: int) -> str:
-    comm = plan.comm
-    return (
-        f"all_reduce (algorithm recursive_doubling) on group {comm.name}, rank {comm.rank}, "
-        f"step {step}"
-    )
