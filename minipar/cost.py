@@ -75,10 +75,15 @@ def default_link() -> Link:
     """The link `algorithm="auto"` prices with: set_default_link's, else the JSON file named by
     MINIPAR_LINK (from `minipar bench --fit`), else SHARED_MEMORY. Set it the same on every rank
     (an environment variable is: mpiexec passes it to every rank)."""
-    if _default[0] is None:
-        path = os.environ.get(LINK_ENV)
-        _default[0] = load_link(path) if path else SHARED_MEMORY
-    return _default[0]
+    return _default[0] or _load_once(_default, LINK_ENV, SHARED_MEMORY)
+
+
+def _load_once(slot: list, env: str, fallback: Link) -> Link:
+    """Fill `slot` with the link in the JSON file the environment variable `env` names, else
+    with `fallback`; the next asks read the slot."""
+    path = os.environ.get(env)
+    slot[0] = load_link(path) if path else fallback
+    return slot[0]
 
 
 def set_default_link(link: Link) -> None:
@@ -272,10 +277,7 @@ def shm_link() -> Link:
     """The window link `auto` prices with: set_shm_link's, else the JSON file named by
     MINIPAR_SHM_LINK (`minipar bench --fit` writes one beside the MPI link), else
     SHARED_WINDOW."""
-    if _shm_default[0] is None:
-        path = os.environ.get(SHM_LINK_ENV)
-        _shm_default[0] = load_link(path) if path else SHARED_WINDOW
-    return _shm_default[0]
+    return _shm_default[0] or _load_once(_shm_default, SHM_LINK_ENV, SHARED_WINDOW)
 
 
 def set_shm_link(link: Link) -> None:

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from minipar import cost
+from minipar import cost, step_messages
 
 GB = 1e9
 
@@ -162,7 +162,7 @@ CLUSTERS = {
         ops_per_layer=86,  # aten ops of a block, forward and backward (torch.profiler)
         ops_outside=36,  # embedding, head and loss
         optimizer_ops_per_tensor=9,  # torch's AdamW on a CPU loops over the tensors
-        ddp_bucket_bytes=25 * 2**20,  # minipar's DistributedDataParallel default
+        ddp_bucket_bytes=step_messages.BUCKET_BYTES,  # minipar's DistributedDataParallel's
     ),
 }
 
@@ -261,9 +261,7 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     dp_comm = dp_total if one_bucket else max(0.0, dp_total - 2 / 3 * compute)
     waits = {"tp": 0.0, "pp": 0.0, "dp": 0.0}
     if c.step_wait:  # every message-step on the critical path waits for its peer's turn
-        from minipar.step_messages import message_steps
-
-        steps = message_steps(m, lay, zero, value_bytes)
+        steps = step_messages.message_steps(m, lay, zero, value_bytes)
         waits = {axis: n * c.step_wait for axis, n in steps.items()}
     tp_comm, pp_comm, dp_comm = tp_comm + waits["tp"], pp_comm + waits["pp"], dp_comm + waits["dp"]
     total = compute + bubble + tp_comm + pp_comm + dp_comm
@@ -290,9 +288,7 @@ def ops_per_step(m: ModelSpec, lay: Layout, c: Cluster | None = None) -> float:
     per_tensor = c.optimizer_ops_per_tensor if c else 0.0
     optimizer = 10.0
     if per_tensor:
-        from minipar.step_messages import stage_params
-
-        tensors = max(stage_params(m, lay.tp, lay.pp, s)[1] for s in range(lay.pp))
+        tensors = max(step_messages.stage_params(m, lay.tp, lay.pp, s)[1] for s in range(lay.pp))
         optimizer = per_tensor * tensors
     return (layer * m.layers / lay.pp + outside) * lay.microbatches + optimizer
 
@@ -462,10 +458,17 @@ def measure_compute(rate: float, steps: int = 4) -> dict:
     return {"efficiency": efficiency, "op_overhead": overhead, "step_seconds": seconds}
 
 
-def shared_cores(cluster: Cluster, ranks: int, cores: int, peak_flops: float | None = None):
+def shared_cores(
+    cluster: Cluster,
+    ranks: int,
+    cores: int,
+    peak_flops: float | None = None,
+    share: float | None = None,
+):
     """The cluster as seen by each of `ranks` processes sharing `cores` cores (oversubscribed):
-    a share of the peak rate (measured, or the preset's), each op's overhead stretched alike."""
-    share = min(1.0, cores / ranks)
+    a share of the peak rate (measured, or the preset's), each op's overhead stretched alike.
+    `share`: of a core per rank, if measured; else cores / ranks (at most 1)."""
+    share = min(1.0, cores / ranks) if share is None else share
     peak = cluster.peak_flops if peak_flops is None else peak_flops
     return replace(cluster, peak_flops=peak * share, op_overhead=cluster.op_overhead / share)
 
@@ -493,10 +496,8 @@ def calibrated_cpu(
     if share is not None and not 0 < share <= 1:
         raise ValueError(f"share must be in (0, 1], got {share!r}")
     cluster = cluster or CLUSTERS["cpu"]
-    base = shared_cores(cluster, ranks, cores, peak_flops)
-    peak = cluster.peak_flops if peak_flops is None else peak_flops
-    if share is not None:
-        base = replace(cluster, peak_flops=peak * share, op_overhead=cluster.op_overhead / share)
+    share = min(1.0, cores / ranks) if share is None else share
+    base = shared_cores(cluster, ranks, cores, peak_flops, share)
     if ranks <= cores:
         return base
     h = base.hierarchy
@@ -504,4 +505,4 @@ def calibrated_cpu(
         slow = replace(h.intra, name=f"{h.intra.name}, {link.name}", beta=link.beta)
         h = cost.Hierarchy(slow, slow, h.per_node)
     wait = max(0.0, alpha - base.hierarchy.intra.alpha)
-    return replace(base, hierarchy=h, step_wait=wait, core_share=base.peak_flops / peak)
+    return replace(base, hierarchy=h, step_wait=wait, core_share=share)

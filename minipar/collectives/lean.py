@@ -36,8 +36,8 @@ import numpy as np
 from minipar import buffers, cost, ledger, runtime
 from minipar.collectives import layout, registry, transport
 from minipar.comm import signature
-from minipar.comm.mpi import _MPI
-from minipar.comm.mpi_direct import EAGER_BYTES, SPINS, failed, still_pending, wrong_size
+from minipar.comm.mpi import _MPI, check_count
+from minipar.comm.mpi_direct import EAGER_BYTES, SPINS, failed, still_pending
 from minipar.ops import _NUMPY, _NUMPY_BOOL, ReduceOp, check_op
 
 MAX_BYTES = 64 << 10  # the latency regime; a plan keeps a scratch buffer of this size at most
@@ -178,7 +178,7 @@ def _run(plan: Plan, x) -> None:
                 if recv is not None and recv.Test(status):
                     recv = None
                     if status.Get_count(BYTE) != nbytes:
-                        wrong_size(comm, status, recv_from, tag, into)
+                        check_count(status, comm, recv_from, tag, into.nbytes)
                 if send is not None and send.Test():
                     send = None
                 if recv is None and send is None:

@@ -52,7 +52,7 @@ def exchange(comm, sendbuf, dst, recvbuf, src, tag: int, where, step: int) -> No
             if recv is not None and recv.Test(status):
                 recv = None
                 if status.Get_count(BYTE) != recvbuf.nbytes:
-                    wrong_size(comm, status, src, tag, recvbuf)
+                    check_count(status, comm, src, tag, recvbuf.nbytes)
             if send is not None and send.Test():
                 send = None
             if recv is None and send is None:
@@ -82,11 +82,6 @@ def still_pending(comm, recv, send, tag: int, sendbuf, dst, recvbuf, src, where,
 def _new_status(MPI):
     _local.status = MPI.Status()
     return _local.status
-
-
-def wrong_size(comm, status, src, tag, recvbuf) -> None:
-    """A completed receive whose message was shorter than its buffer: MessageSizeError."""
-    check_count(status, comm, src, tag, recvbuf.nbytes)
 
 
 def _wrap(comm, recv, send, tag: int, sendbuf, dst, recvbuf, src) -> list:
