@@ -36,7 +36,11 @@ def load_mpi():
     import mpi4py
 
     if not _mpi_loaded():
-        mpi4py.rc.initialize = False
+        mpi4py.rc.initialize = False  # minipar initialises MPI itself, at the thread level it needs
+        # ... but MPI must still be finalised at exit: mpi4py would take "not initialised by me"
+        # for "not mine to finalise", and a rank leaving without MPI_Finalize (sys.exit(3)) is a
+        # crash to mpiexec, which may kill the others before they can say who left
+        mpi4py.rc.finalize = True
     try:
         from mpi4py import MPI
     except (RuntimeError, ImportError, OSError) as error:

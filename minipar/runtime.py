@@ -75,11 +75,12 @@ def init(backend: str = "auto", timeout: float | None = None, debug: bool | None
         backend = detect_backend()
     if backend == "mpi":
         from minipar import mpisetup
-        from minipar.comm import mpi
+        from minipar.comm import leaving, mpi
 
         mpisetup.check_before_init()  # a launcher of another MPI: say so, before MPI_Init aborts
         comm = mpi.world(seconds)
         mpisetup.check_world(comm.size)  # n singletons where the launcher started n ranks
+        leaving.arm(comm)  # a rank leaving while others wait for it says so (comm/leaving.py)
         _state.world = comm
     else:
         from minipar.comm import torch as torch_comm

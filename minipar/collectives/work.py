@@ -60,6 +60,8 @@ class _ProgressThread:
                 work._finish(error)
             else:
                 work._finish()
+            finally:
+                self.jobs.task_done()
 
 
 _progress: list[_ProgressThread] = []
@@ -72,6 +74,11 @@ def submit(run, description: str) -> Work:
     work = Work(description)
     _progress[0].jobs.put((work, run))
     return work
+
+
+def idle() -> bool:
+    """No async collective queued or running (a rank leaving may then finalize MPI)."""
+    return not _progress or _progress[0].jobs.unfinished_tasks == 0
 
 
 def shutdown() -> None:

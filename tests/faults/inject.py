@@ -13,6 +13,7 @@ Rank 1 is the faulty one. Modes:
   os_exit_mid    os._exit(3) inside a collective (no Python cleanup at all)
   other_call     calls broadcast while the others call all_reduce
   other_count    calls all_reduce with twice the others' count
+  leave_early    skips the rest of the job and exits 0 (the others' messages reach it first)
 Add --debug to run with minipar's cross-rank checks (MINIPAR_DEBUG=1).
 """
 
@@ -36,6 +37,7 @@ MODES = [
     "os_exit_mid",
     "other_call",
     "other_count",
+    "leave_early",
 ]
 
 
@@ -79,6 +81,10 @@ def main(mode: str) -> None:
     assert (x == sum(range(world.size))).all(), x
     if r == FAULTY and mode in ("raise_between", "sys_exit"):
         misbehave(mode)
+    if r == FAULTY and mode == "leave_early":
+        mark(mode)
+        time.sleep(0.5)  # the others' first messages of the call it skips arrive meanwhile
+        return
     if r == FAULTY and mode == "other_call":
         mark(mode)
         minipar.broadcast(x, 0)

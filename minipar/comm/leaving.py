@@ -1,0 +1,124 @@
+"""A rank leaving the job while its peers wait for it: say who, and end the job at once.
+
+When a rank exits (sys.exit, or simply the end of its script) while another rank has already
+sent it a message for a call it never made, MPI_Finalize cannot succeed: MPICH refuses to free
+COMM_WORLD with "N unmatched message(s)" and the process leaves without telling mpiexec it
+finished, which mpiexec takes for a crash and may answer by killing every rank at once, before
+the one that waits has timed out and said whom it waited for. The job then ends with nothing but
+an exit status.
+
+So at exit, once the watchdog has stopped and no async collective is in flight, each rank probes
+COMM_WORLD for messages from every peer. If some arrived unreceived for a call this rank never
+made (their tag carries the call's number), the rank prints which peers sent them and for which
+call, and aborts the job: the waiting ranks are doomed anyway, and they
+learn nothing by waiting out their timeout. Otherwise it calls MPI_Finalize itself, right after
+the probe (mpi4py would do it at the very end of the interpreter's teardown, tens of
+milliseconds later, leaving a wider window for a message to arrive unprobed). A message that
+arrives between probe and finalize (MPI_Finalize progresses the network first) still fails the
+finalize: the rank then says so and exits at once, and mpiexec ends the job.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import sys
+
+from minipar.comm.base import CONTROL_TAG, SEQ_BITS
+
+_armed: list = []  # the world communicator whose exit is watched (one per process)
+
+
+def arm(world) -> None:
+    """Watch this process's exit (minipar.init, MPI transport, two ranks or more). Registered
+    after the watchdog's own exit hook, so this runs first and stops the watchdog itself."""
+    if world.size < 2 or _armed:
+        return
+    _armed.append(world)
+    atexit.register(_at_exit)
+
+
+def unreceived(world) -> list[tuple[int, int]]:
+    """(peer, tag) of the oldest message each peer sent this rank that nobody received."""
+    from mpi4py import MPI
+
+    status = MPI.Status()
+    found = []
+    for peer in range(world.size):
+        if peer != world.rank and world.mpi.Iprobe(peer, MPI.ANY_TAG, status):
+            found.append((peer, status.Get_tag()))
+    return found
+
+
+def ahead(world, tag: int) -> bool:
+    """Whether a message is for a call this rank has not made yet: a peer's debug-mode check,
+    or a collective tag whose call number is at or after this rank's next one."""
+    if tag == CONTROL_TAG:
+        return True
+    decoded = world._tags.decode(tag)
+    return decoded is not None and (decoded[0] - world._seq) % (1 << SEQ_BITS) < 1 << (SEQ_BITS - 1)
+
+
+def describe(world, tag: int) -> str:
+    """What a message's tag says it was for, in the words of minipar's errors."""
+    if tag == CONTROL_TAG:
+        return "its debug-mode check before a collective"
+    decoded = world._tags.decode(tag)
+    if decoded is None:
+        return f"a point-to-point message, tag {tag}"
+    field = decoded[0]
+    seq = world._seq + (field - world._seq) % (1 << SEQ_BITS)  # the peer's call, at or after ours
+    return f"call #{seq} on group {world.name} (tag {tag})"
+
+
+def message(world, found: list[tuple[int, int]]) -> str:
+    me = world.global_ranks[world.rank]
+    lines = [f"[rank {me}] minipar: this rank is leaving the job, but messages sent to it were "
+             "never received:"]  # fmt: skip
+    for peer, tag in found:
+        lines.append(f"[rank {me}]   from rank {world.global_ranks[peer]}: "
+                     f"{describe(world, tag)}")  # fmt: skip
+    peers = ", ".join(str(world.global_ranks[peer]) for peer, _ in found)
+    lines.append(f"[rank {me}] minipar: rank(s) {peers} wait for this rank in a call it never "
+                 "made; aborting the job rather than let them wait out their timeout")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _at_exit() -> None:
+    from mpi4py import MPI
+
+    from minipar.collectives import work
+    from minipar.comm import watchdog
+
+    world = _armed[0]
+    watchdog.shutdown()  # its probes must not run beside ours, nor after MPI_Finalize
+    if not MPI.Is_initialized() or MPI.Is_finalized() or not work.idle():
+        return  # an async collective still runs: leave MPI alone (mpi4py finalizes or not)
+    found = unreceived(world)
+    waiting = [(peer, tag) for peer, tag in found if ahead(world, tag)]
+    if waiting:
+        sys.stderr.write(message(world, waiting))
+        world.abort(1)
+        os._exit(1)  # MPICH's MPI_Abort may return when called this late in the exit
+    if found:  # leftovers of calls this rank already saw fail (a mismatch): nobody waits
+        return  # for them; leave MPI_Finalize to mpi4py, which ignores its failure
+    import mpi4py
+
+    if mpi4py.rc.finalize is False:
+        return
+    try:
+        MPI.Finalize()
+    except MPI.Exception as error:  # a message came in after the probe: COMM_WORLD is gone
+        me = world.global_ranks[world.rank]
+        sys.stderr.write(f"[rank {me}] minipar: this rank is leaving the job, but a peer sent it "
+                         f"a message it never received ({why(error)}); the peer waits for this "
+                         "rank in a call it never made: ending the job\n")  # fmt: skip
+        sys.stderr.flush()
+        os._exit(1)  # MPI_Abort needs the communicator MPI_Finalize just freed; mpiexec ends it
+
+
+def why(error) -> str:
+    """The last line of an MPI error stack, without its `function(line)...:` prefix."""
+    last = str(error).strip().splitlines()[-1]
+    return re.sub(r"^\S+\(\d+\)\.*:\s*", "", last)
