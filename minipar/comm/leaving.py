@@ -33,10 +33,11 @@ _armed: list = []  # the world communicator whose exit is watched (one per proce
 def arm(world) -> None:
     """Watch this process's exit (minipar.init, MPI transport, two ranks or more). Registered
     after the watchdog's own exit hook, so this runs first and stops the watchdog itself."""
-    if world.size < 2 or _armed:
+    if world.size < 2:
         return
-    _armed.append(world)
-    atexit.register(_at_exit)
+    if not _armed:
+        atexit.register(_at_exit)
+    _armed[:] = [world]  # after finalize() and init() again: the new world's call numbers
 
 
 def unreceived(world) -> list[tuple[int, int]]:
