@@ -5,7 +5,9 @@ sent it a message for a call it never made, MPI_Finalize cannot succeed: MPICH r
 COMM_WORLD with "N unmatched message(s)" and the process leaves without telling mpiexec it
 finished, which mpiexec takes for a crash and may answer by killing every rank at once, before
 the one that waits has timed out and said whom it waited for. The job then ends with nothing but
-an exit status.
+an exit status, and when the leaving rank's status was 0 that status is 0: MPICH's hydra, seen
+here, SIGKILLs the waiting ranks and reports "exit codes 0,0,0", a job that never finished
+reading as a success.
 
 So at exit, once the watchdog has stopped and no async collective is in flight, each rank probes
 COMM_WORLD for messages from every peer. If some arrived unreceived for a call this rank never
