@@ -12,12 +12,13 @@ reading as a success.
 So at exit, once the watchdog has stopped and no async collective is in flight, each rank probes
 COMM_WORLD for messages from every peer. If some arrived unreceived for a call this rank never
 made (their tag carries the call's number), the rank prints which peers sent them and for which
-call, and aborts the job: the waiting ranks are doomed anyway, and they
-learn nothing by waiting out their timeout. Otherwise it calls MPI_Finalize itself, right after
-the probe (mpi4py would do it at the very end of the interpreter's teardown, tens of
-milliseconds later, leaving a wider window for a message to arrive unprobed). A message that
-arrives between probe and finalize (MPI_Finalize progresses the network first) still fails the
-finalize: the rank then says so and exits at once, and mpiexec ends the job.
+call, and aborts the job: the waiting ranks are doomed anyway, and learn nothing by waiting out
+their timeout. Leftovers of calls this rank already saw fail (a mismatch the watchdog reported)
+are nobody's wait: MPI_Finalize is then left to mpi4py, which ignores its failure, as before.
+With nothing found, the rank calls MPI_Finalize itself, right after the probe (mpi4py would do
+it at the very end of the interpreter's teardown, tens of milliseconds later, a wider window for
+a message to slip in). One that still slips in (MPI_Finalize progresses the network first) fails
+the finalize: the rank then says so and exits at once, and mpiexec ends the job.
 """
 
 from __future__ import annotations
