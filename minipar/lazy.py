@@ -13,7 +13,7 @@ import sys
 def attributes(package: str, names: dict, submodules=()):
     """A module's `__getattr__` and `__dir__` (PEP 562): `names` maps an attribute to the module
     that defines it (looked up once, then cached in the package), `submodules` are imported on
-    first access."""
+    first access. `dir()` lists the package's `__all__` (else these names)."""
     submodules = frozenset(submodules)
     listed = sorted(names) + sorted(submodules)
 
@@ -27,6 +27,6 @@ def attributes(package: str, names: dict, submodules=()):
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     def __dir__():
-        return listed
+        return getattr(sys.modules[package], "__all__", listed)
 
     return __getattr__, __dir__

@@ -117,6 +117,8 @@ MODELS = {
 
 
 OPS_PER_LAYER = 36  # kernels one block runs per micro-batch, forward and backward (an estimate)
+OPS_OUTSIDE = 20  # kernels per micro-batch outside the blocks: embedding, head, loss
+OPTIMIZER_OPS = 10  # a foreach/fused optimizer's kernels per step
 
 
 @dataclass(frozen=True)
@@ -136,8 +138,8 @@ class Cluster:
     # not running (measured: calibrated_cpu)
     step_wait: float = 0.0
     ops_per_layer: int = OPS_PER_LAYER  # kernels per block per micro-batch, forward + backward
-    ops_outside: int = 20  # kernels per micro-batch outside the blocks: embedding, head, loss
-    optimizer_ops_per_tensor: float = 0.0  # 0: a foreach/fused optimizer, ~10 kernels a step
+    ops_outside: int = OPS_OUTSIDE  # kernels per micro-batch outside the blocks
+    optimizer_ops_per_tensor: float = 0.0  # 0: a foreach/fused optimizer, OPTIMIZER_OPS a step
     core_share: float = 1.0  # of a core (GPU) per rank; < 1: ranks outnumber cores
     ddp_bucket_bytes: float = 0.0  # gradients within one bucket hide nothing (0: not modelled)
 
@@ -284,9 +286,9 @@ def ops_per_step(m: ModelSpec, lay: Layout, c: Cluster | None = None) -> float:
     the GPU presets': 36 a block, ~20 outside the blocks, ~10 foreach optimizer kernels); the
     "cpu" cluster's were counted with torch.profiler on the tiny GPT: 86 aten ops a block, 36
     outside, and AdamW's loop over the tensors, 9 ops per parameter tensor."""
-    layer, outside = (c.ops_per_layer, c.ops_outside) if c else (OPS_PER_LAYER, 20)
+    layer, outside = (c.ops_per_layer, c.ops_outside) if c else (OPS_PER_LAYER, OPS_OUTSIDE)
     per_tensor = c.optimizer_ops_per_tensor if c else 0.0
-    optimizer = 10.0
+    optimizer = float(OPTIMIZER_OPS)
     if per_tensor:
         tensors = max(step_messages.stage_params(m, lay.tp, lay.pp, s)[1] for s in range(lay.pp))
         optimizer = per_tensor * tensors
@@ -458,6 +460,11 @@ def measure_compute(rate: float, steps: int = 4) -> dict:
     return {"efficiency": efficiency, "op_overhead": overhead, "step_seconds": seconds}
 
 
+def core_share(ranks: int, cores: int, share: float | None = None) -> float:
+    """Of a core per rank: the measured `share` if given, else cores / ranks (at most 1)."""
+    return min(1.0, cores / ranks) if share is None else share
+
+
 def shared_cores(
     cluster: Cluster,
     ranks: int,
@@ -468,7 +475,7 @@ def shared_cores(
     """The cluster as seen by each of `ranks` processes sharing `cores` cores (oversubscribed):
     a share of the peak rate (measured, or the preset's), each op's overhead stretched alike.
     `share`: of a core per rank, if measured; else cores / ranks (at most 1)."""
-    share = min(1.0, cores / ranks) if share is None else share
+    share = core_share(ranks, cores, share)
     peak = cluster.peak_flops if peak_flops is None else peak_flops
     return replace(cluster, peak_flops=peak * share, op_overhead=cluster.op_overhead / share)
 
@@ -496,7 +503,7 @@ def calibrated_cpu(
     if share is not None and not 0 < share <= 1:
         raise ValueError(f"share must be in (0, 1], got {share!r}")
     cluster = cluster or CLUSTERS["cpu"]
-    share = min(1.0, cores / ranks) if share is None else share
+    share = core_share(ranks, cores, share)
     base = shared_cores(cluster, ranks, cores, peak_flops, share)
     if ranks <= cores:
         return base

@@ -65,19 +65,23 @@ def stage_params(model, tp: int, pp: int, stage: int) -> tuple[float, int]:
     return params, tensors
 
 
+def group_sizes(lay) -> dict:
+    """{axis: ranks in that axis's group} of a layout."""
+    return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp}
+
+
 def calls(model, lay, stage: int, value_bytes: int = 4, zero: int = 0) -> list[Calls]:
     """The collectives and messages of one step on a rank of pipeline stage `stage`."""
     m, P, tokens = lay.microbatches, lay.pp, lay.micro_batch * model.seq_len
     first, last, out = stage == 0, stage == P - 1, []
+    act = tokens * model.hidden * value_bytes  # one micro-batch's activations
     if lay.tp > 1:
-        act = tokens * model.hidden * value_bytes
         blocks = 4 * (model.layers // P) + first + last  # + embedding's g, head's f
         out.append(Calls("tp", "all_reduce", act, blocks * m, "activations: g forward, f back"))
         if last:
             out.append(Calls("tp", "all_reduce", tokens * 4, m, "loss: max logit per token"))
             out.append(Calls("tp", "all_reduce", 2 * tokens * 4, m, "loss: sum exp, target"))
     if P > 1:
-        act = tokens * model.hidden * value_bytes
         for kind in P2P:  # an end stage sends (and receives) one way only
             out.append(Calls("pp", kind, act, m * (2 - first - last), "activations, gradients"))
         # mpi4py's Iallgather of the sizes, then Iallgatherv of the pickled views
@@ -126,7 +130,7 @@ def steps_of(call: Calls, p: int) -> int:
 def signature(model, lay, stage: int, value_bytes: int = 4, zero: int = 0) -> dict:
     """{(axis, collective, algorithm, steps): calls} of a stage's step, the traced calls only:
     what a ledger of the same step holds (tests compare the two)."""
-    sizes = {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp}
+    sizes = group_sizes(lay)
     out: dict = {}
     for c in calls(model, lay, stage, value_bytes, zero):
         if c.traced:
@@ -138,7 +142,7 @@ def signature(model, lay, stage: int, value_bytes: int = 4, zero: int = 0) -> di
 
 def message_steps(model, lay, zero: int = 0, value_bytes: int = 4) -> dict:
     """Message-steps on a step's critical path, per axis (see the module's docstring)."""
-    sizes = {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp}
+    sizes = group_sizes(lay)
     m, P = lay.microbatches, lay.pp
     tp_per_micro, dp = 0.0, 0.0
     for stage in range(P):

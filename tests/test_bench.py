@@ -107,7 +107,6 @@ def test_measured_crossover():
     assert fit.measured_crossover(rows[2:], "tree", "ring") == "below"
 
 
-@pytest.mark.timeout(150)
 def test_relative_slope_fits_a_line_and_weighs_sizes_alike():
     sizes = [1 << k for k in range(20, 27)]
     alpha, beta = 5e-6, 2e-10
@@ -122,6 +121,7 @@ def test_relative_slope_fits_a_line_and_weighs_sizes_alike():
     assert max(abs(e) for e in errors[:-1]) < 0.2 and abs(errors[-1]) < 0.5, errors
 
 
+@pytest.mark.timeout(150)
 def test_two_rank_run(tmp_path):
     """One short job: every key, positive times, busbw = algbw x factor, the fit stored."""
     out, png, link = tmp_path / "out.json", tmp_path / "bw.png", tmp_path / "link.json"

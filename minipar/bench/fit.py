@@ -102,7 +102,7 @@ def fit_ring(comm, timer, algorithm: str, traffic, alpha: float, gamma: float):
     if the fitted one comes out smaller (a noisy run), and beta refitted with it."""
     times, steps, sent, known = [], [], [], []
     for n in FIT_SIZES:
-        times.append(_all_reduce_time(timer, algorithm, n, max(5, (64 << 20) // n)))
+        times.append(_all_reduce_time(timer, algorithm, n, max(5, LARGE // n)))
         t = traffic(n)
         steps.append(t.steps)
         sent.append(t.bytes_sent)
@@ -152,10 +152,11 @@ def measure(comm, timer) -> dict:
     }
 
 
-def measure_shm(comm, timer) -> dict | None:
+def measure_shm(comm, timer, gamma: float | None = None) -> dict | None:
     """The shared windows' link (comm/shm.py): alpha from `ring@shm` all-reduces of 8 B (its
-    waits), beta fitted to its all-reduces of 1 to 64 MiB as for MPI (fit_ring_beta, over the
-    bytes the schedule copies); None when this group cannot share memory."""
+    waits), beta fitted to its all-reduces of 1 to 64 MiB as for MPI (fit_ring, over the bytes
+    the schedule copies), gamma `measure`'s (measured here if not given); None when this group
+    cannot share memory."""
     from minipar import cost
     from minipar.comm import shm
 
@@ -163,7 +164,7 @@ def measure_shm(comm, timer) -> dict | None:
         return None
 
     tiny = _all_reduce_time(timer, "ring@shm", 8, 200, typical=False)
-    gamma = 1 / _reduce_rate(timer, LARGE)
+    gamma = gamma or 1 / _reduce_rate(timer, LARGE)
     alpha = tiny / cost.shm_traffic("all_reduce", 8, comm.size).steps
     alpha, beta = fit_ring(
         comm, timer, "ring@shm", lambda n: cost.shm_traffic("all_reduce", n, comm.size), alpha,

@@ -130,14 +130,17 @@ def main(argv=None) -> int:
         measured = fit.measure(comm, timer)
         link = fit.as_link(measured)
         cost.set_default_link(link)  # auto now prices with this machine's numbers
-        windows = fit.measure_shm(comm, timer)  # the second transport's link, if there is one
+        # the second transport's link, if there is one (gamma: the same np.add as MPI's)
+        windows = fit.measure_shm(comm, timer, measured["gamma"])
+        shm_link = None
         if windows:
             measured.update(windows)
-            cost.set_shm_link(fit.as_shm_link(measured))
+            shm_link = fit.as_shm_link(measured)
+            cost.set_shm_link(shm_link)
         if comm.rank == 0:
             cost.save_link(link, job["fit_path"], **measured)
-            if windows:
-                cost.save_link(fit.as_shm_link(measured), fit.shm_path(job["fit_path"]))
+            if shm_link is not None:
+                cost.save_link(shm_link, fit.shm_path(job["fit_path"]))
         out.emit("fit", path=job["fit_path"], **measured)
     sweep(out, timer, ops.Context(comm, comm.mpi, dist), job)
     timer.barrier()

@@ -43,37 +43,30 @@ def arm(world) -> None:
     _armed[:] = [world]  # after finalize() and init() again: the new world's call numbers
 
 
-def unreceived(world) -> list[tuple[int, int]]:
-    """(peer, tag) of the oldest message each peer sent this rank that nobody received."""
-    from mpi4py import MPI
-
-    status = MPI.Status()
-    found = []
-    for peer in range(world.size):
-        if peer != world.rank and world.mpi.Iprobe(peer, MPI.ANY_TAG, status):
-            found.append((peer, status.Get_tag()))
-    return found
+def calls_ahead(world, tag: int) -> int | None:
+    """How many calls past this rank's next one a collective tag's call is (its number is kept
+    modulo 2^SEQ_BITS: the nearest one at or after ours); None for other tags."""
+    decoded = world._tags.decode(tag)
+    return None if decoded is None else (decoded[0] - world._seq) % (1 << SEQ_BITS)
 
 
 def ahead(world, tag: int) -> bool:
     """Whether a message is for a call this rank has not made yet: a peer's debug-mode check,
-    or a collective tag whose call number is at or after this rank's next one."""
+    or a collective tag whose call is at or after this rank's next one (within half the range)."""
     if tag == CONTROL_TAG:
         return True
-    decoded = world._tags.decode(tag)
-    return decoded is not None and (decoded[0] - world._seq) % (1 << SEQ_BITS) < 1 << (SEQ_BITS - 1)
+    distance = calls_ahead(world, tag)
+    return distance is not None and distance < 1 << (SEQ_BITS - 1)
 
 
 def describe(world, tag: int) -> str:
     """What a message's tag says it was for, in the words of minipar's errors."""
     if tag == CONTROL_TAG:
         return "its debug-mode check before a collective"
-    decoded = world._tags.decode(tag)
-    if decoded is None:
+    distance = calls_ahead(world, tag)
+    if distance is None:
         return f"a point-to-point message, tag {tag}"
-    field = decoded[0]
-    seq = world._seq + (field - world._seq) % (1 << SEQ_BITS)  # the peer's call, at or after ours
-    return f"call #{seq} on group {world.name} (tag {tag})"
+    return f"call #{world._seq + distance} on group {world.name} (tag {tag})"
 
 
 def message(world, found: list[tuple[int, int]]) -> str:
@@ -99,7 +92,7 @@ def _at_exit() -> None:
     watchdog.shutdown()  # its probes must not run beside ours, nor after MPI_Finalize
     if not MPI.Is_initialized() or MPI.Is_finalized() or not work.idle():
         return  # an async collective still runs: leave MPI alone (mpi4py finalizes or not)
-    found = unreceived(world)
+    found = watchdog.oldest(world, MPI.Status())
     waiting = [(peer, tag) for peer, tag in found if ahead(world, tag)]
     if waiting:
         sys.stderr.write(message(world, waiting))

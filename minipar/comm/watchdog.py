@@ -91,9 +91,20 @@ def look(comm) -> None:
         _on_notice(comm, status.Get_source(), notice)
         if comm._failure is not None:
             return
+    for peer, tag in oldest(comm, status):
+        _check_tag(comm, peer, tag)
+
+
+def oldest(comm, status) -> list[tuple[int, int]]:
+    """(peer, tag) of the oldest message from each peer that nobody has received yet
+    (MPI_Iprobe; `status` is filled along the way)."""
+    from mpi4py import MPI
+
+    found = []
     for peer in range(comm.size):
         if peer != comm.rank and comm.mpi.Iprobe(peer, MPI.ANY_TAG, status):
-            _check_tag(comm, peer, status.Get_tag())
+            found.append((peer, status.Get_tag()))
+    return found
 
 
 def _recent_call(comm, field: int):
