@@ -1,9 +1,12 @@
-"""Runs a suite's cases on one rank and writes the results as JSON (see minipar.testing).
+"""One launch per suite: runs a suite's cases on one rank and writes the results as JSON.
 
     python -m minipar.testing.worker SUITE.py OUTDIR [--backend mpi|torch] [--size N] [--only NAME]
 
-With --backend torch it starts N processes with torch.multiprocessing.spawn, brings up a gloo
-process group in each, and runs the same cases over minipar's torch.distributed transport.
+What `harness.run_suite` launches with MINIPAR_TEST_POOL=0 (the warm pool's rank side is
+testing/server.py). Each rank writes OUTDIR/rankR.json after every case, and its output goes to
+OUTDIR/rankR.out (testing/case.py), which the harness reads for a rank that died. With --backend
+torch it starts N processes with torch.multiprocessing.spawn, brings up a gloo process group in
+each, and runs the same cases over minipar's torch.distributed transport.
 """
 
 from __future__ import annotations
@@ -14,14 +17,16 @@ import json
 import os
 import socket
 import sys
-import time
-import traceback
+
+from minipar.testing import case
 
 
 def load_suite(path: str):
     spec = importlib.util.spec_from_file_location(f"suite_{abs(hash(path))}", path)
     module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # the suite's helpers import each other by name
     spec.loader.exec_module(module)
     return module
 
@@ -35,16 +40,11 @@ def run_cases(path: str, outdir: str, backend: str, only=None) -> None:
     control = comm.split(list(range(comm.size)), name="harness")
     cases = load_suite(path).cases(comm.size)
     results, out = {}, os.path.join(outdir, f"rank{comm.rank}.json")
+    capture = case.Capture(os.path.join(outdir, f"rank{comm.rank}.out"))
     for name, fn in cases.items():
         if only and name not in only:
             continue
-        start = time.perf_counter()
-        try:
-            fn()
-            results[name] = {"ok": True}
-        except BaseException:  # noqa: BLE001  (report everything, keep going)
-            results[name] = {"ok": False, "error": traceback.format_exc()}
-        results[name]["seconds"] = round(time.perf_counter() - start, 4)
+        results[name] = case.run(fn, capture)
         _realign(comm, control, results[name]["ok"])
         with open(out + ".tmp", "w") as f:
             json.dump(results, f)
