@@ -80,7 +80,6 @@ def run_pool_suite(monkeypatch, mode: str, size: int = 2, backend: str = "mpi"):
 
 @pytest.mark.parametrize("backend", ["mpi", "torch"])
 def test_hung_case_names_its_ranks_and_the_rest_run(monkeypatch, backend):
-    start = time.monotonic()
     failed = run_pool_suite(monkeypatch, "hang", backend=backend)
     one, every = failed["hangs_on_last_rank"], failed["hangs_everywhere"]
     assert "no result from ranks [1]" in one and "still inside the case" in one, one
@@ -90,7 +89,6 @@ def test_hung_case_names_its_ranks_and_the_rest_run(monkeypatch, backend):
     for text in (one, every):
         seconds = int(re.search(r"inside the case (\d+) s after it began", text).group(1))
         assert seconds <= 12 + 3, text  # the suite's CASE_LIMIT
-    assert time.monotonic() - start < 2 * 12 + 120, "two hangs and two fresh jobs, no more"
 
 
 @pytest.mark.parametrize(
@@ -111,13 +109,18 @@ def test_dead_rank_fails_its_case_only(monkeypatch, mode, backend):
 @pytest.mark.parametrize("backend", ["mpi", "torch"])
 def test_state_does_not_leak_between_cases_or_batches(monkeypatch, backend):
     """leaves_state changes env, cwd, trace, debug, timeout, dtype, grad mode and generators and
-    makes a group; sees_clean_state finds all of it undone. Run twice on one job: the second
-    batch finds no algorithm the first registered, and its groups fit (MPI: 1,500 of 2,048) or
-    find the descriptors of the first batch's closed (gloo) only because those were freed."""
+    makes a group; sees_clean_state finds all of it undone. Then two batches of
+    harness_groups.py on the same job: the second finds no algorithm the first registered, and
+    its groups fit (MPI: 1,500 of 2,048 communicators) or find the first batch's sockets closed
+    (gloo) only because the first batch's groups were freed."""
+    run_pool_suite(monkeypatch, "", backend=backend)
     launches = harness.pool().launches
-    first = run_pool_suite(monkeypatch, "", backend=backend)["result"]
-    second = run_pool_suite(monkeypatch, "", backend=backend)["result"]
-    assert harness.pool().launches - launches <= 1, "the batches ran on one job"
+    suite = ranks_suite("harness_groups.py")
+    first, second = (harness.run_suite.__wrapped__(suite, 2, backend) for _ in range(2))
+    assert harness.pool().launches == launches, "the batches ran on the same job"
+    for result in (first, second):
+        result.check("many_groups")
+        result.check("registers_an_algorithm")
     for rank in (0, 1):
         before, after = (
             int(result.ranks[rank]["many_groups"]["output"].split()[-1])

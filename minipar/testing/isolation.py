@@ -4,8 +4,10 @@ After every case, on every rank:
 - `minipar.trace()` blocks left open are closed; debug mode and the default group's timeout go
   back to the batch's settings (MINIPAR_DEBUG, MINIPAR_TIMEOUT); minipar is initialised again
   if the case finalized it;
-- environment variables, the working directory, torch's default dtype and grad mode, and the
-  random generators of torch, numpy and `random` are put back as they were before the case;
+- environment variables, the working directory, torch's default dtype and grad mode are put
+  back as they were before the case, and the random generators of torch, numpy and `random`
+  are seeded with SEED: every case starts from the same draws on every rank, whichever cases
+  ran before it (a fresh process seeds torch at random, differently on each rank);
 - the ranks compare notes over the harness's control group: each one's call counter on the
   default group (`comm._seq`, which every collective's tag carries). Unequal counters after a
   case that passed everywhere fail that case (a rank made a collective call the others did
@@ -30,6 +32,7 @@ import time
 from minipar.testing.groups import GroupTracker
 
 CONTROL_SLACK = 5  # seconds beyond 3 timeouts the control group waits for a slow rank
+SEED = 0  # torch, numpy and random start every case seeded with it, on every rank
 
 
 class Isolation:
@@ -64,6 +67,7 @@ class Isolation:
     def snapshot(self) -> None:
         """What every case of the batch starts from (taken once the suite is loaded)."""
         self.saved = _Saved()
+        _seed(SEED)
 
     def end_batch(self, folder: str) -> None:
         """Forget the suite's helper modules, free the groups, restore the tables and env."""
@@ -72,10 +76,10 @@ class Isolation:
         for name in set(sys.modules) - self.modules:
             if _inside(getattr(sys.modules[name], "__file__", None), folder):
                 del sys.modules[name]
-        self.groups.free_all(self.control)
-        for collective, table in registry.ALGORITHMS.items():
-            table.clear()
+        for collective, table in registry.ALGORITHMS.items():  # before the groups: a case's
+            table.clear()  # algorithm may hold its suite, and the suite its groups
             table.update(self.algorithms[collective])
+        self.groups.free_all(self.control)
         sys.path[:] = self.path
         _restore_environ(self.launch_environ)
 
@@ -134,29 +138,30 @@ class _Saved:
     def __init__(self):
         self.environ = dict(os.environ)
         self.cwd = os.getcwd()
-        self.random = random.getstate()
-        self.numpy = self.torch = None
-        np = sys.modules.get("numpy")
-        if np is not None:
-            self.numpy = np.random.get_state()
         torch = sys.modules.get("torch")
+        self.torch = None
         if torch is not None:
-            self.torch = (torch.get_rng_state(), torch.get_default_dtype(),
-                          torch.is_grad_enabled())  # fmt: skip
+            self.torch = (torch.get_default_dtype(), torch.is_grad_enabled())
 
     def restore(self) -> None:
         _restore_environ(self.environ)
         if os.getcwd() != self.cwd:
             os.chdir(self.cwd)
-        random.setstate(self.random)
-        if self.numpy is not None:
-            sys.modules["numpy"].random.set_state(self.numpy)
+        _seed(SEED)
         if self.torch is not None:
             torch = sys.modules["torch"]
-            state, dtype, grad = self.torch
-            torch.set_rng_state(state)
+            dtype, grad = self.torch
             torch.set_default_dtype(dtype)
             torch.set_grad_enabled(grad)
+
+
+def _seed(seed: int) -> None:
+    """The same generators on every rank, whatever the case before drew or seeded."""
+    random.seed(seed)
+    for name in ("numpy", "torch"):
+        module = sys.modules.get(name)
+        if module is not None:
+            (module.random.seed if name == "numpy" else module.manual_seed)(seed)
 
 
 def _restore_environ(saved: dict) -> None:
