@@ -1,85 +1,112 @@
-"""The groups a warm rank's cases make, freed when their suite's batch ends (testing/server.py).
+"""The groups a warm rank's cases make, freed once nothing holds them (testing/server.py).
 
 MPI gives a process about 2,048 communicators (MPICH: "Too many communicators") and mpi4py
 frees none by itself; a gloo group keeps its sockets open. A job that serves a whole pytest
 session must give them back. `GroupTracker` wraps the world communicator class's `split`
-(through which `minipar.new_group` and every `group.split` go) and keeps each group made.
+(through which `minipar.new_group` and every `group.split` go) and remembers each group
+weakly, with what frees it: the MPI communicator or torch's process group, and (noted after
+every case) the shared-memory window and node communicator its shm transport mapped.
 
 A suite may keep a group from one case to the next (a module-level cache), so groups are freed
-when the suite's batch ends, after the server has dropped the suite and the helper modules it
-imported. Freeing the shared-memory window a group mapped (comm/shm.py) is collective, so the
-ranks first agree over the harness's control group: every group is freed in the order it was
-made (the same on every member), except one that a member still needs, because a request
-abandoned after a timeout may still write into its buffers (comm/base.py `abandon`); that one
-is kept, like the request, for the life of the job.
+when the suite's batch ends: the server drops the suite and the helper modules it imported, the
+garbage collector runs, and every group whose object is gone is freed. Freeing a window is
+collective, so the ranks first agree over the harness's control group: a group is freed when
+every member has let go of it, in the order the groups were made (the same on every member),
+its window only when every member still knows it. A group still held (by a helper's cache, or
+by a request abandoned after a timeout, which may still write into its buffers) is kept.
 """
 
 from __future__ import annotations
 
 import gc
+import weakref
 
-from minipar.comm import base
 from minipar.comm.base import NonMember
+
+
+class Tracked:
+    """One group a case made: what every member calls it, and the handles that free it."""
+
+    def __init__(self, group, key):
+        self.ref, self.key = weakref.ref(group), key
+        self.members = list(group.global_ranks)
+        self.mpi = getattr(group, "mpi", None)  # mpi4py's communicator (the MPI transport)
+        self.torch_group = getattr(group, "group", None)  # torch's process group (gloo)
+        self.window = self.node_comm = None
+
+    def note_window(self) -> None:
+        node = getattr(self.ref(), "_shm_node", None)
+        if node:
+            self.window, self.node_comm = node.win, node.mpi
+
+    def free(self, window: bool) -> None:
+        if window and self.window:  # (a window minipar freed itself, growing it, is null)
+            self.window.Unlock_all()
+            self.window.Free()
+        if self.node_comm is not None:
+            self.node_comm.Free()
+        if self.mpi is not None:
+            self.mpi.Free()
+        elif self.torch_group is not None:
+            import torch.distributed as dist
+
+            dist.destroy_process_group(self.torch_group)
 
 
 class GroupTracker:
     def __init__(self, world_class):
-        self.groups: list = []
+        self.tracked: list[Tracked] = []
+        self._made: dict = {}
         original = world_class.split
 
         def split(comm, ranks, name=None):
             group = original(comm, ranks, name)
             if not isinstance(group, NonMember):
-                self.groups.append(group)
+                self._add(group)
             return group
 
         split.__doc__ = original.__doc__
         world_class.split = split
 
-    def key(self, group):
-        """What every member calls this group: name, global ranks, and which one of that name."""
+    def _add(self, group) -> None:
         ident = (group.name, tuple(group.global_ranks))
-        alike = [g for g in self.groups if (g.name, tuple(g.global_ranks)) == ident]
-        return (*ident, next(i for i, g in enumerate(alike) if g is group))
+        self._made[ident] = self._made.get(ident, 0) + 1
+        self.tracked.append(Tracked(group, (*ident, self._made[ident])))
 
-    def free_all(self, control) -> int:
-        """Free the groups made so far (collective over `control`, every rank of the job);
-        returns how many this rank keeps."""
-        busy = {id(r.comm) for r in base.ABANDONED}
-        keep = [self.key(g) for g in self.groups if id(g) in busy]
-        everyone = control.allgather_object(keep, "the harness freeing the cases' groups")
-        kept_by = set().union(*map(set, everyone))
-        freeing = [g for g in self.groups if self.key(g) not in kept_by]
-        self.groups = [g for g in self.groups if self.key(g) in kept_by]
-        with _watchdog_paused(any(g.backend == "mpi" for g in freeing), control, self.groups):
-            for group in freeing:
-                _free(group)
-        del freeing
-        gc.collect()  # a torch group closes its sockets when its last reference goes
-        return len(self.groups)
+    def after_case(self) -> None:
+        """Note the windows the live groups mapped (a group may die before the batch ends)."""
+        for entry in self.tracked:
+            entry.note_window()
 
-
-def _free(group) -> None:
-    """The group's window and node communicator (if its shm transport mapped one), then the
-    group itself (minipar.destroy_process_group: MPI_Comm_free, or torch's group destroyed)."""
-    import minipar
-
-    node = getattr(group, "_shm_node", None)
-    if node and node.win is not None:
-        node.win.Unlock_all()
-        node.win.Free()
-    if node:
-        node.mpi.Free()
-    minipar.destroy_process_group(group)
+    def free_unused(self, control) -> int:
+        """Free every group no member holds any more (collective over `control`, all the job's
+        ranks); returns how many this rank freed."""
+        mpi = any(entry.mpi is not None for entry in self.tracked)
+        with _watchdog_paused(mpi, lambda: [control, *(e.ref() for e in self.tracked)]):
+            self.after_case()
+            gc.collect()
+            gone = {e.key: e.window is not None for e in self.tracked if e.ref() is None}
+            everyone = control.allgather_object(gone, "the harness freeing the cases' groups")
+            freeing, kept = [], []
+            for entry in self.tracked:
+                views = [everyone[m].get(entry.key) for m in entry.members]
+                if entry.ref() is None and None not in views:
+                    freeing.append((entry, all(views)))
+                else:
+                    kept.append(entry)
+            self.tracked = kept
+            for entry, window in freeing:
+                entry.free(window)
+        return len(freeing)
 
 
-class _watchdog_paused:  # noqa: N801  (used as a context manager)
-    """No watchdog thread while communicators are freed (it probes every group it watches, and
-    MPI must not free a communicator another thread is using); then a new one watches the
-    groups still alive."""
+class _watchdog_paused:  # noqa: N801  (a context manager)
+    """No watchdog thread while groups are found unused and freed: between two looks it holds
+    the groups it watched last, and MPI must not free a communicator another thread is using.
+    Then a new one watches the default group and `alive()`, the groups still alive."""
 
-    def __init__(self, needed: bool, control, alive):
-        self.needed, self.alive = needed, [control, *alive]
+    def __init__(self, needed: bool, alive):
+        self.needed, self.alive = needed, alive
 
     def __enter__(self):
         if self.needed:
@@ -95,6 +122,6 @@ class _watchdog_paused:  # noqa: N801  (used as a context manager)
 
         if minipar.is_initialized():
             watchdog.watch(minipar.init())
-        for group in self.alive:
-            if group.backend == "mpi":
+        for group in self.alive():
+            if getattr(group, "backend", None) == "mpi":
                 watchdog.watch(group)

@@ -18,8 +18,8 @@ After every case, on every rank:
   not restartable) fails the case and has the pool start a fresh job for the remaining cases.
 
 After every batch (one suite): the suite and the helper modules it imported are dropped, the
-groups its cases made are freed (testing/groups.py), the algorithm tables lose what the cases
-registered, sys.path and the environment are restored.
+algorithm tables lose what the cases registered, the groups the cases made are freed once
+nothing holds them (testing/groups.py), sys.path and the environment are restored.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class Isolation:
         for collective, table in registry.ALGORITHMS.items():  # before the groups: a case's
             table.clear()  # algorithm may hold its suite, and the suite its groups
             table.update(self.algorithms[collective])
-        self.groups.free_all(self.control)
+        self.groups.free_unused(self.control)
         sys.path[:] = self.path
         _restore_environ(self.launch_environ)
 
@@ -99,6 +99,7 @@ class Isolation:
 
         ledger._active.clear()
         self.saved.restore()
+        self.groups.after_case()
         problems = []
         if not minipar.is_initialized():
             try:
