@@ -30,7 +30,7 @@ BREAKING = {  # mode -> the cases that fail in that mode (fails_with_output alwa
 }
 
 
-@pytest.fixture(params=["pool", "per-suite"])
+@pytest.fixture(params=["pool", pytest.param("per-suite", marks=pytest.mark.own_job)])
 def launch_mode(request, monkeypatch):
     monkeypatch.setenv("MINIPAR_TEST_POOL", "1" if request.param == "pool" else "0")
     return request.param
@@ -176,6 +176,7 @@ def test_launch_env_lists_every_variable_minipar_reads():
     assert not unknown, f"add to minipar.testing.pool.LAUNCH_ENV or PER_BATCH_ENV: {unknown}"
 
 
+@pytest.mark.own_job
 def test_harness_leaves_no_files_or_processes(tmp_path):
     """A process that runs a suite on the pool (one case kills a rank, so that job is killed)
     and one launch per suite, then exits: its temporary directory is empty, no rank is left."""

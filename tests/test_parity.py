@@ -32,6 +32,7 @@ def test_parity_torch_transport(size, name):
     harness.run_suite(SUITE, size, "torch").check(name)
 
 
+@pytest.mark.own_job
 def test_init_and_destroy_process_group():
     """ "mpi", then "gloo" brought up over MPI, then "gloo" with init_method / rank /
     world_size, each torn down by destroy_process_group, in one 2-rank job."""

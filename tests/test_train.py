@@ -27,6 +27,7 @@ def minipar_cli(*argv, timeout=240):
     )
 
 
+@pytest.mark.own_job
 def test_pipeline_run_matches_dense_and_resumes_on_another_layout(tmp_path):
     """pp=2 (2 ranks, 1F1B over 2 micro-batches) for 3 steps, checked by --check; its checkpoint
     resumed on one process for 2 more: all 5 losses are the uninterrupted dense run's (every
@@ -58,6 +59,7 @@ def test_pipeline_run_matches_dense_and_resumes_on_another_layout(tmp_path):
     assert losses[0] + losses[1] == pytest.approx(reference, rel=1e-4), (losses, reference)
 
 
+@pytest.mark.own_job
 def test_wrong_layout_fails_on_every_rank():
     argv = ["-m", "minipar.cli.train", "--dp", "2", "--tp", "2", "--steps", "1", *SMALL]
     done = launcher.run(2, argv, timeout=120, capture=True)
