@@ -4,10 +4,11 @@ After every case, on every rank:
 - `minipar.trace()` blocks left open are closed; debug mode and the default group's timeout go
   back to the batch's settings (MINIPAR_DEBUG, MINIPAR_TIMEOUT); minipar is initialised again
   if the case finalized it;
-- environment variables, the working directory, torch's default dtype and grad mode are put
-  back as they were before the case, and the random generators of torch, numpy and `random`
-  are seeded with SEED: every case starts from the same draws on every rank, whichever cases
-  ran before it (a fresh process seeds torch at random, differently on each rank);
+- environment variables, the working directory, sys.stdout and sys.stderr, torch's default
+  dtype and grad mode are put back as they were before the case, and the random generators
+  of torch, numpy and `random` are seeded with SEED: every case starts from the same draws on
+  every rank, whichever cases ran before it (a fresh process seeds torch at random,
+  differently on each rank);
 - the ranks compare notes over the harness's control group: each one's call counter on the
   default group (`comm._seq`, which every collective's tag carries). Unequal counters after a
   case that passed everywhere fail that case (a rank made a collective call the others did
@@ -139,6 +140,7 @@ class _Saved:
     def __init__(self):
         self.environ = dict(os.environ)
         self.cwd = os.getcwd()
+        self.streams = (sys.stdout, sys.stderr)
         torch = sys.modules.get("torch")
         self.torch = None
         if torch is not None:
@@ -148,6 +150,7 @@ class _Saved:
         _restore_environ(self.environ)
         if os.getcwd() != self.cwd:
             os.chdir(self.cwd)
+        sys.stdout, sys.stderr = self.streams
         _seed(SEED)
         if self.torch is not None:
             torch = sys.modules["torch"]

@@ -23,8 +23,9 @@ each rank answers case by case. The guarantees:
   environment and the job's is sent with each batch and undone after it (MINIPAR_TIMEOUT and
   MINIPAR_DEBUG are applied with `minipar.init(timeout=, debug=)`).
 
-At most WARM_RANKS ranks stay warm (MINIPAR_TEST_POOL_RANKS; each holds ~200 MB): starting a job
-past that closes the least recently used ones.
+At most WARM_RANKS ranks stay warm (MINIPAR_TEST_POOL_RANKS; each holds ~150-250 MB): starting a
+job past that closes the largest ones first (the least recently used of equals), since the small
+world sizes serve most suites.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from minipar.testing.server import TOKEN_ENV
 CASE_LIMIT = 300.0  # seconds a case may run before it counts as hung (minipar's waits time
 # out long before: this catches a rank stuck outside them; generous for a loaded machine)
 START_LIMIT = 300.0  # seconds a job may take to start (ranks importing torch, oversubscribed)
-WARM_RANKS = int(os.environ.get("MINIPAR_TEST_POOL_RANKS", 20))
+WARM_RANKS = int(os.environ.get("MINIPAR_TEST_POOL_RANKS", 24))
 DUMP_WAIT = 1.0  # seconds a hung rank has to print its stacks after SIGUSR1
 
 # MINIPAR_* variables minipar reads when a rank starts (at import, at init, when the default
@@ -73,6 +74,7 @@ PER_BATCH_ENV = ("MINIPAR_TIMEOUT", "MINIPAR_DEBUG", "MINIPAR_TRANSPORT")
 class Pool:
     def __init__(self):
         self.jobs: dict = {}  # key -> Job, least recently used first
+        self.failed: dict = {}  # key -> the last job that did not start, and how many did not
         self.sessions: list[int] = []  # every job's process group (its session), in order
         self.ranks: list[int] = []  # every rank's process id
 
@@ -86,33 +88,54 @@ class Pool:
             started = time.monotonic()
             job = self._job(size, backend)
             deadline += time.monotonic() - started  # starting a job is not the suite's time
-            if job.error is not None:  # it never started: nothing can run
-                for name in pending:
-                    notes[name] = job.error
-                return results, notes, job.returncode, job.log_tail()
+            if job.error is not None:
+                notes.update(dict.fromkeys(pending, job.error))
+                return results, notes, job.returncode_after_kill(), ""
+            if time.monotonic() >= deadline:
+                why = f"not run: the suite's timeout of {timeout:g} s was spent"
+                notes.update(dict.fromkeys(pending, why))
+                return results, notes, returncode, log
             done, broken = job.run(suite, pending, settings, case_limit, deadline)
             results.update(done)
             pending = pending[len(done) :]
-            if broken is not None or not job.usable:
-                if broken is not None:
-                    name, partial, why = broken
-                    results[name], notes[name] = partial, why
-                    pending = pending[1:]
-                    returncode, log = job.returncode_after_kill(), job.log_tail()
+            if broken is not None:
+                name, partial, why = broken
+                results[name], notes[name] = partial, why
+                pending = pending[1:]
+                returncode, log = job.returncode_after_kill(), job.log_tail()
+            if not job.usable:
                 self._close(job)
         return results, notes, returncode, log
 
     def _job(self, size, backend) -> Job:
+        """The warm job for this size, transport and launch environment, started if there is
+        none (closing the least recently used ones past WARM_RANKS); a job that failed to start
+        twice is not tried again."""
         key = (size, backend, tuple((n, os.environ.get(n)) for n in LAUNCH_ENV))
+        if self.failed.get(key, (None, 0))[1] >= 2:
+            return self.failed[key][0]
         job = self.jobs.pop(key, None)
+        if job is not None and not job.usable:  # interrupted mid-batch (pytest's timeout)
+            job.close()
+            job = None
         if job is None:
             while self.jobs and sum(j.size for j in self.jobs.values()) + size > WARM_RANKS:
-                self._close(next(iter(self.jobs.values())))
+                self._close(self._to_close())
             job = Job(size, backend)
             self.sessions.append(job.proc.pid)
             self.ranks.extend(job.pids.values())
+            if job.error is not None:
+                self.failed[key] = (job, self.failed.get(key, (None, 0))[1] + 1)
+                job.close()
+                return job
         self.jobs[key] = job  # most recently used last
         return job
+
+    def _to_close(self) -> Job:
+        """The largest job, the least recently used of those: the small world sizes serve most
+        suites, the large ones few (and hold the most memory)."""
+        jobs = list(self.jobs.values())  # least recently used first
+        return max(jobs, key=lambda job: (job.size, -jobs.index(job)))
 
     @property
     def launches(self) -> int:
@@ -171,6 +194,9 @@ class Job:
         )  # fmt: skip
         try:
             self._accept(listener, token)
+        except BaseException:  # interrupted while starting: leave nothing running
+            self.close()
+            raise
         finally:
             listener.close()
 
@@ -182,7 +208,8 @@ class Job:
                 why = "exited" if self.proc.poll() is not None else f"took over {START_LIMIT:g} s"
                 self.error = (f"the warm job of {self.size} ranks ({self.backend}) did not start: "
                               f"it {why} with {len(self.conns)} of {self.size} ranks ready\n"
-                              f"--- job log ---\n{self.log_tail()}")  # fmt: skip
+                              f"--- job log ---\n{self.log_tail()}"
+                              + self.outputs(range(self.size)))  # fmt: skip
                 self.usable = False
                 self.kill()
                 return
@@ -190,9 +217,12 @@ class Job:
                 sock, _ = listener.accept()
             except TimeoutError:
                 continue
-            sock.settimeout(30)
+            sock.settimeout(60)  # a rank says hello as soon as it has connected
             conn = wire.Connection(sock)
-            hello = conn.receive()
+            try:
+                hello = conn.receive()
+            except OSError:
+                hello = None
             sock.settimeout(None)
             if not hello or hello.get("token") != token:
                 conn.close()
@@ -207,18 +237,23 @@ class Job:
         env, unset = batch_environ(self.env)
         request = {"op": "run", "suite": suite, "names": names, "env": env, "unset": unset,
                    **settings}  # fmt: skip
-        for conn in self.conns.values():
-            conn.send(request)
-        done = {}
-        for name in names:
-            results, broken = self._one_case(name, min(time.monotonic() + case_limit, deadline))
-            if broken is not None:
-                return done, (name, results, broken)
-            done[name] = results
-            if not self.usable:
-                return done, None
-        self._wait_done(time.monotonic() + case_limit)
-        return done, None
+        try:
+            for conn in self.conns.values():
+                conn.send(request)
+            done = {}
+            for name in names:
+                limit = min(time.monotonic() + case_limit, deadline)
+                results, broken = self._one_case(name, limit)
+                if broken is not None:
+                    return done, (name, results, broken)
+                done[name] = results
+                if not self.usable:
+                    return done, None
+            self._wait_done(time.monotonic() + case_limit)
+            return done, None
+        except BaseException:  # pytest's own timeout, Ctrl-C, a garbled answer: the job is
+            self.usable = False  # mid-batch and cannot serve another one
+            raise
 
     def _one_case(self, name, limit):
         """Every rank's result of case `name`, and None, or why some ranks gave none."""
@@ -288,8 +323,8 @@ class Job:
         self.dump_stacks(stuck)
         self.kill()
         return (f"ranks {stuck} were still {where} {seconds:.0f} s after it began (hung; the "
-                "limit is the suite's CASE_LIMIT or minipar.testing.pool.CASE_LIMIT, and what "
-                "is left of run_suite's timeout); the job was killed and a fresh one runs the "
+                "limit is the suite's CASE_LIMIT or minipar.testing.pool.CASE_LIMIT, or what "
+                "was left of run_suite's timeout); the job was killed and a fresh one runs the "
                 "remaining cases" + self.outputs(stuck))  # fmt: skip
 
     def _died(self, name, results, synced) -> str:
@@ -345,7 +380,8 @@ class Job:
         return os.path.join(self.folder, f"rank{rank}.out")
 
     def log_tail(self, chars: int = 4000) -> str:
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         return case.read_tail(self.log.name, chars)
 
     def returncode_after_kill(self) -> int:

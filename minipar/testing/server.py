@@ -44,11 +44,11 @@ def serve(backend: str, address: str, folder: str) -> None:
     _warm()
     comm = minipar.init(backend=backend)
     control = comm.split(list(range(comm.size)), name="harness")
-    conn = wire.connect(address)
     capture = case.Capture(os.path.join(folder, f"rank{comm.rank}.out"))
     faulthandler.enable()  # a segfault prints where, into the capture file
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # pytest asks where a rank hangs
     isolation = Isolation(backend, control)
+    conn = wire.connect(address)
     conn.send({"op": "hello", "rank": comm.rank, "pid": os.getpid(),
                "token": os.environ.get(TOKEN_ENV, "")})  # fmt: skip
     while True:

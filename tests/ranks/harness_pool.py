@@ -13,7 +13,7 @@ import torch
 import minipar
 from minipar import ledger, runtime
 
-CASE_LIMIT = 12  # seconds: a hung case here fails fast (the pool's default is larger)
+CASE_LIMIT = 6  # seconds: a hung case here fails fast (the pool's default is larger)
 BREAK = os.environ.get("MINIPAR_SELFTEST_BREAK", "")
 START = {}  # what the first case saw, compared by the second (same batch, same module)
 
