@@ -92,8 +92,9 @@ def run_suite(suite: str, size: int, backend: str = "mpi", timeout: float | None
     the_pool = pool()
     launched = the_pool.launches
     results, notes, returncode, log = the_pool.run(
-        suite, size, backend, names, timeout, limit or _pool_module().CASE_LIMIT, settings
-    )
+        os.path.abspath(suite), size, backend, names, timeout,
+        limit or _pool_module().CASE_LIMIT, settings,
+    )  # fmt: skip
     for _ in range(the_pool.launches - launched):
         _log_launch("pool", suite, size, backend)
     ranks = {rank: {} for rank in range(size)}

@@ -2,8 +2,9 @@
 environment), started the first time a suite needs it and kept for the pytest session.
 
     pool = Pool()
-    results, notes = pool.run(suite, size, "mpi", names, timeout)   # {name: {rank: result}}
-    pool.close()                                                    # at exit
+    results, notes, returncode, log = pool.run(suite, size, "mpi", names, timeout, case_limit,
+                                               {"timeout": "10"})   # {name: {rank: result}}
+    pool.close()                                                    # at the session's end
 
 A job is `python -m minipar.testing.server` under mpiexec (or spawning gloo ranks), its ranks
 warm: torch and minipar imported, minipar started. Each rank connects back to this process
@@ -109,8 +110,8 @@ class Pool:
 
     def _job(self, size, backend) -> Job:
         """The warm job for this size, transport and launch environment, started if there is
-        none (closing the least recently used ones past WARM_RANKS); a job that failed to start
-        twice is not tried again."""
+        none (closing others past WARM_RANKS, see _to_close); a job that failed to start twice
+        is not tried again."""
         key = (size, backend, tuple((n, os.environ.get(n)) for n in LAUNCH_ENV))
         if self.failed.get(key, (None, 0))[1] >= 2:
             return self.failed[key][0]
@@ -238,8 +239,9 @@ class Job:
         request = {"op": "run", "suite": suite, "names": names, "env": env, "unset": unset,
                    **settings}  # fmt: skip
         try:
-            for conn in self.conns.values():
-                conn.send(request)
+            if not self._send(request):  # the job ended while it waited (killed, out of memory)
+                self.usable = False
+                return {}, None
             done = {}
             for name in names:
                 limit = min(time.monotonic() + case_limit, deadline)
@@ -254,6 +256,16 @@ class Job:
         except BaseException:  # pytest's own timeout, Ctrl-C, a garbled answer: the job is
             self.usable = False  # mid-batch and cannot serve another one
             raise
+
+    def _send(self, request) -> bool:
+        if self.proc.poll() is not None:
+            return False
+        try:
+            for conn in self.conns.values():
+                conn.send(request)
+        except OSError:
+            return False
+        return True
 
     def _one_case(self, name, limit):
         """Every rank's result of case `name`, and None, or why some ranks gave none."""
