@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from minipar import exercises
+from minipar.course import exercises
 from minipar.cli import grade
 
 SAMPLE = '''\

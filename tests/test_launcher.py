@@ -11,7 +11,10 @@ import time
 
 import pytest
 
-from minipar import cli, exercises, launcher, relay, term
+from minipar import cli, term
+from minipar.course import exercises
+from minipar import launcher
+from minipar.launcher import relay
 from minipar.cli import grade, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -128,7 +131,7 @@ def test_relay_tells_ranks_the_terminal_width_only_when_there_is_one():
         env = one.environ({})
         assert env["FORCE_COLOR"] == "1" and int(env["COLUMNS"]) >= 40
         assert two.environ({}) == {}  # no terminal: the ranks' tables size themselves
-        wrapped = [sys.executable, "-m", "minipar.relay", one.folder, "--", "echo", "x"]
+        wrapped = [sys.executable, "-m", "minipar.launcher.relay", one.folder, "--", "echo", "x"]
         assert one.wrap(["echo", "x"]) == wrapped
     finally:
         one.close()
@@ -164,11 +167,11 @@ def test_console_fits_a_table_off_a_terminal_and_keeps_a_terminals_width():
 def test_open_mpi_as_root_gets_consent_from_the_launcher(monkeypatch):
     monkeypatch.delenv("OMPI_ALLOW_RUN_AS_ROOT", raising=False)
     monkeypatch.delenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", raising=False)
-    monkeypatch.setattr(launcher, "find_mpiexec", lambda: "mpiexec")
+    monkeypatch.setattr(launcher.mpiexec, "find_mpiexec", lambda: "mpiexec")
     for flavor, root, consent in [("openmpi", True, "1"), ("openmpi", False, None),
                                   ("mpich", True, None)]:  # fmt: skip
-        monkeypatch.setattr(launcher, "mpi_flavor", lambda f=flavor: f)
-        monkeypatch.setattr(launcher, "is_root", lambda r=root: r)
+        monkeypatch.setattr(launcher.mpiexec, "mpi_flavor", lambda f=flavor: f)
+        monkeypatch.setattr(launcher.mpiexec, "is_root", lambda r=root: r)
         env = launcher.command(2, ["job.py"])[1]
         assert env.get("OMPI_ALLOW_RUN_AS_ROOT") == consent, (flavor, root)
         assert env.get("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM") == consent, (flavor, root)

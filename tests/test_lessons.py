@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from minipar.cli import lesson
-from minipar.lessons import LESSONS, find
+from minipar.course.lessons import LESSONS, find
 
 READY = [entry for entry in LESSONS if lesson.exists(entry)]
 KEY_LINES = {
@@ -116,7 +116,7 @@ def test_tour_steps_cover_every_ready_lesson():
 
 def test_lessons_package_is_light():
     code = (
-        "import sys, minipar.lessons, minipar.cli.lesson; "
+        "import sys, minipar.course.lessons, minipar.cli.lesson; "
         "print(sorted({'numpy', 'torch', 'mpi4py'} & set(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout

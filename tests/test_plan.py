@@ -1,4 +1,4 @@
-"""The layout planner (minipar.planner) and `minipar plan`: known cases checked by hand."""
+"""The layout planner (minipar.planning.planner) and `minipar plan`: known cases checked by hand."""
 
 import json
 
@@ -8,7 +8,7 @@ from conftest import ranks_suite
 from minipar import cost
 from minipar.cli import main as cli_main
 from minipar.models import GPTConfig
-from minipar.planner import (
+from minipar.planning.planner import (
     CLUSTERS,
     GB,
     ModelSpec,
@@ -20,7 +20,7 @@ from minipar.planner import (
     shared_cores,
     state_memory,
 )
-from minipar.step_messages import message_steps
+from minipar.planning.step_messages import message_steps
 from minipar.testing import harness
 
 H100 = CLUSTERS["dgx-h100"]
@@ -187,8 +187,8 @@ def test_calibrated_cpu_takes_the_measured_share_and_bytes():
 
 
 def test_cpu_counts_torch_ops_gpu_presets_keep_theirs():
-    from minipar.planner import ops_per_step
-    from minipar.step_messages import stage_params
+    from minipar.planning.planner import ops_per_step
+    from minipar.planning.step_messages import stage_params
 
     dense = evaluate(TINY, CPU, 1, 1, 1, 8)
     assert stage_params(TINY, 1, 1, 0)[1] == 101  # the tiny GPT's parameter tensors

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from minipar import cost, ops
+from minipar import cost
+from minipar.collectives import reduce_op as ops
 from minipar.collectives import double_tree, layout, registry, ring
 
 

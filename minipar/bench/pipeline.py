@@ -21,13 +21,15 @@ import sys
 import tempfile
 import time
 
+import minipar
+from minipar import launcher
+
 WIDTH, LAYERS_PER_STAGE, BATCH, M, STEPS = 512, 2, 256, 8, 7
 OURS = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)]
 THEIRS = ["GPipe", "1F1B"]
 
 
 def main(args) -> int:
-    from minipar import launcher
     from minipar.term import Console
 
     console = Console()
@@ -158,7 +160,6 @@ def ranks_main(out: str) -> None:
     import torch
     from mpi4py import MPI
 
-    import minipar
     from minipar.comm.torch import init_from_mpi
 
     w = minipar.init()

@@ -35,6 +35,9 @@ import sys
 import tempfile
 import time
 
+import minipar
+from minipar import cost, launcher, runtime
+
 SMALL, LARGE_PER_STEP = 8, 32 << 10  # bytes: a whole small call; a large call's bytes per step
 SLEEP = 0.5  # seconds the other ranks sleep while rank 0 computes alone
 
@@ -43,8 +46,6 @@ def _block_seconds(x, group, calls: int, blocks: int, work=None) -> list[float]:
     """The slowest rank's time for `calls` ring all-reduces of x (None: none), each after a
     block of `work` (None: none), `blocks` times."""
     import numpy as np
-
-    import minipar
 
     worst, times = np.zeros(1), []
     for _ in range(2 if x is not None else 0):  # warm up: the first calls allocate, pick tags
@@ -71,8 +72,6 @@ def time_per_step(group=None, calls: int = 10, blocks: int = 5, work=None) -> di
     rank, and alpha is the time those blocks take beyond the same work without the all-reduces,
     per step (a peer busy computing hands the core over later than an idle one)."""
     import numpy as np
-
-    import minipar
 
     p = minipar.get_world_size(group)
     if p < 2:
@@ -145,8 +144,6 @@ def compute_share(group=None, work=None, blocks: int = 3, repeat: int = 4) -> fl
     share the cores, or when the ranks' working sets crowd each other out of the caches."""
     import numpy as np
 
-    import minipar
-
     work, rank = work or matmul_work(), minipar.get_rank(group)
     worst, alone, together = np.zeros(1), [], []
     for _ in range(blocks):
@@ -168,8 +165,6 @@ def compute_share(group=None, work=None, blocks: int = 3, repeat: int = 4) -> fl
 
 def as_link(result: dict, cores: int):
     """The measurement as a cost.Link (gamma: the default shared-memory link's)."""
-    from minipar import cost
-
     source = (
         f"minipar.bench.step_latency: ring all-reduces of {result['bytes']} B, "
         f"{result['ranks']} ranks on {cores} cores"
@@ -181,8 +176,6 @@ def as_link(result: dict, cores: int):
 def measure(ranks: int, path: str | None = None, timeout: float = 300, gpt: bool = False):
     """Launch `ranks` ranks, time their message-steps and compute share (with gpt_work if
     `gpt`, else matmul_work): (the Link, every measured number), saved at `path`."""
-    from minipar import cost, launcher
-
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
         raise ValueError(f"ranks must be an integer >= 2, got {ranks!r}")
     path = path or os.path.join(tempfile.mkdtemp(prefix="minipar-steps-"), "link.json")
@@ -201,9 +194,6 @@ USAGE = "usage: python -m minipar.bench.step_latency N LINK.json [--gpt]"
 def main(argv: list[str]) -> int:
     """From a shell: launch N ranks (measure). Under mpiexec: every rank measures, rank 0
     writes the link to LINK.json."""
-    import minipar
-    from minipar import cost, launcher, runtime
-
     gpt = "--gpt" in argv
     argv = [a for a in argv if a != "--gpt"]
     if len(argv) != 2 or not argv[0].isdigit():

@@ -23,6 +23,10 @@ import json
 import statistics
 import sys
 
+import minipar
+from minipar import launcher
+from minipar.bench.timing import Timer
+
 BATCH, SEQ, HIDDEN, FFN, HEADS = 2, 128, 512, 2048, 8
 
 
@@ -73,8 +77,6 @@ def rank_main(out_path: str, iters: int) -> None:
     from mpi4py import MPI
     from torch.distributed.device_mesh import init_device_mesh
 
-    import minipar
-    from minipar.bench.timing import Timer
     from minipar.comm.torch import init_from_mpi
 
     world = minipar.init(backend="mpi")
@@ -129,7 +131,6 @@ def main(args) -> int:
 
     from rich.table import Table
 
-    from minipar import launcher
     from minipar.term import Console
 
     console = Console()

@@ -1,7 +1,7 @@
 """`minipar plan`: the feasible (dp, tp, pp, micro-batch) layouts of a model on a cluster, with
-predicted memory per GPU and step time, fastest first. The arithmetic is minipar.planner's
-(its docstring gives every formula and its source), the table minipar.plan_table's; this module
-is the command's face.
+predicted memory per GPU and step time, fastest first. The arithmetic is
+minipar.planning.planner's (its docstring gives every formula and its source), the table
+minipar.planning.plan_table's; this module is the command's face.
 
     minipar plan --model 7b --cluster dgx-h100 --gpus 8
     plan_layouts(ModelSpec.preset("7b"), CLUSTERS["dgx-h100"], gpus=8)   # the same, as data
@@ -13,8 +13,9 @@ import json
 import sys
 from dataclasses import asdict
 
-from minipar.plan_table import short_bytes, table
-from minipar.planner import (
+from minipar import launcher
+from minipar.planning.plan_table import short_bytes, table
+from minipar.planning.planner import (
     CLUSTERS,
     GB,
     MODELS,
@@ -23,7 +24,9 @@ from minipar.planner import (
     ModelSpec,
     best,
     bubble_fraction,
+    measure_flops,
     plan_layouts,
+    shared_cores,
     with_peak,
 )
 
@@ -43,7 +46,8 @@ examples:
 model presets: {", ".join(MODELS)}; clusters: {", ".join(CLUSTERS)}.
 Memory: ZeRO paper accounting (16 bytes per parameter with Adam in mixed precision) and
 Korthikanti et al. 2022 for activations; time: Megatron-LM 2021 FLOPs and bubble (p-1)/(m+p-1),
-communication priced by minipar.cost. See `python -c "import minipar.planner as p; help(p)"`.
+communication priced by minipar.cost. See
+`python -c "import minipar.planning.planner as p; help(p)"`.
 """
 
 
@@ -102,9 +106,6 @@ def cluster_from_args(args) -> tuple[Cluster, int]:
         args.efficiency,
     )
     if args.measure_flops:  # this CPU's rate, shared by the ranks that will run on its cores
-        from minipar import launcher
-        from minipar.planner import measure_flops, shared_cores
-
         cluster = shared_cores(cluster, args.gpus or 1, launcher.cores(), measure_flops())
     per_node = cluster.hierarchy.per_node
     if args.gpus and args.nodes:

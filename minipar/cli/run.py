@@ -3,8 +3,8 @@
     minipar run -n 4 script.py        minipar run -n 4 -m module        minipar run -n 2 hostname
 
 How the job is launched (the right mpiexec, oversubscription, root consent, whole lines per rank,
-the timeout) is minipar.launcher's; this module is the command's face: its options, which program
-each rank runs, and the messages.
+the timeout) is minipar.launcher.mpiexec's; this module is the command's face: its options,
+which program each rank runs, and the messages.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ import shutil
 import sys
 
 from minipar import launcher
+from minipar.errors import MPISetupError
+from minipar.launcher.relay import Relay, tag_from_env
 
 EXAMPLES = """\
 examples:
   minipar run -n 4 script.py                  script.py on 4 ranks (this Python runs it)
   minipar run -n 4 python script.py --lr 0.1  the mpiexec habit: any program and its arguments
-  minipar run -n 8 -m minipar.demos.ring_shift   a module (also: python -m MODULE)
+  minipar run -n 8 -m minipar.course.demos.ring_shift   a module (also: python -m MODULE)
   minipar run -n 2 hostname                   any executable on PATH
   minipar run -n 2 -- script.py -n 7          '--' ends minipar's options
   minipar run -n 4 --tag-output script.py     prefix each line with its rank: [rank0]: ...
@@ -80,9 +82,6 @@ def program(args) -> list[str]:
 def main(args) -> int:
     """`minipar run`: the job's output streams through as it happens; returns the job's status."""
     from rich.console import Console
-
-    from minipar.errors import MPISetupError
-    from minipar.relay import Relay, tag_from_env
 
     err = Console(stderr=True, highlight=False)
     tag = tag_from_env() if args.tag_output is None else args.tag_output

@@ -16,6 +16,9 @@ import resource
 import sys
 import time
 
+import minipar
+from minipar import launcher
+
 EXAMPLES = """\
 examples:
   minipar train                               dense, one process, 50 steps of the tiny GPT
@@ -129,7 +132,6 @@ def main(args) -> int:
     except ValueError as error:
         print(f"minipar train: {error}", file=sys.stderr)
         return 2
-    from minipar import launcher
 
     cmd, env = launcher.command(n, ["-m", "minipar.cli.train", *to_argv(args)])
     env[_LAUNCHED] = "1"
@@ -157,7 +159,6 @@ def pick_device(choice: str, rank: int):
 
 def run_here(args) -> int:
     """Train on the ranks of this launch (or this one process) and report on rank 0."""
-    import minipar
     from minipar.parallel import DeviceMesh
 
     comm = minipar.init()

@@ -19,12 +19,14 @@ import pickle
 
 import numpy as np
 
-from minipar import buffers, runtime
-from minipar.collectives import lean, registry, transport, work
+from minipar import runtime
+from minipar.collectives import fast, registry, work
 from minipar.collectives.call import Call
+from minipar.collectives.reduce_op import ReduceOp, as_op, check_op, finish_
+from minipar.comm import buffers
 from minipar.comm.base import CONTROL_TAG, wait_all
 from minipar.errors import MiniparError, MismatchError
-from minipar.ops import ReduceOp, as_op, check_op, finish_
+from minipar.state import process
 
 algorithms = registry.algorithms
 register_algorithm = registry.register_algorithm
@@ -94,9 +96,9 @@ def _run(
     call alike on every rank: it means pairwise, whose messages do not depend on the sizes."""
     if uneven and algorithm == "auto":
         algorithm = "pairwise"
-    name, fn = registry.pick(collective, algorithm, nbytes, comm.size)
-    name, fn = transport.route(comm, collective, name, fn, nbytes, args[0] if args else None)
-    if runtime.debug_enabled():  # the fingerprint is built only here, off the hot path
+    name, fn = registry.pick(collective, algorithm, nbytes, comm.size)  # the cost model's choice
+    name, fn = fast.route(comm, collective, name, fn, nbytes, args[0] if args else None)
+    if process.debug:  # the fingerprint is built only here, off the hot path
         _check_same_call(comm, (collective, name, *(_fp(*fingerprint) if fingerprint else ())))
     if fingerprint:  # the call's signature (comm/signature.py), inline: every call comes here
         x, root_name, root, op = fingerprint
@@ -227,8 +229,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=F
     """Reduce `tensor` over the group; every rank ends with the result in `tensor`."""
     comm = runtime.resolve(group)
     op = as_op(op)
-    if not async_op and lean.all_reduce(comm, tensor, op, algorithm):
-        return None  # small and blocking: done on the lean path (lean.py)
+    if not async_op and fast.all_reduce(comm, tensor, op, algorithm):
+        return None  # small and blocking: done on the lean path (collectives/fast/lean.py)
     buffers.check(tensor, "tensor", writable=True)
     check_op(op, tensor)
     x = buffers.flat(tensor)

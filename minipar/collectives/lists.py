@@ -12,9 +12,10 @@ all_to_all's tensors may differ in size (an all-to-all-v): ranks must agree on w
 
 from __future__ import annotations
 
-from minipar import buffers, runtime
+from minipar import runtime
 from minipar.collectives.api import _check_list, _run, _same_type, equal_or, reduce_scatter_tensor
-from minipar.ops import ReduceOp, as_op, check_op
+from minipar.collectives.reduce_op import ReduceOp, as_op, check_op
+from minipar.comm import buffers
 
 
 def _tensors(tensors, comm, what: str, writable: bool = False) -> None:

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import datetime
 
-from minipar import buffers, ledger, runtime
+from minipar import runtime
 from minipar.collectives.work import Work
+from minipar.comm import buffers, ledger
 from minipar.comm.base import abandon, wait_all
 
 

@@ -13,6 +13,7 @@ import queue
 import threading
 
 from minipar.errors import CommTimeoutError
+from minipar.state import process
 
 
 class Work:
@@ -42,7 +43,9 @@ class Work:
         self._done.set()
 
 
-class _ProgressThread:
+class ProgressThread:
+    """The thread that runs async collectives, kept as `process.progress` (minipar.state)."""
+
     def __init__(self):
         self.jobs: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._loop, name="minipar-progress", daemon=True)
@@ -63,27 +66,20 @@ class _ProgressThread:
             finally:
                 self.jobs.task_done()
 
+    def idle(self) -> bool:
+        """No async collective queued or running (a rank leaving may then finalize MPI)."""
+        return self.jobs.unfinished_tasks == 0
 
-_progress: list[_ProgressThread] = []
+    def close(self) -> None:
+        """Let queued collectives finish, then stop the thread (minipar.finalize)."""
+        self.jobs.put(None)
+        self.thread.join()
 
 
 def submit(run, description: str) -> Work:
-    """Queue `run()` on the progress thread; returns its Work."""
-    if not _progress:
-        _progress.append(_ProgressThread())
+    """Queue `run()` on the progress thread (started on first use); returns its Work."""
+    if process.progress is None:
+        process.progress = ProgressThread()
     work = Work(description)
-    _progress[0].jobs.put((work, run))
+    process.progress.jobs.put((work, run))
     return work
-
-
-def idle() -> bool:
-    """No async collective queued or running (a rank leaving may then finalize MPI)."""
-    return not _progress or _progress[0].jobs.unfinished_tasks == 0
-
-
-def shutdown() -> None:
-    """Let queued collectives finish, then stop the progress thread (minipar.finalize)."""
-    if _progress:
-        progress = _progress.pop()
-        progress.jobs.put(None)
-        progress.thread.join()

@@ -17,7 +17,7 @@ import threading
 
 import numpy as np
 
-from minipar import buffers
+from minipar.comm import buffers
 
 LIMIT = 256 << 20
 _local = threading.local()

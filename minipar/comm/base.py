@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 import time
 
-from minipar import buffers, ledger
-from minipar.comm import signature
+from minipar.comm import buffers, ledger, signature
 from minipar.errors import CommTimeoutError, MiniparError, MismatchError
+from minipar.state import process
 
 COLLECTIVE_TAG_BASE = 1 << 15  # user tags live in [0, 2**15), as MPI guarantees at least that
 CONTROL_TAG = COLLECTIVE_TAG_BASE  # debug mode's fingerprints
@@ -31,7 +31,7 @@ DEFAULT_TIMEOUT = 300.0  # seconds; generous, because a first CUDA call or a col
 # busy-poll this long (keeps small-message latency low), then yield; when ranks outnumber cores
 # (the launcher sets MINIPAR_OVERSUBSCRIBED=1) spinning only steals the core from the peer we
 # wait for, so yield at once
-_SPIN_SECONDS = 0.0 if os.environ.get("MINIPAR_OVERSUBSCRIBED") == "1" else 2e-3
+SPIN_SECONDS = 0.0 if os.environ.get("MINIPAR_OVERSUBSCRIBED") == "1" else 2e-3
 
 
 def env_timeout() -> float:
@@ -142,17 +142,15 @@ def wait_all(requests, timeout: float, context="") -> None:
         raise
 
 
-ABANDONED: list = []  # requests given up on, kept alive with their buffers (see abandon)
-
-
 def abandon(requests) -> None:
     """Give up on the pending requests: cancel what the transport can cancel, and keep every one
-    (and so its buffer) alive for the life of the process. The transport may still write into a
-    receive buffer or read a send buffer; freeing it under MPI's feet corrupts the heap."""
+    (and so its buffer) alive for the life of the process (`process.abandoned`, minipar.state).
+    The transport may still write into a receive buffer or read a send buffer; freeing it under
+    MPI's feet corrupts the heap."""
     for request in requests:
         if not request.done:
             request._cancel()
-            ABANDONED.append(request)
+            process.abandoned.append(request)
 
 
 def _wait(requests, timeout: float, context) -> None:
@@ -173,7 +171,7 @@ def _wait(requests, timeout: float, context) -> None:
         elapsed = time.monotonic() - start
         if elapsed > timeout:
             raise _timeout(pending[0], timeout, context)
-        if elapsed > _SPIN_SECONDS:  # a long stall polls less, leaving the core to the others
+        if elapsed > SPIN_SECONDS:  # a long stall polls less, leaving the core to the others
             time.sleep(0 if elapsed < 0.05 else 1e-4 if elapsed < 0.5 else 1e-3)
     for request in blocking:
         left = timeout - (time.monotonic() - start)

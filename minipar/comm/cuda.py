@@ -17,7 +17,7 @@ import ctypes
 import functools
 import os
 
-from minipar import buffers
+from minipar.comm import buffers
 
 MPIX_GPU_SUPPORT_CUDA = 0
 

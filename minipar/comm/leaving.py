@@ -28,19 +28,20 @@ import os
 import re
 import sys
 
+from minipar.comm import watchdog
 from minipar.comm.base import CONTROL_TAG, SEQ_BITS
-
-_armed: list = []  # the world communicator whose exit is watched (one per process)
+from minipar.state import process
 
 
 def arm(world) -> None:
-    """Watch this process's exit (minipar.init, MPI transport, two ranks or more). Registered
-    after the watchdog's own exit hook, so this runs first and stops the watchdog itself."""
+    """Watch this process's exit (minipar.init, MPI transport, two ranks or more): the world
+    is kept as `process.exit_check` (minipar.state). Registered after the watchdog's own exit
+    hook, so this runs first and stops the watchdog itself."""
     if world.size < 2:
         return
-    if not _armed:
+    if process.exit_check is None:
         atexit.register(_at_exit)
-    _armed[:] = [world]  # after finalize() and init() again: the new world's call numbers
+    process.exit_check = world  # after finalize() and init() again: the new world's numbers
 
 
 def calls_ahead(world, tag: int) -> int | None:
@@ -83,14 +84,12 @@ def message(world, found: list[tuple[int, int]]) -> str:
 
 
 def _at_exit() -> None:
-    from mpi4py import MPI
+    from mpi4py import MPI  # loaded already: this runs only after an MPI world was armed
 
-    from minipar.collectives import work
-    from minipar.comm import watchdog
-
-    world = _armed[0]
+    world = process.exit_check
     watchdog.shutdown()  # its probes must not run beside ours, nor after MPI_Finalize
-    if not MPI.Is_initialized() or MPI.Is_finalized() or not work.idle():
+    busy = process.progress is not None and not process.progress.idle()
+    if not MPI.Is_initialized() or MPI.Is_finalized() or busy:
         return  # an async collective still runs: leave MPI alone (mpi4py finalizes or not)
     found = watchdog.oldest(world, MPI.Status())
     waiting = [(peer, tag) for peer, tag in found if ahead(world, tag)]

@@ -23,15 +23,14 @@ import socket
 import sys
 import time
 
-from minipar import buffers
-from minipar.comm import signature
+from minipar.comm import buffers, signature
 from minipar.comm.base import Communicator, NonMember, Request, check_ranks, wait_all
 from minipar.errors import CommTimeoutError, MessageSizeError, MismatchError
 
 EXPLAIN_WAIT = 2.0  # seconds a timed-out rank waits to hear what its peer was doing
 
 
-def _dist():
+def torch_dist():
     import torch.distributed as dist
 
     return dist
@@ -130,7 +129,7 @@ class TorchCommunicator(Communicator):
     backend = "torch"
 
     def __init__(self, group=None, name: str = "world", timeout: float = 300.0):
-        dist = _dist()
+        dist = torch_dist()
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised; call init_process_group")
         self.group = group if group is not None else dist.group.WORLD
@@ -198,14 +197,14 @@ class TorchCommunicator(Communicator):
         if dst == self.rank:
             return SelfRequest(self, "send", tag, buf)
         wire, staged = self._wire(buf, outgoing=True)
-        work = _dist().isend(wire, self.global_ranks[dst], group=self.group, tag=tag)
+        work = torch_dist().isend(wire, self.global_ranks[dst], group=self.group, tag=tag)
         return TorchRequest(self, "send", dst, tag, buffers.nbytes(buf), work, staged)
 
     def _post_recv(self, buf, src, tag) -> Request:
         if src == self.rank:
             return SelfRequest(self, "recv", tag, buf)
         wire, staged = self._wire(buf, outgoing=False)
-        work = _dist().irecv(wire, self.global_ranks[src], group=self.group, tag=tag)
+        work = torch_dist().irecv(wire, self.global_ranks[src], group=self.group, tag=tag)
         target = buf if staged is not None else None
         if target is not None and not buffers.is_torch(buf):
             import torch
@@ -215,7 +214,7 @@ class TorchCommunicator(Communicator):
 
     def _post_recv_any(self, buf, tag) -> Request:
         wire, staged = self._wire(buf, outgoing=False)
-        work = _dist().irecv(wire, None, group=self.group, tag=tag)
+        work = torch_dist().irecv(wire, None, group=self.group, tag=tag)
         target = buf if staged is not None else None
         if target is not None and not buffers.is_torch(buf):
             import torch
@@ -225,7 +224,7 @@ class TorchCommunicator(Communicator):
         return TorchAnySourceRequest(self, "recv", -1, tag, nbytes, work, staged, target)
 
     def _post_barrier(self) -> Request:
-        work = _dist().barrier(group=self.group, async_op=True)
+        work = torch_dist().barrier(group=self.group, async_op=True)
         return TorchBarrierRequest(self, "barrier", -1, -1, 0, work)
 
     def allgather_object(self, obj, context: str = "") -> list:
@@ -240,12 +239,13 @@ class TorchCommunicator(Communicator):
         data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
         sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(self.size)]
         mine = torch.tensor([data.numel()], dtype=torch.int64, device=device)
-        self._control(_dist().all_gather(sizes, mine, group=self.group, async_op=True), context)
+        dist = torch_dist()
+        self._control(dist.all_gather(sizes, mine, group=self.group, async_op=True), context)
         counts = [int(n) for n in sizes]
         padded = torch.zeros(max(counts), dtype=torch.uint8, device=device)
         padded[: data.numel()] = data
         outs = [torch.empty_like(padded) for _ in range(self.size)]
-        self._control(_dist().all_gather(outs, padded, group=self.group, async_op=True), context)
+        self._control(dist.all_gather(outs, padded, group=self.group, async_op=True), context)
         return [pickle.loads(o[:n].cpu().numpy().tobytes()) for o, n in zip(outs, counts)]
 
     def _control(self, work, context: str) -> None:
@@ -254,7 +254,7 @@ class TorchCommunicator(Communicator):
     def split(self, ranks, name: str | None = None):
         ranks = check_ranks(ranks, self.size)
         glob = [self.global_ranks[r] for r in ranks]
-        group = _dist().new_group(glob)  # every rank of the world calls this, members or not
+        group = torch_dist().new_group(glob)  # every rank of the world calls this, members or not
         if self.rank not in ranks:
             return NonMember(ranks, self.rank)
         return TorchCommunicator(group, name or f"group{glob}", self.timeout)
@@ -270,7 +270,7 @@ _GROUP_NUMBERS = itertools.count()
 def _store():
     """torch.distributed's own key-value store (TCPStore under torchrun), or None."""
     try:
-        return _dist().distributed_c10d._get_default_store()
+        return torch_dist().distributed_c10d._get_default_store()
     except (AttributeError, RuntimeError, ValueError):
         return None
 
@@ -293,7 +293,7 @@ def init_from_env(backend: str | None = None, timeout: float = 300.0) -> None:
     """init_process_group from torchrun's RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT."""
     import torch
 
-    dist = _dist()
+    dist = torch_dist()
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend is None:  # NCCL needs a GPU per rank; ranks sharing one GPU use gloo
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
@@ -312,7 +312,7 @@ def init_from_mpi(mpi_comm, backend: str = "gloo", timeout: float = 300.0) -> No
     """
     import torch
 
-    dist = _dist()
+    dist = torch_dist()
     hosts = mpi_comm.allgather(socket.gethostname())
     port = None
     if mpi_comm.Get_rank() == 0:
@@ -334,6 +334,6 @@ def init_from_mpi(mpi_comm, backend: str = "gloo", timeout: float = 300.0) -> No
 
 
 def _destroy() -> None:
-    dist = _dist()
+    dist = torch_dist()
     if dist.is_initialized():
         dist.destroy_process_group()

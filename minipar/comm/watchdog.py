@@ -32,6 +32,7 @@ import weakref
 
 from minipar.comm import signature
 from minipar.comm.base import NOTICE_TAG, SEQ_BITS
+from minipar.state import process
 
 PERIOD = 0.1  # seconds between looks; a mismatch is reported within about 3 of them
 WINDOW = 1 << (SEQ_BITS - 1)  # a tag's sequence number counts as "recent" this far back
@@ -61,24 +62,23 @@ class Watchdog:
         self.thread.join()
 
 
-_watchdog: list[Watchdog] = []
-
-
 def watch(comm) -> None:
-    """Have the watchdog look after this MPI group (started with the first group of 2+ ranks)."""
+    """Have the process's watchdog (minipar.state: `process.watchdog`) look after this MPI
+    group; it starts with the first group of 2+ ranks."""
     if comm.size < 2:
         return
-    if not _watchdog:
-        _watchdog.append(Watchdog())
+    if process.watchdog is None:
+        process.watchdog = Watchdog()
         atexit.register(shutdown)  # registered after mpi4py's, so it runs before MPI_Finalize
-    with _watchdog[0].lock:
-        _watchdog[0].comms.add(comm)
+    with process.watchdog.lock:
+        process.watchdog.comms.add(comm)
 
 
 def shutdown() -> None:
     """Stop the thread (minipar.finalize, and at exit before MPI is finalized)."""
-    if _watchdog:
-        _watchdog.pop().close()
+    if process.watchdog is not None:
+        dog, process.watchdog = process.watchdog, None
+        dog.close()
 
 
 def look(comm) -> None:

@@ -27,10 +27,19 @@ import functools
 
 import torch
 
-import minipar
+from minipar import collectives
 from minipar.models import fsdp_state, sharding
 from minipar.models.gpt import build_gpt
-from minipar.models.parallel_gpt import TiedHead, build_chunks, dense_named_parameters
+from minipar.models.parallel_gpt import (
+    ParallelBlock,
+    ParallelEmbedding,
+    ParallelHead,
+    TiedHead,
+    build_chunks,
+    dense_named_parameters,
+)
+from minipar.parallel.data import DistributedDataParallel, FullyShardedDataParallel
+from minipar.parallel.pipeline import Pipeline
 from minipar.parallel.tensor import vocab_parallel_cross_entropy
 
 
@@ -51,8 +60,6 @@ class MeshGPT:
         self.loss_fn = functools.partial(vocab_parallel_cross_entropy, group=mesh.tp_group)
         self.pipe = None
         if mesh.pp > 1:
-            from minipar.parallel.pipeline import Pipeline
-
             self.pipe = Pipeline(
                 self.wrapped if v > 1 else self.wrapped[0],
                 group=mesh.pp_group,
@@ -116,9 +123,9 @@ class MeshGPT:
         """The global batch's mean loss, the same number on every rank."""
         t = torch.tensor([local or 0.0], dtype=torch.float64)
         if self.mesh.dp > 1:
-            minipar.all_reduce(t, group=self.mesh.dp_group)
+            collectives.all_reduce(t, group=self.mesh.dp_group)
         if self.mesh.pp > 1:
-            minipar.broadcast(t, group=self.mesh.pp_group, group_src=self.mesh.pp - 1)
+            collectives.broadcast(t, group=self.mesh.pp_group, group_src=self.mesh.pp - 1)
         return t.item() / self.mesh.dp
 
     # -- dense views (collective: every rank of the mesh calls them) -----------------------
@@ -194,11 +201,6 @@ def data_parallel(chunk, mesh, fsdp: bool):
     if mesh.dp == 1:
         return chunk
     if fsdp:
-        from minipar.models.parallel_gpt import ParallelBlock, ParallelEmbedding, ParallelHead
-        from minipar.parallel.fsdp import FullyShardedDataParallel
-
         units = (ParallelBlock, ParallelEmbedding, ParallelHead)
         return FullyShardedDataParallel(chunk, group=mesh.dp_group, shard_modules=units)
-    from minipar.parallel.ddp import DistributedDataParallel
-
     return DistributedDataParallel(chunk, group=mesh.dp_group)

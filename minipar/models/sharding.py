@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import torch
 
-import minipar
+from minipar import collectives, runtime
+from minipar.models.gpt import GPT
 
 ROWS = ("embed.tok.weight", "head.proj.weight", "mlp.fc1.weight", "mlp.fc1.bias")
 COLS = ("attn.proj.weight", "mlp.fc2.weight")
@@ -53,7 +54,7 @@ def shard(name: str, full: torch.Tensor, tp_rank: int, tp: int) -> torch.Tensor:
 def gather(name: str, piece: torch.Tensor, tp_group) -> torch.Tensor:
     """The dense tensor from every tp rank's `piece`: one all-gather of the full tensor's bytes
     ((p-1)/p of them received per rank) for a split tensor, nothing for a replicated one."""
-    p = minipar.get_world_size(tp_group)
+    p = runtime.get_world_size(tp_group)
     layout = tp_layout(name)
     piece = piece.detach()
     if layout is None or p == 1:
@@ -61,7 +62,7 @@ def gather(name: str, piece: torch.Tensor, tp_group) -> torch.Tensor:
     front = piece.t() if layout == "cols" else piece  # minipar gathers blocks of dim 0
     front = front.contiguous()
     out = front.new_empty((p * front.shape[0], *front.shape[1:]))
-    minipar.all_gather_into_tensor(out, front, group=tp_group)
+    collectives.all_gather_into_tensor(out, front, group=tp_group)
     if layout == "cols":
         return out.t().contiguous()
     if layout == "rows":
@@ -75,8 +76,6 @@ def gather(name: str, piece: torch.Tensor, tp_group) -> torch.Tensor:
 def dense_shapes(config) -> dict[str, tuple]:
     """Every dense parameter's name and shape, in the dense model's order (a tied head's
     projection is listed once, as embed.tok.weight, as GPT.named_parameters lists it)."""
-    from minipar.models.gpt import GPT
-
     with torch.device("meta"):  # shapes only: no memory, no initialisation
         model = GPT(config)
     return {name: tuple(q.shape) for name, q in model.named_parameters()}
@@ -100,7 +99,7 @@ def gather_dense(pieces: dict, mesh, config) -> dict[str, torch.Tensor]:
         if name in full:
             flat[offset : offset + size] = full[name].reshape(-1).float().cpu()
         offset += size
-    minipar.all_reduce(flat, group=mesh.pp_group)
+    collectives.all_reduce(flat, group=mesh.pp_group)
     out, offset = {}, 0
     for (name, shape), size in zip(shapes.items(), sizes):
         out[name] = flat[offset : offset + size].view(shape).clone()

@@ -25,6 +25,8 @@ import torch
 from minipar.models.config import SCHEDULES, RunSpec  # noqa: F401  (re-exported)
 from minipar.models.data import Batches, dp_slice, load_tokens
 from minipar.models.gpt import GPT, build_gpt, lm_loss
+from minipar.models.mesh_model import MeshGPT, virtual_stages_of
+from minipar.models.parallel_gpt import check_layout
 
 
 def make_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
@@ -90,9 +92,6 @@ def train_dense(
 
 def check_supported(spec: RunSpec, mesh) -> None:
     """ValueError (on every rank alike) for a layout this model cannot be cut into."""
-    from minipar.models.mesh_model import virtual_stages_of
-    from minipar.models.parallel_gpt import check_layout
-
     spec.validate()
     check_layout(spec.model, mesh.tp, mesh.pp, virtual_stages_of(spec, mesh))
     if spec.fsdp and mesh.pp > 1 and spec.schedule == "zb-h1":
@@ -110,8 +109,6 @@ def check_supported(spec: RunSpec, mesh) -> None:
 def build_for_mesh(spec: RunSpec, mesh, model: GPT | None = None, device="cpu"):
     """This rank's part of the model for the mesh (a MeshGPT), from the dense weights (seeded or
     given): every layout starts from the same numbers."""
-    from minipar.models.mesh_model import MeshGPT
-
     check_supported(spec, mesh)
     return MeshGPT(spec, mesh, model, device)
 

@@ -17,6 +17,8 @@ import sys
 import time
 import traceback
 
+import minipar
+
 
 def load_suite(path: str):
     spec = importlib.util.spec_from_file_location(f"suite_{abs(hash(path))}", path)
@@ -27,8 +29,6 @@ def load_suite(path: str):
 
 
 def run_cases(path: str, outdir: str, backend: str, only=None) -> None:
-    import minipar
-
     comm = minipar.init(backend=backend)
     # the harness's own group: a case that times out can leave the world group's collectives
     # out of step, and the harness must still be able to compare notes after it

@@ -2,7 +2,7 @@
 
 tests/test_grading.py writes copies of solutions/ with one typical mistake each into
 MINIPAR_PLANTED/<mistake>/, then launches this suite once. Each case runs one planted copy beside
-the worked solution (minipar.stepdiff), catches the grader's ExplainedError and checks that it
+the worked solution (minipar.course.stepdiff), catches the grader's ExplainedError and checks that it
 names the right phase, step, rank and chunk.
 """
 
@@ -12,7 +12,8 @@ import os
 import numpy as np
 
 import minipar
-from minipar import exercises, stepdiff, whose
+from minipar import exercises
+from minipar.course import stepdiff, whose
 from minipar.collectives.call import Call
 
 

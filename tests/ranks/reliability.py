@@ -18,7 +18,7 @@ import torch
 
 import minipar
 from minipar.errors import MiniparError, MismatchError
-from minipar.ops import ReduceOp
+from minipar.collectives.reduce_op import ReduceOp
 
 BAD = {}  # name -> make(world) returning the bad call; attributes: error, fragment, who
 

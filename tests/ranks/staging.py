@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import minipar
-from minipar import devices
+from minipar.runtime import devices
 from minipar.errors import MessageSizeError
 
 CHUNK = 1024  # bytes: every message of these cases is several chunks

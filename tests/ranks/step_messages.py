@@ -1,4 +1,4 @@
-"""The planner's count of a training step's messages (minipar.step_messages) against the trace
+"""The planner's count of a training step's messages (minipar.planning.step_messages) against the trace
 ledger of real steps of `minipar train`'s code (run by tests/test_plan.py, one launch of 4 ranks).
 
 For each layout every rank trains two steps of a small GPT on a DeviceMesh and records the
@@ -10,7 +10,8 @@ stage: the calls and the message-steps the planner prices.
 from collections import Counter
 
 import minipar
-from minipar import planner, runtime, step_messages
+from minipar import runtime
+from minipar.planning import planner, step_messages
 from minipar.models.config import GPTConfig, RunSpec
 
 CONFIG = GPTConfig(seq_len=16, hidden=32, n_layers=4, n_heads=4)
@@ -65,7 +66,7 @@ def step_latency_measures():
 
     got = step_latency.time_per_step(calls=3, blocks=1)
     assert 0 < got["alpha"] < 1 and 0 <= got["beta"] < 1e-3 and 0 < got["share"] <= 1, got
-    seen = runtime.world().allgather_object((got["alpha"], got["beta"], got["share"]))
+    seen = runtime.default_group().allgather_object((got["alpha"], got["beta"], got["share"]))
     assert all(s == seen[0] for s in seen), seen
 
 

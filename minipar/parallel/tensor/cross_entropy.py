@@ -19,20 +19,20 @@ from __future__ import annotations
 
 import torch
 
-import minipar
-from minipar.ops import ReduceOp
+from minipar import collectives, runtime
+from minipar.collectives.reduce_op import ReduceOp
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, group):
         local_vocab = logits.shape[-1]
-        start = minipar.get_rank(group) * local_vocab
-        many = minipar.get_world_size(group) > 1
+        start = runtime.get_rank(group) * local_vocab
+        many = runtime.get_world_size(group) > 1
         logits = logits.float()
         m = logits.max(dim=-1).values.contiguous()
         if many:
-            minipar.all_reduce(m, op=ReduceOp.MAX, group=group)
+            collectives.all_reduce(m, op=ReduceOp.MAX, group=group)
         shifted = logits - m.unsqueeze(-1)
         outside = (target < start) | (target >= start + local_vocab)
         local = (target - start).masked_fill(outside, 0)
@@ -40,7 +40,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         exp = shifted.exp()
         sums = torch.stack([exp.sum(dim=-1), target_logit])  # (2, ...): one all-reduce
         if many:
-            minipar.all_reduce(sums, group=group)
+            collectives.all_reduce(sums, group=group)
         sum_exp, target_logit = sums
         softmax = exp.div_(sum_exp.unsqueeze(-1))
         ctx.save_for_backward(softmax, local, outside)

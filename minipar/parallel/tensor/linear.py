@@ -26,12 +26,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-import minipar
+from minipar import runtime
 from minipar.parallel.tensor import operators as ops
 
 
 def group_size_and_rank(group) -> tuple[int, int]:
-    return minipar.get_world_size(group), minipar.get_rank(group)
+    return runtime.get_world_size(group), runtime.get_rank(group)
 
 
 def _init_(weight: torch.Tensor, bias, fan_in: int) -> None:
