@@ -252,6 +252,35 @@ def test_imports_inside_functions_defer_something_heavy():
     assert not problems, "\n".join(problems)
 
 
+def test_imports_inside_functions_say_why():
+    """Each such import (or the comment line above its group) says what it keeps out."""
+    problems = []
+    for name, path in modules().items():
+        lines = path.read_text().splitlines()
+        for line, _, inner in imports_of(name, path, modules()):
+            if not inner:
+                continue
+            above = line - 2
+            while above >= 0 and lines[above].lstrip().startswith(("from ", "import ")):
+                above -= 1  # the group of imports this one belongs to
+            said = "#" in lines[line - 1] or (above >= 0 and lines[above].lstrip().startswith("#"))
+            if not said:
+                problems.append(f"{name}:{line}: {lines[line - 1].strip()}")
+    assert not problems, "imports inside functions without a comment:\n" + "\n".join(problems)
+
+
+def test_no_module_imports_another_modules_private_names():
+    problems = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("minipar"):
+                hidden = [a.name for a in node.names if a.name.startswith("_") and a.name != "*"]
+                hidden = [h for h in hidden if not h.startswith("__")]
+                if hidden:
+                    problems.append(f"{name}:{node.lineno} imports {hidden} from {node.module}")
+    assert not problems, "\n".join(problems)
+
+
 def test_the_root_holds_few_modules():
     loose = sorted(p.name for p in ROOT.glob("*.py"))
     assert len(loose) <= 6, f"the package root holds {len(loose)} modules: {loose}"

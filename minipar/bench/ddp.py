@@ -67,6 +67,7 @@ def memory(comm) -> dict:
     """Bytes of model state on this rank after one AdamW step, per strategy, and the formula."""
     import torch
 
+    # here, not at the top of the file: torch and numpy load only when used
     from minipar.parallel import (
         DistributedDataParallel,
         FullyShardedDataParallel,
@@ -110,6 +111,7 @@ def ranks(out_path: str, repeat: int, steps: int) -> None:
     import torch
     from mpi4py import MPI
 
+    # here, not at the top of the file: torch and numpy load only when used
     from minipar.comm.torch import init_from_mpi
     from minipar.parallel import DistributedDataParallel
 

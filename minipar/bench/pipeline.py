@@ -30,6 +30,7 @@ THEIRS = ["GPipe", "1F1B"]
 
 
 def main(args) -> int:
+    # here, not at the top of the file: rich loads only when used
     from minipar.term import Console
 
     console = Console()
@@ -98,6 +99,7 @@ def _time_steps(w, step) -> list[float]:
 def _ours(w, name: str, v: int, x, y) -> dict:
     import torch.nn.functional as F
 
+    # here, not at the top of the file: torch and numpy load only when used
     from minipar.parallel.pipeline import Pipeline, Timeline, split
     from minipar.parallel.pipeline import schedules as S
     from minipar.parallel.pipeline import verify as V
@@ -117,6 +119,7 @@ def _ours(w, name: str, v: int, x, y) -> dict:
 
 
 def _letter(ins) -> str:
+    # here, not at the top of the file: torch and numpy load only when used
     from minipar.parallel.pipeline.timeline import LETTERS
 
     return LETTERS[type(ins).__name__]
@@ -138,6 +141,7 @@ def _theirs(w, kind: str, x, y) -> dict:
     import torch.nn.functional as F
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+    # here, not at the top of the file: torch and numpy load only when used
     from minipar.parallel.pipeline import split
 
     p, r = w.size, w.rank
@@ -160,6 +164,7 @@ def ranks_main(out: str) -> None:
     import torch
     from mpi4py import MPI
 
+    # here, not at the top of the file: numpy loads only when used
     from minipar.comm.torch import init_from_mpi
 
     w = minipar.init()

@@ -38,6 +38,7 @@ class Out:
 def header(comm, dist) -> dict:
     from mpi4py import MPI
 
+    # here, not at the top of the file: numpy loads only when used
     from minipar.collectives.fast import routing
 
     torch = sys.modules.get("torch")
@@ -69,6 +70,7 @@ def cells(collective: str, job: dict):
 def one_size(out, timer, ctx, job, collective: str, nbytes: int) -> None:
     """Every cell of one size: build each op (or skip it, on every rank), then time them all,
     taking turns (timing.py)."""
+    # here, not at the top of the file: numpy loads only when used
     from minipar.collectives import registry
     from minipar.collectives.fast import routing
 
@@ -119,6 +121,7 @@ def main(argv=None) -> int:
     if "torch" in job["against"]:
         import torch.distributed
 
+        # here, not at the top of the file: numpy loads only when used
         from minipar.comm.torch import init_from_mpi
 
         init_from_mpi(comm.mpi, "gloo", timeout=comm.timeout)

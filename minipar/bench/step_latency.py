@@ -121,6 +121,7 @@ def gpt_work(reps: int = 4):
     sequence: what a rank computes, with its Python and its cache traffic (loads torch)."""
     import torch
 
+    # here, not at the top of the file: torch loads only when used
     from minipar.models.config import GPTConfig
     from minipar.models.gpt import build_gpt, lm_loss
 
@@ -199,7 +200,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2 or not argv[0].isdigit():
         print(USAGE, file=sys.stderr)
         return 2
-    if not any(name in os.environ for name in runtime._MPI_ENV):
+    if not any(name in os.environ for name in runtime.world.MPI_ENV):
         link, measured = measure(int(argv[0]), argv[1], gpt=gpt)
         rate = 1 / link.beta / 1e6 if link.beta else float("inf")
         print(

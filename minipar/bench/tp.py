@@ -40,6 +40,7 @@ def build(kind: str, mesh, group=None, shape=None):
         parallelize_module,
     )
 
+    # here, not at the top of the file: torch and numpy load only when used
     from minipar.parallel import tensor as tp
 
     batch, seq, hidden, ffn, heads = shape or (BATCH, SEQ, HIDDEN, FFN, HEADS)
@@ -77,6 +78,7 @@ def rank_main(out_path: str, iters: int) -> None:
     from mpi4py import MPI
     from torch.distributed.device_mesh import init_device_mesh
 
+    # here, not at the top of the file: numpy loads only when used
     from minipar.comm.torch import init_from_mpi
 
     world = minipar.init(backend="mpi")
@@ -131,6 +133,7 @@ def main(args) -> int:
 
     from rich.table import Table
 
+    # here, not at the top of the file: rich loads only when used
     from minipar.term import Console
 
     console = Console()

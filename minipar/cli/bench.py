@@ -72,6 +72,7 @@ def default_fit_path() -> str:
 
 def job_spec(args) -> dict:
     """The ranks' instructions, validated here so a typo fails before anything launches."""
+    # here, not at the top of the file: numpy loads only when used
     from minipar.collectives import registry
     from minipar.collectives.fast import routing
 
@@ -155,6 +156,7 @@ def records(job: dict, events: list[dict], link) -> list[dict]:
 def show(console, job: dict, runs: list[list[dict]], link) -> list[list[dict]]:
     """Print the header and tables of the last run, skips, the fit, and the goals over every
     run; return each run's records."""
+    # here, not at the top of the file: rich loads only when used
     from minipar.bench import table
 
     events = runs[-1]
@@ -193,6 +195,7 @@ def run_all(job: dict, args, console):
 
 
 def main(args) -> int:
+    # here, not at the top of the file: rich loads only when used
     from minipar.term import Console
 
     if args.collective == "ddp":  # a training step, not a collective: its own module

@@ -130,6 +130,7 @@ def machine_checks() -> list[Check]:
 
 def smoke_checks(ranks: int = 2, timeout: float = 60) -> list[Check]:
     """Launch the smoke job and turn what its rank 0 printed into checks."""
+    # here, not at the top of the file: numpy loads only when used
     from minipar.course.demos.smoke import PREFIX
 
     try:
@@ -168,6 +169,7 @@ def device_checks(facts: dict) -> list[Check]:
     share a GPU (allowed: they take turns on it; NCCL would refuse, minipar does not)."""
     if "local_ranks" not in facts:
         return []
+    # here, not at the top of the file: numpy loads only when used
     from minipar.runtime import devices
 
     torch = sys.modules.get("torch")
@@ -188,6 +190,7 @@ def path_checks(checks: list[Check]) -> list[Check]:
     aware = next((c for c in checks if c.name == "CUDA-aware MPI"), None)
     if aware is None:
         return []
+    # here, not at the top of the file: numpy loads only when used
     from minipar.comm import staging
 
     if aware.value == "yes":
@@ -261,6 +264,7 @@ def main(args) -> int:
         json.dump(report, sys.stdout, indent=2)
         print()
     else:
+        # here, not at the top of the file: rich loads only when used
         from minipar.term import Console
 
         console = Console(highlight=False)

@@ -156,6 +156,7 @@ def list_lessons(console) -> None:
 
 
 def main(args) -> int:
+    # here, not at the top of the file: rich loads only when used
     from minipar.term import Console
 
     console, err = Console(highlight=False), Console(stderr=True, highlight=False)

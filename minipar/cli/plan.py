@@ -151,6 +151,7 @@ def main(args) -> int:
         json.dump({"model": asdict(model), "gpus": gpus, "layouts": rows}, sys.stdout, indent=1)
         print()
         return 0
+    # here, not at the top of the file: rich loads only when used
     from minipar.term import Console
 
     console = Console(highlight=False)

@@ -216,6 +216,7 @@ def configure(parser) -> None:
 
 
 def main(args) -> int:
+    # here, not at the top of the file: rich loads only when used
     from minipar.term import Console
 
     console = Console(highlight=False)

@@ -93,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def spec_from_args(args):
+    # here, not at the top of the file: torch and numpy load only when used
     from minipar.models.config import GPTConfig, RunSpec
 
     model = GPTConfig(
@@ -118,9 +119,10 @@ def spec_from_args(args):
 
 
 def inside_launch() -> bool:
-    from minipar.runtime import _MPI_ENV, _TORCHRUN_ENV
+    # here, not at the top of the file: numpy loads only when used
+    from minipar.runtime.world import MPI_ENV, TORCHRUN_ENV
 
-    return any(v in os.environ for v in _MPI_ENV) or all(v in os.environ for v in _TORCHRUN_ENV)
+    return any(v in os.environ for v in MPI_ENV) or all(v in os.environ for v in TORCHRUN_ENV)
 
 
 def main(args) -> int:
@@ -159,6 +161,7 @@ def pick_device(choice: str, rank: int):
 
 def run_here(args) -> int:
     """Train on the ranks of this launch (or this one process) and report on rank 0."""
+    # here, not at the top of the file: torch and numpy load only when used
     from minipar.parallel import DeviceMesh
 
     comm = minipar.init()
@@ -166,6 +169,7 @@ def run_here(args) -> int:
         mesh = DeviceMesh(args.dp, args.tp, args.pp)  # before torch loads: a wrong size fails fast
         spec = spec_from_args(args)
         spec.validate()
+        # here, not at the top of the file: torch and numpy load only when used
         from minipar.models import checkpoint, training
 
         device = pick_device(args.device, comm.rank)
@@ -210,6 +214,7 @@ def run_here(args) -> int:
 
 def check(spec, args, losses, state, start) -> list[str]:
     """The dense run on this process from the same start; the problems found (none: agreed)."""
+    # here, not at the top of the file: torch and numpy load only when used
     from minipar.models import checkpoint, training
 
     model = checkpoint.load(args.resume)[0] if args.resume else None
@@ -273,6 +278,7 @@ class Reporter:
 
         from rich.table import Table
 
+        # here, not at the top of the file: rich loads only when used
         from minipar.term import Console
 
         s, times = self.spec, sorted(self.times[1:] or self.times)  # the first step warms up

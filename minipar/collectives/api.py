@@ -52,7 +52,7 @@ def _root(root, comm, what: str, group_root=None, default=None) -> int:
     return root
 
 
-def _same_type(out, inp, out_what: str, in_what: str) -> None:
+def same_type(out, inp, out_what: str, in_what: str) -> None:
     if not buffers.same_kind(out, inp) or buffers.dtype_name(out) != buffers.dtype_name(inp):
         raise ValueError(
             f"{out_what} is {buffers.describe(out)} but {in_what} is {buffers.describe(inp)}; "
@@ -62,7 +62,7 @@ def _same_type(out, inp, out_what: str, in_what: str) -> None:
 
 def _matching(out, inp, out_what: str, in_what: str, ratio: int = 1, inverse: bool = False):
     """Check out has the same kind and dtype as inp and numel(out) == ratio * numel(inp)."""
-    _same_type(out, inp, out_what, in_what)
+    same_type(out, inp, out_what, in_what)
     a, b = buffers.numel(out), buffers.numel(inp)
     want = b // ratio if inverse else b * ratio
     if a != want or (inverse and b % ratio):
@@ -75,7 +75,7 @@ def _matching(out, inp, out_what: str, in_what: str, ratio: int = 1, inverse: bo
         )
 
 
-def _run(
+def run_call(
     comm,
     collective: str,
     algorithm,
@@ -204,7 +204,7 @@ def _render(f) -> str:
 
 def _fp(x, root_name=None, root=None, op=None):
     """The arguments debug mode compares: dtype, shape (the caller's), root, op. Callers pass
-    `_run` these arguments as a tuple, so nothing is computed unless debug mode is on."""
+    `run_call` these arguments as a tuple, so nothing is computed unless debug mode is on."""
     return (buffers.dtype_name(x), tuple(x.shape), root_name, root, getattr(op, "name", None))
 
 
@@ -214,7 +214,7 @@ def broadcast(tensor, src=None, group=None, algorithm="auto", async_op=False, gr
     buffers.check(tensor, "tensor", writable=True)
     src = _root(src, comm, "src", group_src)
     x = buffers.flat(tensor)
-    return _run(
+    return run_call(
         comm,
         "broadcast",
         algorithm,
@@ -234,7 +234,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=F
     buffers.check(tensor, "tensor", writable=True)
     check_op(op, tensor)
     x = buffers.flat(tensor)
-    return _run(
+    return run_call(
         comm,
         "all_reduce",
         algorithm,
@@ -261,7 +261,7 @@ def reduce(
         if comm.rank == dst:
             finish_(x, op, comm.size)
 
-    return _run(
+    return run_call(
         comm,
         "reduce",
         algorithm,
@@ -282,7 +282,7 @@ def all_gather_into_tensor(
     buffers.check(input_tensor, "input_tensor")
     _matching(output_tensor, input_tensor, "output_tensor", "input_tensor", comm.size)
     out, inp = buffers.flat(output_tensor), buffers.flat(input_tensor)
-    return _run(
+    return run_call(
         comm,
         "all_gather",
         algorithm,
@@ -297,7 +297,7 @@ def all_gather(tensor_list, tensor, group=None, algorithm="auto", async_op=False
     """Every rank's `tensor` into `tensor_list[rank]` (a list of group-size tensors)."""
     comm = runtime.resolve(group)
     buffers.check(tensor, "tensor")
-    _check_list(tensor_list, tensor, comm, "tensor_list", writable=True)
+    check_list(tensor_list, tensor, comm, "tensor_list", writable=True)
     inp = buffers.flat(tensor)
     out = buffers.empty(inp, comm.size * len(inp))
     n = len(inp)
@@ -306,7 +306,7 @@ def all_gather(tensor_list, tensor, group=None, algorithm="auto", async_op=False
         for r, t in enumerate(tensor_list):
             buffers.copy_(buffers.flat(t), out[r * n : (r + 1) * n])
 
-    return _run(
+    return run_call(
         comm,
         "all_gather",
         algorithm,
@@ -318,7 +318,7 @@ def all_gather(tensor_list, tensor, group=None, algorithm="auto", async_op=False
     )
 
 
-def _check_list(tensors, like, comm, what: str, writable: bool = False, like_what="tensor"):
+def check_list(tensors, like, comm, what: str, writable: bool = False, like_what="tensor"):
     if not isinstance(tensors, (list, tuple)) or len(tensors) != comm.size:
         got = len(tensors) if isinstance(tensors, (list, tuple)) else type(tensors).__name__
         raise ValueError(
@@ -345,7 +345,7 @@ def reduce_scatter_tensor(
     check_op(op, input)
     _matching(output, input, "output", "input", comm.size, inverse=True)
     out, inp = buffers.flat(output), buffers.flat(input)
-    return _run(
+    return run_call(
         comm,
         "reduce_scatter",
         algorithm,
@@ -373,12 +373,12 @@ def scatter(
     out = buffers.flat(tensor)
     inp = None
     if comm.rank == src:
-        _check_list(scatter_list, tensor, comm, "scatter_list")
+        check_list(scatter_list, tensor, comm, "scatter_list")
         inp = buffers.empty(out, comm.size * len(out))
         for r, t in enumerate(scatter_list):
             buffers.copy_(inp[r * len(out) : (r + 1) * len(out)], buffers.flat(t))
     nbytes = comm.size * buffers.nbytes(out)
-    return _run(
+    return run_call(
         comm,
         "scatter",
         algorithm,
@@ -405,7 +405,7 @@ def gather(
     inp = buffers.flat(tensor)
     out, finish = None, None
     if comm.rank == dst:
-        _check_list(gather_list, tensor, comm, "gather_list", writable=True)
+        check_list(gather_list, tensor, comm, "gather_list", writable=True)
         out = buffers.empty(inp, comm.size * len(inp))
         n = len(inp)
 
@@ -414,7 +414,7 @@ def gather(
                 buffers.copy_(buffers.flat(t), out[r * n : (r + 1) * n])
 
     nbytes = comm.size * buffers.nbytes(inp)
-    return _run(
+    return run_call(
         comm,
         "gather",
         algorithm,
@@ -444,7 +444,7 @@ def all_to_all_single(
     comm = runtime.resolve(group)
     buffers.check(output, "output", writable=True)
     buffers.check(input, "input")
-    _same_type(output, input, "output", "input")
+    same_type(output, input, "output", "input")
     if buffers.overlaps(output, input):
         raise ValueError(
             "all_to_all_single needs separate output and input buffers (they share memory: "
@@ -463,7 +463,7 @@ def all_to_all_single(
         out_edges = split_edges(output, output_split_sizes, comm, "output_split_sizes", "output")
         in_edges = split_edges(input, input_split_sizes, comm, "input_split_sizes", "input")
         args = (out, inp, *equal_or(out_edges, in_edges, comm.size))
-    return _run(
+    return run_call(
         comm,
         "all_to_all",
         algorithm,
@@ -517,4 +517,4 @@ def equal_or(out_edges, in_edges, p: int) -> tuple:
 def barrier(group=None, algorithm="auto", async_op=False):
     """Return only when every rank of the group has entered (dissemination algorithm)."""
     comm = runtime.resolve(group)
-    return _run(comm, "barrier", algorithm, 0, (), async_op)
+    return run_call(comm, "barrier", algorithm, 0, (), async_op)

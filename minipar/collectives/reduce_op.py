@@ -123,7 +123,7 @@ def reduce_into(dst, a, b, op: ReduceOp) -> None:
 
 
 def _reduce_torch(dst, a, b, op: ReduceOp) -> None:
-    torch = buffers._torch()
+    torch = buffers.torch_module()
     if dst.dtype == torch.bool and op not in _BITWISE:
         kernel = torch.logical_or if op in (ReduceOp.SUM, ReduceOp.MAX) else torch.logical_and
     else:

@@ -19,12 +19,13 @@ import sys
 import numpy as np
 
 
-def _torch():
+def torch_module():
+    """torch, if the caller imported it (never imported here), else None."""
     return sys.modules.get("torch")
 
 
 def is_torch(x) -> bool:
-    torch = _torch()
+    torch = torch_module()
     return torch is not None and isinstance(x, torch.Tensor)
 
 
@@ -111,7 +112,7 @@ def is_floating(x) -> bool:
 def empty(x, n: int):
     """A new 1-D buffer of n elements with x's dtype and device."""
     if is_torch(x):
-        return _torch().empty(n, dtype=x.dtype, device=x.device)
+        return torch_module().empty(n, dtype=x.dtype, device=x.device)
     return np.empty(n, dtype=x.dtype)
 
 
@@ -144,7 +145,7 @@ def overlaps(a, b) -> bool:
 def byte_view(x):
     """x's bytes as a 1-D uint8 buffer of the same kind and device (a torch tensor stays one)."""
     if is_torch(x):
-        return x.as_strided((x.numel(),), (1,)).view(_torch().uint8)
+        return x.as_strided((x.numel(),), (1,)).view(torch_module().uint8)
     return x.reshape(-1).view(np.uint8)
 
 

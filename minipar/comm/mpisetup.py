@@ -74,6 +74,7 @@ def flavor(version: str) -> str:
 def library() -> dict:
     """What mpi4py loaded: vendor, version, flavor, the libmpi file, the mpiexec beside it."""
     MPI = load_mpi()
+    # here, not at the top of the file: numpy loads only when used
     from minipar.comm.cuda import loaded_mpi_library
 
     vendor, version = MPI.get_vendor()

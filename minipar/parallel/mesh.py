@@ -187,6 +187,7 @@ class DeviceMesh:
 
     def draw(self, console=None, per_node: int | None = None) -> None:
         """Print the grid with rich, this rank highlighted (see `render`)."""
+        # here, not at the top of the file: rich loads only when used
         from minipar.term import Console
 
         world = self.group.global_ranks

@@ -433,6 +433,7 @@ def measure_compute(rate: float, steps: int = 4) -> dict:
     (kernels: ops_per_step). `rate`: measure_flops'. Loads torch."""
     import time
 
+    # here, not at the top of the file: torch and numpy load only when used
     from minipar.models import training
     from minipar.models.config import RunSpec
     from minipar.models.data import Batches, load_tokens

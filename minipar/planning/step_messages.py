@@ -110,6 +110,7 @@ def algorithm(collective: str, nbytes: float, p: int) -> str:
     "p2p" for a point-to-point message, "mpi" for mpi4py's control plane."""
     if collective in P2P:
         return "p2p"
+    # here, not at the top of the file: numpy loads only when used
     from minipar.collectives import registry
 
     return registry.pick(collective, "auto", int(nbytes), p)[0]

@@ -22,7 +22,7 @@ from minipar.runtime import devices
 from minipar.state import process
 
 MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
-_TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
 FAST_PATHS_ENV = "MINIPAR_FAST_PATHS"  # 0: every call takes the plain path (collectives/fast/)
 
 
@@ -37,7 +37,7 @@ def detect_backend() -> str:
         and torch.distributed.is_initialized()
     ):
         return "torch"
-    if all(v in os.environ for v in _TORCHRUN_ENV):
+    if all(v in os.environ for v in TORCHRUN_ENV):
         return "torch"
     if "SLURM_PROCID" in os.environ:
         return "mpi"

@@ -29,7 +29,7 @@ def _view(seg, like, count: int, start: int = 0):
     size = buffers.itemsize(like)
     raw = seg[start * size : (start + count) * size]
     if buffers.is_torch(like):
-        return buffers._torch().from_numpy(raw).view(like.dtype)
+        return buffers.torch_module().from_numpy(raw).view(like.dtype)
     return raw.view(like.dtype)
 
 

@@ -62,6 +62,7 @@ def agrees(row: dict, model) -> bool:
 def show(nbytes: int, p: int, rows: list[dict], auto: str) -> None:
     from rich.table import Table
 
+    # here, not at the top of the file: rich loads only when used
     from minipar.term import Console
 
     link = cost.default_link()

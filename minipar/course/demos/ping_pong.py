@@ -68,6 +68,7 @@ def human(nbytes: float) -> str:
 def show(rows) -> None:
     from rich.table import Table
 
+    # here, not at the top of the file: rich loads only when used
     from minipar.term import Console
 
     grid = Table(title="ping-pong between rank 0 and rank 1 (one-way time = round trip / 2)")

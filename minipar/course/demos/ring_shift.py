@@ -39,6 +39,7 @@ def shift(comm) -> list[dict]:
 def show(logs: list[list[dict]], bytes_sent: list[int]) -> None:
     from rich.table import Table
 
+    # here, not at the top of the file: rich loads only when used
     from minipar.term import Console
 
     p = len(logs)

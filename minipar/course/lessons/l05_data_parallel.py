@@ -93,6 +93,7 @@ def step_time(page: Page, model, x, y, after=None, reps: int = 5) -> float:
 
 
 def sync_section(page: Page) -> None:
+    # here, not at the top of the file: torch loads only when used
     from minipar.parallel import DistributedDataParallel
 
     p, x, y = page.size, *data(page)
@@ -168,6 +169,7 @@ def sync_section(page: Page) -> None:
 def memory_section(page: Page) -> None:
     import torch
 
+    # here, not at the top of the file: torch loads only when used
     from minipar.parallel import FullyShardedDataParallel, ZeroRedundancyOptimizer
 
     p, x, y = page.size, *data(page)
@@ -251,6 +253,7 @@ def memory_section(page: Page) -> None:
 def lab_tied_twice(page: Page) -> None:
     import torch
 
+    # here, not at the top of the file: torch loads only when used
     from minipar.parallel.data.ddp import DistributedDataParallel
 
     p = page.size

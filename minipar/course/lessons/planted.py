@@ -97,6 +97,7 @@ def row_parallel_bias_every_rank(layer, x):
     invisible until the bias has trained. The fix: all-reduce first, add the bias once."""
     from torch.nn import functional as F
 
+    # here, not at the top of the file: torch loads only when used
     from minipar.parallel.tensor import operators
 
     partial = F.linear(x, layer.weight, layer.bias)
@@ -111,6 +112,7 @@ def dp_sync_in_cooldown(pipe, sync):
     follow the steady phase). A stage whose warm-up is empty (the last one: p - r - 1 = 0) has
     an empty cool-down too, so its gradients are never synchronised: its replicas quietly train
     on different gradients. (The fix: sync after the stage's last backward, whatever phase.)"""
+    # here, not at the top of the file: torch loads only when used
     from minipar.parallel.pipeline.schedules import Backward
 
     m = pipe.n_microbatches
