@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 from conftest import ranks_suite
 
-from minipar import cost
-from minipar import exercises
+from minipar import cost, exercises
 from minipar.testing import harness
 
 SUITE = ranks_suite("exercises.py")

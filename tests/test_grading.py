@@ -12,8 +12,8 @@ import xml.etree.ElementTree as ET
 import pytest
 from conftest import ranks_suite
 
-from minipar.course import exercises, gradebook, whose
 from minipar.cli import grade
+from minipar.course import exercises, gradebook, whose
 from minipar.testing import harness
 
 SUITE = ranks_suite("grading.py")

@@ -11,11 +11,10 @@ import time
 
 import pytest
 
-from minipar import cli, term
-from minipar.course import exercises
-from minipar import launcher
-from minipar.launcher import relay
+from minipar import cli, launcher, term
 from minipar.cli import grade, run
+from minipar.course import exercises
+from minipar.launcher import relay
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -131,7 +130,7 @@ def test_relay_tells_ranks_the_terminal_width_only_when_there_is_one():
         env = one.environ({})
         assert env["FORCE_COLOR"] == "1" and int(env["COLUMNS"]) >= 40
         assert two.environ({}) == {}  # no terminal: the ranks' tables size themselves
-        wrapped = [sys.executable, "-m", "minipar.launcher.relay", one.folder, "--", "echo", "x"]
+        wrapped = [sys.executable, "-m", "minipar.launcher", "relay", one.folder, "--", "echo", "x"]
         assert one.wrap(["echo", "x"]) == wrapped
     finally:
         one.close()

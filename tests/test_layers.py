@@ -296,7 +296,10 @@ def test_the_checks_catch_what_they_are_for():
     }
     assert any("layer comm reaches up to layer collectives" in p for p in upward(edges))
     assert cycles(edges) == [["minipar.collectives.api", "minipar.comm.base"]]
-    known = {"minipar.cost.model": ROOT / "cost" / "model.py", "minipar.cost.links": ROOT / "state.py"}
+    known = {
+        "minipar.cost.model": ROOT / "cost" / "model.py",
+        "minipar.cost.links": ROOT / "state.py",
+    }
     assert needless_inner({k: edges[k] for k in known}, known)
     assert layer_of("minipar.parallel.tensor.linear") == layer_of("minipar.parallel")
     assert layer_of("minipar.exercises") == layer_of("minipar") > layer_of("minipar.planning")

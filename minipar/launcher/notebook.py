@@ -49,7 +49,9 @@ def launch(fn, args=(), n: int = 4, timeout: float | None = None, tag_output: bo
             cloudpickle.dump((fn, tuple(args)), f)
         lines = relay.Relay(n, tag=relay.tag_from_env() if tag_output is None else tag_output)
         try:
-            cmd, env = mpiexec.command(n, ["-m", "minipar.launcher.notebook", folder], relay=lines)
+            cmd, env = mpiexec.command(
+                n, ["-m", "minipar.launcher", "notebook", folder], relay=lines
+            )
         except BaseException:
             lines.close()
             raise
@@ -85,7 +87,7 @@ def collect(folder: str, n: int, status: int, timeout: float | None) -> list:
     return results
 
 
-# -- the rank side: python -m minipar.launcher.notebook FOLDER -------------------------------------
+# -- the rank side: python -m minipar.launcher notebook FOLDER -------------------------------------
 
 
 def _rank() -> int:
@@ -124,10 +126,6 @@ def _abort_job() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(1)
-
-
-if __name__ == "__main__":
-    sys.exit(rank_main(sys.argv[1]))
 
 
 def _keep_old_names() -> None:

@@ -3,7 +3,7 @@
 Why not let mpiexec forward the output: it forwards whatever chunks a rank's pipe holds, so two
 ranks printing at once interleave inside lines (`RANKRANK 1 4`), and it may drop what a rank wrote
 just before MPI_Abort. Instead the launcher makes one named pipe (FIFO) per rank and stream in a
-private folder; each rank starts as `python -m minipar.launcher.relay FOLDER -- program ...`, which
+private folder; each rank starts as `python -m minipar.launcher relay FOLDER -- program ...`, which
 points its file descriptors 1 and 2 at its two FIFOs and then exec()s the program (same process, so
 mpiexec's signals still reach it, and output from C code and child processes is caught too). The
 launcher reads every FIFO, cuts the bytes into lines, and writes each whole line at once, with a
@@ -54,7 +54,7 @@ class Relay:
 
     def wrap(self, program: list[str]) -> list[str]:
         """The command each rank runs: the relay's rank side, then the program."""
-        return [sys.executable, "-m", "minipar.launcher.relay", self.folder, "--", *program]
+        return [sys.executable, "-m", "minipar.launcher", "relay", self.folder, "--", *program]
 
     def environ(self, env: dict) -> dict:
         """Ranks write to FIFOs, not a terminal: tell rich the terminal's width (less the tag)
@@ -181,7 +181,7 @@ def _kill(proc) -> None:
         pass
 
 
-# -- the rank side: python -m minipar.launcher.relay FOLDER -- program ... -------------------------
+# -- the rank side: python -m minipar.launcher relay FOLDER -- program ... ------------------------
 
 
 def rank() -> str:
@@ -194,7 +194,7 @@ def rank() -> str:
 def rank_main(argv: list[str]) -> None:
     """Point fds 1 and 2 at this rank's FIFOs, then become the program (exec)."""
     if len(argv) < 3 or argv[1] != "--":
-        sys.exit("usage: python -m minipar.launcher.relay FOLDER -- program [args]")
+        sys.exit("usage: python -m minipar.launcher relay FOLDER -- program [args]")
     folder, program = argv[0], argv[2:]
     for fd, stream in ((1, "out"), (2, "err")):
         pipe = os.open(os.path.join(folder, f"{rank()}.{stream}"), os.O_WRONLY)
@@ -205,7 +205,3 @@ def rank_main(argv: list[str]) -> None:
     except OSError as error:
         os.write(2, f"minipar run: cannot start {program[0]!r}: {error.strerror}\n".encode())
         os._exit(127)
-
-
-if __name__ == "__main__":
-    rank_main(sys.argv[1:])

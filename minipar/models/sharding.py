@@ -5,13 +5,16 @@
     full = gather(name, piece, tp_group)          # every rank's slice put back (one all-gather)
     state = gather_dense(pieces, mesh, config)    # the whole dense state, on every rank
 
-The layouts are the ones the tensor-parallel layers' `from_dense` produce (so `shard` of a
-dense weight equals the parallel layer's own weight, bit for bit):
+The GPT's plan (TP_PLAN below) names the tensor-parallel style of each of its modules; how a
+style cuts a tensor is minipar/parallel/tensor/plan.py's, the very functions the layers'
+`from_dense` use, so `shard` of a dense weight equals the parallel layer's own weight, bit for
+bit:
 
-    rows  dim 0 split in p contiguous blocks: the vocabulary (embed.tok, head.proj), mlp.fc1
-    cols  dim 1 split: the row-parallel layers' weights (attn.proj, mlp.fc2)
-    qkv   q, k and v each split by rows (heads), this rank's three blocks stacked
-    None  whole on every rank: LayerNorms, position embedding, row-parallel biases
+    embed.tok, head.proj    vocab / colwise: rows (the vocabulary)
+    attn.qkv                qkv: q, k and v each split by rows (heads), stacked again
+    attn.proj, mlp.fc2      rowwise: weight columns; the bias whole
+    mlp.fc1                 colwise: rows
+    everything else         whole on every rank: LayerNorms, the position embedding
 
 `shard` applies to anything shaped like a parameter (AdamW's exp_avg and exp_avg_sq too), so a
 checkpoint's optimizer state is sliced for a new layout the way its weights are.
@@ -21,56 +24,37 @@ from __future__ import annotations
 
 import torch
 
-from minipar import collectives, runtime
+from minipar import collectives
 from minipar.models.gpt import GPT
+from minipar.parallel.tensor import plan
 
-ROWS = ("embed.tok.weight", "head.proj.weight", "mlp.fc1.weight", "mlp.fc1.bias")
-COLS = ("attn.proj.weight", "mlp.fc2.weight")
-QKV = ("attn.qkv.weight", "attn.qkv.bias")
+TP_PLAN = {  # module name (its end) -> tensor-parallel style (parallel/tensor/plan.py)
+    "embed.tok": "vocab",
+    "attn.qkv": "qkv",
+    "attn.proj": "rowwise",
+    "mlp.fc1": "colwise",
+    "mlp.fc2": "rowwise",
+    "head.proj": "colwise",
+}
 
 
 def tp_layout(name: str) -> str | None:
-    """The layout of a dense parameter name: "rows", "cols", "qkv" or None (replicated)."""
-    if name.endswith(QKV):
-        return "qkv"
-    if name.endswith(ROWS):
-        return "rows"
-    return "cols" if name.endswith(COLS) else None
+    """How a dense parameter is cut: "rows", "cols", "qkv" or None (whole), from TP_PLAN."""
+    module, _, param = name.rpartition(".")
+    for suffix, style in TP_PLAN.items():
+        if module == suffix or module.endswith("." + suffix):
+            return plan.cut_of(style, param)
+    return None
 
 
 def shard(name: str, full: torch.Tensor, tp_rank: int, tp: int) -> torch.Tensor:
     """This tp rank's slice of the dense tensor `full` called `name` (a fresh contiguous copy)."""
-    layout = tp_layout(name)
-    if layout is None or tp == 1:
-        return full.clone()
-    if layout == "rows":
-        return full.chunk(tp, dim=0)[tp_rank].contiguous()
-    if layout == "cols":
-        return full.chunk(tp, dim=1)[tp_rank].contiguous()
-    three = full.reshape(3, full.shape[0] // 3, *full.shape[1:])  # [q; k; v]
-    return three.chunk(tp, dim=1)[tp_rank].reshape(-1, *full.shape[1:]).contiguous()
+    return plan.shard(full, tp_layout(name), tp_rank, tp)
 
 
 def gather(name: str, piece: torch.Tensor, tp_group) -> torch.Tensor:
-    """The dense tensor from every tp rank's `piece`: one all-gather of the full tensor's bytes
-    ((p-1)/p of them received per rank) for a split tensor, nothing for a replicated one."""
-    p = runtime.get_world_size(tp_group)
-    layout = tp_layout(name)
-    piece = piece.detach()
-    if layout is None or p == 1:
-        return piece.clone()
-    front = piece.t() if layout == "cols" else piece  # minipar gathers blocks of dim 0
-    front = front.contiguous()
-    out = front.new_empty((p * front.shape[0], *front.shape[1:]))
-    collectives.all_gather_into_tensor(out, front, group=tp_group)
-    if layout == "cols":
-        return out.t().contiguous()
-    if layout == "rows":
-        return out
-    # qkv: out is [q0 k0 v0 | q1 k1 v1 | ...] (rank blocks): regroup as [q0 q1 ..; k..; v..]
-    width = piece.shape[0] // 3
-    blocks = out.reshape(p, 3, width, *piece.shape[1:]).transpose(0, 1)
-    return blocks.reshape(3 * p * width, *piece.shape[1:]).contiguous()
+    """The dense tensor from every tp rank's `piece` (one all-gather for a cut tensor)."""
+    return plan.gather(piece, tp_layout(name), tp_group)
 
 
 def dense_shapes(config) -> dict[str, tuple]:

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 import minipar
-from minipar.comm import buffers
 from minipar.collectives.reduce_op import ReduceOp
+from minipar.comm import buffers
 
 NUMPY = ["float64", "float32", "float16", "int8", "int32", "int64", "uint8", "bool"]
 TORCH = ["float32", "bfloat16", "float16", "int32", "int64", "bool"]

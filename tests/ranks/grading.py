@@ -2,8 +2,8 @@
 
 tests/test_grading.py writes copies of solutions/ with one typical mistake each into
 MINIPAR_PLANTED/<mistake>/, then launches this suite once. Each case runs one planted copy beside
-the worked solution (minipar.course.stepdiff), catches the grader's ExplainedError and checks that it
-names the right phase, step, rank and chunk.
+the worked solution (minipar.course.stepdiff), catches the grader's ExplainedError and checks
+that it names the right phase, step, rank and chunk.
 """
 
 import functools
@@ -13,8 +13,8 @@ import numpy as np
 
 import minipar
 from minipar import exercises
-from minipar.course import stepdiff, whose
 from minipar.collectives.call import Call
+from minipar.course import stepdiff, whose
 
 
 def world():

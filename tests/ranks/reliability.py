@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 import minipar
-from minipar.errors import MiniparError, MismatchError
 from minipar.collectives.reduce_op import ReduceOp
+from minipar.errors import MiniparError, MismatchError
 
 BAD = {}  # name -> make(world) returning the bad call; attributes: error, fragment, who
 

@@ -1,5 +1,6 @@
-"""The planner's count of a training step's messages (minipar.planning.step_messages) against the trace
-ledger of real steps of `minipar train`'s code (run by tests/test_plan.py, one launch of 4 ranks).
+"""The planner's count of a training step's messages (minipar.planning.step_messages) against the
+trace ledger of real steps of `minipar train`'s code (run by tests/test_plan.py, one launch of 4
+ranks).
 
 For each layout every rank trains two steps of a small GPT on a DeviceMesh and records the
 second in minipar.trace(); its collective calls, counted by (group axis, collective, algorithm,
@@ -11,8 +12,8 @@ from collections import Counter
 
 import minipar
 from minipar import runtime
-from minipar.planning import planner, step_messages
 from minipar.models.config import GPTConfig, RunSpec
+from minipar.planning import planner, step_messages
 
 CONFIG = GPTConfig(seq_len=16, hidden=32, n_layers=4, n_heads=4)
 SPEC = planner.ModelSpec(4, 32, 4, seq_len=16, global_batch=8, vocab=CONFIG.vocab_size)

@@ -2,7 +2,8 @@
 
 Inside one node the single-copy windows of comm/shm.py move a byte with one copy where an MPI
 message takes two. Only the bandwidth algorithms of the collectives that move the most bytes
-take them (all-reduce: ring and Rabenseifner; all-gather and reduce-scatter: ring), and `auto`
+take them (the ring's all-reduce, all-gather and reduce-scatter: the windows reduce each element
+in the ring's order, so the results are the same bits either way), and `auto`
 (also what `algorithm="auto"` resolves to) does so when every rank of the group shares this
 node, the buffer is in host memory, and the cost model prices the window's link below the
 algorithm over MPI (minipar.cost.prefers_shm: only with a fitted window link, MINIPAR_SHM_LINK
@@ -31,8 +32,8 @@ from minipar.state import process
 
 ENV = "MINIPAR_TRANSPORT"
 CHOICES = ("auto", "mpi", "shm")
-ROUTED = {
-    "all_reduce": ("ring", "rabenseifner"),
+ROUTED = {  # the windows reduce in the ring's order (windows.py): the ring alone is routed
+    "all_reduce": ("ring",),
     "all_gather": ("ring",),
     "reduce_scatter": ("ring",),
 }

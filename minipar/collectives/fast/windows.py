@@ -12,6 +12,12 @@ peers' segments. For a buffer of n bytes on p ranks, per rank:
 - reduce-scatter (n = the whole input): copy n in; reduce my block from the p segments. 2 waits.
 
 Messages larger than a segment (shm.MAX_SEGMENT) go in pieces, a round each.
+
+The same bits as the ring over MPI: each element is reduced in the order the ring reduces it
+(ring.py), so turning the fast paths off changes no result. In the ring, element e of chunk c
+(chunks: layout.bounds over the whole buffer) starts at rank c+1 and gathers one rank's value
+a hop: all-reduce computes x_c op (x_c-1 op (... op (x_c+2 op x_c+1))), reduce-scatter
+((x_c+1 op x_c+2) op ...) op x_c (ranks mod p); `ring_fold` does the same here.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ def all_reduce(node, call, x, op) -> None:
     (L = shm.LAG: ranks may drift apart by that many blocks without waiting)."""
     p, size = node.size, buffers.itemsize(x)
     code = _code("all_reduce", x)
+    ring_edges = layout.bounds(len(x), p)
     for a, b in _pieces(len(x), _capacity(node) // size):
         piece = x[a:b]
         seg = node.begin((b - a) * size, code, call.context)
@@ -66,7 +73,8 @@ def all_reduce(node, call, x, op) -> None:
             if j < len(blocks):
                 _publish_block(node, seg, piece, blocks[j], base + j + 1)
             if 0 <= j - lag < len(blocks):
-                _reduce_block(node, call, seg, piece, blocks[j - lag], base + j - lag + 1, op)
+                block, turn = blocks[j - lag], base + j - lag + 1
+                _reduce_block(node, call, seg, piece, block, turn, op, ring_edges, a)
             if 0 <= j - 2 * lag < len(blocks):
                 _gather_block(node, call, piece, blocks[j - 2 * lag], base + j - 2 * lag + 1)
         node.blocks = base + len(blocks)
@@ -83,16 +91,44 @@ def _publish_block(node, seg, piece, block, count) -> None:
     node.publish(READY, count)
 
 
-def _reduce_block(node, call, seg, piece, block, count, op) -> None:
-    """My chunk of one block = mine (op) each peer's copy, in rank order, into my segment."""
+def ring_fold(out, value, c: int, p: int, op, partial_first: bool) -> None:
+    """out = the reduction of value(q) over the p ranks q in the ring's order for chunk c:
+    from rank c+1 on, one rank a hop; each hop computes `mine op partial` (all-reduce) or, with
+    partial_first, `partial op mine` (reduce-scatter). value(q): rank q's elements, same shape."""
+    order = [(c + k) % p for k in range(1, p + 1)]
+    first, second = (value(order[0]), value(order[1])) if partial_first else (value(order[1]),
+                     value(order[0]))  # fmt: skip
+    reduce_into(out, first, second, op)
+    for q in order[2:]:
+        a, b = (out, value(q)) if partial_first else (value(q), out)
+        reduce_into(out, a, b, op)
+
+
+def _ring_spans(lo: int, hi: int, edges):
+    """(start, stop, chunk) for the pieces of elements [lo, hi) in each ring chunk of `edges`."""
+    c = max(i for i in range(len(edges) - 1) if edges[i] <= lo) if hi > lo else 0
+    while lo < hi:
+        stop = min(hi, edges[c + 1])
+        if stop > lo:
+            yield lo, stop, c
+        lo, c = stop, c + 1
+
+
+def _reduce_block(node, call, seg, piece, block, count, op, ring_edges, at) -> None:
+    """My chunk of one block, reduced into my segment in the ring's order (`ring_edges`: the
+    ring's chunks of the whole buffer; `at`: where this piece starts in it)."""
     a, b = block
     edges = layout.bounds(b - a, node.size)
     lo, hi = a + edges[node.rank], a + edges[node.rank + 1]
     node.wait_all(READY, call.context, count)
-    mine, first = _view(seg, piece, hi - lo, lo), piece[lo:hi]
-    for q in node.peers():
-        reduce_into(mine, first, _view(node.segments[q], piece, hi - lo, lo), op)
-        first = mine
+    mine = _view(seg, piece, hi - lo, lo)
+    for start, stop, c in _ring_spans(at + lo, at + hi, ring_edges):
+        i, j = start - at, stop - at
+
+        def value(q, i=i, j=j):
+            return piece[i:j] if q == node.rank else _view(node.segments[q], piece, j - i, i)
+
+        ring_fold(mine[i - lo : j - lo], value, c, node.size, op, partial_first=False)
     node.publish(REDUCED, count)
     buffers.copy_(piece[lo:hi], mine)
 
@@ -158,17 +194,19 @@ def reduce_scatter(node, call, out, inp, op) -> None:
 
 
 def _reduce_mine(node, seg, out, inp, op, span, at) -> None:
-    """out[span] = my block's span (op) each peer's copy of it (at element `at` of segments)."""
+    """out[span] = my block's span reduced with each peer's copy of it (at element `at` of the
+    segments), in the ring's order for chunk `rank` (ring_fold)."""
     lo, hi = span
     n, r = len(out), node.rank
     first = inp[r * n + lo : r * n + hi]
     if buffers.overlaps(out, inp):  # an in-place call: reduce from a copy of my block
         first = _view(seg, inp, hi - lo, at)
         buffers.copy_(first, inp[r * n + lo : r * n + hi])
-    mine = out[lo:hi]
-    for q in node.peers():
-        reduce_into(mine, first, _view(node.segments[q], inp, hi - lo, at), op)
-        first = mine
+
+    def value(q):
+        return first if q == r else _view(node.segments[q], inp, hi - lo, at)
+
+    ring_fold(out[lo:hi], value, r, node.size, op, partial_first=True)
 
 
 def _capacity(node) -> int:

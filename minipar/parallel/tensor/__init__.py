@@ -3,7 +3,9 @@
     from minipar.parallel.tensor import ColumnParallelLinear, RowParallelLinear, ParallelMLP
     mlp = ParallelMLP.from_dense(dense_mlp, group=tp_group)   # this rank's slice of the weights
 
-One idea per file: operators.py (Megatron's f and g and the sequence-parallel pair),
+One idea per file: plan.py (the layout as data: how each style of layer cuts its dense
+tensors, read by every from_dense and by the GPT's sharding), operators.py (Megatron's f and g
+and the sequence-parallel pair),
 linear.py (column- and row-parallel linear layers), embedding.py (vocabulary-parallel
 embedding), cross_entropy.py (cross-entropy on vocabulary-split logits), mlp.py and
 attention.py (the two halves of a transformer layer), sequence_parallel.py (the gradient sum

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from minipar.parallel.tensor import operators as ops
+from minipar.parallel.tensor import plan
 from minipar.parallel.tensor.dense import DenseSelfAttention, causal_attention
 from minipar.parallel.tensor.linear import (
     ColumnParallelLinear,
@@ -69,13 +70,7 @@ class ParallelSelfAttention(nn.Module):
             )
         bias = dense.qkv.bias is not None
         layer = cls(dense.hidden_size, dense.num_heads, bias, group, sequence_parallel)
-        _, r = group_size_and_rank(group)
-        h, width = dense.hidden_size, layer.local_heads * layer.head_dim
-        rows = torch.cat(
-            [torch.arange(i * h + r * width, i * h + (r + 1) * width) for i in range(3)]
-        )
-        layer.qkv.load_dense_rows_(dense.qkv.weight[rows], dense.qkv.bias[rows] if bias else None)
-        layer.proj = RowParallelLinear.from_dense(
-            dense.proj, group, sequence_parallel=sequence_parallel
-        )
+        p, r = group_size_and_rank(group)
+        plan.load_(layer.qkv, "qkv", dense.qkv, r, p)  # q, k and v each cut by heads
+        plan.load_(layer.proj, RowParallelLinear.style, dense.proj, r, p)
         return layer

@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from minipar.parallel.tensor import operators as ops
+from minipar.parallel.tensor import plan
 from minipar.parallel.tensor.linear import group_size_and_rank
 
 
@@ -33,15 +34,15 @@ class VocabParallelEmbedding(nn.Module):
         partial = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
         return ops.reduce_from_tensor_parallel_region(partial, self.group)
 
+    style = "vocab"  # how from_dense cuts the dense table (plan.py)
+
     @classmethod
     def from_dense(cls, dense: nn.Embedding, group=None) -> VocabParallelEmbedding:
         """This rank's contiguous slice of `dense`'s rows."""
         if not isinstance(dense, nn.Embedding):
             raise TypeError(f"{cls.__name__}.from_dense takes an nn.Embedding, got {type(dense)}")
         layer = cls(dense.num_embeddings, dense.embedding_dim, group)
-        with torch.no_grad():
-            layer.weight.copy_(dense.weight[layer.vocab_start : layer.vocab_end])
-        return layer
+        return plan.load_(layer, cls.style, dense, *reversed(group_size_and_rank(group)))
 
     def extra_repr(self) -> str:
         return (
