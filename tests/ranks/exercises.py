@@ -24,7 +24,8 @@ IMPL = os.environ.get("MINIPAR_EXERCISES_IMPL", "solutions")
 def student(module: str, function: str):
     """The student's function, graded beside the worked solution's (minipar.course.stepdiff):
     when a case fails, the grader names the first step where the two part. Any exercise whose
-    function takes a Call first gets this; the solution's PHASES (if any) names its call.rounds() loops."""
+    function takes a Call first gets this; the solution's PHASES (if any) names its
+    call.rounds() loops."""
     mine = getattr(exercises.load(module, IMPL), function)
     if exercises.tree(IMPL) == exercises.tree("solutions"):
         return mine
