@@ -43,7 +43,7 @@ from minipar.comm.mpi_requests import check_count, module
 from minipar.state import process
 
 MAX_BYTES = 64 << 10  # the latency regime; a plan keeps a scratch buffer of this size at most
-_EXACT = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
+EXACT_OPS = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 _get_ident = threading.get_ident
 _NOT_YET = object()
 
@@ -129,7 +129,7 @@ def _torch_view(tensor, op):
     """A 1-D numpy view of a CPU tensor's memory, if the lean path can take it; None sends
     anything unusual (bfloat16, sparse, meta, a conjugate view) to the general path, which
     handles it or says what is wrong with it."""
-    if op not in _EXACT or not buffers.is_torch(tensor):
+    if op not in EXACT_OPS or not buffers.is_torch(tensor):
         return None
     try:
         if tensor.is_cuda or not tensor.is_contiguous():
