@@ -52,7 +52,7 @@ ALIASES = {
 BUILTIN = {name: frozenset(table) for name, table in ALGORITHMS.items()}  # minipar's own names
 
 
-_AUTO: dict = {}  # (collective, nbytes, size) -> (link, name): auto's answers, per link
+_AUTO_CACHE: dict = {}  # (collective, nbytes, size) -> (link, name): auto's answers, per link
 
 
 def canonical(collective: str) -> str:
@@ -90,12 +90,12 @@ def pick(collective: str, algorithm, nbytes: int, size: int):
     if algorithm == "auto":
         link = cost.default_link()
         key = (collective, nbytes, size)
-        hit = _AUTO.get(key)
+        hit = _AUTO_CACHE.get(key)
         if hit is None or hit[0] is not link:  # a new size, or a new default link
-            if len(_AUTO) > 4096:
-                _AUTO.clear()
+            if len(_AUTO_CACHE) > 4096:
+                _AUTO_CACHE.clear()
             name = cost.choose(collective, sorted(BUILTIN[collective]), nbytes, size, link)
-            hit = _AUTO[key] = (link, name)
+            hit = _AUTO_CACHE[key] = (link, name)
         return hit[1], table[hit[1]]
     if algorithm not in table:
         raise ValueError(

@@ -264,7 +264,7 @@ class TorchCommunicator(Communicator):
         os._exit(code)
 
 
-_GROUP_NUMBERS = itertools.count()
+_GROUP_NUMBERS = itertools.count()  # unique ids for the torch groups this process makes
 
 
 def _store():

@@ -30,7 +30,7 @@ EAGER_BYTES = 256
 # polls of a step's requests before handing them to wait_all: none when ranks outnumber cores,
 # where spinning only steals the core from the peer we wait for
 SPINS = 0 if SPIN_SECONDS == 0 else 200
-_local = threading.local()  # one MPI Status per thread, read right after the Test that fills it
+_status_cache = threading.local()  # a cache: one MPI Status per thread, read right after its Test
 
 
 def exchange(comm, sendbuf, dst, recvbuf, src, tag: int, where, step: int) -> None:
@@ -46,7 +46,7 @@ def exchange(comm, sendbuf, dst, recvbuf, src, tag: int, where, step: int) -> No
         mpi.Send([sendbuf, BYTE], dst, tag)  # returns at once: see EAGER_BYTES
     elif dst is not None:
         send = mpi.Isend([sendbuf, BYTE], dst, tag)
-    status = getattr(_local, "status", None) or _new_status(MPI)
+    status = getattr(_status_cache, "status", None) or _new_status(MPI)
     try:
         for _ in range(SPINS):  # the common case: done within a few polls
             if recv is not None and recv.Test(status):
@@ -80,8 +80,8 @@ def still_pending(comm, recv, send, tag: int, sendbuf, dst, recvbuf, src, where,
 
 
 def _new_status(MPI):
-    _local.status = MPI.Status()
-    return _local.status
+    _status_cache.status = MPI.Status()
+    return _status_cache.status
 
 
 def _wrap(comm, recv, send, tag: int, sendbuf, dst, recvbuf, src) -> list:
