@@ -73,7 +73,7 @@ def init_process_group(
     if name is not None and name not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)} (or None), got {backend!r}")
     seconds = _seconds(timeout)
-    if world.is_initialized():
+    if world.is_initialized() and not _take_over_launched(name):
         raise ValueError(
             "trying to initialize the default process group twice! (minipar is already "
             "initialised; call destroy_process_group() first)"
@@ -93,6 +93,18 @@ def init_process_group(
     )
     world.init("torch", timeout=seconds)
     process.owns_torch = True
+
+
+def _take_over_launched(name) -> bool:
+    """minipar.launch initialised minipar before calling fn: fn's own init_process_group takes
+    that world over ("mpi", or None under MPI: the same ranks) or replaces it ("gloo",
+    "nccl": the launch's MPI world is let go first)."""
+    if not process.launched_world:
+        return False
+    process.launched_world = False
+    if (name or _default_backend()) != "mpi":
+        world.finalize()
+    return True
 
 
 def _start_torch(

@@ -243,6 +243,7 @@ def finalize() -> None:
     watchdog.shutdown()
     devices.forget()
     process.world = None
+    process.launched_world = False
 
 
 def _install_excepthook() -> None:
