@@ -137,7 +137,7 @@ def _post_recv(comm, x, peer, tag: int) -> P2PWork:
 
 def isend(tensor, dst=None, group=None, tag: int = 0, group_dst=None) -> Work:
     """Start sending `tensor` to global rank `dst` (or group rank `group_dst`); returns a Work."""
-    if runtime.outside(group, "isend"):
+    if group is not None and runtime.outside(group, "isend"):
         return None
     comm, x = _checked(tensor, group, tag, writable=False)
     peer = group_rank_of(comm, dst, group_dst, "dst")
@@ -147,7 +147,7 @@ def isend(tensor, dst=None, group=None, tag: int = 0, group_dst=None) -> Work:
 def irecv(tensor, src=None, group=None, tag: int = 0, group_src=None) -> Work:
     """Start receiving into `tensor` from global rank `src` (or group rank `group_src`; both
     None: from any rank). Returns a Work."""
-    if runtime.outside(group, "irecv"):
+    if group is not None and runtime.outside(group, "irecv"):
         return None
     comm, x = _checked(tensor, group, tag, writable=True)
     peer = None
@@ -158,7 +158,7 @@ def irecv(tensor, src=None, group=None, tag: int = 0, group_src=None) -> Work:
 
 def send(tensor, dst=None, group=None, tag: int = 0, group_dst=None) -> None:
     """Send `tensor` to global rank `dst` (or group rank `group_dst`) and wait until it left."""
-    if runtime.outside(group, "send"):
+    if group is not None and runtime.outside(group, "send"):
         return None
     comm, x = _checked(tensor, group, tag, writable=False)
     peer = group_rank_of(comm, dst, group_dst, "dst")
@@ -169,7 +169,7 @@ def send(tensor, dst=None, group=None, tag: int = 0, group_dst=None) -> None:
 def recv(tensor, src=None, group=None, tag: int = 0, group_src=None) -> int:
     """Receive into `tensor` from global rank `src` (or group rank `group_src`; both None: from
     any other rank). Returns the sender's global rank."""
-    if runtime.outside(group, "recv"):
+    if group is not None and runtime.outside(group, "recv"):
         return -1
     comm, x = _checked(tensor, group, tag, writable=True)
     peer = None

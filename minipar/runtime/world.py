@@ -133,7 +133,8 @@ def outside(group, call: str) -> bool:
     gave a non-member): the caller then does nothing and returns None (recv: -1), as
     torch.distributed does, so that a program where every rank makes a call on a sub-group
     (its tutorial's all-reduce on new_group([0, 1]), run on 4 ranks) runs. The data-moving
-    calls of the facade ask this first; reading the group (.rank, get_rank) still raises."""
+    calls of the facade ask this first (after `group is not None`: the default group's calls
+    skip even this function call); reading the group (.rank, get_rank) still raises."""
     if group.__class__ is not NonMember:
         return False
     default_group()  # after finalize(): NotInitializedError, as for any call
