@@ -10,6 +10,7 @@ it in one place (runtime/world.py). Each field is filled by the layer that owns 
 | debug             | cross-rank argument checks before each call    | init(debug=)          |
 | fast_paths        | lean plans, direct steps, windows (fast/)      | init(fast_paths=)     |
 | owns_torch        | init_process_group started torch.distributed   | runtime/process_group |
+| launched_world    | minipar.launch started the world before fn     | launcher/notebook.py  |
 | excepthook        | the abort-on-uncaught-exception hook is set    | runtime/world.py      |
 | local_rank(_source), device | this rank's place on its node, its GPU | runtime/devices.py |
 | progress          | the thread that runs async collectives         | collectives/work.py   |
@@ -36,6 +37,7 @@ class ProcessState:
         self.debug = False
         self.fast_paths = True
         self.owns_torch = False
+        self.launched_world = False
         self.excepthook = False
         self.local_rank = None
         self.local_rank_source = ""

@@ -231,10 +231,21 @@ def describe(spec) -> str:
     if spec.dp > 1:
         parts.append("FSDP" if spec.fsdp else "DDP")
     if spec.tp > 1:
-        parts.append("Megatron TP, vocabulary-parallel loss")
+        parts.append("Megatron TP, vocabulary-parallel loss" + vocab_padding(spec))
     if spec.pp > 1:
         parts.append(f"{spec.schedule} pipeline")
     return ", ".join(parts) or "dense (one process)"
+
+
+def vocab_padding(spec) -> str:
+    """' (vocabulary 256 padded to 258)' when tp does not divide it, else ''."""
+    # here, not at the top of the file: the sharding table loads torch
+    from minipar.models import sharding
+    from minipar.parallel.tensor import plan
+
+    v = spec.model.vocab_size
+    padded = plan.padded_vocab(v, spec.tp, sharding.VOCAB_MULTIPLE)
+    return f" (vocabulary {v} padded to {padded})" if padded != v else ""
 
 
 class Reporter:

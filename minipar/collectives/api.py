@@ -210,6 +210,8 @@ def _fp(x, root_name=None, root=None, op=None):
 
 def broadcast(tensor, src=None, group=None, algorithm="auto", async_op=False, group_src=None):
     """Copy `tensor` of rank `src` into `tensor` on every rank of the group (in place)."""
+    if group is not None and runtime.outside(group, "broadcast"):
+        return None
     comm = runtime.resolve(group)
     buffers.check(tensor, "tensor", writable=True)
     src = _root(src, comm, "src", group_src)
@@ -227,6 +229,8 @@ def broadcast(tensor, src=None, group=None, algorithm="auto", async_op=False, gr
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=False):
     """Reduce `tensor` over the group; every rank ends with the result in `tensor`."""
+    if group is not None and runtime.outside(group, "all_reduce"):
+        return None
     comm = runtime.resolve(group)
     op = as_op(op)
     if not async_op and fast.all_reduce(comm, tensor, op, algorithm):
@@ -250,6 +254,8 @@ def reduce(
     tensor, dst=None, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=False, group_dst=None
 ):
     """Reduce `tensor` over the group into `tensor` on rank `dst` (others keep theirs)."""
+    if group is not None and runtime.outside(group, "reduce"):
+        return None
     comm = runtime.resolve(group)
     op = as_op(op)
     buffers.check(tensor, "tensor", writable=True)
@@ -277,6 +283,8 @@ def all_gather_into_tensor(
     output_tensor, input_tensor, group=None, algorithm="auto", async_op=False
 ):
     """Every rank's `input_tensor`, concatenated in rank order, into `output_tensor`."""
+    if group is not None and runtime.outside(group, "all_gather_into_tensor"):
+        return None
     comm = runtime.resolve(group)
     buffers.check(output_tensor, "output_tensor", writable=True)
     buffers.check(input_tensor, "input_tensor")
@@ -295,6 +303,8 @@ def all_gather_into_tensor(
 
 def all_gather(tensor_list, tensor, group=None, algorithm="auto", async_op=False):
     """Every rank's `tensor` into `tensor_list[rank]` (a list of group-size tensors)."""
+    if group is not None and runtime.outside(group, "all_gather"):
+        return None
     comm = runtime.resolve(group)
     buffers.check(tensor, "tensor")
     check_list(tensor_list, tensor, comm, "tensor_list", writable=True)
@@ -338,6 +348,8 @@ def reduce_scatter_tensor(
     output, input, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=False
 ):
     """Reduce `input` (group-size blocks) over the group; rank r gets block r in `output`."""
+    if group is not None and runtime.outside(group, "reduce_scatter_tensor"):
+        return None
     comm = runtime.resolve(group)
     op = as_op(op)
     buffers.check(output, "output", writable=True)
@@ -367,6 +379,8 @@ def scatter(
     group_src=None,
 ):
     """Rank `src` sends scatter_list[r] to rank r, which receives it into `tensor`."""
+    if group is not None and runtime.outside(group, "scatter"):
+        return None
     comm = runtime.resolve(group)
     buffers.check(tensor, "tensor", writable=True)
     src = _root(src, comm, "src", group_src, default=0)
@@ -399,6 +413,8 @@ def gather(
     group_dst=None,
 ):
     """Every rank's `tensor` into gather_list[rank] on rank `dst`."""
+    if group is not None and runtime.outside(group, "gather"):
+        return None
     comm = runtime.resolve(group)
     buffers.check(tensor, "tensor")
     dst = _root(dst, comm, "dst", group_dst, default=0)
@@ -441,6 +457,8 @@ def all_to_all_single(
     j of input is input_split_sizes[j] rows (dim 0) and block i of output is
     output_split_sizes[i] rows; a missing one means equal rows. Ranks must agree on the sizes
     (what i sends j is what j expects from i), else the transport's size check fails."""
+    if group is not None and runtime.outside(group, "all_to_all_single"):
+        return None
     comm = runtime.resolve(group)
     buffers.check(output, "output", writable=True)
     buffers.check(input, "input")
@@ -516,5 +534,7 @@ def equal_or(out_edges, in_edges, p: int) -> tuple:
 
 def barrier(group=None, algorithm="auto", async_op=False):
     """Return only when every rank of the group has entered (dissemination algorithm)."""
+    if group is not None and runtime.outside(group, "barrier"):
+        return None
     comm = runtime.resolve(group)
     return run_call(comm, "barrier", algorithm, 0, (), async_op)

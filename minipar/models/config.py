@@ -86,8 +86,6 @@ class RunSpec:
         m = self.model
         if m.n_heads % self.tp:
             raise ValueError(f"n_heads={m.n_heads} is not divisible by tp={self.tp}")
-        if m.vocab_size % self.tp:
-            raise ValueError(f"vocab_size={m.vocab_size} is not divisible by tp={self.tp}")
         if m.n_layers % self.pp:
             raise ValueError(f"n_layers={m.n_layers} is not divisible by pp={self.pp}")
         if self.schedule == "interleaved" and self.pp > 1 and m.n_layers % (2 * self.pp):

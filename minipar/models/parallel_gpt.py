@@ -7,12 +7,14 @@
 Every piece is made from the dense model's own module by `from_dense` (or copied whole), so
 every layout starts from the dense model's weights:
 
-    embed.tok   -> VocabParallelEmbedding (V/tp rows per rank; one all-reduce forward)
+    embed.tok   -> VocabParallelEmbedding (V/tp rows per rank, the vocabulary padded first
+                   where tp does not divide it: sharding.py; one all-reduce forward)
     embed.pos   -> copied whole (every tp rank adds the same position rows)
     blocks.i    -> ParallelSelfAttention + ParallelMLP (one all-reduce forward, one backward
                    each), LayerNorms copied whole
-    head.proj   -> ColumnParallelLinear over the vocabulary: logits stay split, and
-                   vocab_parallel_cross_entropy never gathers them (3 numbers per token move)
+    head.proj   -> VocabParallelHead, column-parallel over the (padded) vocabulary: logits
+                   stay split, padded ones -inf, and vocab_parallel_cross_entropy never
+                   gathers them (3 numbers per token move)
 
 The pipeline cuts the blocks into pp * virtual_stages global stages of equal size (n_layers must
 divide); the first global stage also holds the embedding and the last the head. A StageChunk
@@ -35,11 +37,12 @@ from torch import nn
 
 from minipar.comm.base import wait_all
 from minipar.models.gpt import GPT
+from minipar.models.sharding import VOCAB_MULTIPLE
 from minipar.parallel.tensor import (
-    ColumnParallelLinear,
     ParallelMLP,
     ParallelSelfAttention,
     VocabParallelEmbedding,
+    VocabParallelHead,
 )
 
 TIED_TAG = 7_777  # the tied head's gradient exchange on pp_group (the pipeline's tags are done)
@@ -48,7 +51,7 @@ TIED_TAG = 7_777  # the tied head's gradient exchange on pp_group (the pipeline'
 class ParallelEmbedding(nn.Module):
     def __init__(self, embed, tp_group):
         super().__init__()
-        self.tok = VocabParallelEmbedding.from_dense(embed.tok, tp_group)
+        self.tok = VocabParallelEmbedding.from_dense(embed.tok, tp_group, VOCAB_MULTIPLE)
         self.pos = copy.deepcopy(embed.pos)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -68,12 +71,12 @@ class ParallelBlock(nn.Module):
 
 
 class ParallelHead(nn.Module):
-    """Final LayerNorm and the column-parallel projection: this rank's V/tp logits."""
+    """Final LayerNorm and the column-parallel projection: this rank's Vp/tp logits."""
 
     def __init__(self, head, tp_group):
         super().__init__()
         self.ln_f = copy.deepcopy(head.ln_f)
-        self.proj = ColumnParallelLinear.from_dense(head.proj, tp_group)
+        self.proj = VocabParallelHead.from_dense(head.proj, tp_group, VOCAB_MULTIPLE)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(self.ln_f(x))
@@ -100,8 +103,6 @@ def check_layout(config, tp: int, pp: int, virtual_stages: int = 1) -> None:
     """ValueError naming the numbers when the model cannot be cut this way (every rank alike)."""
     if config.n_heads % tp:
         raise ValueError(f"n_heads={config.n_heads} is not divisible by tp={tp}")
-    if config.vocab_size % tp:
-        raise ValueError(f"vocab_size={config.vocab_size} is not divisible by tp={tp}")
     if config.n_layers % (pp * virtual_stages):
         raise ValueError(
             f"n_layers={config.n_layers} is not divisible by pp={pp} x "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+import warnings
 
 from minipar.comm import leaving, mpi, mpisetup, watchdog
 from minipar.comm import torch as torch_comm
@@ -112,7 +113,8 @@ def default_group():
 
 
 def resolve(group):
-    """The group a collective runs on: the default one for None; NonMember raises on use."""
+    """The group a collective runs on: the default one for None; NonMember raises on use
+    (the facade's calls ask `outside` first)."""
     if group is None:
         return default_group()
     default_group()  # a collective after finalize() fails here, even with an explicit group
@@ -124,6 +126,24 @@ def resolve(group):
             f"got {type(group).__module__}.{type(group).__qualname__}"
         )
     return group
+
+
+def outside(group, call: str) -> bool:
+    """True, with a warning, when `group` is one the calling rank is not in (what new_group
+    gave a non-member): the caller then does nothing and returns None (recv: -1), as
+    torch.distributed does, so that a program where every rank makes a call on a sub-group
+    (its tutorial's all-reduce on new_group([0, 1]), run on 4 ranks) runs. The data-moving
+    calls of the facade ask this first (after `group is not None`: the default group's calls
+    skip even this function call); reading the group (.rank, get_rank) still raises."""
+    if group.__class__ is not NonMember:
+        return False
+    default_group()  # after finalize(): NotInitializedError, as for any call
+    warnings.warn(
+        f"minipar.{call} on group {group.ranks}, which does not contain this rank: nothing "
+        "done (torch.distributed's rule)",
+        stacklevel=3,
+    )
+    return True
 
 
 def debug_enabled() -> bool:
@@ -224,6 +244,7 @@ def finalize() -> None:
     watchdog.shutdown()
     devices.forget()
     process.world = None
+    process.launched_world = False
 
 
 def _install_excepthook() -> None:

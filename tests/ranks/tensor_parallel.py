@@ -375,7 +375,8 @@ def attention_against_torch():
 
 # -- layouts that cannot split -----------------------------------------------------------------
 def bad_layouts():
-    """ValueError naming the dimension, its size and the group size, before any message."""
+    """ValueError naming the dimension, its size and the group size, before any message (a
+    vocabulary does not divide either: it is padded, tests/ranks/vocab_padding.py)."""
     _, p = me()
     odd = 2 * 3 * 4 + 1  # divides by none of 2, 3, 4
     attempts = [
@@ -383,7 +384,6 @@ def bad_layouts():
         (lambda: RowParallelLinear(odd, H), f"in_features has size {odd}"),
         (lambda: ParallelSelfAttention(odd, odd), f"num_heads has size {odd}"),
         (lambda: ParallelMLP(H, odd), f"out_features has size {odd}"),
-        (lambda: VocabParallelEmbedding(odd, H), f"num_embeddings (the vocabulary) has size {odd}"),
         (
             lambda: scatter_to_sequence_parallel_region(torch.randn(B, odd, H)),
             f"dimension 1 of the input has size {odd}",
