@@ -276,3 +276,70 @@ def merge_folder(folder: str, out: str | None = None) -> str:
         with open(os.path.join(folder, name)) as f:
             parts.append(json.load(f))
     return write(merge(parts), out or os.path.join(folder, "trace.json"))
+
+
+PHASES = {"X", "B", "E", "i", "I", "C", "s", "t", "f", "M", "b", "e", "n"}
+
+
+def validate(doc) -> list[str]:
+    """The problems of a trace-event document against the format's field rules (empty: none):
+    a "traceEvents" list of objects, each with ph (a known phase), ts (microseconds), pid and tid
+    (integers) and a name; complete events with a non-negative dur, properly nested on each
+    thread; counters with numeric args; instant events with a scope; flows paired (one "s" and
+    one "f" per id, the same name and category), their finish not before their start, and
+    each end inside a slice of its thread (where Perfetto binds it)."""
+    events = doc.get("traceEvents") if isinstance(doc, dict) else None
+    if not isinstance(events, list):
+        return ["no traceEvents list"]
+    problems, flows, slices = [], {}, {}
+    for n, e in enumerate(events):
+        where = f"event {n} ({e.get('name')!r}, ph {e.get('ph')!r})" if isinstance(e, dict) else n
+        if not isinstance(e, dict):
+            problems.append(f"event {n} is not an object")
+            continue
+        if e.get("ph") not in PHASES:
+            problems.append(f"{where}: unknown phase")
+        for key, kind in (("ts", (int, float)), ("pid", int), ("tid", int), ("name", str)):
+            if not isinstance(e.get(key), kind) or isinstance(e.get(key), bool):
+                problems.append(f"{where}: {key} missing or not a {kind}")
+        ph = e.get("ph")
+        if ph == "X":
+            if not isinstance(e.get("dur"), (int, float)) or e["dur"] < 0:
+                problems.append(f"{where}: dur missing or negative")
+            else:
+                slices.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+        if ph == "C" and not all(isinstance(v, (int, float)) for v in e.get("args", {}).values()):
+            problems.append(f"{where}: a counter's args must be numbers")
+        if ph in ("i", "I") and e.get("s", "t") not in ("g", "p", "t"):
+            problems.append(f"{where}: an instant event's scope must be g, p or t")
+        if ph in ("s", "t", "f"):
+            flows.setdefault(e.get("id"), []).append(e)
+    for ident, ends in flows.items():
+        phases = sorted(x["ph"] for x in ends)
+        if phases != ["f", "s"]:
+            problems.append(f"flow {ident}: phases {phases}, not one s and one f")
+            continue
+        s, f = sorted(ends, key=lambda x: x["ph"] != "s")
+        if (s.get("name"), s.get("cat")) != (f.get("name"), f.get("cat")):
+            problems.append(f"flow {ident}: start and finish differ in name or category")
+        if f["ts"] < s["ts"]:
+            problems.append(f"flow {ident}: arrives at {f['ts']} us, before it left at {s['ts']}")
+        for x in (s, f):
+            if not any(a <= x["ts"] <= b for a, b in slices.get((x["pid"], x["tid"]), ())):
+                problems.append(f"flow {ident}: its {x['ph']} is inside no slice of its thread")
+    problems += _nesting(slices)
+    return problems
+
+
+def _nesting(slices) -> list[str]:
+    """Complete events on one thread must nest: each one ends before its parent does."""
+    problems = []
+    for (pid, tid), spans in slices.items():
+        open_ends = []
+        for a, b in sorted(spans, key=lambda x: (x[0], -x[1])):
+            while open_ends and open_ends[-1] <= a:
+                open_ends.pop()
+            if open_ends and b > open_ends[-1] + 1e-3:  # rounding to the nanosecond
+                problems.append(f"pid {pid} tid {tid}: slice [{a}, {b}] overlaps its parent")
+            open_ends.append(b)
+    return problems
