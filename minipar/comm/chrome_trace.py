@@ -303,6 +303,8 @@ def validate(doc) -> list[str]:
             if not isinstance(e.get(key), kind) or isinstance(e.get(key), bool):
                 problems.append(f"{where}: {key} missing or not a {kind}")
         ph = e.get("ph")
+        if not isinstance(e.get("ts"), (int, float)):
+            continue  # said above; nothing else about it can be checked
         if ph == "X":
             if not isinstance(e.get("dur"), (int, float)) or e["dur"] < 0:
                 problems.append(f"{where}: dur missing or negative")

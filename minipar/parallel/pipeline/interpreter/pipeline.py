@@ -59,6 +59,7 @@ class Pipeline:
         self.peak_in_flight = 0  # last step: most micro-batch activations held at once
         self.peak_activation_bytes = 0  # last step: their bytes (autograd's saved tensors,
         # measured by parallel/activation_memory.py)
+        self.unit_bytes = {}  # last step: (micro-batch, chunk) -> the bytes its forward kept
 
     def parameters(self):
         for chunk in self.chunks:
@@ -85,6 +86,7 @@ class Pipeline:
                 on_instruction(ins)
         wait_all([req for req, _ in run.sends], self.comm.timeout, "pipeline step: finishing sends")
         self.peak_in_flight, self.peak_activation_bytes = run.peak, run.peak_bytes
+        self.unit_bytes = run.unit_bytes
         if self.rank != self.p - 1:
             return None
         import torch
@@ -133,7 +135,7 @@ class _Step:
         self.targets = targets.chunk(m) if pipe.rank == pipe.p - 1 else None
         self.stash, self.received, self.grads = {}, {}, {}
         self.sends, self.losses = [], []
-        self.held, self.peak, self.peak_bytes = {}, 0, 0
+        self.held, self.peak, self.peak_bytes, self.unit_bytes = {}, 0, 0, {}
         self.params = [[q for q in c.parameters() if q.requires_grad] for c in pipe.chunks]
         keys = activation_memory.storage_key
         self.param_keys = {keys(q) for c in pipe.chunks for q in c.parameters()}
@@ -196,7 +198,7 @@ class _Step:
                 self.losses.append(loss.detach())
                 out = loss / self.pipe.n_microbatches  # so the m backwards sum to the mean's
         self.stash[unit] = [x, out, y]
-        self.held[unit] = saved
+        self.held[unit], self.unit_bytes[unit] = saved, saved.live
         self.peak = max(self.peak, len(self.held))
         self.peak_bytes = max(self.peak_bytes, sum(c.live for c in self.held.values()))
 
