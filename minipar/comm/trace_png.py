@@ -6,7 +6,7 @@ One row per rank, split in a lane per thread (the main thread on top; the progre
 runs the async collectives, below it). Compute spans (pipeline instructions, forward and
 backward, FSDP units, recomputation) are full-height bars coloured by kind; collective calls and
 DDP's bucket waits are thinner bars inside them; each message is a thin line from where its
-sender posted it to where its receiver got it. Times in milliseconds from the first event.
+sender posted it to where its receiver got it. Milliseconds from the first training step.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ def save_png(trace_path: str, png_path: str, title: str = "") -> str:
     steps = [e["ts"] for e in events if e["ph"] == "X" and e.get("cat") == "train"]
     if steps:  # from the first training step on: building the model is not the story
         events = [e for e in events if e["ph"] == "M" or e["ts"] >= min(steps)]
+    t0 = min((e["ts"] for e in events if e["ph"] != "M"), default=0.0)
+    events = [{**e, "ts": e["ts"] - t0} if e["ph"] != "M" else e for e in events]
     where = lanes(events)
     ranks = sorted({pid for pid, _ in where})
     fig, ax = plt.subplots(figsize=(12, 0.9 * len(ranks) + 1.5))
