@@ -16,6 +16,7 @@ import shutil
 import sys
 
 from minipar import launcher
+from minipar.comm import chrome_trace
 from minipar.errors import MPISetupError
 from minipar.launcher.relay import Relay, tag_from_env
 
@@ -122,9 +123,6 @@ def main(args) -> int:
 
 def merge_trace(folder: str, err) -> None:
     """The ranks' parts merged into FOLDER/trace.json (comm/chrome_trace.merge_folder)."""
-    # here, not at the top of the file: minipar.comm loads numpy, which `minipar run` need not
-    from minipar.comm import chrome_trace
-
     try:
         path = chrome_trace.merge_folder(folder)
     except (OSError, ValueError) as error:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 
 import minipar
+from minipar.comm import trace_png
+from minipar.planning import planner
 
 
 def activation_report(spec, mesh, part, comm) -> dict:
@@ -24,7 +26,6 @@ def activation_report(spec, mesh, part, comm) -> dict:
     # here, not at the top of the file: torch loads only when used
     from minipar.models import memory
     from minipar.parallel.pipeline import schedules, verify
-    from minipar.planning import planner
 
     per_layer = memory.per_layer(part.memory, spec.microbatches)
     pipe = part.pipe
@@ -98,9 +99,6 @@ def traced(path: str | None, comm):
         yield t
     written = t.save(path)
     if comm.rank == 0 and written:
-        # here, not at the top of the file: minipar.comm loads numpy, `minipar train` not yet
-        from minipar.comm import trace_png
-
         png = path.rsplit(".", 1)[0] + ".png"
         try:
             trace_png.save_png(written, png)
