@@ -17,6 +17,9 @@ it in one place (runtime/world.py). Each field is filled by the layer that owns 
 | watchdog          | the thread that finds mismatched calls         | comm/watchdog.py      |
 | exit_check        | the world watched at exit (a rank leaving)     | comm/leaving.py       |
 | traces            | the open `with minipar.trace()` ledgers        | comm/ledger.py        |
+| run_trace         | the whole run's trace (`minipar run --trace`)  | runtime/run_trace.py  |
+| memory_counters   | the open saved-activation counters             | parallel/activation_memory |
+| memory_layers     | the names of the layers running forward now    | parallel/activation_memory |
 | explaining        | the grader's open step-by-step recordings      | course/stepdiff.py    |
 | links             | the cost model's links, {"mpi": .., "shm": ..} | cost/links.py         |
 | abandoned         | requests given up on, kept with their buffers  | comm/base.py          |
@@ -46,6 +49,9 @@ class ProcessState:
         self.watchdog = None
         self.exit_check = None
         self.traces: list = []
+        self.run_trace = None
+        self.memory_counters: list = []
+        self.memory_layers: list = []
         self.explaining: list = []
         self.links: dict = {}
         self.abandoned: list = []

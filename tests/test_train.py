@@ -1,5 +1,6 @@
 """`minipar train` end to end: a pipeline run launched on 2 ranks checked against the dense
-run, its checkpoint resumed on another layout, wrong layouts refused on every rank."""
+run, its checkpoint resumed on another layout, wrong layouts refused on every rank; dp=2 x pp=2
+with recomputation and a trace."""
 
 import json
 import os
@@ -10,6 +11,7 @@ import pytest
 
 from minipar import launcher
 from minipar.cli.train import _parser, to_argv
+from minipar.comm import chrome_trace
 from minipar.models.gpt import GPTConfig
 from minipar.models.training import RunSpec, train_dense
 
@@ -88,3 +90,21 @@ def test_options_travel_to_the_ranks():
     args = _parser().parse_args(["--dp", "2", "--check", "--plot", "x.png", "--lr", "0.01"])
     again = _parser().parse_args(to_argv(args))
     assert vars(again) == {**vars(args), "timeout": None}
+
+
+def test_recompute_and_trace_through_the_command(tmp_path):
+    """dp=2 x pp=2 with full recomputation, checked by --check; --trace writes valid trace-event
+    JSON of the 4 ranks and its PNG; the summary's activation table has the three columns."""
+    out = tmp_path / "t.json"
+    done = minipar_cli(
+        "train", "--dp", "2", "--pp", "2", "--microbatches", "2", "--steps", "1",
+        "--recompute", "full", "--check", "--trace", str(out), *SMALL,
+    )  # fmt: skip
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, text[-3000:]
+    assert "matches the dense run" in text and "full recomputation" in text, text[-3000:]
+    assert "activations kept for backward (recompute: full)" in text, text[-3000:]
+    doc = json.loads(out.read_text())
+    assert chrome_trace.validate(doc) == []
+    assert {e["pid"] for e in doc["traceEvents"]} == {0, 1, 2, 3}
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

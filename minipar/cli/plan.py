@@ -75,7 +75,9 @@ def configure(parser) -> None:
     )
     how = parser.add_argument_group("training")
     how.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage")
-    how.add_argument("--recompute", action="store_true", help="full activation recomputation")
+    how.add_argument("--recompute", nargs="?", const="full", default="none",
+                     choices=["none", "selective", "full"],
+                     help="activation recomputation (--recompute alone: full)")  # fmt: skip
     how.add_argument("--micro-batch", type=int, action="append", help="only this micro-batch")
     out = parser.add_argument_group("output")
     out.add_argument("--top", type=int, default=12, help="feasible rows shown (default 12)")

@@ -18,6 +18,7 @@ import time
 
 import minipar
 from minipar import launcher
+from minipar.cli import train_view
 
 EXAMPLES = """\
 examples:
@@ -26,13 +27,17 @@ examples:
   minipar train --dp 2 --microbatches 2       gradient accumulation over 2 micro-batches
   minipar train --dp 2 --tp 2 --pp 2 --microbatches 4 --schedule 1f1b
   minipar train --dp 4 --tp 2 --fsdp --check  FSDP as the data-parallel part
+  minipar train --pp 2 --microbatches 4 --recompute selective --check   recomputation
+  minipar train --dp 2 --pp 2 --microbatches 4 --steps 2 --trace out.json   a timeline
   minipar train --steps 100 --plot loss.png   the loss curve (needs the plot extra)
   minipar train --save ckpt.pt; minipar train --resume ckpt.pt --dp 2
   mpiexec -n 4 python -m minipar train --dp 4   inside an existing launch
 
 --check trains the dense model on one process from the same weights and batches and compares
 the loss at every step (|a - b| <= 1e-5 + 1e-4 |b|, float32) and the final parameters
-(<= 1e-4 + 1e-3 |b|); the exit status is 1 on a mismatch.
+(<= 1e-4 + 1e-3 |b|); the exit status is 1 on a mismatch. The summary ends with the bytes
+autograd kept for backward (measured, minipar's formula, the planner's); --trace writes every
+rank's timeline as Chrome trace-event JSON (Perfetto) and draws it beside it as a PNG.
 """
 
 _LAUNCHED = "MINIPAR_TRAIN_RANK"  # set for the ranks a `minipar train` launched
@@ -48,6 +53,8 @@ def configure(parser) -> None:
         "--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved", "zb-h1"]
     )
     lay.add_argument("--fsdp", action="store_true", help="FSDP as the data-parallel part")
+    lay.add_argument("--recompute", default="none", choices=["none", "selective", "full"],
+                     help="activation recomputation (default none)")  # fmt: skip
     run = parser.add_argument_group("run")
     run.add_argument("--steps", type=int, default=50)
     run.add_argument("--batch-size", type=int, default=8, help="sequences per step (default 8)")
@@ -63,6 +70,7 @@ def configure(parser) -> None:
     out.add_argument("--check", action="store_true", help="compare with the dense run")
     out.add_argument("--plot", metavar="PNG", help="write the loss curve")
     out.add_argument("--json", metavar="PATH", help="write losses, step times and memory as JSON")
+    out.add_argument("--trace", metavar="JSON", help="write every rank's timeline (and a PNG)")
     out.add_argument("--save", metavar="PATH", help="save the dense checkpoint at the end")
     out.add_argument("--resume", metavar="PATH", help="start from a dense checkpoint")
     out.add_argument("--timeout", type=float, default=None, help="seconds the launch may take")
@@ -115,6 +123,7 @@ def spec_from_args(args):
         args.lr,
         args.seed,
         model,
+        args.recompute,
     )
 
 
@@ -182,7 +191,7 @@ def run_here(args) -> int:
             spec.validate()
         training.check_supported(spec, mesh)  # before the progress bar appears
         report = Reporter(spec, comm, active=comm.rank == 0)
-        with report:
+        with train_view.traced(args.trace, comm), report:
             losses, model, opt = training.train_on_mesh(
                 spec,
                 mesh,
@@ -192,6 +201,7 @@ def run_here(args) -> int:
                 device,
                 opt_state,
             )
+        report.activations = train_view.activation_report(spec, mesh, model, comm)  # collective
         state = training.dense_state(model, mesh)  # collective: every rank gathers
         optimizer = training.mesh_optimizer_state(model, opt) if args.save else None
     except ValueError as error:  # the same words on every rank, then a clean exit
@@ -234,6 +244,8 @@ def describe(spec) -> str:
         parts.append("Megatron TP, vocabulary-parallel loss" + vocab_padding(spec))
     if spec.pp > 1:
         parts.append(f"{spec.schedule} pipeline")
+    if spec.recompute != "none":
+        parts.append(f"{spec.recompute} recomputation")
     return ", ".join(parts) or "dense (one process)"
 
 
@@ -255,6 +267,7 @@ class Reporter:
     def __init__(self, spec, comm, active: bool):
         self.spec, self.comm, self.active = spec, comm, active
         self.times, self.memory = [], []
+        self.activations = None  # train_view.activation_report's, after the run
 
     def __enter__(self):
         if self.active:
@@ -320,6 +333,8 @@ class Reporter:
         for row in rows:
             t.add_row(*row)
         Console(highlight=False).print(t)
+        if self.activations is not None:
+            Console(highlight=False).print(train_view.activation_table(self.activations))
 
     def write_json(self, path: str, losses, problems) -> None:
         import json
@@ -331,6 +346,7 @@ class Reporter:
             "losses": losses,
             "step_seconds": self.times,
             "peak_memory_bytes": self.memory,
+            "activations": self.activations,
             "check": problems,
         }
         with open(path, "w") as f:

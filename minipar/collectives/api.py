@@ -23,7 +23,7 @@ from minipar import runtime
 from minipar.collectives import fast, registry, work
 from minipar.collectives.call import Call
 from minipar.collectives.reduce_op import ReduceOp, as_op, check_op, finish_
-from minipar.comm import buffers
+from minipar.comm import buffers, ledger
 from minipar.comm.base import CONTROL_TAG, wait_all
 from minipar.errors import MiniparError, MismatchError
 from minipar.state import process
@@ -109,7 +109,11 @@ def run_call(
 
     def run():
         try:
-            fn(call, *args)
+            if process.traces:  # a trace is open: it notes when the call ran, and on which thread
+                with ledger.running(comm, call.seq):
+                    fn(call, *args)
+            else:
+                fn(call, *args)
         except SystemExit as leaving:  # the others could never finish this call: end the job
             runtime.exit_inside_collective(call, leaving)
             raise

@@ -126,8 +126,10 @@ def _post_send(comm, x, peer: int, tag: int) -> P2PWork:
 
 def _post_recv(comm, x, peer, tag: int) -> P2PWork:
     if peer is None:
-        ledger.record(comm, "p2p", "p2p", -1, 0, "recv", -1, buffers.nbytes(x))
+        message = ledger.record(comm, "p2p", "p2p", -1, 0, "recv", -1, buffers.nbytes(x), tag)
         request = comm._post_recv_any(x, tag)
+        if message is not None:
+            request.traced = message.clock
         where = f"recv from any rank (tag {tag}) on group {comm.name}"
     else:
         request = comm.irecv(x, peer, tag)

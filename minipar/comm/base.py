@@ -93,6 +93,7 @@ class Request:
         self.done = False
 
     blocking = False  # True: cannot be polled, wait_all calls _block(seconds) instead
+    traced = None  # a traced receive: the ledger's Clock, told when the message completed
 
     def _poll(self) -> bool:  # pragma: no cover - every transport overrides it
         raise NotImplementedError
@@ -111,6 +112,8 @@ class Request:
         if not self.done and self._poll():
             self._finish()
             self.done = True
+            if self.traced is not None:
+                ledger.arrived(self)
         return self.done
 
     def wait(self, timeout: float | None = None) -> None:
@@ -179,6 +182,8 @@ def _wait(requests, timeout: float, context) -> None:
             raise _timeout(request, timeout, context)
         request._finish()
         request.done = True
+        if request.traced is not None:
+            ledger.arrived(request)
 
 
 def _timeout(request, timeout: float, context) -> CommTimeoutError:
@@ -218,7 +223,7 @@ class Communicator:
         self._check_peer(dst, "dst")
         self._check_tag(tag)
         buffers.check(buf, "send buffer")
-        ledger.record(self, "p2p", "p2p", -1, 0, "send", dst, buffers.nbytes(buf))
+        ledger.record(self, "p2p", "p2p", -1, 0, "send", dst, buffers.nbytes(buf), tag)
         return self._post_send(buf, dst, tag)
 
     def irecv(self, buf, src: int, tag: int = 0) -> Request:
@@ -226,8 +231,11 @@ class Communicator:
         self._check_peer(src, "src")
         self._check_tag(tag)
         buffers.check(buf, "receive buffer", writable=True)
-        ledger.record(self, "p2p", "p2p", -1, 0, "recv", src, buffers.nbytes(buf))
-        return self._post_recv(buf, src, tag)
+        message = ledger.record(self, "p2p", "p2p", -1, 0, "recv", src, buffers.nbytes(buf), tag)
+        request = self._post_recv(buf, src, tag)
+        if message is not None:
+            request.traced = message.clock
+        return request
 
     def send(self, buf, dst: int, tag: int = 0) -> None:
         self.isend(buf, dst, tag).wait()

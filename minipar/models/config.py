@@ -52,6 +52,7 @@ class GPTConfig:
 
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+RECOMPUTE = ("none", "selective", "full")  # minipar/parallel/recompute.py's policies
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class RunSpec:
     lr: float = 1e-3
     seed: int = 0
     model: GPTConfig = field(default_factory=GPTConfig)
+    recompute: str = "none"  # activation recomputation: RECOMPUTE
 
     def validate(self) -> None:
         """Every problem a layout can have that every rank can see alone (ValueError)."""
@@ -82,6 +84,10 @@ class RunSpec:
             raise ValueError(
                 f"batch_size={self.batch_size} is not divisible by dp={self.dp} x "
                 f"microbatches={self.microbatches}"
+            )
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(
+                f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}"
             )
         m = self.model
         if m.n_heads % self.tp:

@@ -28,7 +28,8 @@ import functools
 import torch
 
 from minipar import collectives
-from minipar.models import fsdp_state, sharding
+from minipar.comm import ledger
+from minipar.models import fsdp_state, memory, sharding
 from minipar.models.gpt import build_gpt
 from minipar.models.parallel_gpt import (
     ParallelBlock,
@@ -38,6 +39,7 @@ from minipar.models.parallel_gpt import (
     build_chunks,
     dense_named_parameters,
 )
+from minipar.parallel import activation_memory, recompute
 from minipar.parallel.data import DistributedDataParallel, FullyShardedDataParallel
 from minipar.parallel.pipeline import Pipeline
 from minipar.parallel.tensor import vocab_parallel_cross_entropy
@@ -54,9 +56,12 @@ class MeshGPT:
         dense = model if model is not None else build_gpt(spec.model, spec.seed)
         v = virtual_stages_of(spec, mesh)
         self.chunks = [chunk.to(device) for chunk in build_chunks(dense, mesh, v)]
+        self.recomputed = recompute_blocks(self.chunks, spec.recompute)
         self.tied = TiedHead(self.chunks, mesh, spec.model.tied_head)
         self.fsdp = spec.fsdp and mesh.dp > 1
         self.wrapped = [data_parallel(chunk, mesh, self.fsdp) for chunk in self.chunks]
+        self.param_keys = {activation_memory.storage_key(q) for q in self.parameters()}
+        self.memory = None  # the last step's saved activations (models/memory.py)
         self.loss_fn = functools.partial(vocab_parallel_cross_entropy, group=mesh.tp_group)
         self.pipe = None
         if mesh.pp > 1:
@@ -88,7 +93,11 @@ class MeshGPT:
     # -- a step -----------------------------------------------------------------------------
     def forward_backward(self, inputs, targets) -> float | None:
         """Gradients of this dp rank's rows accumulate in .grad; the rows' mean loss on the last
-        pipeline stage, None on the others."""
+        pipeline stage, None on the others. `self.memory`: what the step kept for backward."""
+        with memory.measure(self) as self.memory:
+            return self._forward_backward(inputs, targets)
+
+    def _forward_backward(self, inputs, targets) -> float | None:
         if self.pipe is not None:
             first, last = self.mesh.is_first_stage, self.mesh.is_last_stage
             with self._no_sync():  # DDP: one all-reduce after the pipeline's flush
@@ -97,8 +106,10 @@ class MeshGPT:
         m, total = self.spec.microbatches, 0.0
         for i, (x, y) in enumerate(zip(inputs.chunk(m), targets.chunk(m))):
             with self._no_sync() if i < m - 1 else contextlib.nullcontext():
-                loss = self.loss_fn(self.wrapped[0](x), y)  # DDP: the last backward syncs
-                (loss / m).backward()
+                with ledger.span(f"Forward {i}", "train"):  # spans: for a trace
+                    loss = self.loss_fn(self.wrapped[0](x), y)  # DDP: the last backward syncs
+                with ledger.span(f"Backward {i}", "train"):
+                    (loss / m).backward()
             total += loss.item() / m
         return total
 
@@ -190,6 +201,16 @@ class MeshGPT:
         embedding's."""
         tied_copy = self.config.tied_head and name == "head.proj.weight"
         return "embed.tok.weight" if tied_copy else name
+
+
+def recompute_blocks(chunks, policy: str) -> list[str]:
+    """Recomputation (parallel/recompute.py) on every chunk's blocks ("full") or attention cores
+    ("selective"), and each block's saved bytes counted under its name (models/memory.py).
+    Returns the names of what is recomputed."""
+    activation_memory.label_layers(
+        {f"blocks.{i}": block for chunk in chunks for i, block in chunk.blocks.items()}
+    )
+    return [n for chunk in chunks for n in recompute.apply(chunk, policy, (ParallelBlock,))]
 
 
 def data_parallel(chunk, mesh, fsdp: bool):

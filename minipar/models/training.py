@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from minipar.comm import ledger
 from minipar.models.config import SCHEDULES, RunSpec  # noqa: F401  (re-exported)
 from minipar.models.data import Batches, dp_slice, load_tokens
 from minipar.models.gpt import GPT, build_gpt, lm_loss
@@ -133,12 +134,13 @@ def train_on_mesh(
     losses = []
     for step in range(start, start + spec.steps):
         t0 = time.perf_counter()
-        inputs, targets = (t[rows].to(device) for t in batches.get(step))
-        opt.zero_grad(set_to_none=True)
-        local = part.forward_backward(inputs, targets)
-        part.sync_grads()
-        opt.step()
-        losses.append(part.global_loss(local))
+        with ledger.span(f"step {step}", "train"):  # a trace's mark (comm/ledger.py)
+            inputs, targets = (t[rows].to(device) for t in batches.get(step))
+            opt.zero_grad(set_to_none=True)
+            local = part.forward_backward(inputs, targets)
+            part.sync_grads()
+            opt.step()
+            losses.append(part.global_loss(local))
         if on_step:
             on_step(step, losses[-1], time.perf_counter() - t0)
     return losses, part, opt

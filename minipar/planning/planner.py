@@ -10,14 +10,20 @@ Memory per GPU (bytes), with P the parameters this GPU's model shard holds, P = 
   In fp32: 4P + 4P + 8P. ZeRO stage 1 divides the optimizer state by dp, stage 2 also the
   gradients, stage 3 (FSDP) also the weights.
 - activations of one layer for one micro-batch of b sequences of s tokens, hidden h, a heads,
-  tensor parallel t, 16-bit (Korthikanti et al. 2022, no sequence parallelism):
-  s b h (10 + 24/t + 5 a s / (h t)) bytes; with full recomputation only the layer's input,
-  2 s b h. 1F1B keeps at most pp micro-batches in flight on the first stage, which holds L/pp
-  layers: min(m, pp) * L/pp layers' worth (GPipe would keep all m).
+  tensor parallel t, 16-bit with dropout (Korthikanti et al. 2022, no sequence parallelism):
+  s b h (10 + 24/t + 5 a s / (h t)) bytes; selective recomputation (of the attention core)
+  drops the 5 a s / (h t); full recomputation keeps only the layer's input, 2 s b h. The same
+  terms are written out per value (`layer_activations`), so a model without dropout (minipar's
+  GPT, the "tiny" preset: no masks, no dropout outputs) and 4-byte values (the "cpu" cluster)
+  get s b h (16 + 48/t + 4 a s / (h t)): minipar/models/memory.py's formula, measured to the
+  byte, less its LayerNorm statistics (4 s b values: 0.3% of the tiny GPT's layer). 1F1B keeps
+  at most pp micro-batches in flight on the first stage, which holds L/pp layers:
+  min(m, pp) * L/pp layers' worth (GPipe would keep all m).
 
 Step time on one GPU, the sum of:
 - compute: the training FLOPs (Narayanan et al. 2021: 72 B s L h^2 (1 + s/(6h) + V/(12 L h)),
-  96 B s L h^2 (1 + s/(6h) + V/(16 L h)) with recomputation), divided evenly over the GPUs, at
+  96 B s L h^2 (1 + s/(6h) + V/(16 L h)) with full recomputation; selective adds one forward
+  of the attention core, 4 B s^2 h L: a s/(18h) beside the 1), divided evenly over the GPUs, at
   `efficiency` times the GPU's peak rate, plus a fixed cost per kernel (`op_overhead`, ~36
   kernels per layer per micro-batch): the term that makes many tiny micro-batches slow;
 - bubble: the pipeline fills and drains, idle for (p-1)/m of the compute, i.e. a fraction
@@ -26,7 +32,7 @@ Step time on one GPU, the sum of:
   leaves its core to the working ones, and only the fill and drain at a whole core's speed is
   lost: (p-1)/m of the compute times core_share;
 - tensor-parallel communication, exposed: 4 all-reduces of the b s h activations per layer per
-  micro-batch (2 forward, 2 backward; 6 with recomputation), on the critical path;
+  micro-batch (2 forward, 2 backward; 6 with full recomputation), on the critical path;
 - pipeline communication, exposed: a send of b s h activations forward and of their gradient
   backward in each of the m + p - 1 slots of the schedule;
 - data-parallel communication, exposed: the gradient all-reduce (ZeRO 1-2: reduce-scatter plus
@@ -74,6 +80,7 @@ class ModelSpec:
     ffn: int = 0  # 0: 4 * hidden
     tied_head: bool = False  # the output projection shares the token embedding
     name: str = ""
+    dropout: bool = True  # the papers' GPT has dropout (its masks are activations); minipar's not
 
     @property
     def params(self) -> int:
@@ -99,17 +106,30 @@ class ModelSpec:
         layers = max(1, round(params / (12 * hidden * hidden)))
         return ModelSpec(layers, hidden, hidden // 128, seq_len, global_batch, name=f"{params:.3g}")
 
-    def train_flops(self, recompute: bool = False) -> float:
-        """FLOPs of one training step on the global batch (Narayanan et al. 2021)."""
+    def train_flops(self, recompute=False) -> float:
+        """FLOPs of one training step on the global batch (Narayanan et al. 2021); recompute:
+        "none" (or False), "selective" (the attention core's forward again: its two products,
+        4 B s^2 h per layer) or "full" (or True: every layer's forward again)."""
         B, s, L, h, V = self.global_batch, self.seq_len, self.layers, self.hidden, self.vocab
-        if recompute:
+        policy = recompute_policy(recompute)
+        if policy == "full":
             return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
-        return 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
+        core = s / (18 * h) if policy == "selective" else 0.0
+        return 72 * B * s * L * h * h * (1 + s / (6 * h) + core + V / (12 * L * h))
+
+
+def recompute_policy(recompute) -> str:
+    """ "none", "selective" or "full" from a policy name or a bool (True: full)."""
+    if recompute is True or recompute is False:
+        return "full" if recompute else "none"
+    if recompute not in ("none", "selective", "full"):
+        raise ValueError(f"recompute must be none, selective or full, got {recompute!r}")
+    return recompute
 
 
 MODELS = {
     # minipar train's default tiny GPT (minipar.models.GPTConfig), 8 sequences a step
-    "tiny": ModelSpec(8, 64, 8, seq_len=64, global_batch=8, vocab=256, name="tiny"),
+    "tiny": ModelSpec(8, 64, 8, seq_len=64, global_batch=8, vocab=256, name="tiny", dropout=False),
     "1.3b": ModelSpec(24, 2048, 16, name="1.3b"),
     "7b": ModelSpec(32, 4096, 32, name="7b"),
     "13b": ModelSpec(40, 5120, 40, name="13b"),
@@ -208,15 +228,39 @@ def state_memory(params_local: float, dp: int, zero: int, precision: str) -> dic
     }
 
 
+def layer_activations(m: ModelSpec, tp: int, micro: int, recompute, value_bytes: int) -> float:
+    """Bytes one layer keeps for backward for one micro-batch, term by term (Korthikanti et al.
+    2022, Table 2), values of `value_bytes`, dropout masks of one byte:
+
+        replicated: the two LayerNorms' inputs, the qkv and fc1 inputs    4 s b h values
+                    (dropout: the two dropout masks after attention and the MLP, 2 s b h bytes)
+        split by t: q, k, v, proj's input, GELU's input, fc2's input      (4h + 2f) s b / t
+        attention:  the softmax's output                                  a s^2 b / t values
+                    (dropout: its mask, a s^2 b / t bytes, and its output, a s^2 b / t values)
+
+    16-bit with dropout and f = 4h: s b h (10 + 24/t + 5 a s / (h t)), the paper's. Selective
+    recomputation drops the attention terms, full keeps the layer's input: s b h values."""
+    policy = recompute_policy(recompute)
+    s, b, h, a, f = m.seq_len, micro, m.hidden, m.heads, m.ffn or 4 * m.hidden
+    if policy == "full":
+        return value_bytes * s * b * h
+    replicated = 4 * s * b * h * value_bytes + (2 * s * b * h if m.dropout else 0)
+    split = (4 * h + 2 * f) * s * b * value_bytes / tp
+    core = 0.0
+    if policy == "none":
+        core = a * s * s * b / tp * (value_bytes + (1 + value_bytes if m.dropout else 0))
+    return replicated + split + core
+
+
 def activation_memory(
-    m: ModelSpec, tp: int, pp: int, micro: int, n_micro: int, recompute: bool, precision: str
+    m: ModelSpec, tp: int, pp: int, micro: int, n_micro: int, recompute, precision: str
 ) -> float:
-    """Bytes of stored activations on the first pipeline stage (the one holding the most)."""
-    s, b, h, a = m.seq_len, micro, m.hidden, m.heads
-    scale = 2 if precision == "fp32" else 1  # the formula counts 16-bit values
-    per_layer = 2 * s * b * h if recompute else s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
+    """Bytes of stored activations on the first pipeline stage (the one holding the most): its
+    L/pp layers for each of the min(m, pp) micro-batches 1F1B keeps in flight there."""
+    value_bytes = 4 if precision == "fp32" else 2
+    per_layer = layer_activations(m, tp, micro, recompute, value_bytes)
     in_flight = min(n_micro, pp)
-    return scale * per_layer * (m.layers / pp) * in_flight
+    return per_layer * (m.layers / pp) * in_flight
 
 
 def _link(span: int, per_node: int, h: cost.Hierarchy) -> cost.Link:
@@ -249,7 +293,7 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     # core per rank (ranks > cores), only the fill and drain at a whole core's speed is lost
     bubble = compute * c.core_share * (lay.pp - 1) / lay.microbatches
     act = lay.micro_batch * m.seq_len * m.hidden * value_bytes  # one micro-batch's b s h
-    per_layer = 6 if recompute else 4
+    per_layer = 6 if recompute_policy(recompute) == "full" else 4  # full: g's again in backward
     tp_link = _link(lay.tp, h.per_node, h)
     tp_calls = per_layer * (m.layers / lay.pp) * lay.microbatches
     tp_comm = tp_calls * cost.predict("all_reduce", "ring", act, lay.tp, tp_link)

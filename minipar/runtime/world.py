@@ -19,7 +19,7 @@ from minipar.comm import leaving, mpi, mpisetup, watchdog
 from minipar.comm import torch as torch_comm
 from minipar.comm.base import NonMember, env_timeout
 from minipar.errors import NotInitializedError
-from minipar.runtime import devices
+from minipar.runtime import devices, run_trace
 from minipar.state import process
 
 MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
@@ -89,6 +89,7 @@ def init(
         process.world = torch_comm.TorchCommunicator(None, "world", seconds)
     devices.remember(process.world)  # the local rank; the GPU too if torch is imported already
     _install_excepthook()
+    run_trace.start(process.world)  # `minipar run --trace DIR`: this rank's whole run traced
     return process.world
 
 
@@ -241,6 +242,7 @@ def finalize() -> None:
     if process.progress is not None:
         process.progress.close()
         process.progress = None
+    run_trace.finish()  # this rank's part of a `minipar run --trace`, once its work is done
     watchdog.shutdown()
     devices.forget()
     process.world = None

@@ -21,6 +21,7 @@ import functools
 import os
 import tempfile
 
+import gpt_recompute  # the recomputation, memory and trace cases, run in this launch
 import pytest
 import torch
 
@@ -209,4 +210,5 @@ def cases(size):
         table["fsdp.tied.dp4_tp2_pp1"] = layout_case(spec_for(4, 2, 1, tied=True, fsdp=True))
         table["resume.tied.dp1_tp2_pp4_to_dp8"] = resume_case((1, 2, 4), (8, 1, 1), tied=True)
     table["errors"] = errors
+    table.update(gpt_recompute.cases(size))
     return table

@@ -38,6 +38,7 @@ from torch import nn
 
 from minipar import collectives, runtime
 from minipar.collectives.reduce_op import ReduceOp
+from minipar.comm import ledger
 
 
 def structure(module: nn.Module) -> list[tuple]:
@@ -195,9 +196,11 @@ class DistributedDataParallel(nn.Module):
             self._launch(self.buckets[self._next])
 
     def _launch(self, bucket: Bucket) -> None:
-        bucket.work = collectives.all_reduce(
-            bucket.buffer, ReduceOp.AVG, self.comm, self.algorithm, async_op=True
-        )
+        nbytes = bucket.buffer.numel() * bucket.buffer.element_size()
+        with ledger.span(f"launch bucket {bucket.index}", "ddp", bytes=nbytes):  # for a trace
+            bucket.work = collectives.all_reduce(
+                bucket.buffer, ReduceOp.AVG, self.comm, self.algorithm, async_op=True
+            )
         self._next += 1
 
     def _end_of_backward(self) -> None:
@@ -237,7 +240,8 @@ class DistributedDataParallel(nn.Module):
             collectives.all_reduce(used, ReduceOp.MAX, self.comm)
         k = 0
         for bucket in self.buckets:
-            bucket.work.wait()
+            with ledger.span(f"wait bucket {bucket.index}", "ddp"):  # for a trace
+                bucket.work.wait()
             for i, p in enumerate(bucket.params):
                 if used[k]:
                     if p.grad is None:
