@@ -424,9 +424,10 @@ def zero_vs_torch_zero():
 zero_vs_torch_zero = quiet(zero_vs_torch_zero)
 
 
-# groups that do not start at world rank 0, of 3, 2 and 4 ranks; the last lists the world in
-# reverse, so that no rank's group rank is its world rank (a mix-up of the two shows at once)
-OFFSET_GROUPS = ([1, 2, 3], [2, 3], [3, 2, 1, 0])
+# groups that do not start at world rank 0, of 4, 3 and 2 ranks; the first lists the world in
+# reverse, so that no rank's group rank is its world rank (a mix-up of the two shows at once,
+# on every rank)
+OFFSET_GROUPS = ([3, 2, 1, 0], [1, 2, 3], [2, 3])
 ZERO_KINDS = {
     "sgd": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.01)),
     "adamw": (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.1)),
