@@ -88,3 +88,22 @@ def test_options_travel_to_the_ranks():
     args = _parser().parse_args(["--dp", "2", "--check", "--plot", "x.png", "--lr", "0.01"])
     again = _parser().parse_args(to_argv(args))
     assert vars(again) == {**vars(args), "timeout": None}
+
+
+def test_gradient_check_sees_a_constant_factor():
+    """--check's gradient comparison: the dense model's own gradients pass; scaled by 2 (a loss
+    not divided by its micro-batch count) or by 1.001 every tensor is named with its norm ratio;
+    a missing parameter is named too."""
+    from minipar.models.gpt import build_gpt
+    from minipar.models.training import compare_gradients, dense_gradients
+
+    spec = RunSpec(model=GPTConfig(seq_len=8, hidden=16, n_layers=2, n_heads=2))
+    ref = dense_gradients(spec)
+    assert set(ref) == {n for n, _ in build_gpt(spec.model, spec.seed).named_parameters()}
+    assert compare_gradients({k: v.clone() for k, v in ref.items()}, ref) == []
+    for factor, shown in ((2.0, "norm 2x"), (1.001, "norm 1.001x")):
+        problems = compare_gradients({k: factor * v for k, v in ref.items()}, ref)
+        assert len(problems) == len(ref) and all(shown in p for p in problems), problems[:2]
+    missing = dict(ref)
+    missing.pop("head.proj.weight")
+    assert "gradient names differ: ['head.proj.weight']" in compare_gradients(missing, ref)[0]
