@@ -188,6 +188,7 @@ def resume_case(first, second, tied=False, fsdp=False):
             for step, (x, y) in enumerate(zip(both, reference)):
                 assert abs(x - y) <= LOSS_ATOL + LOSS_RTOL * abs(y), (step, both, reference)
             os.remove(path)
+            os.rmdir(os.path.dirname(path))  # rank 0's folder from shared_path: nothing left
 
     return case
 
