@@ -1,5 +1,6 @@
 """The tiny GPT on real meshes (tests/ranks/gpt_mesh.py): every layout of 8 ranks (and of 4)
-with dp, tp, pp in {1, 2, 4, 8} trains 3 steps with the dense run's losses; tied heads,
+with dp, tp, pp in {1, 2, 4, 8} trains 3 steps with the dense run's losses, its first step's
+gradients the dense model's on the whole batch (micro-batches accumulated, pp = 1 too); tied heads,
 checkpoints moved between layouts, wrong layouts refused on every rank; recomputation bitwise,
 activation memory against the formula and a trace of every rank (tests/ranks/gpt_recompute.py).
 One launch of 8 ranks (the 4-rank layouts run on its two halves at once)."""

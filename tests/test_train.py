@@ -108,3 +108,22 @@ def test_recompute_and_trace_through_the_command(tmp_path):
     assert chrome_trace.validate(doc) == []
     assert {e["pid"] for e in doc["traceEvents"]} == {0, 1, 2, 3}
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gradient_check_sees_a_constant_factor():
+    """--check's gradient comparison: the dense model's own gradients pass; scaled by 2 (a loss
+    not divided by its micro-batch count) or by 1.001 every tensor is named with its norm ratio;
+    a missing parameter is named too."""
+    from minipar.models.gpt import build_gpt
+    from minipar.models.training import compare_gradients, dense_gradients
+
+    spec = RunSpec(model=GPTConfig(seq_len=8, hidden=16, n_layers=2, n_heads=2))
+    ref = dense_gradients(spec)
+    assert set(ref) == {n for n, _ in build_gpt(spec.model, spec.seed).named_parameters()}
+    assert compare_gradients({k: v.clone() for k, v in ref.items()}, ref) == []
+    for factor, shown in ((2.0, "norm 2x"), (1.001, "norm 1.001x")):
+        problems = compare_gradients({k: factor * v for k, v in ref.items()}, ref)
+        assert len(problems) == len(ref) and all(shown in p for p in problems), problems[:2]
+    missing = dict(ref)
+    missing.pop("head.proj.weight")
+    assert "gradient names differ: ['head.proj.weight']" in compare_gradients(missing, ref)[0]

@@ -34,10 +34,12 @@ examples:
   mpiexec -n 4 python -m minipar train --dp 4   inside an existing launch
 
 --check trains the dense model on one process from the same weights and batches and compares
-the loss at every step (|a - b| <= 1e-5 + 1e-4 |b|, float32) and the final parameters
-(<= 1e-4 + 1e-3 |b|); the exit status is 1 on a mismatch. The summary ends with the bytes
-autograd kept for backward (measured, minipar's formula, the planner's); --trace writes every
-rank's timeline as Chrome trace-event JSON (Perfetto) and draws it beside it as a PNG.
+the first step's gradients (every parameter gathered back to the dense layout, within 1e-4 of
+each tensor's largest element: AdamW would hide a gradient off by a constant factor), the loss at
+every step (|a - b| <= 1e-5 + 1e-4 |b|, float32) and the final parameters (<= 1e-4 + 1e-3 |b|);
+the exit status is 1 on a mismatch. The summary ends with the bytes autograd kept for backward
+(measured, minipar's formula, the planner's); --trace writes every rank's timeline as Chrome
+trace-event JSON (Perfetto) and draws it beside it as a PNG.
 """
 
 _LAUNCHED = "MINIPAR_TRAIN_RANK"  # set for the ranks a `minipar train` launched
@@ -191,6 +193,12 @@ def run_here(args) -> int:
             spec.validate()
         training.check_supported(spec, mesh)  # before the progress bar appears
         report = Reporter(spec, comm, active=comm.rank == 0)
+        grads = {}  # --check: the first step's gradients, gathered dense (collective)
+
+        def keep_grads(step, part):
+            if args.check and step == start:
+                grads.update(part.dense_grads())
+
         with train_view.traced(args.trace, comm), report:
             losses, model, opt = training.train_on_mesh(
                 spec,
@@ -200,6 +208,7 @@ def run_here(args) -> int:
                 start,
                 device,
                 opt_state,
+                keep_grads,
             )
         report.activations = train_view.activation_report(spec, mesh, model, comm)  # collective
         state = training.dense_state(model, mesh)  # collective: every rank gathers
@@ -208,7 +217,9 @@ def run_here(args) -> int:
         print(f"[rank {comm.rank}] minipar train: {error}", file=sys.stderr)
         minipar.finalize()
         return 2
-    problems = check(spec, args, losses, state, start) if args.check and comm.rank == 0 else []
+    problems = (
+        check(spec, args, losses, state, grads, start) if args.check and comm.rank == 0 else []
+    )
     status = max(comm.allgather_object(1 if problems else 0))
     if comm.rank == 0:
         report.summary(losses, problems if args.check else None)
@@ -222,17 +233,20 @@ def run_here(args) -> int:
     return status
 
 
-def check(spec, args, losses, state, start) -> list[str]:
-    """The dense run on this process from the same start; the problems found (none: agreed)."""
+def check(spec, args, losses, state, grads, start) -> list[str]:
+    """The dense run on this process from the same start; the problems found (none: agreed):
+    the first step's gradients, then every loss and the final weights."""
     # here, not at the top of the file: torch and numpy load only when used
     from minipar.models import checkpoint, training
 
     model = checkpoint.load(args.resume)[0] if args.resume else None
     opt_state = checkpoint.read(args.resume).get("optimizer") if args.resume else None
     t0 = time.perf_counter()
+    dense_grads = training.dense_gradients(spec, model, start)
+    problems = [f"step {start}: {p}" for p in training.compare_gradients(grads, dense_grads)]
     reference, dense, _ = training.train_dense(spec, None, model, start, opt_state)
     print(f"dense reference: {len(reference)} steps in {time.perf_counter() - t0:.1f} s")
-    return training.compare(losses, reference, state, dense.state_dict())
+    return problems + training.compare(losses, reference, state, dense.state_dict())
 
 
 def describe(spec) -> str:

@@ -5,6 +5,7 @@
     part.sync_grads()                          # data parallel, then the tied head
     opt.step()
     state = part.dense_state()                 # collective: the dense state dict, every rank
+    grads = part.dense_grads()                 # collective: the step's gradients, dense names
 
 A step, from the outside in:
 - data parallel: the dp ranks take equal slices of the global batch; each chunk is wrapped in
@@ -147,6 +148,24 @@ class MeshGPT:
         if self.config.tied_head:
             state["head.proj.weight"] = state["embed.tok.weight"]
         return state
+
+    def dense_grads(self) -> dict[str, torch.Tensor]:
+        """The dense model's gradients by name (CPU, float32) on every rank, gathered as
+        dense_state gathers the weights: after sync_grads, the global batch's gradient, which
+        must equal the dense model's on the whole batch (a parameter without one counts as
+        zeros). A tied head is listed once, as embed.tok.weight, with both uses summed."""
+
+        def grad(q):
+            return q.grad if q.grad is not None else torch.zeros_like(q)
+
+        if self.fsdp:
+            pieces = {}
+            for module in self.wrapped:
+                pieces.update(fsdp_state.by_name(module, grad))
+        else:
+            pieces = {name: grad(q).detach() for name, q in self.named_parameters()}
+        state = sharding.gather_dense(pieces, self.mesh, self.config)
+        return {name: t.float().cpu() for name, t in state.items()}
 
     def _pieces(self) -> dict[str, torch.Tensor]:
         """Dense name -> this rank's tp slice, for the names of its stage (FSDP: the shards

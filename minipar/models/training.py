@@ -9,7 +9,9 @@ same weights (build_gpt(config, seed)) and use the same optimizer, so their loss
 step up to float rounding (the order in which gradient pieces are summed differs). A step's
 global batch of `batch_size` sequences is split over the dp ranks and, on each, into
 `microbatches` micro-batches whose gradients accumulate; the reported loss is the mean over the
-whole global batch, as the dense run computes it.
+whole global batch, as the dense run computes it. So are the gradients, once synchronised:
+`dense_gradients` is the reference, `compare_gradients` the check (`on_grads` of train_on_mesh
+sees them before the optimizer does).
 
 On a mesh each rank trains its MeshGPT (minipar.models.mesh_model): its tensor-parallel slice of
 its pipeline stage, gradients averaged over dp_group; `dense_state` gathers the dense weights
@@ -18,6 +20,7 @@ back from any layout, so checkpoints move between layouts.
 
 from __future__ import annotations
 
+import copy
 import time
 
 import torch
@@ -122,9 +125,12 @@ def train_on_mesh(
     start: int = 0,
     device="cpu",
     opt_state=None,
+    on_grads=None,
 ):
     """The same run on this rank of the mesh. Returns (losses, this rank's MeshGPT, optimizer);
-    every rank gets the global batch's mean loss at every step."""
+    every rank gets the global batch's mean loss at every step. `on_grads(step, part)` runs on
+    every rank once the step's gradients are synchronised, before the optimizer moves the
+    weights (it may be collective: e.g. part.dense_grads(), to check them)."""
     spec.validate()
     part = build_for_mesh(spec, mesh, model, device)
     opt = make_optimizer_for(part.parameters(), spec.lr)
@@ -139,11 +145,47 @@ def train_on_mesh(
             opt.zero_grad(set_to_none=True)
             local = part.forward_backward(inputs, targets)
             part.sync_grads()
+            if on_grads:
+                on_grads(step, part)
             opt.step()
             losses.append(part.global_loss(local))
         if on_step:
             on_step(step, losses[-1], time.perf_counter() - t0)
     return losses, part, opt
+
+
+def dense_gradients(spec: RunSpec, model: GPT | None = None, step: int = 0) -> dict:
+    """The reference gradient: the dense model's (seeded, or a copy of `model`) gradient of the
+    mean loss over batch `step`'s whole global batch, one forward and one backward with no
+    micro-batches, by parameter name. A mesh's step, once its gradients are synchronised, must
+    give these numbers whatever its layout and micro-batch count."""
+    model = copy.deepcopy(model) if model is not None else build_gpt(spec.model, spec.seed)
+    inputs, targets = Batches(load_tokens(), spec.batch_size, spec.model.seq_len, spec.seed).get(
+        step
+    )
+    model.zero_grad(set_to_none=True)
+    lm_loss(model(inputs), targets).backward()
+    return {name: q.grad.detach().clone() for name, q in model.named_parameters()}
+
+
+def compare_gradients(grads: dict, reference: dict, rtol: float = 1e-4) -> list[str]:
+    """Every gradient against the dense one: a list of problems (empty: each tensor within
+    rtol of its largest element, |g - ref| <= rtol max|ref|). Weights after AdamW barely show a
+    gradient scaled by a constant (Adam divides it out); this does, and says the norm ratio."""
+    problems = []
+    if set(grads) != set(reference):
+        problems.append(f"gradient names differ: {sorted(set(grads) ^ set(reference))}")
+    for name, ref in reference.items():
+        if name not in grads:
+            continue
+        got = grads[name].to(ref.dtype)
+        worst = (got - ref).abs().max().item()
+        if worst > rtol * ref.abs().max().item():
+            ratio = got.norm().item() / max(ref.norm().item(), 1e-30)
+            problems.append(
+                f"gradient of {name}: max |difference| {worst:.3g}, norm {ratio:.4g}x the dense"
+            )
+    return problems
 
 
 def dense_state(part, mesh=None) -> dict:

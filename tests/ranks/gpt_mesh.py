@@ -2,13 +2,18 @@
 world size): every layout of 8 ranks with dp, tp, pp in {1, 2, 4, 8}, each rebuilding the mesh
 and training 3 steps, checked against the dense single-process run.
 
-- layout.dpD_tpT_ppP: the loss of every step equals the dense run's within
-  |a - b| <= 1e-5 + 1e-4 |b| (float32; TP and DP sum in another order), on every rank; the dense
-  state gathered from the layout equals the dense run's final weights within PARAMS_TOL;
+- layout.dpD_tpT_ppP: the first step's synchronised gradients, every parameter gathered back to
+  the dense layout, equal the dense model's on the whole batch within GRAD_RTOL (AdamW divides
+  a gradient off by a constant factor out of the weights, so only this sees a wrong divisor);
+  the loss of every step equals the dense run's within |a - b| <= 1e-5 + 1e-4 |b| (float32; TP
+  and DP sum in another order), on every rank; the dense state gathered from the layout equals
+  the dense run's final weights within PARAMS_REL / PARAMS_MAX. Every layout but dp = 8 runs 2
+  micro-batches per dp rank (4 at dp=2 tp=4), so pp = 1 accumulates gradients over them;
 - tied.*: a tied head (pp > 1: copies on the first and last stage, gradients summed);
 - fsdp.*: FullyShardedDataParallel as the data-parallel part (with a pipeline and TP);
 - resume.*: a checkpoint (weights and AdamW state) saved on one layout, loaded on another,
-  continues with the uninterrupted dense run's losses (FSDP: its shards gathered and re-cut);
+  continues with the uninterrupted dense run's losses (FSDP: its shards gathered and re-cut),
+  and the first step of each part has the dense model's gradients;
 - errors: product mismatch, heads or layers not divisible: the same ValueError on every rank.
 
 The 4-rank layouts run two at a time, each on one half of the 8-rank world (a mesh on a
@@ -38,6 +43,9 @@ LOSS_RTOL, LOSS_ATOL = 1e-4, 1e-5
 # gradient is at rounding level can land up to ~lr away after a step: compare each tensor as a
 # whole (relative L2) plus a bound on any single element
 PARAMS_REL, PARAMS_MAX = 1e-3, 3e-3
+# gradients of step 0 against the dense model's on the whole batch: each tensor within GRAD_RTOL
+# of its largest element (float32 sums in another order: under 1e-6 seen)
+GRAD_RTOL = 1e-4
 
 
 def layouts(size):
@@ -46,8 +54,10 @@ def layouts(size):
     return [(d, t, p) for d in degrees for t in degrees for p in degrees if d * t * p == size]
 
 
-def spec_for(dp, tp, pp, tied=False, schedule="1f1b", steps=STEPS, fsdp=False):
-    m = 2 if pp > 1 and dp < 8 else 1  # micro-batches per dp rank: batch 8 = dp x m x rows
+def spec_for(dp, tp, pp, tied=False, schedule="1f1b", steps=STEPS, fsdp=False, m=None):
+    """The run of a layout: m micro-batches per dp rank (batch 8 = dp x m x rows; default 2,
+    accumulated one after the other when pp = 1, 1 at dp = 8)."""
+    m = m or (2 if dp < 8 else 1)
     model = dataclasses.replace(TINY, tied_head=tied)
     return RunSpec(dp, tp, pp, m, schedule, fsdp, steps=steps, model=model)
 
@@ -57,6 +67,18 @@ def dense_run(model, steps, microbatches=1, start=0):
     spec = RunSpec(microbatches=microbatches, steps=start + steps, model=model)
     losses, dense, _ = training.train_dense(spec)
     return losses, {k: v.detach().clone() for k, v in dense.state_dict().items()}
+
+
+@functools.cache
+def dense_grads(model, step=0):
+    return training.dense_gradients(RunSpec(model=model), None, step)
+
+
+def check_grads(grads, reference, what):
+    """The step's synchronised gradients, gathered back to the dense layout, against the dense
+    model's on the whole batch (AdamW divides a uniform scale error out of the weights)."""
+    problems = training.compare_gradients(grads, reference, GRAD_RTOL)
+    assert not problems, f"{what}: " + "; ".join(problems)
 
 
 def check_against_dense(spec, losses, state, what):
@@ -70,21 +92,35 @@ def check_against_dense(spec, losses, state, what):
         assert rel <= PARAMS_REL and diff.max() <= PARAMS_MAX, (what, name, rel, diff.max())
 
 
+def first_grads(into):
+    """An on_grads hook keeping the first step's gradients, gathered dense (every rank)."""
+
+    def hook(step, part):
+        if not into:
+            into.update(part.dense_grads())
+
+    return hook
+
+
 def train_layout(spec, group=None):
-    """Train `spec` on a mesh over `group`; (losses, gathered dense state, the group's comm)."""
+    """Train `spec` on a mesh over `group`; (losses, gathered dense state, the first step's
+    dense gradients, the group's comm)."""
     mesh = DeviceMesh(spec.dp, spec.tp, spec.pp, group=group)
-    losses, part, _ = training.train_on_mesh(spec, mesh)
-    return losses, training.dense_state(part, mesh), mesh.group
+    grads = {}
+    losses, part, _ = training.train_on_mesh(spec, mesh, on_grads=first_grads(grads))
+    return losses, training.dense_state(part, mesh), grads, mesh.group
 
 
 def check_layout(spec, group=None):
-    losses, state, comm = train_layout(spec, group)
+    losses, state, grads, comm = train_layout(spec, group)
     assert len(losses) == spec.steps
     # every rank reports the same loss (broadcast from the last stage)
     seen = comm.allgather_object(losses)
     assert all(other == losses for other in seen), seen
     if comm.rank == 0:
-        check_against_dense(spec, losses, state, f"dp={spec.dp} tp={spec.tp} pp={spec.pp}")
+        what = f"dp={spec.dp} tp={spec.tp} pp={spec.pp} m={spec.microbatches}"
+        check_grads(grads, dense_grads(spec.model), what)
+        check_against_dense(spec, losses, state, what)
 
 
 def layout_case(spec):
@@ -129,7 +165,8 @@ def resume_case(first, second, tied=False, fsdp=False):
         path = shared_path("ckpt.pt")
         a = spec_for(*first, tied=tied, steps=2, fsdp=fsdp)
         mesh = DeviceMesh(*first)
-        losses, part, opt = training.train_on_mesh(a, mesh)
+        grads = {}
+        losses, part, opt = training.train_on_mesh(a, mesh, on_grads=first_grads(grads))
         state = training.dense_state(part, mesh)
         optimizer = training.mesh_optimizer_state(part, opt)
         if comm.rank == 0:
@@ -139,13 +176,20 @@ def resume_case(first, second, tied=False, fsdp=False):
         opt_state = checkpoint.read(path)["optimizer"]
         b = spec_for(*second, tied=tied, steps=2, fsdp=fsdp)
         mesh = DeviceMesh(*second)
-        more, _, _ = training.train_on_mesh(b, mesh, None, model, start, "cpu", opt_state)
+        resumed = {}
+        more, _, _ = training.train_on_mesh(
+            b, mesh, None, model, start, "cpu", opt_state, first_grads(resumed)
+        )
         if comm.rank == 0:
+            check_grads(grads, dense_grads(a.model), f"{first} step 0")
+            ref = training.dense_gradients(b, model, start)
+            check_grads(resumed, ref, f"{second} resumed at step {start}")
             reference = dense_run(a.model, 4)[0]
             both = losses + more
             for step, (x, y) in enumerate(zip(both, reference)):
                 assert abs(x - y) <= LOSS_ATOL + LOSS_RTOL * abs(y), (step, both, reference)
             os.remove(path)
+            os.rmdir(os.path.dirname(path))  # rank 0's folder from shared_path: nothing left
 
     return case
 
@@ -193,7 +237,9 @@ def cases(size):
     table = {}
     for dp, tp, pp in layouts(size):
         schedule = "gpipe" if (dp, tp, pp) == (2, 1, 4) else "1f1b"
-        table[f"layout.dp{dp}_tp{tp}_pp{pp}"] = layout_case(spec_for(dp, tp, pp, schedule=schedule))
+        m = 4 if (dp, tp, pp) == (2, 4, 1) else None  # accumulation over 4 micro-batches
+        spec = spec_for(dp, tp, pp, schedule=schedule, m=m)
+        table[f"layout.dp{dp}_tp{tp}_pp{pp}"] = layout_case(spec)
     table["interleaved.dp2_tp2_pp2"] = layout_case(spec_for(2, 2, 2, schedule="interleaved"))
     table["tied.dp1_tp2_pp4"] = layout_case(spec_for(1, 2, 4, tied=True))
     # 4-rank layouts, two at a time on the halves of the world
