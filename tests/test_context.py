@@ -140,3 +140,25 @@ def test_ring_plan_work_per_rank(cp):
                 assert skipped == 0
             else:
                 assert skipped == cp - 1 - rank
+
+
+def test_bench_context_summary():
+    """The bench's table from per-iteration times (the job itself is not a test)."""
+    from minipar.bench import context
+
+    result = {
+        "times": {
+            "dense": [0.3, 0.2, 0.4],
+            "ring": [0.1, 0.3, 0.2],
+            "ulysses": [0.1, 0.1, 0.1],
+            "ring-comm": [0.04, 0.04],
+            "ulysses-comm": [0.02, 0.02],
+        },
+        "waits": {"ring": 0.01, "ulysses": 0.03},
+    }
+    rows = {r["cell"]: r for r in context.summary(result)}
+    ring = rows["ring"]
+    assert (ring["min_ms"], ring["median_ms"], ring["max_ms"]) == pytest.approx((100, 200, 300))
+    assert ring["x_dense"] == pytest.approx(2 / 3) and ring["hidden"] == pytest.approx(0.75)
+    assert rows["ulysses"]["hidden"] == 0.0 and rows["ulysses"]["waited_ms"] == pytest.approx(30)
+    assert "hidden" not in rows["dense"] and rows["dense"]["x_dense"] == 1.0

@@ -67,7 +67,7 @@ def _neighbours(group) -> tuple[int, int]:
     return (rank + 1) % cp, (rank - 1) % cp
 
 
-def _pass_on(block, incoming, group, tag: int) -> list:
+def pass_on(block, incoming, group, tag: int) -> list:
     """Post the receive of the left neighbour's block into `incoming` and the send of `block` to
     the right neighbour; returns their Works."""
     right, left = _neighbours(group)
@@ -94,7 +94,7 @@ def ring_forward(q, k, v, group, causal, balanced, stats):
         works, incoming = [], None
         if step < cp - 1:  # the next block is on its way while this one is computed
             incoming = torch.empty_like(kv)
-            works = _pass_on(kv, incoming, group, KV_TAG)
+            works = pass_on(kv, incoming, group, KV_TAG)
         block = block_of(step, rank, cp, q.shape[2], causal, balanced)
         if block is not None:
             rows, cols, diagonal = block
@@ -127,7 +127,7 @@ def ring_backward(dout, q, k, v, out, lse, group, causal, balanced, stats):
         works, incoming = [], None
         if step < cp - 1:
             incoming = torch.empty_like(kv)
-            works = _pass_on(kv, incoming, group, KV_TAG)
+            works = pass_on(kv, incoming, group, KV_TAG)
         part = own if step == 0 else torch.zeros_like(own)
         block = block_of(step, rank, cp, q.shape[2], causal, balanced)
         if block is not None:
@@ -147,7 +147,7 @@ def ring_backward(dout, q, k, v, out, lse, group, causal, balanced, stats):
                 _wait(travelling[1], stats)
                 part += travelling[0]
             arriving = torch.empty_like(own)
-            travelling = (arriving, _pass_on(part, arriving, group, DKV_TAG))
+            travelling = (arriving, pass_on(part, arriving, group, DKV_TAG))
             sends.append(part)  # keep the buffer alive until its send is done
         _wait(works, stats)
         kv = incoming
