@@ -53,10 +53,12 @@ def _problem(seen, cp: int, causal: bool, balanced: bool, variant: str) -> str |
         if own:
             return f"on rank {rank}, {own}"
     if any(desc != seen[0] for desc in seen):
-        listed = "; ".join(f"rank {r}: {d[0][0]} {d[0][1]}" for r, d in enumerate(seen))
+        i = next(i for i in range(3) if any(d[i] != seen[0][i] for d in seen))  # q, k or v
+        listed = "; ".join(f"rank {r}: {d[i][0]} {d[i][1]}" for r, d in enumerate(seen))
         return (
-            f"the ranks pass shards of different shapes or dtypes (q: {listed}); every rank of "
-            "the context-parallel group must pass the same (batch, heads, local_seq, head_dim)"
+            f"the ranks pass shards of different shapes or dtypes ({NAMES[i]}: {listed}); every "
+            "rank of the context-parallel group must pass the same (batch, heads, local_seq, "
+            "head_dim) and dtype"
         )
     _, heads, local_seq, _ = seen[0][0][0]
     if causal and balanced and cp > 1 and local_seq % 2:

@@ -106,7 +106,7 @@ def unshard_sequence(x: torch.Tensor, dim: int, group=None, causal: bool = False
     (the result is detached)."""
     dim = _dim_of(x, dim, "unshard_sequence")
     cp = minipar.get_world_size(group)
-    mine = (tuple(x.shape), str(x.dtype), x.device.type)
+    mine = (tuple(x.shape), str(x.dtype).replace("torch.", ""), x.device.type)
     seen = [mine] if cp == 1 else [None] * cp
     if cp > 1:
         minipar.all_gather_object(seen, mine, group=group)
