@@ -456,6 +456,8 @@ def cases(size):
         table[f"{variant}.large_scores"] = against_dense(variant, True, scale=8.0, rtol=LARGE_RTOL)
         table[f"{variant}.bfloat16"] = bfloat16_case(variant)
     table["ring.naive_causal"] = against_dense("ring", True, balanced=False)
+    if H % size == 0:
+        table["ulysses.naive_causal"] = against_dense("ulysses", True, balanced=False)
     table["ring.blocks.full"] = block_counts(False, True)
     table["ring.blocks.balanced"] = block_counts(True, True)
     table["ring.blocks.naive"] = block_counts(True, False)
