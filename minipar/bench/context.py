@@ -26,6 +26,9 @@ import json
 import statistics
 import sys
 
+import minipar
+from minipar.bench.timing import Timer
+
 BATCH, HEADS, SEQ, HEAD_DIM = 1, 8, 1024, 64
 
 
@@ -56,7 +59,7 @@ def ring_traffic(kv, group):
     side by side (backward), each the send right and the receive from the left."""
     import torch
 
-    import minipar
+    # here, not at the top of the file: torch and numpy load only when used
     from minipar.parallel.context import ring
 
     incoming = [torch.empty_like(kv), torch.empty_like(kv)]
@@ -77,8 +80,6 @@ def ulysses_traffic(shard, group):
     """Ulysses' messages alone: 8 all-to-alls of one shard (4 forward, 4 backward)."""
     import torch
 
-    import minipar
-
     out = torch.empty_like(shard)
 
     def op():
@@ -93,8 +94,7 @@ def rank_main(out_path: str, iters: int, seq: int = SEQ) -> None:
     from mpi4py import MPI
     from torch.nn import functional as F
 
-    import minipar
-    from minipar.bench.timing import Timer
+    # here, not at the top of the file: torch and numpy load only when used
     from minipar.parallel.context import (
         ContextStats,
         ring_attention,

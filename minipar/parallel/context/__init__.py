@@ -12,22 +12,18 @@ log-sum-exp, the exact merge of two blocks, one block's backward), ring.py (ring
 around the ring, dK/dV behind them), ulysses.py (all-to-all from a sequence split to a head split
 and back), checks.py (the arguments, agreed on by every rank before any K/V moves), stats.py (the
 block products and waiting time a rank counts). Only minipar's own point-to-point and
-collectives move bytes. Importing this package is light: torch loads on first use.
+collectives move bytes. Importing this package imports torch.
 """
 
-from __future__ import annotations
+from minipar.parallel.context.layout import shard_sequence, unshard_sequence
+from minipar.parallel.context.ring import ring_attention
+from minipar.parallel.context.stats import ContextStats
+from minipar.parallel.context.ulysses import ulysses_attention
 
-from minipar import lazy
-
-_LAZY = {
-    "ring_attention": "minipar.parallel.context.ring",
-    "ulysses_attention": "minipar.parallel.context.ulysses",
-    "shard_sequence": "minipar.parallel.context.layout",
-    "unshard_sequence": "minipar.parallel.context.layout",
-    "ContextStats": "minipar.parallel.context.stats",
-}
-
-__all__ = sorted(_LAZY)
-
-
-__getattr__, __dir__ = lazy.attributes(__name__, _LAZY)
+__all__ = [
+    "ContextStats",
+    "ring_attention",
+    "shard_sequence",
+    "ulysses_attention",
+    "unshard_sequence",
+]

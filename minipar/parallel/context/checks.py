@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-import minipar
+from minipar import collectives, runtime
 
 NAMES = ("q", "k", "v")
 
@@ -78,12 +78,12 @@ def _problem(seen, cp: int, causal: bool, balanced: bool, variant: str) -> str |
 def check_attention_inputs(q, k, v, group, causal: bool, balanced: bool, variant: str):
     """(cp, rank) of the group, once every rank agrees that the arguments are good; else the
     same ValueError on every rank, naming the bad values."""
-    cp, rank = minipar.get_world_size(group), minipar.get_rank(group)
+    cp, rank = runtime.get_world_size(group), runtime.get_rank(group)
     mine = tuple(describe(t) for t in (q, k, v))
     seen = [mine]
     if cp > 1:
         seen = [None] * cp
-        minipar.all_gather_object(seen, mine, group=group)
+        collectives.all_gather_object(seen, mine, group=group)
     problem = _problem(seen, cp, causal, balanced, variant)
     if problem:
         raise ValueError(f"{variant}: {problem}")

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-import minipar
+from minipar import collectives, runtime
 
 
 def chunks_of(rank: int, cp: int, causal: bool) -> tuple[int, ...]:
@@ -93,7 +93,7 @@ def shard_sequence(x: torch.Tensor, dim: int, group=None, causal: bool = False) 
     with causal=True its head and tail chunks joined. A new contiguous tensor; autograd flows
     through it (no communication)."""
     dim = _dim_of(x, dim, "shard_sequence")
-    cp, rank = minipar.get_world_size(group), minipar.get_rank(group)
+    cp, rank = runtime.get_world_size(group), runtime.get_rank(group)
     check_length(x.shape[dim], cp, causal, f"dimension {dim} of shard_sequence's input")
     size = x.shape[dim] // n_chunks(cp, causal)
     parts = [x.narrow(dim, c * size, size) for c in chunks_of(rank, cp, causal)]
@@ -105,11 +105,11 @@ def unshard_sequence(x: torch.Tensor, dim: int, group=None, causal: bool = False
     (the inverse of shard_sequence with the same causal flag). One all-gather; outside autograd
     (the result is detached)."""
     dim = _dim_of(x, dim, "unshard_sequence")
-    cp = minipar.get_world_size(group)
+    cp = runtime.get_world_size(group)
     mine = (tuple(x.shape), str(x.dtype).replace("torch.", ""), x.device.type)
     seen = [mine] if cp == 1 else [None] * cp
     if cp > 1:
-        minipar.all_gather_object(seen, mine, group=group)
+        collectives.all_gather_object(seen, mine, group=group)
     if any(s != seen[0] for s in seen):
         listed = ", ".join(f"rank {r}: {s[0]} {s[1]} on {s[2]}" for r, s in enumerate(seen))
         raise ValueError(
@@ -121,7 +121,7 @@ def unshard_sequence(x: torch.Tensor, dim: int, group=None, causal: bool = False
     check_length(cp * x.shape[dim], cp, causal, f"the full dimension {dim} (cp x {x.shape[dim]})")
     front = x.detach().movedim(dim, 0).contiguous()  # minipar gathers flat blocks: dim outermost
     out = front.new_empty((cp * front.shape[0], *front.shape[1:]))
-    minipar.all_gather_into_tensor(out, front, group=group)
+    collectives.all_gather_into_tensor(out, front, group=group)
     if causal:  # the gathered chunks are (0, 2cp-1), (1, 2cp-2), ...: sort them back
         out = out.index_select(0, torch.argsort(gathered_order(cp, out.shape[0], causal)))
     return out.movedim(0, dim).contiguous()

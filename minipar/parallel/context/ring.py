@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import torch
 
-import minipar
+from minipar import collectives, runtime
 from minipar.parallel.context import checks, online_softmax
 from minipar.parallel.context.stats import timed
 
@@ -63,7 +63,7 @@ def block_of(step: int, rank: int, cp: int, local_seq: int, causal: bool, balanc
 
 
 def _neighbours(group) -> tuple[int, int]:
-    cp, rank = minipar.get_world_size(group), minipar.get_rank(group)
+    cp, rank = runtime.get_world_size(group), runtime.get_rank(group)
     return (rank + 1) % cp, (rank - 1) % cp
 
 
@@ -71,10 +71,10 @@ def pass_on(block, incoming, group, tag: int) -> list:
     """Post the receive of the left neighbour's block into `incoming` and the send of `block` to
     the right neighbour; returns their Works."""
     right, left = _neighbours(group)
-    return minipar.batch_isend_irecv(
+    return collectives.batch_isend_irecv(
         [
-            minipar.P2POp(minipar.irecv, incoming, group=group, group_peer=left, tag=tag),
-            minipar.P2POp(minipar.isend, block, group=group, group_peer=right, tag=tag),
+            collectives.P2POp(collectives.irecv, incoming, group=group, group_peer=left, tag=tag),
+            collectives.P2POp(collectives.isend, block, group=group, group_peer=right, tag=tag),
         ]
     )
 
@@ -87,7 +87,7 @@ def _wait(works, stats) -> None:
 
 def ring_forward(q, k, v, group, causal, balanced, stats):
     """(out, lse) of this rank's queries over every rank's keys, in the accumulation dtype."""
-    cp, rank = minipar.get_world_size(group), minipar.get_rank(group)
+    cp, rank = runtime.get_world_size(group), runtime.get_rank(group)
     kv = torch.stack([k, v])  # one message per step: this block's keys and values
     out = lse = None
     for step in range(cp):
@@ -117,7 +117,7 @@ def ring_forward(q, k, v, group, causal, balanced, stats):
 def ring_backward(dout, q, k, v, out, lse, group, causal, balanced, stats):
     """(dq, dk, dv) of this rank's shard. K/V go round the ring again; each block's partial
     dK/dV follows one step behind it and arrives at its owner after the last step."""
-    cp, rank = minipar.get_world_size(group), minipar.get_rank(group)
+    cp, rank = runtime.get_world_size(group), runtime.get_rank(group)
     acc = lse.dtype
     delta = (dout.to(acc) * out.to(acc)).sum(-1)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-import minipar
+from minipar import collectives, runtime
 from minipar.parallel.context import checks, layout
 from minipar.parallel.context.stats import timed
 
@@ -39,7 +39,7 @@ from minipar.parallel.context.stats import timed
 def _all_to_all(send, group, stats):
     recv = torch.empty_like(send)
     with timed(stats, "wait_seconds"):  # blocking: nothing overlaps it
-        minipar.all_to_all_single(recv, send, group=group)
+        collectives.all_to_all_single(recv, send, group=group)
     return recv
 
 
@@ -47,7 +47,7 @@ def sequence_to_heads(x, group, stats=None):
     """(batch, heads, local_seq, d) -> (batch, heads/cp, cp x local_seq, d), one all-to-all:
     block j of what this rank sends is head group j (for rank j); block i of what it receives
     is rank i's tokens of this rank's head group."""
-    cp = minipar.get_world_size(group)
+    cp = runtime.get_world_size(group)
     b, h, n, d = x.shape
     send = x.reshape(b, cp, h // cp, n, d).transpose(0, 1).contiguous()
     recv = _all_to_all(send, group, stats)  # (cp: source rank, b, h/cp, n, d)
@@ -56,7 +56,7 @@ def sequence_to_heads(x, group, stats=None):
 
 def heads_to_sequence(x, group, stats=None):
     """(batch, heads/cp, cp x local_seq, d) -> (batch, heads, local_seq, d), the inverse."""
-    cp = minipar.get_world_size(group)
+    cp = runtime.get_world_size(group)
     b, hc, s, d = x.shape
     send = x.reshape(b, hc, cp, s // cp, d).permute(2, 0, 1, 3, 4).contiguous()
     recv = _all_to_all(send, group, stats)  # (cp: source rank's head group, b, h/cp, n, d)
