@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 from exercises_ex05 import ex05_cases
+from exercises_ex10 import ex10_cases
 
 import minipar
 from minipar import cost, exercises
@@ -475,5 +476,6 @@ def cases(size):
         table["ex06_column_row_parallel/column"] = column_case()
         table["ex06_column_row_parallel/row"] = row_case()
         table["ex06_vocab_parallel_cross_entropy/values_and_ledger"] = vocab_cross_entropy_case()
+        table.update(ex10_cases(size))
     # every case explains its own failure: the first step where it parts from the solution
     return {name: stepdiff.explained(case, control) for name, case in table.items()}
