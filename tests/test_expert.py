@@ -161,3 +161,19 @@ def test_group_layout():
         expert_parallel_ranks(8, 3)
     with pytest.raises(ValueError, match="expert 9 of n_experts=8"):
         ranks_sharing_expert(9, 8, 8, 2)
+
+
+def test_bench_moe_summary():
+    """`minipar bench moe`'s table from per-iteration times (the job itself is not a test)."""
+    from minipar.bench import moe
+
+    times = {
+        "moe/ep": [0.3, 0.1, 0.2],
+        "moe/local": [0.4, 0.4, 0.5],
+        "comm/ep": [0.05, 0.05],
+    }
+    ep, local = moe.summary(times)
+    assert (ep["layout"], local["layout"]) == ("ep", "local")
+    assert (ep["min_ms"], ep["median_ms"], ep["max_ms"]) == pytest.approx((100, 200, 300))
+    assert ep["comm_share"] == pytest.approx(0.25) and ep["x_local"] == pytest.approx(0.5)
+    assert local["comm_share"] == 0 and local["x_local"] == pytest.approx(1.0)

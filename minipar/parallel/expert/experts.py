@@ -42,9 +42,11 @@ class Experts(nn.Module):
     def forward(self, rows: torch.Tensor, counts) -> torch.Tensor:
         """rows (sum(counts), hidden), expert e's counts[e] rows contiguous -> the same shape."""
         outs = []
-        for e, x in enumerate(rows.split([int(n) for n in counts])):
-            h = F.gelu(F.linear(x, self.w1[e], self.b1[e]))
-            outs.append(F.linear(h, self.w2[e], self.b2[e]))
+        # unbind, not w1[e]: indexing's backward writes a zero tensor of all n experts per
+        # index, n^2 work; unbind's stacks the n gradients once
+        weights = zip(*(q.unbind(0) for q in (self.w1, self.b1, self.w2, self.b2)))
+        for x, (w1, b1, w2, b2) in zip(rows.split([int(n) for n in counts]), weights):
+            outs.append(F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2))
         return torch.cat(outs) if outs else rows
 
     def shard(self, first: int, n: int) -> Experts:
