@@ -49,7 +49,7 @@ def header(x: torch.Tensor) -> list:
 def exchange_counts(header: list, kept, routed, group) -> torch.Tensor:
     """(p, 3 + 2E) int64 on every rank: each rank's header, then its copies per expert, kept
     and routed (lists or tensors of E ints)."""
-    values = [*header, *[int(n) for n in kept], *[int(n) for n in routed]]
+    values = [*header, *_ints(kept), *_ints(routed)]
     mine = torch.tensor(values, dtype=torch.int64)
     p = minipar.get_world_size(group)
     if p == 1:
@@ -57,6 +57,10 @@ def exchange_counts(header: list, kept, routed, group) -> torch.Tensor:
     every = torch.empty(p * len(mine), dtype=torch.int64)
     minipar.all_gather_into_tensor(every, mine, group=group)
     return every.reshape(p, -1)
+
+
+def _ints(counts) -> list:
+    return counts.tolist() if isinstance(counts, torch.Tensor) else [int(n) for n in counts]
 
 
 def _exchange(x: torch.Tensor, out_splits: list, in_splits: list, group) -> torch.Tensor:
