@@ -19,6 +19,10 @@ import json
 import statistics
 import sys
 
+import minipar
+from minipar import launcher
+from minipar.bench.timing import Timer
+
 TOKENS, HIDDEN, FFN, EXPERTS, TOP_K = 256, 512, 2048, 8, 2
 
 
@@ -26,7 +30,7 @@ def build(seed: int = 0, shape=None):
     """(expert-parallel MoE, its dense twin, this rank's tokens (T, hidden))."""
     import torch
 
-    import minipar
+    # here, not at the top of the file: torch and numpy load only when used
     from minipar.parallel.expert import DenseMoE, MoE
 
     tokens, hidden, ffn, experts, top_k = shape or (TOKENS, HIDDEN, FFN, EXPERTS, TOP_K)
@@ -47,7 +51,7 @@ def step(module, x):
 def exchange_only(moe, x):
     """The layer's communication alone, with the routing of x: the count all-gather, then
     dispatch and combine forward and the same two reversed backward."""
-    import minipar
+    # here, not at the top of the file: torch and numpy load only when used
     from minipar.parallel.expert import dispatch, exchange
 
     routing = moe.router(x.detach())
@@ -75,9 +79,6 @@ def exchange_only(moe, x):
 
 def rank_main(out_path: str, iters: int) -> None:
     from mpi4py import MPI
-
-    import minipar
-    from minipar.bench.timing import Timer
 
     world = minipar.init(backend="mpi")
     moe, dense, x = build()
@@ -128,7 +129,7 @@ def main(args) -> int:
 
     from rich.table import Table
 
-    from minipar import launcher
+    # here, not at the top of the file: rich load only when used
     from minipar.term import Console
 
     console = Console()

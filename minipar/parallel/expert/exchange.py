@@ -8,7 +8,7 @@
     2. dispatch  all-to-all of the sorted copies: block q (splits[q] rows) to rank q.
     3. combine   all-to-all of the experts' outputs back: the same blocks, the other way.
 
-Steps 2 and 3 are `minipar.all_to_all_single` with split sizes (uneven: "auto" means pairwise,
+Steps 2 and 3 are `collectives.all_to_all_single` with split sizes (uneven: "auto" means pairwise,
 p-1 steps). The block a rank keeps for itself is copied, never sent: the bytes a rank sends per
 all-to-all are its off-rank rows x hidden x dtype size. Over one layer, dispatch + combine, every
 off-rank copy crosses twice forward and twice backward.
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-import minipar
+from minipar import collectives, runtime
 
 HEADER = ("hidden", "dtype", "tokens")  # the count vector's first entries
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -51,11 +51,11 @@ def exchange_counts(header: list, kept, routed, group) -> torch.Tensor:
     and routed (lists or tensors of E ints)."""
     values = [*header, *_ints(kept), *_ints(routed)]
     mine = torch.tensor(values, dtype=torch.int64)
-    p = minipar.get_world_size(group)
+    p = runtime.get_world_size(group)
     if p == 1:
         return mine.unsqueeze(0)
     every = torch.empty(p * len(mine), dtype=torch.int64)
-    minipar.all_gather_into_tensor(every, mine, group=group)
+    collectives.all_gather_into_tensor(every, mine, group=group)
     return every.reshape(p, -1)
 
 
@@ -66,7 +66,7 @@ def _ints(counts) -> list:
 def _exchange(x: torch.Tensor, out_splits: list, in_splits: list, group) -> torch.Tensor:
     x = x.contiguous()
     out = x.new_empty((sum(out_splits), *x.shape[1:]))
-    minipar.all_to_all_single(
+    collectives.all_to_all_single(
         out, x, output_split_sizes=out_splits, input_split_sizes=in_splits, group=group
     )
     return out
@@ -88,6 +88,6 @@ class AllToAll(torch.autograd.Function):
 
 def all_to_all(x: torch.Tensor, out_splits: list, in_splits: list, group=None) -> torch.Tensor:
     """The uneven all-to-all of rows, differentiable (backward: the reverse exchange)."""
-    if minipar.get_world_size(group) == 1:
+    if runtime.get_world_size(group) == 1:
         return x
     return AllToAll.apply(x, out_splits, in_splits, group)

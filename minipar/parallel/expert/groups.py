@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-import minipar
+from minipar import collectives, runtime
 
 
 def _check(dp: int, ep: int) -> None:
@@ -62,8 +62,8 @@ def sync_expert_grads(module, group=None, divide_by: float = 1.0) -> None:
     if not params:
         return
     flat = torch.cat([q.grad.reshape(-1) for q in params])
-    if minipar.get_world_size(group) > 1:
-        minipar.all_reduce(flat, group=group)
+    if runtime.get_world_size(group) > 1:
+        collectives.all_reduce(flat, group=group)
     if divide_by != 1:
         flat /= divide_by
     for q, g in zip(params, flat.split([q.numel() for q in params])):

@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import minipar
+from minipar import collectives, runtime
 from minipar.parallel.expert import checks, dispatch, exchange
 from minipar.parallel.expert.dense import DenseMoE
 from minipar.parallel.expert.experts import Experts
@@ -49,11 +49,11 @@ from minipar.parallel.expert.stats import from_counts
 
 def gather_config(mine: dict, group) -> list:
     """Every rank's config (one all_gather_object; a single rank: just its own)."""
-    p = minipar.get_world_size(group)
+    p = runtime.get_world_size(group)
     if p == 1:
         return [mine]
     every = [None] * p
-    minipar.all_gather_object(every, mine, group=group)
+    collectives.all_gather_object(every, mine, group=group)
     return every
 
 
@@ -74,13 +74,13 @@ class MoE(nn.Module):
         checks.check_config(gather_config(mine, group))  # the same error on every rank
         self.hidden, self.ffn_hidden, self.n_experts = hidden, ffn_hidden, n_experts
         self.top_k, self.capacity_factor, self.group = top_k, capacity_factor, group
-        self.ep, rank = minipar.get_world_size(group), minipar.get_rank(group)
+        self.ep, rank = runtime.get_world_size(group), runtime.get_rank(group)
         self.n_local = n_experts // self.ep
         self.first = rank * self.n_local  # this rank's experts: first .. first + n_local - 1
         self.router = Router(hidden, n_experts, top_k, capacity_factor)
         self.experts = Experts(self.n_local, hidden, ffn_hidden)
         if self.ep > 1:  # the router is replicated: start every rank from group rank 0's
-            minipar.broadcast(self.router.gate.weight.data, src=0, group=group)
+            collectives.broadcast(self.router.gate.weight.data, src=0, group=group)
         self.aux_loss, self.last_stats = None, None
 
     @classmethod
