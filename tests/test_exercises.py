@@ -201,3 +201,58 @@ def test_ex09_load_balanced_split_any_dim_and_bad_length(exercise_impl):
     with pytest.raises(ValueError, match="20") as error:
         split.split(torch.randn(20), 0, 0, 3)
     assert "6" in str(error.value), f"name 2cp = 6 in the message: {error.value}"
+
+
+# -- ex10: the MoE dispatch (one process; tests/ranks/exercises_ex10.py plugs it into MoE) ------
+
+
+def ex10(impl: str):
+    return exercises.load("ex10_moe_dispatch", impl)
+
+
+def test_ex10_moe_dispatch_by_hand(exercise_impl):
+    import torch
+
+    mod = ex10(exercise_impl)
+    experts = torch.tensor([[2, 0], [1, 3], [0, 1], [3, 2]])
+    kept = torch.ones(4, 2, dtype=torch.bool)
+    order, counts = mod.sort_by_expert(experts, kept, 4)
+    assert order.tolist() == [1, 4, 2, 5, 0, 7, 3, 6], f"order {order.tolist()}"
+    assert counts.tolist() == [2, 2, 2, 2], f"counts {counts.tolist()}"
+    assert mod.split_sizes(counts, 2) == [4, 4]
+    assert mod.split_sizes(torch.tensor([2, 1, 0, 3]), 2) == [3, 3]
+    assert mod.split_sizes(torch.tensor([2, 1, 0, 3]), 4) == [2, 1, 0, 3]
+    assert mod.inverse_permutation(order).tolist() == [4, 0, 2, 6, 1, 3, 7, 5]
+    kept[2, 0] = kept[0, 1] = False  # t2's e0 and t0's e0 dropped: last, in copy order
+    order, counts = mod.sort_by_expert(experts, kept, 4)
+    assert order.tolist() == [2, 5, 0, 7, 3, 6, 1, 4], f"with drops: order {order.tolist()}"
+    assert counts.tolist() == [0, 2, 2, 2], f"with drops: counts {counts.tolist()}"
+
+
+@pytest.mark.parametrize("t,k,e,p", [(12, 2, 4, 2), (30, 1, 8, 4), (7, 2, 6, 3), (0, 2, 4, 2)])
+def test_ex10_moe_dispatch_random_routings(exercise_impl, t, k, e, p):
+    """Properties first (a permutation, keys in order, stable, drops last), then exactly
+    minipar's own dispatch."""
+    import torch
+
+    from minipar.parallel.expert import dispatch
+
+    mod = ex10(exercise_impl)
+    gen = torch.Generator().manual_seed(t * 100 + e)
+    experts = torch.rand(t, e, generator=gen).topk(k, -1).indices  # k distinct experts each
+    kept = torch.rand(t, k, generator=gen) < 0.8
+    order, counts = mod.sort_by_expert(experts, kept, e)
+    assert sorted(order.tolist()) == list(range(t * k)), "order is not a permutation of copies"
+    key = torch.where(kept, experts, e).reshape(-1)[order].tolist()
+    assert key == sorted(key), "copies are not sorted by expert (dropped copies last)"
+    for a, b in zip(range(t * k), range(1, t * k)):
+        if key[a] == key[b]:
+            assert order[a] < order[b], f"not stable: copies {order[a]}, {order[b]} swapped"
+    want_order, want_counts = dispatch.sort_by_expert(experts, kept, e)
+    assert torch.equal(order, want_order) and torch.equal(counts, want_counts), (
+        f"counts {counts.tolist()}, want {want_counts.tolist()}"
+    )
+    assert mod.split_sizes(counts, p) == dispatch.split_sizes(counts, p)
+    inverse = mod.inverse_permutation(order)
+    assert torch.equal(order[inverse], torch.arange(t * k)), "order[inverse] is not 0, 1, ..."
+    assert torch.equal(inverse[order], torch.arange(t * k)), "inverse[order] is not 0, 1, ..."

@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 from exercises_ex05 import ex05_cases
+from exercises_ex10 import ex10_cases
 
 import minipar
 from minipar import cost, exercises
@@ -520,5 +521,6 @@ def cases(size):
         table["ex06_vocab_parallel_cross_entropy/values_and_ledger"] = vocab_cross_entropy_case()
         table["ex09_online_softmax_merge/in_ring_attention"] = ring_with_student(merge=True)
         table["ex09_load_balanced_split/ring_attention"] = ring_with_student(split=True)
+        table.update(ex10_cases(size))
     # every case explains its own failure: the first step where it parts from the solution
     return {name: stepdiff.explained(case, control) for name, case in table.items()}
