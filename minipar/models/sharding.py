@@ -14,7 +14,10 @@ bit:
     attn.qkv                qkv: q, k and v each split by rows (heads), stacked again
     attn.proj, mlp.fc2      rowwise: weight columns; the bias whole
     mlp.fc1                 colwise: rows
-    everything else         whole on every rank: LayerNorms, the position embedding
+    everything else         whole on every rank: LayerNorms, the position embedding, an
+                            MoE block's router and experts (tensor parallelism leaves them
+                            whole); the experts are cut by expert instead, over the
+                            expert-parallel group: rows e*E/ep .. of w1, b1, w2, b2
 
 `shard` applies to anything shaped like a parameter (AdamW's exp_avg and exp_avg_sq too), so a
 checkpoint's optimizer state is sliced for a new layout the way its weights are.
@@ -47,13 +50,26 @@ def tp_layout(name: str) -> str | None:
     return None
 
 
-def shard(name: str, full: torch.Tensor, tp_rank: int, tp: int) -> torch.Tensor:
-    """This tp rank's slice of the dense tensor `full` called `name` (a fresh contiguous copy)."""
+def is_expert(name: str) -> bool:
+    """A parameter of an MoE block's experts (stacked by expert: (E, ...), cut over ep)."""
+    return ".mlp.experts." in f".{name}"
+
+
+def shard(
+    name: str, full: torch.Tensor, tp_rank: int, tp: int, ep_rank: int = 0, ep: int = 1
+) -> torch.Tensor:
+    """This rank's slice of the dense tensor `full` called `name` (a fresh contiguous copy):
+    its tp slice, or for an expert tensor its ep rank's experts (contiguous rows)."""
+    if is_expert(name):
+        return plan.shard(full, "rows", ep_rank, ep)
     return plan.shard(full, tp_layout(name), tp_rank, tp)
 
 
-def gather(name: str, piece: torch.Tensor, tp_group) -> torch.Tensor:
-    """The dense tensor from every tp rank's `piece` (one all-gather for a cut tensor)."""
+def gather(name: str, piece: torch.Tensor, tp_group, ep_group=None) -> torch.Tensor:
+    """The dense tensor from every tp rank's `piece` (one all-gather for a cut tensor; an
+    expert tensor: one all-gather of the experts' rows over ep_group)."""
+    if is_expert(name):
+        return plan.gather(piece, "rows", ep_group) if ep_group is not None else piece
     return plan.gather(piece, tp_layout(name), tp_group)
 
 
@@ -69,10 +85,12 @@ def gather_dense(pieces: dict, mesh, config) -> dict[str, torch.Tensor]:
     """The dense tensors of the whole model, on every rank, from each rank's `pieces` (dense
     name -> this rank's tp slice, for the names its pipeline stage holds).
 
-    What moves: one all-gather per split tensor on tp_group, then (pp > 1) one all-reduce over
+    What moves: one all-gather per split tensor on tp_group (per expert tensor on ep_group),
+    then (pp > 1) one all-reduce over
     pp_group of a flat buffer of all the model's numbers, each stage filling its own names and
     zeros elsewhere (a sum is a gather when exactly one rank contributes each number)."""
-    full = {name: gather(name, piece, mesh.tp_group) for name, piece in pieces.items()}
+    ep_group = mesh.ep_group if mesh.ep > 1 else None
+    full = {name: gather(name, piece, mesh.tp_group, ep_group) for name, piece in pieces.items()}
     shapes = dense_shapes(config)
     if mesh.pp == 1:
         return {name: full[name] for name in shapes}

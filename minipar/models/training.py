@@ -12,8 +12,16 @@ global batch of `batch_size` sequences is split over the dp ranks and, on each, 
 whole global batch, as the dense run computes it.
 
 On a mesh each rank trains its MeshGPT (minipar.models.mesh_model): its tensor-parallel slice of
-its pipeline stage, gradients averaged over dp_group; `dense_state` gathers the dense weights
-back from any layout, so checkpoints move between layouts.
+its pipeline stage (its seq/cp tokens with context parallelism, its E/ep experts with expert
+parallelism), gradients averaged over the dp x cp ranks; `dense_state` gathers the dense
+weights back from any layout, so checkpoints move between layouts, and `dense_grads` the
+gradients, so `--check` compares them with the dense run's after the first step.
+
+With MoE blocks the dense reference is the same GPT with every expert local (DenseMoE): the
+router is per token and dropless, so every token takes the same experts with the same gates on
+any layout, and only the float rounding differs. The load-balancing auxiliary loss is not added
+to the training loss (it is per rank's tokens, so the layouts would train different losses);
+each MoE layer's load (`MeshGPT.moe_stats`) is reported instead.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from minipar.models.data import Batches, dp_slice, load_tokens
 from minipar.models.gpt import GPT, build_gpt, lm_loss
 from minipar.models.mesh_model import MeshGPT, virtual_stages_of
 from minipar.models.parallel_gpt import check_layout
+from minipar.parallel.mesh import DeviceMesh
 
 
 def make_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
@@ -90,9 +99,20 @@ def train_dense(
     return losses, model, opt
 
 
+def mesh_for(spec: RunSpec, group=None):
+    """The DeviceMesh of the spec's layout over `group` (collective: every rank calls it)."""
+    return DeviceMesh(spec.dp, spec.tp, spec.pp, group=group, cp=spec.cp, ep=spec.ep)
+
+
 def check_supported(spec: RunSpec, mesh) -> None:
     """ValueError (on every rank alike) for a layout this model cannot be cut into."""
     spec.validate()
+    mine = (spec.dp, spec.tp, spec.pp, spec.cp, spec.ep)
+    if (mesh.dp, mesh.tp, mesh.pp, mesh.cp, mesh.ep) != mine:
+        raise ValueError(
+            f"the run is {spec.layout} but the mesh is {mesh.shape}: build it with "
+            "training.mesh_for(spec)"
+        )
     check_layout(spec.model, mesh.tp, mesh.pp, virtual_stages_of(spec, mesh))
     if spec.fsdp and mesh.pp > 1 and spec.schedule == "zb-h1":
         raise ValueError(
@@ -121,9 +141,12 @@ def train_on_mesh(
     start: int = 0,
     device="cpu",
     opt_state=None,
+    after_backward=None,
 ):
     """The same run on this rank of the mesh. Returns (losses, this rank's MeshGPT, optimizer);
-    every rank gets the global batch's mean loss at every step."""
+    every rank gets the global batch's mean loss at every step. after_backward(step, part), if
+    given, runs on every rank once a step's gradients are final, before the optimizer step
+    (collective calls are fine there: `--check` gathers part.dense_grads() at the first)."""
     spec.validate()
     part = build_for_mesh(spec, mesh, model, device)
     opt = make_optimizer_for(part.parameters(), spec.lr)
@@ -133,10 +156,12 @@ def train_on_mesh(
     losses = []
     for step in range(start, start + spec.steps):
         t0 = time.perf_counter()
-        inputs, targets = (t[rows].to(device) for t in batches.get(step))
+        inputs, targets = (part.shard_batch(t[rows]).to(device) for t in batches.get(step))
         opt.zero_grad(set_to_none=True)
         local = part.forward_backward(inputs, targets)
         part.sync_grads()
+        if after_backward:
+            after_backward(step, part)
         opt.step()
         losses.append(part.global_loss(local))
         if on_step:
@@ -157,6 +182,25 @@ def mesh_optimizer_state(part, opt) -> dict:
     if isinstance(part, GPT):
         return optimizer_state(part, opt)
     return part.optimizer_state(opt)
+
+
+GRADS_REL = 1e-4  # first-step gradients: |g - g_dense| <= GRADS_REL |g_dense| (L2, per tensor)
+
+
+def compare_grads(grads: dict, reference: dict, rel: float = GRADS_REL) -> list[str]:
+    """Each parameter's gradient against the dense run's, as a whole tensor (relative L2: the
+    float sums run in another order, and an element near zero has no relative error to speak
+    of): the problems, empty when every tensor agrees."""
+    problems = []
+    for name, ref in reference.items():
+        got = grads.get(name)
+        if got is None:
+            problems.append(f"gradient {name}: missing from the layout's")
+            continue
+        err = ((got.to(ref.dtype) - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+        if err > rel:
+            problems.append(f"gradient {name}: relative error {err:.3g} > {rel:g}")
+    return problems
 
 
 def compare(losses, reference, state, reference_state, rtol: float = 1e-4, atol: float = 1e-5):

@@ -10,17 +10,20 @@ One idea per file: layout.py (which tokens each rank holds: contiguous blocks, o
 load-balanced causal layout, and shard/unshard), online_softmax.py (one block's attention and
 log-sum-exp, the exact merge of two blocks, one block's backward), ring.py (ring attention: K/V
 around the ring, dK/dV behind them), ulysses.py (all-to-all from a sequence split to a head split
-and back), checks.py (the arguments, agreed on by every rank before any K/V moves), stats.py (the
-block products and waiting time a rank counts). Only minipar's own point-to-point and
-collectives move bytes. Importing this package imports torch.
+and back), attention.py (the tensor-parallel attention layer with its attention over the cp
+group: the tiny GPT's), checks.py (the arguments, agreed on by every rank before any K/V
+moves), stats.py (the block products and waiting time a rank counts). Only minipar's own
+point-to-point and collectives move bytes. Importing this package imports torch.
 """
 
+from minipar.parallel.context.attention import ContextParallelSelfAttention
 from minipar.parallel.context.layout import shard_sequence, unshard_sequence
 from minipar.parallel.context.ring import ring_attention
 from minipar.parallel.context.stats import ContextStats
 from minipar.parallel.context.ulysses import ulysses_attention
 
 __all__ = [
+    "ContextParallelSelfAttention",
     "ContextStats",
     "ring_attention",
     "shard_sequence",
