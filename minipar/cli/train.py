@@ -1,8 +1,11 @@
-"""`minipar train`: the tiny GPT trained on a dp x tp x pp mesh, with a progress bar and a summary.
+"""`minipar train`: the tiny GPT trained on a dp x cp x tp x pp mesh (experts over ep of the dp
+ranks), with a progress bar and a summary.
 
     minipar train --dp 2 --steps 50 --check
+    minipar train --cp 2 --cp-variant ulysses --check
+    minipar train --moe --experts 4 --ep 2 --check
 
-Run from a shell it launches dp*tp*pp ranks under mpiexec (python -m minipar.cli.train ...); run
+Run from a shell it launches dp*cp*tp*pp ranks under mpiexec (python -m minipar.cli.train ...); run
 inside an existing launch (mpiexec, srun, torchrun) it trains on the ranks it finds. The training
 itself is minipar.models.training; this module is the command's face.
 """
@@ -26,13 +29,20 @@ examples:
   minipar train --dp 2 --microbatches 2       gradient accumulation over 2 micro-batches
   minipar train --dp 2 --tp 2 --pp 2 --microbatches 4 --schedule 1f1b
   minipar train --dp 4 --tp 2 --fsdp --check  FSDP as the data-parallel part
+  minipar train --cp 2 --check                the sequence over 2 ranks: ring attention
+  minipar train --cp 2 --cp-variant ulysses   ... or Ulysses' all-to-alls
+  minipar train --moe --experts 4 --ep 2 --check   every other block a mixture of 4 experts,
+                                              2 on each of the 2 (dp) ranks
   minipar train --steps 100 --plot loss.png   the loss curve (needs the plot extra)
   minipar train --save ckpt.pt; minipar train --resume ckpt.pt --dp 2
   mpiexec -n 4 python -m minipar train --dp 4   inside an existing launch
 
 --check trains the dense model on one process from the same weights and batches and compares
-the loss at every step (|a - b| <= 1e-5 + 1e-4 |b|, float32) and the final parameters
-(<= 1e-4 + 1e-3 |b|); the exit status is 1 on a mismatch.
+the gradients of the first step (each tensor within 1e-4 relative L2), the loss at every step
+(|a - b| <= 1e-5 + 1e-4 |b|, float32) and the final parameters (<= 1e-4 + 1e-3 |b|); the exit
+status is 1 on a mismatch. With --moe the dense model is the same GPT with every expert local
+(same routing, dropless); the auxiliary load-balancing loss is not trained, the load is shown.
+Refused, with the reason: --moe with --fsdp, and zb-h1 with --cp or --moe.
 """
 
 _LAUNCHED = "MINIPAR_TRAIN_RANK"  # set for the ranks a `minipar train` launched
@@ -41,8 +51,12 @@ _LAUNCHED = "MINIPAR_TRAIN_RANK"  # set for the ranks a `minipar train` launched
 def configure(parser) -> None:
     parser.epilog = EXAMPLES
     lay = parser.add_argument_group("layout")
-    for name in ("dp", "tp", "pp"):
+    lay.add_argument("--dp", type=int, default=None, help="dp degree (default 1, or --ep's)")
+    for name in ("tp", "pp"):
         lay.add_argument(f"--{name}", type=int, default=1, help=f"{name} degree (default 1)")
+    lay.add_argument("--cp", type=int, default=1, help="context-parallel degree (default 1)")
+    lay.add_argument("--cp-variant", default="ring", choices=["ring", "ulysses"])
+    lay.add_argument("--ep", type=int, default=1, help="expert-parallel degree, divides --dp")
     lay.add_argument("--microbatches", type=int, default=1, help="per dp rank per step")
     lay.add_argument(
         "--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved", "zb-h1"]
@@ -58,6 +72,9 @@ def configure(parser) -> None:
     run.add_argument("--heads", type=int, default=8)
     run.add_argument("--seq", type=int, default=64)
     run.add_argument("--tied", action="store_true", help="tie the head to the embedding")
+    run.add_argument("--moe", action="store_true", help="every other block a mixture of experts")
+    run.add_argument("--experts", type=int, default=4, help="experts per MoE block (default 4)")
+    run.add_argument("--top-k", type=int, default=2, help="experts per token (default 2)")
     run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     out = parser.add_argument_group("checks and output")
     out.add_argument("--check", action="store_true", help="compare with the dense run")
@@ -102,6 +119,8 @@ def spec_from_args(args):
         n_layers=args.layers,
         n_heads=args.heads,
         tied_head=args.tied,
+        n_experts=args.experts if args.moe else 0,
+        top_k=args.top_k,
     )
     return RunSpec(
         args.dp,
@@ -115,6 +134,9 @@ def spec_from_args(args):
         args.lr,
         args.seed,
         model,
+        args.cp,
+        args.cp_variant,
+        args.ep,
     )
 
 
@@ -126,7 +148,9 @@ def inside_launch() -> bool:
 
 
 def main(args) -> int:
-    n = args.dp * args.tp * args.pp
+    if args.dp is None:  # the experts shard over the dp ranks: --ep 2 alone means dp = 2
+        args.dp = args.ep
+    n = args.dp * args.cp * args.tp * args.pp
     if inside_launch() or os.environ.get(_LAUNCHED) or n == 1:
         return run_here(args)
     try:
@@ -166,7 +190,8 @@ def run_here(args) -> int:
 
     comm = minipar.init()
     try:
-        mesh = DeviceMesh(args.dp, args.tp, args.pp)  # before torch loads: a wrong size fails fast
+        # before torch loads: a wrong size fails fast
+        mesh = DeviceMesh(args.dp, args.tp, args.pp, cp=args.cp, ep=args.ep)
         spec = spec_from_args(args)
         spec.validate()
         # here, not at the top of the file: torch and numpy load only when used
@@ -182,6 +207,7 @@ def run_here(args) -> int:
             spec.validate()
         training.check_supported(spec, mesh)  # before the progress bar appears
         report = Reporter(spec, comm, active=comm.rank == 0)
+        grads = {}  # --check: the first step's dense gradients, gathered on every rank
         with report:
             losses, model, opt = training.train_on_mesh(
                 spec,
@@ -191,14 +217,18 @@ def run_here(args) -> int:
                 start,
                 device,
                 opt_state,
+                first_grads(grads, start) if args.check else None,
             )
         state = training.dense_state(model, mesh)  # collective: every rank gathers
+        report.gather_moe(model.moe_stats())
         optimizer = training.mesh_optimizer_state(model, opt) if args.save else None
     except ValueError as error:  # the same words on every rank, then a clean exit
         print(f"[rank {comm.rank}] minipar train: {error}", file=sys.stderr)
         minipar.finalize()
         return 2
-    problems = check(spec, args, losses, state, start) if args.check and comm.rank == 0 else []
+    problems = (
+        check(spec, args, losses, state, start, grads) if args.check and comm.rank == 0 else []
+    )
     status = max(comm.allgather_object(1 if problems else 0))
     if comm.rank == 0:
         report.summary(losses, problems if args.check else None)
@@ -212,28 +242,54 @@ def run_here(args) -> int:
     return status
 
 
-def check(spec, args, losses, state, start) -> list[str]:
-    """The dense run on this process from the same start; the problems found (none: agreed)."""
+def first_grads(into: dict, start: int):
+    """An after_backward hook that gathers the dense gradients of the first step into `into`."""
+
+    def hook(step, part):
+        if step == start:
+            into.update(part.dense_grads())  # collective: every rank gathers
+
+    return hook
+
+
+def check(spec, args, losses, state, start, grads) -> list[str]:
+    """The dense run on this process from the same start; the problems found (none: agreed):
+    the first step's gradients, every step's loss, the final weights."""
     # here, not at the top of the file: torch and numpy load only when used
     from minipar.models import checkpoint, training
 
     model = checkpoint.load(args.resume)[0] if args.resume else None
+    model = model or training.build_gpt(spec.model, spec.seed)
     opt_state = checkpoint.read(args.resume).get("optimizer") if args.resume else None
+    reference_grads = {}
+
+    def on_step(step, loss, seconds):
+        if step == start:
+            reference_grads.update(
+                {n: q.grad.detach().clone() for n, q in model.named_parameters()}
+            )
+
     t0 = time.perf_counter()
-    reference, dense, _ = training.train_dense(spec, None, model, start, opt_state)
+    reference, dense, _ = training.train_dense(spec, on_step, model, start, opt_state)
     print(f"dense reference: {len(reference)} steps in {time.perf_counter() - t0:.1f} s")
-    return training.compare(losses, reference, state, dense.state_dict())
+    problems = training.compare_grads(grads, reference_grads)
+    return problems + training.compare(losses, reference, state, dense.state_dict())
 
 
 def describe(spec) -> str:
     """What runs on each axis of the mesh, in words, for the summary."""
     parts = []
-    if spec.dp > 1:
+    if spec.dp * spec.cp > 1:
         parts.append("FSDP" if spec.fsdp else "DDP")
+    if spec.cp > 1:
+        parts.append(f"{spec.cp_variant} attention over cp={spec.cp}, load-balanced")
     if spec.tp > 1:
         parts.append("Megatron TP, vocabulary-parallel loss")
     if spec.pp > 1:
         parts.append(f"{spec.schedule} pipeline")
+    if spec.model.n_experts:
+        m = spec.model
+        parts.append(f"MoE every other block: top-{m.top_k} of {m.n_experts}, ep={spec.ep}")
     return ", ".join(parts) or "dense (one process)"
 
 
@@ -243,7 +299,13 @@ class Reporter:
 
     def __init__(self, spec, comm, active: bool):
         self.spec, self.comm, self.active = spec, comm, active
-        self.times, self.memory = [], []
+        self.times, self.memory, self.moe = [], [], {}
+
+    def gather_moe(self, stats: dict) -> None:
+        """Every rank's MoE blocks' load at the last step, by block (collective: every rank)."""
+        # a small control-plane message: rank 0 sees the blocks of every pipeline stage
+        for seen in self.comm.allgather_object(stats):
+            self.moe.update(seen)
 
     def __enter__(self):
         if self.active:
@@ -284,7 +346,7 @@ class Reporter:
         s, times = self.spec, sorted(self.times[1:] or self.times)  # the first step warms up
         t = Table(title="minipar train", show_header=False, title_justify="left")
         rows = [
-            ("layout", f"dp={s.dp} x tp={s.tp} x pp={s.pp}, {s.microbatches} micro-batch(es)"),
+            ("layout", f"{s.layout}, {s.microbatches} micro-batch(es)"),
             ("parallelism", describe(s)),
             ("model", f"{s.model.n_params():,} parameters, {s.model.n_layers} layers"),
             ("loss", f"{losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} steps"),
@@ -299,6 +361,8 @@ class Reporter:
                 f"{min(self.memory) / 2**20:.0f} - {max(self.memory) / 2**20:.0f} MiB per rank",
             ),
         ]
+        for block, stats in sorted(self.moe.items(), key=lambda kv: int(kv[0].split()[1])):
+            rows.append((f"MoE load, {block}", f"{stats.summary(s.ep)} (last step)"))
         if problems is not None:
             verdict = (
                 "[green]matches the dense run[/]"
@@ -315,7 +379,15 @@ class Reporter:
 
         s = self.spec
         record = {
-            "layout": {"dp": s.dp, "tp": s.tp, "pp": s.pp, "microbatches": s.microbatches},
+            "layout": {
+                "dp": s.dp,
+                "tp": s.tp,
+                "pp": s.pp,
+                "cp": s.cp,
+                "ep": s.ep,
+                "microbatches": s.microbatches,
+            },
+            "moe_imbalance": {block: st.imbalance for block, st in self.moe.items()},
             "tokens_per_step": s.tokens_per_step,
             "losses": losses,
             "step_seconds": self.times,
@@ -339,7 +411,7 @@ class Reporter:
         ax.set(
             xlabel="step",
             ylabel="loss",
-            title=f"tiny GPT, dp={self.spec.dp} tp={self.spec.tp} pp={self.spec.pp}",
+            title=f"tiny GPT, {self.spec.layout}",
         )
         fig.savefig(path, dpi=120, bbox_inches="tight")
         print(f"loss curve written to {path}")
