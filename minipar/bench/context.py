@@ -1,8 +1,9 @@
 """Context-parallel attention timed: ring and Ulysses on cp ranks against dense attention on one
 rank at the same total sequence, forward + backward, with the communication each hid.
 
-    python -m minipar.bench.context OUT.json ITERS [SEQ]    # under mpiexec / minipar run -n cp
-    (`minipar bench cp` will launch it: the command side comes with the CLI, lesson 09's phase 2)
+    minipar bench cp                 # cp = 2 ranks, the default shapes below
+    minipar bench cp -n 4 --iters 30 --json cp.json
+    python -m minipar.bench.context OUT.json ITERS [SEQ]    # the rank side, under mpiexec
 
 Cells, each one forward, a `(out * dy).sum()` backward, iterations between barriers taking the
 slowest rank's time (minipar/bench/timing.py, the cells taking turns):
@@ -27,6 +28,7 @@ import statistics
 import sys
 
 import minipar
+from minipar import launcher
 from minipar.bench.timing import Timer
 
 BATCH, HEADS, SEQ, HEAD_DIM = 1, 8, 1024, 64
@@ -145,6 +147,62 @@ def summary(result: dict) -> list[dict]:
             row["comm_ms"], row["waited_ms"] = 1e3 * comm, 1e3 * waits[cell]
             row["hidden"] = max(0.0, 1.0 - waits[cell] / comm) if comm > 0 else 0.0
         rows.append(row)
+    return rows
+
+
+def main(args) -> int:
+    """The command side (for minipar/cli/bench.py): launch the job, print the table (and
+    --json: the rows)."""
+    import os
+    import tempfile
+
+    # here, not at the top of the file: rich loads only when used
+    from minipar.term import Console
+
+    console = Console()
+    out = os.path.join(tempfile.mkdtemp(prefix="minipar-bench-cp-"), "times.json")
+    iters = args.iters or 20
+    os.environ.setdefault("MINIPAR_TIMEOUT", "120")
+    argv = ["-m", "minipar.bench.context", out, str(iters)]
+    done = launcher.run(args.ranks, argv, timeout=args.timeout, capture=True)
+    if not os.path.exists(out):
+        console.print(f"[red]minipar bench cp: the job failed[/]\n{(done.stderr or '')[-4000:]}")
+        return 1
+    with open(out) as f:
+        result = json.load(f)
+    os.remove(out)
+    show(console, result, iters, args.ranks, args.json)
+    return 0
+
+
+def show(console, result: dict, iters: int, ranks: int, json_path=None) -> list[dict]:
+    """Print the table of a finished job's result (and write its rows to json_path)."""
+    from rich.table import Table
+
+    rows = summary(result)
+    shape = result["shape"]
+    table = Table(
+        title=f"causal attention fwd+bwd, cp={result['cp']}, (batch, heads, seq, head_dim)="
+        f"({shape['batch']}, {shape['heads']}, {shape['seq']}, {shape['head_dim']}), float32 "
+        f"CPU, {iters} iterations; dense: the whole sequence on one rank"
+    )
+    for column in ("cell", "min ms", "median ms", "max ms", "x dense", "comm alone ms",
+                   "waited ms", "hidden"):  # fmt: skip
+        table.add_column(column, justify="left" if column == "cell" else "right")
+    for r in rows:
+        comm = [f"{r[k]:.2f}" for k in ("comm_ms", "waited_ms")] if "comm_ms" in r else ["-"] * 2
+        hidden = f"{100 * r['hidden']:.0f}%" if "hidden" in r else "-"
+        table.add_row(
+            r["cell"], *(f"{r[k]:.2f}" for k in ("min_ms", "median_ms", "max_ms")),
+            f"{r['x_dense']:.2f}", *comm, hidden,
+        )  # fmt: skip
+    console.print(table)
+    if launcher.cores() < ranks:
+        console.print("[red]more ranks than cores: these numbers support no claims[/]")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(rows, f, indent=1)
+        console.print(f"wrote {json_path}")
     return rows
 
 

@@ -1,7 +1,9 @@
 """`minipar bench moe`: forward+backward of the expert-parallel MoE layer at ep = the job's
 ranks, against the same layer with every expert local, and the all-to-alls' share of the step.
 
-    python -m minipar.bench.moe OUT.json ITERS      # under mpiexec -n 2 (the rank side)
+    minipar bench moe                               # ep = 2 ranks
+    minipar bench moe -n 4 --iters 30 --json moe.json
+    python -m minipar.bench.moe OUT.json ITERS      # the rank side, under mpiexec
 
 Every rank builds the same DenseMoE (E experts, top-2, dropless) and its own tokens; the
 expert-parallel layer takes its experts with `MoE.from_dense` and routes every rank's tokens to
@@ -127,9 +129,7 @@ def main(args) -> int:
     import os
     import tempfile
 
-    from rich.table import Table
-
-    # here, not at the top of the file: rich load only when used
+    # here, not at the top of the file: rich loads only when used
     from minipar.term import Console
 
     console = Console()
@@ -144,8 +144,17 @@ def main(args) -> int:
         return 1
     with open(out) as f:
         times = json.load(f)
+    os.remove(out)
+    show(console, times, iters, args.ranks, args.json)
+    return 0
+
+
+def show(console, times: dict, iters: int, ranks: int, json_path=None) -> dict:
+    """Print the table of a finished job's times (and write the record to json_path)."""
+    from rich.table import Table
+
     table = Table(
-        title=f"MoE fwd+bwd, ep={args.ranks}, T={TOKENS} tokens/rank, hidden={HIDDEN}, "
+        title=f"MoE fwd+bwd, ep={ranks}, T={TOKENS} tokens/rank, hidden={HIDDEN}, "
         f"ffn={FFN}, E={EXPERTS}, top-{TOP_K}, dropless, float32 CPU, {iters} iterations"
     )
     for column in ("layout", "min ms", "median ms", "max ms", "all-to-all share", "x local"):
@@ -161,9 +170,15 @@ def main(args) -> int:
         f"all-to-all bytes sent by rank 0 per step: {int(times['bytes/ep'][0]):,} "
         f"(imbalance {times['imbalance/ep'][0]:.2f})"
     )
-    if launcher.cores() < args.ranks:
+    if launcher.cores() < ranks:
         console.print("[red]more ranks than cores: these numbers support no claims[/]")
-    return 0
+    record = {"rows": summary(times), "all_to_all_bytes_rank0": int(times["bytes/ep"][0]),
+              "imbalance": times["imbalance/ep"][0]}  # fmt: skip
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(record, f, indent=1)
+        console.print(f"wrote {json_path}")
+    return record
 
 
 if __name__ == "__main__":
