@@ -153,8 +153,9 @@ def main(args) -> int:
     n = args.dp * args.cp * args.tp * args.pp
     if inside_launch() or os.environ.get(_LAUNCHED) or n == 1:
         return run_here(args)
-    try:
-        spec_from_args(args).validate()  # a wrong layout fails here, before any rank starts
+    try:  # a wrong layout fails here, before any rank starts (a checkpoint's model: on the ranks)
+        if not args.resume:
+            spec_from_args(args).validate()
     except ValueError as error:
         print(f"minipar train: {error}", file=sys.stderr)
         return 2
@@ -193,7 +194,8 @@ def run_here(args) -> int:
         # before torch loads: a wrong size fails fast
         mesh = DeviceMesh(args.dp, args.tp, args.pp, cp=args.cp, ep=args.ep)
         spec = spec_from_args(args)
-        spec.validate()
+        if not args.resume:  # a checkpoint's model is validated once it is read
+            spec.validate()
         # here, not at the top of the file: torch and numpy load only when used
         from minipar.models import checkpoint, training
 

@@ -6,7 +6,8 @@
     from minipar.parallel.pipeline import Pipeline, split
 
 One folder per axis: data/ (DDP, ZeRO-1, FSDP), tensor/, pipeline/, context/ (ring attention
-and Ulysses); mesh.py combines them.
+and Ulysses), expert/ (mixture of experts); mesh.py combines them (dp x cp x tp x pp, and the
+expert-parallel groups laid over dp).
 Importing this package imports torch. The modules of data/ were once minipar.parallel.ddp, .zero
 and .fsdp: those names still import (the README says so).
 """
