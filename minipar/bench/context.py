@@ -171,6 +171,7 @@ def main(args) -> int:
     with open(out) as f:
         result = json.load(f)
     os.remove(out)
+    os.rmdir(os.path.dirname(out))
     show(console, result, iters, args.ranks, args.json)
     return 0
 

@@ -145,6 +145,7 @@ def main(args) -> int:
     with open(out) as f:
         times = json.load(f)
     os.remove(out)
+    os.rmdir(os.path.dirname(out))
     show(console, times, iters, args.ranks, args.json)
     return 0
 
