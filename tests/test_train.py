@@ -79,11 +79,47 @@ def test_wrong_layout_fails_on_every_rank():
         ({"dp": 2, "microbatches": 3}, "batch_size=8 is not divisible by dp=2 x microbatches=3"),
         ({"schedule": "zigzag"}, "schedule must be one of"),
         ({"steps": 0}, "steps must be a positive integer, got 0"),
+        ({"cp": 3}, "seq_len=64 is not divisible by 2cp = 6"),
+        ({"cp": 2, "cp_variant": "zigzag"}, "cp_variant must be one of ring, ulysses"),
+        ({"cp": 4, "tp": 4, "cp_variant": "ulysses"}, "n_heads/tp = 8/4 = 2 heads over cp=4"),
+        ({"cp": 2, "pp": 2, "schedule": "zb-h1"}, "--cp with schedule zb-h1"),
+        ({"ep": 2}, "ep=2 must divide dp=1"),
+        ({"ep": 2, "dp": 2}, "ep=2 needs a mixture of experts"),
     ],
 )
 def test_layout_validation(changes, message):
     with pytest.raises(ValueError, match=message):
         RunSpec(model=GPTConfig(), **changes).validate()
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"ep": 3, "dp": 3, "batch_size": 9}, "n_experts=4 is not divisible by ep=3"),
+        ({"dp": 2, "fsdp": True}, "--moe with --fsdp"),
+        ({"pp": 2, "schedule": "zb-h1"}, "--moe with schedule zb-h1"),
+    ],
+)
+def test_moe_layout_validation(changes, message):
+    with pytest.raises(ValueError, match=message):
+        RunSpec(model=GPTConfig(n_experts=4), **changes).validate()
+    with pytest.raises(ValueError, match="top_k from 1 to n_experts"):
+        GPTConfig(n_experts=2, top_k=3)
+
+
+def test_moe_run_matches_dense_and_shows_the_load(tmp_path):
+    """`minipar train --moe --experts 4 --ep 2 --check`: 2 ranks (dp = ep = 2), each holding 2
+    of block 1's 4 experts; --check compares the first step's gradients, every loss and the
+    final weights with the dense GPT (every expert local); the summary shows the load."""
+    record = str(tmp_path / "moe.json")
+    argv = ["train", "--moe", "--experts", "4", "--ep", "2", "--check", "--steps", "2"]
+    done = minipar_cli(*argv, "--json", record, *SMALL)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert "matches the dense run" in out and "dp=2 x tp=1 x pp=1, ep=2" in out, out[-3000:]
+    assert "MoE load, block 1" in out and "dropped 0 of" in out, out[-3000:]
+    imbalance = json.load(open(record))["moe_imbalance"]["block 1"]
+    assert 1.0 <= imbalance <= 4.0
 
 
 def test_options_travel_to_the_ranks():

@@ -14,7 +14,7 @@ import threading
 import time
 
 from minipar import cost, launcher
-from minipar.bench import ddp, fit, pipeline, plot, ranks, report, spec, tp
+from minipar.bench import context, ddp, fit, moe, pipeline, plot, ranks, report, spec, tp
 
 EPILOG = """\
 examples:
@@ -26,6 +26,8 @@ examples:
   minipar bench tp                    tensor-parallel MLP and attention against torch's
   minipar bench pp                    pipeline schedules against torch.distributed.pipelining
   minipar bench ddp --repeat 5        DDP step vs torch DDP; DDP/ZeRO-1/FSDP memory per rank
+  minipar bench cp --json cp.json     ring and Ulysses attention on 2 ranks vs dense on one
+  minipar bench moe -n 4              the MoE layer at ep = 4 vs every expert local
 
 Times are the median (min, max) over iterations of the slowest rank's time; each iteration
 starts at a barrier. busbw follows nccl-tests (all-reduce: algbw x 2(n-1)/n). With more ranks
@@ -203,6 +205,10 @@ def main(args) -> int:
 
     if args.collective == "tp":  # tensor-parallel layers, not a collective: bench/tp.py
         return tp.main(args)
+    if args.collective == "cp":  # context-parallel attention: bench/context.py
+        return context.main(args)
+    if args.collective == "moe":  # the expert-parallel layer: bench/moe.py
+        return moe.main(args)
     console = Console()
     if not console.is_terminal:  # a file or a pipe: room for every column
         console.width = max(console.width, 150)

@@ -45,19 +45,20 @@ def activation_report(spec, mesh, part, comm) -> dict:
         in_flight = verify.verify(program).peak_in_flight[0]  # (micro-batch, chunk) units
     layers_per_unit = m.n_layers // (spec.pp * v)
     model = planner.ModelSpec(m.n_layers, m.hidden, m.n_heads, m.seq_len, spec.batch_size,
-                              m.vocab_size, m.ffn_hidden, m.tied_head, dropout=False)  # fmt: skip
+                              m.vocab_size, m.ffn_hidden, m.tied_head, dropout=False,
+                              experts=m.n_experts, top_k=m.top_k)  # fmt: skip
     first = [r for r in ranks if r["pp_rank"] == 0]
     return {
         "per_layer": {
             "measured": max(r["per_layer"] for r in ranks),
             "formula": formula,
-            "planner": planner.layer_activations(model, spec.tp, micro, spec.recompute, 4),
+            "planner": planner.layer_activations(model, spec.tp, micro, spec.recompute, 4, spec.cp),
         },
         "first_stage_peak": {
             "measured": max(r["kept_peak"] for r in first),
             "formula": in_flight * layers_per_unit * formula,
             "planner": planner.activation_memory(
-                model, spec.tp, spec.pp, micro, spec.microbatches, spec.recompute, "fp32"
+                model, spec.tp, spec.pp, micro, spec.microbatches, spec.recompute, "fp32", spec.cp
             ),
         },
         "rank_peaks": [r["peak"] for r in ranks],

@@ -14,7 +14,10 @@ bit:
     attn.qkv                qkv: q, k and v each split by rows (heads), stacked again
     attn.proj, mlp.fc2      rowwise: weight columns; the bias whole
     mlp.fc1                 colwise: rows
-    everything else         whole on every rank: LayerNorms, the position embedding
+    everything else         whole on every rank: LayerNorms, the position embedding, an
+                            MoE block's router and experts (tensor parallelism leaves them
+                            whole); the experts are cut by expert instead, over the
+                            expert-parallel group: rows e*E/ep .. of w1, b1, w2, b2
 
 A vocabulary tp does not divide is padded to padded_vocab(V, tp, VOCAB_MULTIPLE) rows (plan.py):
 `shard` adds the zero rows, `gather` drops them, so the dense state, the checkpoints and a
@@ -55,14 +58,29 @@ def tp_layout(name: str) -> str | None:
     return None
 
 
-def shard(name: str, full: torch.Tensor, tp_rank: int, tp: int) -> torch.Tensor:
-    """This tp rank's slice of the dense tensor `full` called `name` (a fresh contiguous copy)."""
+def is_expert(name: str) -> bool:
+    """A parameter of an MoE block's experts (stacked by expert: (E, ...), cut over ep)."""
+    return ".mlp.experts." in f".{name}"
+
+
+def shard(
+    name: str, full: torch.Tensor, tp_rank: int, tp: int, ep_rank: int = 0, ep: int = 1
+) -> torch.Tensor:
+    """This rank's slice of the dense tensor `full` called `name` (a fresh contiguous copy):
+    its tp slice, or for an expert tensor its ep rank's experts (contiguous rows)."""
+    if is_expert(name):
+        return plan.shard(full, "rows", ep_rank, ep)
     return plan.shard(full, tp_layout(name), tp_rank, tp, VOCAB_MULTIPLE)
 
 
-def gather(name: str, piece: torch.Tensor, tp_group, rows: int | None = None) -> torch.Tensor:
-    """The dense tensor from every tp rank's `piece` (one all-gather for a cut tensor); rows:
-    the dense tensor's, so that a padded vocabulary comes back without its padding."""
+def gather(
+    name: str, piece: torch.Tensor, tp_group, rows: int | None = None, ep_group=None
+) -> torch.Tensor:
+    """The dense tensor from every tp rank's `piece` (one all-gather for a cut tensor; an
+    expert tensor: one all-gather of the experts' rows over ep_group); rows: the dense
+    tensor's, so that a padded vocabulary comes back without its padding."""
+    if is_expert(name):
+        return plan.gather(piece, "rows", ep_group) if ep_group is not None else piece
     return plan.gather(piece, tp_layout(name), tp_group, rows)
 
 
@@ -78,12 +96,15 @@ def gather_dense(pieces: dict, mesh, config) -> dict[str, torch.Tensor]:
     """The dense tensors of the whole model, on every rank, from each rank's `pieces` (dense
     name -> this rank's tp slice, for the names its pipeline stage holds).
 
-    What moves: one all-gather per split tensor on tp_group, then (pp > 1) one all-reduce over
-    pp_group of a flat buffer of all the model's numbers, each stage filling its own names and
-    zeros elsewhere (a sum is a gather when exactly one rank contributes each number)."""
+    What moves: one all-gather per split tensor on tp_group (per expert tensor on ep_group),
+    then (pp > 1) one all-reduce over pp_group of a flat buffer of all the model's numbers, each
+    stage filling its own names and zeros elsewhere (a sum is a gather when exactly one rank
+    contributes each number)."""
+    ep_group = mesh.ep_group if mesh.ep > 1 else None
     shapes = dense_shapes(config)
     full = {
-        name: gather(name, piece, mesh.tp_group, shapes[name][0]) for name, piece in pieces.items()
+        name: gather(name, piece, mesh.tp_group, shapes[name][0], ep_group)
+        for name, piece in pieces.items()
     }
     if mesh.pp == 1:
         return {name: full[name] for name in shapes}

@@ -14,8 +14,16 @@ whole global batch, as the dense run computes it. So are the gradients, once syn
 sees them before the optimizer does).
 
 On a mesh each rank trains its MeshGPT (minipar.models.mesh_model): its tensor-parallel slice of
-its pipeline stage, gradients averaged over dp_group; `dense_state` gathers the dense weights
-back from any layout, so checkpoints move between layouts.
+its pipeline stage (its seq/cp tokens with context parallelism, its E/ep experts with expert
+parallelism), gradients averaged over the dp x cp ranks; `dense_state` gathers the dense
+weights back from any layout, so checkpoints move between layouts, and `dense_grads` the
+gradients, so `--check` compares them with the dense run's after the first step.
+
+With MoE blocks the dense reference is the same GPT with every expert local (DenseMoE): the
+router is per token and dropless, so every token takes the same experts with the same gates on
+any layout, and only the float rounding differs. The load-balancing auxiliary loss is not added
+to the training loss (it is per rank's tokens, so the layouts would train different losses);
+each MoE layer's load (`MeshGPT.moe_stats`) is reported instead.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from minipar.models.data import Batches, dp_slice, load_tokens
 from minipar.models.gpt import GPT, build_gpt, lm_loss
 from minipar.models.mesh_model import MeshGPT, virtual_stages_of
 from minipar.models.parallel_gpt import check_layout
+from minipar.parallel.mesh import DeviceMesh
 
 
 def make_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
@@ -94,9 +103,20 @@ def train_dense(
     return losses, model, opt
 
 
+def mesh_for(spec: RunSpec, group=None):
+    """The DeviceMesh of the spec's layout over `group` (collective: every rank calls it)."""
+    return DeviceMesh(spec.dp, spec.tp, spec.pp, group=group, cp=spec.cp, ep=spec.ep)
+
+
 def check_supported(spec: RunSpec, mesh) -> None:
     """ValueError (on every rank alike) for a layout this model cannot be cut into."""
     spec.validate()
+    mine = (spec.dp, spec.tp, spec.pp, spec.cp, spec.ep)
+    if (mesh.dp, mesh.tp, mesh.pp, mesh.cp, mesh.ep) != mine:
+        raise ValueError(
+            f"the run is {spec.layout} but the mesh is {mesh.shape}: build it with "
+            "training.mesh_for(spec)"
+        )
     check_layout(spec.model, mesh.tp, mesh.pp, virtual_stages_of(spec, mesh))
     if spec.fsdp and mesh.pp > 1 and spec.schedule == "zb-h1":
         raise ValueError(
@@ -141,7 +161,7 @@ def train_on_mesh(
     for step in range(start, start + spec.steps):
         t0 = time.perf_counter()
         with ledger.span(f"step {step}", "train"):  # a trace's mark (comm/ledger.py)
-            inputs, targets = (t[rows].to(device) for t in batches.get(step))
+            inputs, targets = (part.shard_batch(t[rows]).to(device) for t in batches.get(step))
             opt.zero_grad(set_to_none=True)
             local = part.forward_backward(inputs, targets)
             part.sync_grads()

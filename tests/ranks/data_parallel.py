@@ -273,6 +273,34 @@ def ddp_ledger():
 
 
 @quiet
+def ddp_skips_expert_parameters():
+    """A parameter marked expert_parallel keeps this rank's value (no broadcast) and this rank's
+    gradient (no average): the ledger's buckets hold the other parameters' bytes only."""
+    comm = minipar.init()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 6), nn.Linear(6, 6))
+    expert = model[1].weight
+    expert.expert_parallel = True
+    with torch.no_grad():
+        expert.fill_(0.1 * (comm.rank + 1))  # each rank its own expert
+        model[0].weight.fill_(comm.rank)  # replicated: rank 0's must win
+    ddp = DistributedDataParallel(model, algorithm="ring")
+    assert (expert == 0.1 * (comm.rank + 1)).all() and (model[0].weight == 0).all()
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(comm.rank))
+    alone = copy.deepcopy(model)
+    alone(x).square().sum().backward()
+    with minipar.trace() as t:
+        ddp(x).square().sum().backward()
+    assert torch.equal(expert.grad, alone[1].weight.grad), "the expert's gradient was reduced"
+    want = torch.stack(comm.allgather_object(alone[0].weight.grad)).mean(0)
+    torch.testing.assert_close(model[0].weight.grad, want, rtol=1e-5, atol=1e-6)
+    shared = 4 * sum(q.numel() for q in model.parameters() if q is not expert)
+    buckets = [c for c in t.calls if c.algorithm == "ring"]
+    p = comm.size
+    assert sum(c.bytes_sent for c in buckets) == (2 * (p - 1) * shared // p if p > 1 else 0)
+
+
+@quiet
 def ddp_bad_inputs():
     comm = minipar.init()
     model = build("mlp", 0)
@@ -625,6 +653,7 @@ def cases(size):
         ddp_unused_on_some_ranks=ddp_unused_on_some_ranks,
         ddp_explicit_finish_idempotent=ddp_explicit_finish_idempotent,
         ddp_ledger=ddp_ledger,
+        ddp_skips_expert_parameters=ddp_skips_expert_parameters,
         ddp_bad_inputs=ddp_bad_inputs,
         zero_alone_bitwise=zero_alone_bitwise,
         zero_memory_and_state_dict=zero_memory_and_state_dict,

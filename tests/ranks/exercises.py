@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 from exercises_ex05 import ex05_cases
+from exercises_ex10 import ex10_cases
 
 import minipar
 from minipar import cost, exercises
@@ -439,6 +440,49 @@ def pipeline_messages(schedule: str, v: int):
     return case
 
 
+# -- ex09: context parallelism: the student's merge and split inside minipar's ring attention ---
+
+
+def ring_with_student(merge=None, split=None):
+    """Ring attention on real ranks against dense attention, with the student's merge inside it
+    (minipar's own merge swapped out for the case) or the student's split cutting the shards."""
+
+    def case():
+        import torch
+        from torch.nn import functional as F
+
+        from minipar.parallel.context import online_softmax, ring_attention, shard_sequence
+
+        w_ = world()
+        merge_fn = student("ex09_online_softmax_merge", "merge") if merge else None
+        split_fn = student("ex09_load_balanced_split", "split") if split else None
+        g = torch.Generator().manual_seed(4)
+        q, k, v, dy = (torch.randn(2, 2, 8 * w_.size, 4, generator=g) for _ in range(4))
+        if merge_fn:  # called once before any message: an unstarted merge fails right here
+            probe = online_softmax.block_attention(q, k, v)
+            merge_fn(*probe, *probe)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        (want * dy).sum().backward()
+        if split_fn:
+            cut = lambda t: split_fn(t.detach(), 2, w_.rank, w_.size)  # noqa: E731
+        else:
+            cut = lambda t: shard_sequence(t.detach(), 2, causal=True)  # noqa: E731
+        shards = [cut(t).requires_grad_() for t in (q, k, v)]
+        own = online_softmax.merge
+        online_softmax.merge = merge_fn or own
+        try:
+            out = ring_attention(*shards, causal=True)
+            (out * cut(dy)).sum().backward()
+        finally:
+            online_softmax.merge = own
+        tp_close(out, cut(want), "ring attention's output")
+        for name, shard, t in zip("qkv", shards, (q, k, v)):
+            tp_close(shard.grad, cut(t.grad), f"gradient of {name}")
+
+    return case
+
+
 def cases(size):
     table = {}
     if size >= 2:
@@ -480,5 +524,8 @@ def cases(size):
         table["ex06_column_row_parallel/column"] = column_case()
         table["ex06_column_row_parallel/row"] = row_case()
         table["ex06_vocab_parallel_cross_entropy/values_and_ledger"] = vocab_cross_entropy_case()
+        table["ex09_online_softmax_merge/in_ring_attention"] = ring_with_student(merge=True)
+        table["ex09_load_balanced_split/ring_attention"] = ring_with_student(split=True)
+        table.update(ex10_cases(size))
     # every case explains its own failure: the first step where it parts from the solution
     return {name: stepdiff.explained(case, control) for name, case in table.items()}

@@ -14,11 +14,15 @@ and training 3 steps, checked against the dense single-process run.
 - resume.*: a checkpoint (weights and AdamW state) saved on one layout, loaded on another,
   continues with the uninterrupted dense run's losses (FSDP: its shards gathered and re-cut),
   and the first step of each part has the dense model's gradients;
+- cp.* / moe.*: context parallelism (ring and Ulysses, cp = 2) and MoE blocks (ep = 2 with
+  dp = 2 and dp = 4; with cp, tp and a pipeline too) against the dense GPT (every expert
+  local, the same routing, dropless);
 - errors: product mismatch, heads or layers not divisible: the same ValueError on every rank.
 
 The 4-rank layouts run two at a time, each on one half of the 8-rank world (a mesh on a
-sub-group), so one launch covers both sizes. The dense reference runs on each mesh's rank 0
-only (cached per configuration): the other ranks would only repeat it on the same two cores.
+sub-group), the 2-rank ones four at a time on its quarters, so one launch covers every size.
+The dense reference runs on each mesh's rank 0 only (cached per configuration): the other ranks
+would only repeat it on the same two cores.
 """
 
 import dataclasses
@@ -54,16 +58,21 @@ def layouts(size):
     return [(d, t, p) for d in degrees for t in degrees for p in degrees if d * t * p == size]
 
 
-def spec_for(dp, tp, pp, tied=False, schedule="1f1b", steps=STEPS, fsdp=False, m=None):
+def spec_for(
+    dp, tp, pp, tied=False, schedule="1f1b", steps=STEPS, fsdp=False, m=None, cp=1,
+    variant="ring", experts=0, ep=1,
+):  # fmt: skip
     """The run of a layout: m micro-batches per dp rank (batch 8 = dp x m x rows; default 2,
     accumulated one after the other when pp = 1, 1 at dp = 8)."""
     m = m or (2 if dp < 8 else 1)
-    model = dataclasses.replace(TINY, tied_head=tied)
-    return RunSpec(dp, tp, pp, m, schedule, fsdp, steps=steps, model=model)
+    model = dataclasses.replace(TINY, tied_head=tied, n_experts=experts)
+    return RunSpec(dp, tp, pp, m, schedule, fsdp, steps=steps, model=model, cp=cp,
+                   cp_variant=variant, ep=ep)  # fmt: skip
 
 
 @functools.cache
 def dense_run(model, steps, microbatches=1, start=0):
+    """(losses, final state) of the dense run."""
     spec = RunSpec(microbatches=microbatches, steps=start + steps, model=model)
     losses, dense, _ = training.train_dense(spec)
     return losses, {k: v.detach().clone() for k, v in dense.state_dict().items()}
@@ -81,8 +90,10 @@ def check_grads(grads, reference, what):
     assert not problems, f"{what}: " + "; ".join(problems)
 
 
-def check_against_dense(spec, losses, state, what):
+def check_against_dense(spec, losses, state, what, grads=None):
     ref_losses, ref_state = dense_run(spec.model, spec.steps)
+    if grads is not None:
+        check_grads(grads, dense_grads(spec.model), what)
     for step, (a, b) in enumerate(zip(losses, ref_losses)):
         assert abs(a - b) <= LOSS_ATOL + LOSS_RTOL * abs(b), f"{what} step {step}: {a} vs {b}"
     assert set(state) == set(ref_state), what
@@ -105,7 +116,7 @@ def first_grads(into):
 def train_layout(spec, group=None):
     """Train `spec` on a mesh over `group`; (losses, gathered dense state, the first step's
     dense gradients, the group's comm)."""
-    mesh = DeviceMesh(spec.dp, spec.tp, spec.pp, group=group)
+    mesh = training.mesh_for(spec, group)
     grads = {}
     losses, part, _ = training.train_on_mesh(spec, mesh, on_grads=first_grads(grads))
     return losses, training.dense_state(part, mesh), grads, mesh.group
@@ -118,9 +129,8 @@ def check_layout(spec, group=None):
     seen = comm.allgather_object(losses)
     assert all(other == losses for other in seen), seen
     if comm.rank == 0:
-        what = f"dp={spec.dp} tp={spec.tp} pp={spec.pp} m={spec.microbatches}"
-        check_grads(grads, dense_grads(spec.model), what)
-        check_against_dense(spec, losses, state, what)
+        what = f"{spec.layout} m={spec.microbatches}"
+        check_against_dense(spec, losses, state, what, grads)
 
 
 def layout_case(spec):
@@ -132,19 +142,28 @@ def layout_case(spec):
 
 
 @functools.cache
-def halves():
-    """The world's two halves as groups (every rank creates both; each is in one)."""
+def parts(n):
+    """The world cut into n equal parts as groups (every rank creates all; each is in one);
+    returns (this rank's part, its index)."""
     size = minipar.init().size
-    made = [minipar.new_group(list(r)) for r in (range(size // 2), range(size // 2, size))]
-    return made[minipar.get_rank() >= size // 2]
+    width = size // n
+    made = [minipar.new_group(list(range(i * width, (i + 1) * width))) for i in range(n)]
+    mine = minipar.get_rank() // width
+    return made[mine], mine
 
 
 def halves_case(first, second):
     """Two meshes of half the world at once: ranks 0..n/2-1 train `first`, the rest `second`."""
+    return parts_case(first, second)
+
+
+def parts_case(*specs):
+    """len(specs) meshes side by side, each on its part of the world."""
 
     def case():
-        w = minipar.init()
-        check_layout(second if w.rank >= w.size // 2 else first, halves())
+        minipar.init()
+        group, index = parts(len(specs))
+        check_layout(specs[index], group)
 
     return case
 
@@ -251,6 +270,20 @@ def cases(size):
         name = f"half.dp{a.dp}_tp{a.tp}_pp{a.pp}+dp{b.dp}_tp{b.tp}_pp{b.pp}"
         table[name] = halves_case(a, b)
     table["fsdp.dp2_tp2_pp2"] = layout_case(spec_for(2, 2, 2, fsdp=True))
+    # context parallelism and mixtures of experts: 2-rank meshes four at a time, 4-rank ones
+    # two at a time, then one of 8 with every axis
+    table["quarter.cp2_ring+cp2_ulysses+moe.dp2_ep2+moe.dp2_ep1"] = parts_case(
+        spec_for(1, 1, 1, cp=2),
+        spec_for(1, 1, 1, cp=2, variant="ulysses"),
+        spec_for(2, 1, 1, experts=4, ep=2),
+        spec_for(2, 1, 1, experts=4, ep=1),
+    )
+    table["half.moe.dp4_ep2+moe.dp2_cp2_ep2_ulysses"] = parts_case(
+        spec_for(4, 1, 1, experts=4, ep=2),
+        spec_for(2, 1, 1, experts=4, ep=2, cp=2, variant="ulysses"),
+    )
+    table["moe.cp.dp2_cp2_pp2_ep2"] = layout_case(spec_for(2, 1, 2, cp=2, experts=4, ep=2))
+    table["cp.dp2_cp2_tp2_fsdp"] = layout_case(spec_for(2, 2, 1, cp=2, fsdp=True))
     table["resume.fsdp.dp2_tp2_pp2_to_dp2_tp4_pp1"] = resume_case((2, 2, 2), (2, 4, 1), fsdp=True)
     if os.environ.get("MINIPAR_EXTENDED") == "1":  # a few seconds each on 2 cores
         table["fsdp.tied.dp4_tp2_pp1"] = layout_case(spec_for(4, 2, 1, tied=True, fsdp=True))

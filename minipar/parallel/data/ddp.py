@@ -20,6 +20,13 @@ Buckets fill in reverse registration order (backward meets the last layers first
 strictly in bucket order, so every rank issues the same collectives in the same order even when
 hooks fire in different orders or some parameters get no gradient on some ranks.
 
+Expert parameters (marked `expert_parallel = True`, minipar.parallel.expert) are left alone:
+not broadcast (each rank holds its own experts), not bucketed, not averaged. Their gradient
+already covers every token its expert-parallel group routed to it, and the ranks holding the
+same experts sum them with minipar.parallel.expert.sync_expert_grads over their own group;
+averaging them over dp would mix different experts' gradients (Megatron-LM and DeepSpeed keep
+the experts' gradients apart from the dense ones in the same way).
+
 A forward with grad enabled outside no_sync() arms the next backward's synchronisation (torch
 DDP decides at forward time too); one synchronised backward per such forward.
 
@@ -90,6 +97,11 @@ def broadcast_tensors(tensors, comm, src: int = 0) -> None:
                 offset += t.numel()
 
 
+def is_expert(param) -> bool:
+    """A parameter of an expert-parallel layer: reduced by the expert sync, not by DDP."""
+    return getattr(param, "expert_parallel", False)
+
+
 class Bucket:
     """Gradients of a few parameters in one flat buffer, all-reduced together."""
 
@@ -149,8 +161,9 @@ class DistributedDataParallel(nn.Module):
         self.comm = runtime.resolve(group)
         self.bucket_cap_mb, self.algorithm = bucket_cap_mb, algorithm
         check_same_structure(self.comm, structure(module))
-        broadcast_tensors(list(module.parameters()) + list(module.buffers()), self.comm)
-        trainable = [p for p in module.parameters() if p.requires_grad]  # tied: listed once
+        shared = [p for p in module.parameters() if not is_expert(p)]  # tied: listed once
+        broadcast_tensors(shared + list(module.buffers()), self.comm)
+        trainable = [p for p in shared if p.requires_grad]
         self.buckets = make_buckets(trainable[::-1], int(bucket_cap_mb * 2**20))
         self._where = {}  # id(param) -> (bucket, position)
         for bucket in self.buckets:
