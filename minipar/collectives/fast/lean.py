@@ -43,7 +43,8 @@ from minipar.comm.mpi_requests import check_count, module
 from minipar.state import process
 
 MAX_BYTES = 64 << 10  # the latency regime; a plan keeps a scratch buffer of this size at most
-EXACT_OPS = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
+EXACT_OPS = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT)
+EXACT_OPS += (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 _get_ident = threading.get_ident
 _NOT_YET = object()
 
