@@ -45,9 +45,13 @@ EXPECT = {
             "world, step 1"
         ],
     ),  # fmt: skip
-    ("mpi", "sys_exit", False, 2): (
+    ("mpi", "sys_exit", False, 2): (  # rank 0's wait asks rank 1, which is at its exit
         "nonzero",
-        ["[rank 0] minipar.errors.CommTimeoutError: all_reduce", "from rank 1 (tag"],
+        [
+            "[rank 0] minipar.errors.MismatchError: rank 0 called all_reduce(op=SUM, float64 x 8) "
+            "on group world (call #1) but rank 1 is at the end of the job (exit) without making it",
+            "[rank 1] minipar.errors.MismatchError (found at exit): rank 0 called all_reduce(",
+        ],
     ),
     ("mpi", "sys_exit", True, 3): (
         "nonzero",
@@ -145,7 +149,9 @@ EXIT_LIMIT = 10.0  # seconds from the mistake to the end of a `_last` job (its r
 
 # A rank that sys.exit()s outside any collective leaves messages its peers already sent it
 # unreceived, or not yet: whichever came first, the output must name it. Either the rank finds
-# them as it leaves and says so (comm/leaving.py), or the others time out waiting for it.
+# them as it leaves and says so (comm/leaving.py), or the others' waits ask it what it is doing
+# (comm/stall.py) and both raise (with debug mode, whose check asks nobody: the others time
+# out waiting for it, and say that it is at the end of the job).
 LEAVING = ["[rank 1] minipar: this rank is leaving the job, but", "never received"]
 OR_ELSE = {("mpi", "sys_exit", False, 2): LEAVING, ("mpi", "sys_exit", True, 3): LEAVING}
 

@@ -228,7 +228,9 @@ def peer_state(comm, request, stall) -> str:
 
 def describe(comm, peer: int, theirs: dict) -> str:
     """A peer's answer in words: 'rank 1 is waiting in all_reduce(...) (call #3 on group world)
-    for 2.1 s' or 'rank 1 is not waiting in minipar ... its next call on group world is #4'."""
+    for 2.1 s', 'rank 1 is waiting for recv of 8 bytes from rank 0 (tag 5) on group world, as
+    rank 1 (2.1 s so far)' or 'rank 1 is not waiting in minipar ...; its next call on group world
+    is #4'."""
     who = f"rank {peer}"
     if theirs["ending"] is not None:
         return (
@@ -238,12 +240,13 @@ def describe(comm, peer: int, theirs: dict) -> str:
     waits = []
     for stall in theirs["stalls"]:
         if stall["kind"] == "collective":
-            waits.append(f"{signature.render(stall['sig'], False)} (call #{stall['seq']} on group "
-                         f"{stall['group']}) for {stall['seconds']:g} s")  # fmt: skip
-        else:
-            waits.append(f"{stall['what']} for {stall['seconds']:g} s")
+            call = signature.render(stall["sig"], False)
+            where = f"call #{stall['seq']} on group {stall['group']}"
+            waits.append(f"in {call} ({where}) for {stall['seconds']:g} s")
+        else:  # a point-to-point message, a control all-gather, an async call's Work
+            waits.append(f"for {stall['what']} ({stall['seconds']:g} s so far)")
     if waits:
-        return f"{who} is waiting in " + "; and in ".join(waits)
+        return f"{who} is waiting " + "; and ".join(waits)
     return (
         f"{who} is not waiting in minipar (it computes, or is between calls); its next call on "
         f"group {comm.name} is #{theirs['next']}"

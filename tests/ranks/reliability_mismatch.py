@@ -16,6 +16,8 @@ match, and the watchdog (minipar/comm/watchdog.py) names both calls. The cases:
   history). Rank 0 writes each case's times to stderr (`mismatch-timing <case> <rank> <s>`).
 - `mismatch.count_is_loud`: every collective with every algorithm, the last rank passing a
   larger count: every rank raises MismatchError.
+- `mismatch.next_call_raises`: after a scatter every rank left with its own piece, the next call
+  (at once, before any watchdog look) raises instead of computing.
 - `mismatch.matching_calls_pass`, `mismatch.slow_peer_passes`, `mismatch.async_order_passes`:
   ranks that agree, with numpy on some ranks and torch on others, async calls in flight, a rank
   far ahead, a rank 2.5 s late (its peers ask it, twice and more), calls on two groups in
@@ -261,6 +263,26 @@ def matching_calls_pass():
     assert g._failure is None, g._failure
 
 
+def next_call_raises():
+    """Every rank returned from a scatter whose roots disagree (each kept its own piece); the
+    very next call on the group, made at once, must raise (its tags carry the history, so it
+    cannot match), not compute: the watchdog names the scatter meanwhile."""
+    w = minipar.init()
+    if w.size < 2:
+        return
+    g = minipar.new_group(list(range(w.size)), name="next_call")
+    g.timeout = TIMEOUT
+    _scatter_src(g)
+    x = np.ones(4)
+    try:
+        minipar.all_reduce(x, group=g)
+    except MismatchError as error:
+        message = str(error)
+    else:
+        raise AssertionError(f"the call after the bad scatter returned {x}")
+    assert "called scatter(src=" in message and "(call #0 on group next_call;" in message, message
+
+
 def slow_peer_passes():
     """A rank 2.5 s late: the others' waits ask it (it computes), again and again: no error."""
     w = minipar.init()
@@ -351,6 +373,7 @@ def cases(size):
     table = {"mismatch.count_is_loud": count_mismatch_is_loud}
     table.update({f"mismatch.{name}": mistake_is_loud(name) for name in MISTAKES})
     table["mismatch.matching_calls_pass"] = matching_calls_pass
+    table["mismatch.next_call_raises"] = next_call_raises
     table["mismatch.slow_peer_passes"] = slow_peer_passes
     table["mismatch.async_order_passes"] = async_order_passes
     table["mismatch.p2p_timeout_says"] = p2p_timeout_says
