@@ -113,6 +113,9 @@ def run_call(
         except SystemExit as leaving:  # the others could never finish this call: end the job
             runtime.exit_inside_collective(call, leaving)
             raise
+        except MiniparError:  # the program hears of it (a wait on shared windows, say):
+            comm._told = True  # the end-of-job comparison leaves this group be (comm/ending.py)
+            raise
         if finish is not None:
             finish()
 

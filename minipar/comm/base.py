@@ -25,7 +25,7 @@ from minipar.state import process
 COLLECTIVE_TAG_BASE = 1 << 15  # user tags live in [0, 2**15), as MPI guarantees at least that
 CONTROL_TAG = COLLECTIVE_TAG_BASE  # debug mode's fingerprints
 NOTICE_TAG = COLLECTIVE_TAG_BASE + 1  # mismatch notices between watchdogs (comm/watchdog.py)
-REPLY_TAG_BASE = COLLECTIVE_TAG_BASE + 16  # answers to a stalled rank's question (comm/stall.py):
+REPLY_TAG_BASE = COLLECTIVE_TAG_BASE + 16  # answers to a stalled rank's questions (comm/stall.py),
 REPLY_TAGS = 1 << 14  # one tag per question, so two threads never take each other's answer
 SEQ_BITS = 12  # a call's tag keeps its sequence number modulo 4096
 SEQ_MASK = (1 << SEQ_BITS) - 1
@@ -222,9 +222,6 @@ class _NoStall:
 
     def close(self) -> None:
         pass
-
-    def peer_state(self, peer: int) -> str:
-        return ""
 
 
 _NO_STALL = _NoStall()

@@ -51,7 +51,7 @@ from minipar.state import process
 
 ASK_AGAIN = 0.25  # seconds between two questions to the same peer while a wait lasts
 ANSWER_WAIT = 0.5  # seconds a timed-out wait gives its peer to say what it is doing
-LATE_LIMIT = 30.0  # seconds an unanswered question's reply is still looked for (watchdog.look)
+LATE_LIMIT = 300.0  # seconds an unanswered question's reply is still looked for (watchdog.look)
 
 
 class Stall:
@@ -74,7 +74,7 @@ class Stall:
             return  # not a collective call: nobody is asked
         now = time.monotonic()
         if elapsed >= process.mismatch_after:
-            for peer in {r.peer for r in pending}:
+            for peer in {r.peer for r in pending if r.peer >= 0}:
                 answered = self.answers.get(peer)
                 if peer not in self.asked and (answered is None or now - answered[1] > ASK_AGAIN):
                     self.asked[peer] = (ask(self.comm, peer, self.entry[0]), now)
