@@ -33,8 +33,9 @@ _cached_hash = signature._HASHES.get
 DEFAULT_TIMEOUT = 300.0  # seconds; generous, because a first CUDA call or a cold start is slow
 DEFAULT_MISMATCH_AFTER = 1.0  # seconds a collective waits before asking its peers (stall.py)
 STALL_AFTER = 0.01  # seconds after which a wait counts as stuck (comm/stall.py registers it)
-HISTORY_MASK = (1 << 32) - 1
-HISTORY_MULTIPLIER = 0x9E3779B1  # odd: history -> history * M ^ hash is one-to-one modulo 2^k
+# odd, so history -> (history * M xor hash) mod 2^H is one-to-one; small, so that with H <= 18
+# every intermediate value stays below 2^30, one digit of a Python int (no big-int arithmetic)
+HISTORY_MULTIPLIER = 2531
 
 # busy-poll this long (keeps small-message latency low), then yield; when ranks outnumber cores
 # (the launcher sets MINIPAR_OVERSUBSCRIBED=1) spinning only steals the core from the peer we
@@ -75,10 +76,10 @@ def env_mismatch_after() -> float:
 class TagLayout:
     """Where a collective call's tag comes from, given the transport's largest tag `tag_ub`.
 
-        tag = 2^(B-1) + (seq mod 2^12) * 2^H + (history mod 2^H)
+        tag = 2^(B-1) + (seq mod 2^12) * 2^H + history
 
-    where history is the hash of the call's signature chained with the group's earlier calls
-    (Communicator.next_collective_tag), with 2^B - 1 <= tag_ub: the top half of the tag range
+    where history (H bits) is the hash of the call's signature chained with the group's earlier
+    calls (Communicator.next_collective_tag), with 2^B - 1 <= tag_ub: the top half of the tag range
     belongs to collectives, user tags [0, 2^15) and the control tags (2^15, 2^15 + 1, and the
     answers from 2^15 + 16 on) stay below it. MPICH's bound 2^29 - 1
     gives H = 16 hash bits, Open MPI's (and torch's) 2^31 - 1 give H = 18. Two ranks that
@@ -317,7 +318,7 @@ class Communicator:
         MismatchError once the group has seen a mismatch.
 
         The tag's hash bits are the group's history: the signature's hash chained onto the
-        history before it (h = h * M xor hash, modulo 2^32, one-to-one in h), so two ranks that
+        history before it (h = h * M xor hash, modulo 2^H, one-to-one in h), so two ranks that
         disagreed about an earlier call, even one where every rank returned without receiving
         anything (both "roots" of a broadcast only send), disagree on every later tag too: the
         next call cannot match, and waits until the watchdog names the call that differed."""
@@ -330,10 +331,11 @@ class Communicator:
             sig_hash = _cached_hash(sig)  # inline, not signature.tag_hash: every call comes here
         if sig_hash is None:
             sig_hash = signature.tag_hash(sig)
-        history = self._history = (self._history * HISTORY_MULTIPLIER ^ sig_hash) & HISTORY_MASK
+        # 2531 is HISTORY_MULTIPLIER, written out: a global's lookup is a fiftieth of a small call
+        history = self._history = (self._history * 2531 ^ sig_hash) & self._hash_mask
         field = seq & SEQ_MASK
         self._calls[field] = (seq, sig, history)
-        return seq, self._tag_base + (field << self._hash_bits) + (history & self._hash_mask)
+        return seq, self._tag_base + (field << self._hash_bits) + history
 
     def recent_calls(self, upto: int, count: int = 16) -> list:
         """(seq, signature in plain values, history) of this rank's calls #upto-count+1 ..

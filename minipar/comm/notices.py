@@ -19,8 +19,8 @@ from minipar.state import process
 
 
 def send(comm, peer: int, notice, tag: int = NOTICE_TAG) -> None:
-    """A small pickled control message, nonblocking; the request is kept until the process ends
-    (a handful per mismatch or question, none otherwise)."""
+    """A small pickled control message, nonblocking; the request (and so its buffer) is kept
+    until MPI has sent it (watchdog.prune): a handful per mismatch or question, none otherwise."""
     comm._notices.append(comm.mpi.isend(notice, dest=peer, tag=tag))
 
 

@@ -49,7 +49,7 @@ from minipar.comm.base import (
 from minipar.comm.notices import fail, send
 from minipar.state import process
 
-ASK_AGAIN = 0.25  # seconds between two questions to the same peer while a wait lasts
+ASK_AGAIN = 0.25  # seconds before a peer is asked again, doubled after each answer (up to 2 s)
 ANSWER_WAIT = 0.5  # seconds a timed-out wait gives its peer to say what it is doing
 LATE_LIMIT = 300.0  # seconds an unanswered question's reply is still looked for (watchdog.look)
 
@@ -63,7 +63,7 @@ class Stall:
         self.since = time.monotonic() - STALL_AFTER
         self.kind, self.entry = kind_of(comm, self.request.tag)
         self.asked: dict = {}  # peer -> (reply tag, when asked)
-        self.answers: dict = {}  # peer -> (its answer, when it came)
+        self.answers: dict = {}  # peer -> (its answer, when it came, how many came)
         self.thread = threading.get_ident()
         process.stalls[self.thread] = self
 
@@ -75,14 +75,16 @@ class Stall:
         now = time.monotonic()
         if elapsed >= process.mismatch_after:
             for peer in {r.peer for r in pending if r.peer >= 0}:
-                answered = self.answers.get(peer)
-                if peer not in self.asked and (answered is None or now - answered[1] > ASK_AGAIN):
+                got = self.answers.get(peer)
+                again = got is None or now - got[1] > ASK_AGAIN * 2 ** min(got[2] - 1, 3)
+                if peer not in self.asked and again:
                     self.asked[peer] = (ask(self.comm, peer, self.entry[0]), now)
         for peer, (tag, _) in list(self.asked.items()):
             if self.comm.mpi.Iprobe(peer, tag):
                 answer = self.comm.mpi.recv(source=peer, tag=tag)
                 del self.asked[peer]
-                self.answers[peer] = (answer, now)
+                count = self.answers[peer][2] + 1 if peer in self.answers else 1
+                self.answers[peer] = (answer, now, count)
                 judge(self.comm, self.entry, peer, answer)
 
     def close(self) -> None:

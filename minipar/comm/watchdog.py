@@ -104,8 +104,17 @@ def look(comm) -> None:
             return
     if comm._late:
         take_late(comm)
+    if len(comm._notices) > 32:
+        prune(comm)
     for peer, tag in oldest(comm, status):
         _check_tag(comm, peer, tag)
+
+
+def prune(comm) -> None:
+    """Forget the notices, questions and answers MPI has sent (only this thread removes any:
+    one still in flight must stay referenced, or its buffer would be freed under MPI)."""
+    for request in [r for r in list(comm._notices) if r.Test()]:
+        comm._notices.remove(request)
 
 
 def take_late(comm, limit: float = stall.LATE_LIMIT) -> None:
@@ -147,7 +156,7 @@ def _check_tag(comm, peer: int, tag: int) -> None:
         return  # a user message, or a control one
     field, peer_hash = decoded
     entry = _recent_call(comm, field)
-    if entry is None or (entry[2] & comm._tags.hash_mask) == peer_hash:
+    if entry is None or entry[2] == peer_hash:
         return  # a call to come, or this very call (its receive is not posted yet)
     seq = entry[0]
     if (peer, seq) not in comm._asked:
