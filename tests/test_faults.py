@@ -128,7 +128,8 @@ if EXTENDED:
 # Issue 27: mistakes that no message shows, made by every rank at once (tests/faults/inject.py),
 # with minipar's defaults (no MINIPAR_TIMEOUT: a mistake nobody caught would hang until
 # JOB_LIMIT). Every rank must raise MismatchError within DETECT seconds of the last rank's
-# mistake (or, for `_last`, the script ending right after it, report it at exit), and the job
+# mistake (or, for `_last`, the script ending right after it, report it at exit; for `_finalize`,
+# finalize() called right after it, raise it there, saying so with the rank), and the job
 # must end non-zero. (mode: fragments of every rank's message)
 MISTAKES = {
     "own_root": ["called broadcast(src=", "float32 x 8) on group world but rank", "in src"],
@@ -141,6 +142,11 @@ MISTAKES = {
     ],
     "own_root_last": ["called broadcast(src=", "in src"],
     "scatter_src_last": ["called scatter(src=", "in src"],
+    "scatter_src_finalize": ["called scatter(src=", "in src"],
+}
+SAYS = {  # what a rank's line says, by the mode's ending (else "MismatchError: ", the excepthook)
+    "_last": "MismatchError (found at exit): ",
+    "_finalize": "MismatchError (found at finalize()): ",
 }
 MISTAKE_RANKS = [2, 3, 4]
 MISTAKE_JOBS = [(mode, ranks) for mode in MISTAKES for ranks in MISTAKE_RANKS]
@@ -229,7 +235,7 @@ def test_mistake(mode, ranks):
     marks = [float(t) for t in re.findall(rf"\[fault\] rank \d+ {mode} at ([0-9.]+)", output)]
     assert len(marks) == ranks, f"{where}: {len(marks)} ranks made the mistake\n{output[-3000:]}"
     for r in range(ranks):
-        said = "MismatchError (found at exit): " if mode.endswith("_last") else "MismatchError: "
+        said = next((v for k, v in SAYS.items() if mode.endswith(k)), "MismatchError: ")
         lines = [
             line for line in output.splitlines() if f"[rank {r}] minipar.errors.{said}" in line
         ]

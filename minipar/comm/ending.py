@@ -163,11 +163,13 @@ def difference(a, b) -> str:
     return signature.missing_text(name, b[4], a[3], extra[0][1], b[3], why)
 
 
-def report(world, texts, reason: str) -> None:
-    """Print this rank's verdicts at exit, each as the error it is (with the rank)."""
+def report(world, texts, reason: str, ends: bool = True) -> None:
+    """Print this rank's verdicts, each as the error it is, with the rank (finalize() raises
+    after, at a point where the rank is no longer known; `ends`: the exit's last words)."""
     me = world.global_ranks[world.rank]
     for text in texts:
         sys.stderr.write(f"[rank {me}] minipar.errors.MismatchError (found at {reason}): {text}\n")
-    sys.stderr.write(f"[rank {me}] minipar: the job made mismatched calls; ending it with "
-                     "status 1\n")  # fmt: skip
+    if ends:
+        sys.stderr.write(f"[rank {me}] minipar: the job made mismatched calls; ending it with "
+                         "status 1\n")  # fmt: skip
     sys.stderr.flush()

@@ -235,6 +235,8 @@ def finalize() -> None:
         process.progress.close()
         process.progress = None
     texts = ending.check(process.world, "finalize()")
+    if texts:
+        ending.report(process.world, texts, "finalize()", ends=False)
     watchdog.shutdown()
     devices.forget()
     process.world = None

@@ -21,6 +21,7 @@ program goes on; `_last`: the script ends right after the mistake, and the exit 
   scatter_src    scatter, every rank passing itself as src (each keeps its own piece)
   other_group    all_reduce on a new group on rank 1, on the default group elsewhere
   own_root_last, scatter_src_last
+  scatter_src_finalize  the script calls minipar.finalize() right after the mistake
 Each rank that catches MismatchError prints "[fault] rank R MismatchError at T" and re-raises.
 Add --debug to run with minipar's cross-rank checks (MINIPAR_DEBUG=1).
 """
@@ -48,6 +49,7 @@ MODES = [
     "leave_early",
 ]
 MISTAKES = ["own_root", "dst", "scatter_src", "other_group", "own_root_last", "scatter_src_last"]
+MISTAKES += ["scatter_src_finalize"]
 MODES += MISTAKES
 
 
@@ -101,6 +103,8 @@ def mistake(mode: str, world) -> None:
             minipar.all_reduce(np.ones(8), group=other if r == FAULTY else None)
         if mode.endswith("_last"):
             return  # the script ends here: the ranks compare their calls at exit
+        if mode.endswith("_finalize"):
+            minipar.finalize()  # the ranks compare their calls: it raises on every rank
         minipar.barrier()
     except MismatchError:
         print(f"[fault] rank {r} MismatchError at {time.time():.3f}", file=sys.stderr, flush=True)
