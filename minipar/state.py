@@ -14,7 +14,7 @@ it in one place (runtime/world.py). Each field is filled by the layer that owns 
 | local_rank(_source), device | this rank's place on its node, its GPU | runtime/devices.py |
 | progress          | the thread that runs async collectives         | collectives/work.py   |
 | watchdog          | the thread that finds mismatched calls         | comm/watchdog.py      |
-| mismatch_after    | seconds a collective waits, then asks its peers | init(mismatch_after=)|
+| mismatch_after    | seconds a collective waits, then asks peers    | init(mismatch_after=) |
 | stalls            | the waits that have lasted, by thread          | comm/stall.py         |
 | groups            | every group of the world, by group id (weak)   | comm/base.py          |
 | ending            | the comparison of the calls at the job's end   | comm/ending.py        |

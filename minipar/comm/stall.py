@@ -68,8 +68,8 @@ class Stall:
         process.stalls[self.thread] = self
 
     def poll(self, pending, elapsed: float) -> None:
-        """Ask the peers still awaited once the wait has lasted mismatch_after (again every
-        ASK_AGAIN), read the answers that came, and judge them."""
+        """Ask the peers still awaited once the wait has lasted mismatch_after (again ASK_AGAIN
+        after an answer, then twice as long each time), read the answers that came, judge them."""
         if self.entry is None:
             return  # not a collective call: nobody is asked
         now = time.monotonic()
