@@ -15,6 +15,10 @@ it in one place (runtime/world.py). Each field is filled by the layer that owns 
 | local_rank(_source), device | this rank's place on its node, its GPU | runtime/devices.py |
 | progress          | the thread that runs async collectives         | collectives/work.py   |
 | watchdog          | the thread that finds mismatched calls         | comm/watchdog.py      |
+| mismatch_after    | seconds a collective waits, then asks peers    | init(mismatch_after=) |
+| stalls            | the waits that have lasted, by thread          | comm/stall.py         |
+| groups            | every group of the world, by group id (weak)   | comm/base.py          |
+| ending            | the comparison of the calls at the job's end   | comm/ending.py        |
 | exit_check        | the world watched at exit (a rank leaving)     | comm/leaving.py       |
 | traces            | the open `with minipar.trace()` ledgers        | comm/ledger.py        |
 | run_trace         | the whole run's trace (`minipar run --trace`)  | runtime/run_trace.py  |
@@ -47,6 +51,10 @@ class ProcessState:
         self.device = None
         self.progress = None
         self.watchdog = None
+        self.mismatch_after = 1.0
+        self.stalls: dict = {}  # thread ident -> the stall.Stall it is waiting in
+        self.groups: dict = {}  # group id -> weakref.ref to the Communicator
+        self.ending = None
         self.exit_check = None
         self.traces: list = []
         self.run_trace = None

@@ -117,6 +117,9 @@ def run_call(
         except SystemExit as leaving:  # the others could never finish this call: end the job
             runtime.exit_inside_collective(call, leaving)
             raise
+        except MiniparError:  # the program hears of it (a wait on shared windows, say):
+            comm._told = True  # the end-of-job comparison leaves this group be (comm/ending.py)
+            raise
         if finish is not None:
             finish()
 
@@ -155,6 +158,7 @@ def _check_same_call(comm, fingerprint) -> None:
         return
     inbox[comm.rank] = mine
     seen = [_decode(inbox[q]) for q in range(comm.size)]
+    comm._told = True  # the program is told: the end-of-job comparison leaves this group be
     raise MismatchError(_mismatch_message(comm.name, seen))
 
 
