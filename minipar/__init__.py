@@ -5,26 +5,28 @@
     minipar.all_reduce(x, algorithm="ring")
     with minipar.trace() as t: ...
 
-`import minipar` is light (no torch, no MPI, no numpy): each name below is loaded on first use.
+`import minipar` is light (no torch, no MPI, no numpy): each name below is loaded on first use,
+from the layer that defines it (the README's map of the package says which folder is which).
 """
 
 from __future__ import annotations
 
-from minipar import lazy
+import importlib
+import sys
 
 __version__ = "0.1.0"
 
 _LAZY = {
     # runtime
-    "init": "minipar.runtime",
-    "finalize": "minipar.runtime",
-    "is_initialized": "minipar.runtime",
-    "get_rank": "minipar.runtime",
-    "get_world_size": "minipar.runtime",
-    "get_backend": "minipar.runtime",
-    "new_group": "minipar.runtime",
-    "device": "minipar.devices",
-    "local_rank": "minipar.devices",
+    "init": "minipar.runtime.world",
+    "finalize": "minipar.runtime.world",
+    "is_initialized": "minipar.runtime.world",
+    "get_rank": "minipar.runtime.world",
+    "get_world_size": "minipar.runtime.world",
+    "get_backend": "minipar.runtime.world",
+    "new_group": "minipar.runtime.world",
+    "device": "minipar.runtime.devices",
+    "local_rank": "minipar.runtime.devices",
     # collectives
     "broadcast": "minipar.collectives.api",
     "all_reduce": "minipar.collectives.api",
@@ -52,40 +54,61 @@ _LAZY = {
     "scatter_object_list": "minipar.collectives.objects",
     "all_to_all": "minipar.collectives.lists",
     "reduce_scatter": "minipar.collectives.lists",
-    "get_group_rank": "minipar.runtime",
-    "get_global_rank": "minipar.runtime",
-    "get_process_group_ranks": "minipar.runtime",
-    "group": "minipar.runtime",
-    "GroupMember": "minipar.runtime",
-    "init_process_group": "minipar.process_group",
-    "destroy_process_group": "minipar.process_group",
-    "is_available": "minipar.process_group",
+    "get_group_rank": "minipar.runtime.world",
+    "get_global_rank": "minipar.runtime.world",
+    "get_process_group_ranks": "minipar.runtime.world",
+    "group": "minipar.runtime.world",
+    "GroupMember": "minipar.runtime.world",
+    "init_process_group": "minipar.runtime.process_group",
+    "destroy_process_group": "minipar.runtime.process_group",
+    "is_available": "minipar.runtime.process_group",
     # the rest
-    "ReduceOp": "minipar.ops",
-    "trace": "minipar.ledger",
+    "ReduceOp": "minipar.collectives.reduce_op",
+    "reduce_op": "minipar.collectives.reduce_op",  # torch's old name of ReduceOp
+    "trace": "minipar.comm.ledger",
     "MiniparError": "minipar.errors",
     "CommTimeoutError": "minipar.errors",
     "MessageSizeError": "minipar.errors",
     "MismatchError": "minipar.errors",
     "NotInitializedError": "minipar.errors",
     # launching from a Python session or notebook; the MPI set-up diagnosed
-    "launch": "minipar.notebook",
+    "launch": "minipar.launcher.notebook",
     "RankError": "minipar.errors",
     "MPISetupError": "minipar.errors",
 }
 _SUBMODULES = {
-    "cost",
-    "comm",
-    "collectives",
-    "buffers",
-    "ops",
-    "errors",
-    "runtime",
-    "parallel",
-    "ledger",
+    # the layers, bottom up (each imports only from the ones before it)
+    "errors": "minipar.errors",
+    "state": "minipar.state",
+    "cost": "minipar.cost",
+    "comm": "minipar.comm",
+    "runtime": "minipar.runtime",
+    "launcher": "minipar.launcher",
+    "collectives": "minipar.collectives",
+    "parallel": "minipar.parallel",
+    "models": "minipar.models",
+    "planning": "minipar.planning",
+    "exercises": "minipar.exercises",
+    # where three helpers lived before the layers had folders
+    "buffers": "minipar.comm.buffers",
+    "ledger": "minipar.comm.ledger",
+    "ops": "minipar.collectives.reduce_op",
 }
 
 __all__ = sorted(_LAZY) + sorted(_SUBMODULES)
 
 
-__getattr__, __dir__ = lazy.attributes(__name__, _LAZY, _SUBMODULES)
+def __getattr__(name: str):
+    """PEP 562: a name loads its module (and so numpy, mpi4py or torch) the first time it is
+    used, and is then kept in this package; a layer is imported on first access."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        setattr(sys.modules[__name__], name, value)
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(_SUBMODULES[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

@@ -8,6 +8,12 @@ class MiniparError(RuntimeError):
 class NotInitializedError(MiniparError):
     """A collective or query was called before `minipar.init()` or after `finalize()`."""
 
+    def __init__(self, message: str = ""):
+        super().__init__(
+            message
+            or "minipar is not initialised: call minipar.init() first (and not after finalize())"
+        )
+
 
 class CommTimeoutError(MiniparError, TimeoutError):
     """A wait ran past the group's timeout. The message names what was awaited and from whom."""
@@ -23,7 +29,7 @@ class MismatchError(MiniparError):
 
 class MPISetupError(MiniparError):
     """The MPI set-up is wrong before any message moves: no MPI library, or a launcher from
-    another MPI than the library mpi4py loaded (see minipar.mpisetup)."""
+    another MPI than the library mpi4py loaded (see minipar.comm.mpisetup)."""
 
 
 class RankError(MiniparError):

@@ -8,9 +8,9 @@ efficiency and per-op cost of a dense step of the tiny GPT (planner.measure_comp
 each number of ranks the layouts use, the seconds per message-step and per byte of a step with
 that many ranks and the share of a core each gets computing the tiny GPT
 (minipar.bench.step_latency with gpt_work). Then for each dp x tp x pp layout: `minipar train
---json` (launched on dp*tp*pp ranks), and minipar.planner.evaluate for the same layout on the
-"cpu" cluster twice: "old", the matmul rate shared among the ranks (planner.shared_cores), and
-"new", calibrated (planner.calibrated_cpu: the measured efficiency, per-op cost and share of a
+--json` (launched on dp*tp*pp ranks), and minipar.planning.planner.evaluate for the same layout
+on the "cpu" cluster twice: "old", the matmul rate shared among the ranks (planner.shared_cores),
+and "new", calibrated (planner.calibrated_cpu: the measured efficiency, per-op cost and share of a
 core per rank, and every message-step on the critical path at the measured cost). Prints a
 markdown table (min / median / max of the measured steps, the first step excluded) for docs/.
 Run it on a quiet machine; `--json PATH` also keeps every number.
@@ -27,9 +27,10 @@ import subprocess
 import sys
 import tempfile
 
-from minipar import launcher, planner
+from minipar import launcher
 from minipar.bench import step_latency
-from minipar.step_messages import message_steps
+from minipar.planning import planner
+from minipar.planning.step_messages import message_steps
 
 
 def measure(dp: int, tp: int, pp: int, microbatches: int, steps: int) -> dict:

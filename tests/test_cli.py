@@ -114,7 +114,7 @@ def test_import_scan_sees_every_spelling():
         ("from minipar.cli.train import main", "minipar"),
         ("from . import cli", "minipar"),
         ("from .cli import run", "minipar"),
-        ("from ..cli import lesson", "minipar.lessons"),
+        ("from ..cli import lesson", "minipar.course"),
         ("from ... import cli", "minipar.parallel.tensor"),
         ("importlib.import_module('minipar.cli.tour')", "minipar"),
     ]
@@ -182,7 +182,7 @@ def test_run_two_ranks_exit_zero_and_both_ranks_speak(tmp_path):
 
 @pytest.mark.own_job
 def test_run_module_on_four_ranks():
-    done = minipar("run", "-n", "4", "-m", "minipar.demos.smoke")
+    done = minipar("run", "-n", "4", "-m", "minipar.course.demos.smoke")
     assert done.returncode == 0, done.stderr
     facts = json.loads(done.stdout.split("MINIPAR_SMOKE ", 1)[1].splitlines()[0])
     assert facts["size"] == 4 and facts["ring_ok"] and facts["all_reduce_ok"]
@@ -238,9 +238,9 @@ def test_run_bad_arguments(args, message, capsys):
 
 
 def test_run_dry_run_prints_mpiexec_line(capsys):
-    assert cli.main(["run", "-n", "3", "--dry-run", "-m", "minipar.demos.smoke"]) == 0
+    assert cli.main(["run", "-n", "3", "--dry-run", "-m", "minipar.course.demos.smoke"]) == 0
     line = capsys.readouterr().out.strip()
-    assert "mpiexec" in line and "-n 3" in line and line.endswith("-m minipar.demos.smoke")
+    assert "mpiexec" in line and "-n 3" in line and line.endswith("-m minipar.course.demos.smoke")
 
 
 # -- doctor -----------------------------------------------------------------------------------

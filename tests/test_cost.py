@@ -6,7 +6,9 @@ import math
 
 import pytest
 
-from minipar import cost, roofline
+from minipar import cost
+from minipar.cost import roofline
+from minipar.state import process
 
 GiB = 1 << 30
 GRADIENTS_7B_BF16 = 7e9 * 2  # bytes
@@ -16,7 +18,7 @@ GRADIENTS_7B_BF16 = 7e9 * 2  # bytes
 def fresh_default(monkeypatch):
     """Each test starts with no default link chosen (and no MINIPAR_LINK)."""
     monkeypatch.delenv(cost.LINK_ENV, raising=False)
-    monkeypatch.setattr(cost, "_default", [None])
+    monkeypatch.setattr(process, "links", {})
 
 
 def test_presets_are_real_links_with_sources():

@@ -4,8 +4,8 @@ no ranks), modulo the visible GPUs; and the staged path's chunk arithmetic."""
 import pytest
 
 import minipar
-from minipar import devices
 from minipar.comm import staging
+from minipar.runtime import devices
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from minipar import exercises
 from minipar.cli import grade
+from minipar.course import exercises
 
 SAMPLE = '''\
 def f(x):

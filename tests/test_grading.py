@@ -12,8 +12,8 @@ import xml.etree.ElementTree as ET
 import pytest
 from conftest import ranks_suite
 
-from minipar import exercises, gradebook, whose
 from minipar.cli import grade
+from minipar.course import exercises, gradebook, whose
 from minipar.testing import harness
 
 SUITE = ranks_suite("grading.py")
@@ -206,7 +206,7 @@ def test_whose_words():
 def test_classify_keeps_the_explanation_apart():
     error = AssertionError(
         'x failed:\n--- rank 1 ---\nTraceback (most recent call last):\n  File "a.py"\n'
-        "minipar.stepdiff.ExplainedError: AssertionError: rank 1, element 4: holds X\n"
+        "minipar.course.stepdiff.ExplainedError: AssertionError: rank 1, element 4: holds X\n"
         f"{grade.SENTINEL}\nall-gather step 0: rank 0 sent chunk 1 (x[4:8]) to rank 1\n"
         "  rank  yours\nMessageSizeError: looks like an error line\n--- rank 2 ---\nother"
     )
@@ -220,7 +220,7 @@ def test_classify_keeps_the_explanation_apart():
 def test_lesson_03_shows_the_tables_the_grader_prints():
     """Lesson 03's graded example is what stepdiff renders for the lesson's planted bug (the last
     all-gather step sends chunk r-s+1) on 2 ranks, 4 elements per chunk."""
-    from minipar.stepdiff import Message, Notes, Side, Where, explanation
+    from minipar.course.stepdiff import Message, Notes, Side, Where, explanation
 
     def chunk(c):
         return Where("x", 4 * c, 4 * c + 4, c)
@@ -248,7 +248,7 @@ def test_lesson_03_shows_the_tables_the_grader_prints():
 def test_locate_names_the_part_of_the_buffer():
     import numpy as np
 
-    from minipar.stepdiff import Where, locate
+    from minipar.course.stepdiff import Where, locate
 
     x, out = np.zeros(10), np.zeros(10)
     bases = {"x": x, "out": out}

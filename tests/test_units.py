@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from minipar import cost, ops
+from minipar import cost
 from minipar.collectives import double_tree, layout, registry, ring
+from minipar.collectives import reduce_op as ops
 
 
 @pytest.mark.parametrize("n,p", [(10, 4), (0, 3), (7, 7), (5, 8), (1031, 6)])

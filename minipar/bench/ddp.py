@@ -21,6 +21,9 @@ import statistics
 import sys
 import time
 
+import minipar
+from minipar import launch
+
 WIDTHS = (1024, 2048, 2048, 1024, 1024)  # 9.44M parameters
 BATCH = 32
 
@@ -39,8 +42,6 @@ def build():
 def timed_steps(model, steps: int, sync=None) -> list[float]:
     """Seconds per step of the slowest rank (a barrier starts each step)."""
     import torch
-
-    import minipar
 
     x = torch.randn(BATCH, WIDTHS[0])
     times = []
@@ -66,6 +67,7 @@ def memory(comm) -> dict:
     """Bytes of model state on this rank after one AdamW step, per strategy, and the formula."""
     import torch
 
+    # here, not at the top of the file: torch and numpy load only when used
     from minipar.parallel import (
         DistributedDataParallel,
         FullyShardedDataParallel,
@@ -109,7 +111,7 @@ def ranks(out_path: str, repeat: int, steps: int) -> None:
     import torch
     from mpi4py import MPI
 
-    import minipar
+    # here, not at the top of the file: torch and numpy load only when used
     from minipar.comm.torch import init_from_mpi
     from minipar.parallel import DistributedDataParallel
 
@@ -140,8 +142,6 @@ def main(args) -> int:
 
     from rich.console import Console
     from rich.table import Table
-
-    from minipar import launch
 
     console = Console()
     console.width = max(console.width, 110)

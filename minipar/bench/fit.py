@@ -20,6 +20,10 @@ import os
 import socket
 import time
 
+import minipar
+from minipar import cost
+from minipar.cost import roofline
+
 SMALL, LARGE = 16 << 20, 64 << 20  # beyond the caches: collectives stream from memory
 FIT_SIZES = [1 << k for k in range(20, 27)]  # 1 MiB .. 64 MiB: where the model must hold
 
@@ -64,8 +68,6 @@ def _all_reduce_time(timer, algorithm: str, nbytes: int, iters: int, typical=Tru
     (float32), each iteration timed as bench times a row's: from a barrier, the slowest rank's
     time. The median is what bench's rows report and the model is judged against."""
     import numpy as np
-
-    import minipar
 
     x = np.ones(max(1, nbytes // 4), np.float32)
     minipar.all_reduce(x, algorithm=algorithm)  # scratch and windows grow here, untimed
@@ -115,8 +117,6 @@ def fit_ring(comm, timer, algorithm: str, traffic, alpha: float, gamma: float):
 
 
 def _reduce_rate(timer, nbytes: int) -> float:
-    from minipar import roofline
-
     _, add_rate = roofline.kernel_rates(nbytes, "float32", timer.barrier, timer.max_over_ranks)
     return add_rate
 
@@ -125,7 +125,6 @@ def measure(comm, timer) -> dict:
     """alpha, beta, gamma (seconds, s/byte, s/byte) and the raw measurements, on every rank."""
     if comm.size < 2:
         raise ValueError("--fit needs at least 2 ranks (it times messages between two of them)")
-    from minipar import cost
 
     alpha = _pair_times(comm, timer, 8, 500, exchange=False)
     small = _pair_times(comm, timer, SMALL, 10, exchange=True)
@@ -157,7 +156,7 @@ def measure_shm(comm, timer, gamma: float | None = None) -> dict | None:
     waits), beta fitted to its all-reduces of 1 to 64 MiB as for MPI (fit_ring, over the bytes
     the schedule copies), gamma `measure`'s (measured here if not given); None when this group
     cannot share memory."""
-    from minipar import cost
+    # here, not at the top of the file: numpy loads only when used
     from minipar.comm import shm
 
     if shm.node_of(comm, "bench --fit") is None:
@@ -174,8 +173,6 @@ def measure_shm(comm, timer, gamma: float | None = None) -> dict | None:
 
 
 def as_shm_link(fit: dict):
-    from minipar import cost
-
     source = f"minipar bench --fit (shared windows), {fit['ranks']} ranks on {fit['host']}"
     name = f"fitted-shm:{fit['host']}"
     return cost.Link(name, fit["shm_alpha"], fit["shm_beta"], fit["shm_gamma"], source)
@@ -188,8 +185,6 @@ def shm_path(path: str) -> str:
 
 
 def as_link(fit: dict):
-    from minipar import cost
-
     source = f"minipar bench --fit, {fit['ranks']} ranks on {fit['host']}, {fit['date']}"
     return cost.Link(f"fitted:{fit['host']}", fit["alpha"], fit["beta"], fit["gamma"], source)
 

@@ -9,6 +9,7 @@ DDP uses all-reduce: minipar and torch are in place by design, MPI gets MPI_IN_P
 
 from __future__ import annotations
 
+import minipar
 from minipar.bench.spec import ITEMSIZE
 
 
@@ -87,8 +88,6 @@ def _floor(collective, count, dtype, ctx):
 
 
 def _minipar(collective, algorithm, count, block, dtype, ctx):
-    import minipar
-
     p, root = ctx.size, 0
     x = _buffer(count, dtype)
     small = _buffer(block, dtype)

@@ -21,13 +21,16 @@ import sys
 import tempfile
 import time
 
+import minipar
+from minipar import launcher
+
 WIDTH, LAYERS_PER_STAGE, BATCH, M, STEPS = 512, 2, 256, 8, 7
 OURS = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)]
 THEIRS = ["GPipe", "1F1B"]
 
 
 def main(args) -> int:
-    from minipar import launcher
+    # here, not at the top of the file: rich loads only when used
     from minipar.term import Console
 
     console = Console()
@@ -96,6 +99,7 @@ def _time_steps(w, step) -> list[float]:
 def _ours(w, name: str, v: int, x, y) -> dict:
     import torch.nn.functional as F
 
+    # here, not at the top of the file: torch and numpy load only when used
     from minipar.parallel.pipeline import Pipeline, Timeline, split
     from minipar.parallel.pipeline import schedules as S
     from minipar.parallel.pipeline import verify as V
@@ -115,6 +119,7 @@ def _ours(w, name: str, v: int, x, y) -> dict:
 
 
 def _letter(ins) -> str:
+    # here, not at the top of the file: torch and numpy load only when used
     from minipar.parallel.pipeline.timeline import LETTERS
 
     return LETTERS[type(ins).__name__]
@@ -136,6 +141,7 @@ def _theirs(w, kind: str, x, y) -> dict:
     import torch.nn.functional as F
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+    # here, not at the top of the file: torch and numpy load only when used
     from minipar.parallel.pipeline import split
 
     p, r = w.size, w.rank
@@ -158,7 +164,7 @@ def ranks_main(out: str) -> None:
     import torch
     from mpi4py import MPI
 
-    import minipar
+    # here, not at the top of the file: numpy loads only when used
     from minipar.comm.torch import init_from_mpi
 
     w = minipar.init()

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from minipar.bench import report
+
 
 def busbw(rows: list[dict], path: str, head: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from minipar.bench import report
 
     collectives = list(dict.fromkeys(r["collective"] for r in rows))
     fig, axes = plt.subplots(

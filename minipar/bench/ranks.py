@@ -16,8 +16,11 @@ import os
 import platform
 import sys
 
-from minipar.bench import ops, spec
+import minipar
+from minipar import cost, launcher
+from minipar.bench import fit, ops, spec
 from minipar.bench.timing import Timer
+from minipar.cost import roofline
 
 
 class Out:
@@ -35,8 +38,8 @@ class Out:
 def header(comm, dist) -> dict:
     from mpi4py import MPI
 
-    from minipar import launcher
-    from minipar.collectives import transport
+    # here, not at the top of the file: numpy loads only when used
+    from minipar.collectives.fast import routing
 
     torch = sys.modules.get("torch")
     return {
@@ -50,7 +53,7 @@ def header(comm, dist) -> dict:
         "oversubscribed": comm.size > launcher.cores(),
         "host": platform.node(),
         "load": list(os.getloadavg()),  # other processes' load: noise in every number
-        "transport": transport.describe(comm),
+        "transport": routing.describe(comm),
     }
 
 
@@ -67,7 +70,9 @@ def cells(collective: str, job: dict):
 def one_size(out, timer, ctx, job, collective: str, nbytes: int) -> None:
     """Every cell of one size: build each op (or skip it, on every rank), then time them all,
     taking turns (timing.py)."""
-    from minipar.collectives import registry, transport
+    # here, not at the top of the file: numpy loads only when used
+    from minipar.collectives import registry
+    from minipar.collectives.fast import routing
 
     ops_by_cell, where = {}, {"collective": collective, "nbytes": nbytes}
     for impl, algorithm in cells(collective, job):
@@ -86,15 +91,13 @@ def one_size(out, timer, ctx, job, collective: str, nbytes: int) -> None:
         if impl == "minipar":  # what runs: auto's pick, and the transport it goes over
             chosen = registry.pick(collective, algorithm, nbytes, ctx.size)[0]
             buf = ops.probe_buffer(nbytes, job["dtype"])
-            chosen = transport.choice(ctx.comm, collective, chosen, nbytes, buf)
+            chosen = routing.choice(ctx.comm, collective, chosen, nbytes, buf)
             if chosen != algorithm:
                 extra["chosen"] = chosen
         out.emit("row", implementation=impl, algorithm=algorithm, times=ts, **where, **extra)
 
 
 def sweep(out, timer, ctx, job) -> None:
-    from minipar import roofline
-
     p, itemsize = ctx.size, spec.ITEMSIZE[job["dtype"]]
     kernel_dtype = job["dtype"] if job["dtype"] != "bfloat16" else "float16"
     for collective in job["collectives"]:
@@ -112,15 +115,13 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     with open(argv[0]) as f:
         job = json.load(f)
-    import minipar
-    from minipar import cost
-    from minipar.bench import fit
 
     comm = minipar.init(backend="mpi")
     out, timer, dist = Out(argv[1], comm.rank), Timer(comm, comm.mpi), None
     if "torch" in job["against"]:
         import torch.distributed
 
+        # here, not at the top of the file: numpy loads only when used
         from minipar.comm.torch import init_from_mpi
 
         init_from_mpi(comm.mpi, "gloo", timeout=comm.timeout)

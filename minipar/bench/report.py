@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import statistics
 
-from minipar import cost, roofline
+from minipar import cost
 from minipar.bench import spec
+from minipar.cost import roofline
 
 KEYS = ["collective", "algorithm", "implementation", "world_size", "nbytes", "dtype",
         "time_s_median", "time_s_min", "time_s_max", "algbw_GBps", "busbw_GBps", "predicted_s",

@@ -35,16 +35,17 @@ import sys
 import tempfile
 import time
 
+import minipar
+from minipar import cost, launcher, runtime
+
 SMALL, LARGE_PER_STEP = 8, 32 << 10  # bytes: a whole small call; a large call's bytes per step
-SLEEP = 0.5  # seconds the other ranks sleep while rank 0 computes alone
+SLEEP = 0.5  # seconds (at least) the other ranks sleep while rank 0 computes alone
 
 
 def _block_seconds(x, group, calls: int, blocks: int, work=None) -> list[float]:
     """The slowest rank's time for `calls` ring all-reduces of x (None: none), each after a
     block of `work` (None: none), `blocks` times."""
     import numpy as np
-
-    import minipar
 
     worst, times = np.zeros(1), []
     for _ in range(2 if x is not None else 0):  # warm up: the first calls allocate, pick tags
@@ -71,8 +72,6 @@ def time_per_step(group=None, calls: int = 10, blocks: int = 5, work=None) -> di
     rank, and alpha is the time those blocks take beyond the same work without the all-reduces,
     per step (a peer busy computing hands the core over later than an idle one)."""
     import numpy as np
-
-    import minipar
 
     p = minipar.get_world_size(group)
     if p < 2:
@@ -122,6 +121,7 @@ def gpt_work(reps: int = 4):
     sequence: what a rank computes, with its Python and its cache traffic (loads torch)."""
     import torch
 
+    # here, not at the top of the file: torch loads only when used
     from minipar.models.config import GPTConfig
     from minipar.models.gpt import build_gpt, lm_loss
 
@@ -145,10 +145,9 @@ def compute_share(group=None, work=None, blocks: int = 3, repeat: int = 4) -> fl
     share the cores, or when the ranks' working sets crowd each other out of the caches."""
     import numpy as np
 
-    import minipar
-
     work, rank = work or matmul_work(), minipar.get_rank(group)
     worst, alone, together = np.zeros(1), [], []
+    nap = _nap(group, work, rank, repeat)
     for _ in range(blocks):
         for every in (False, True):
             minipar.barrier(group=group)
@@ -157,19 +156,35 @@ def compute_share(group=None, work=None, blocks: int = 3, repeat: int = 4) -> fl
                 for _ in range(repeat):
                     work()
             else:
-                time.sleep(SLEEP)  # longer than rank 0's block: rank 0 has the core alone
+                time.sleep(nap)  # longer than rank 0's block: rank 0 has the core alone
             worst[0] = time.perf_counter() - start if every or rank == 0 else 0.0
             minipar.all_reduce(worst, op=minipar.ReduceOp.MAX, group=group)
             (together if every else alone).append(float(worst[0]))
-    if min(alone) >= SLEEP:
+    if min(alone) >= nap:
         raise RuntimeError(f"the work took {min(alone):.2f} s alone: too slow to measure")
     return min(1.0, min(alone) / statistics.median(together))
 
 
+def _nap(group, work, rank: int, repeat: int) -> float:
+    """How long the other ranks sleep while rank 0 computes alone: SLEEP, or three times what
+    rank 0's block takes on this machine now (timed once, all ranks told), if that is longer:
+    on a loaded machine a block outlasts a fixed nap and the measurement would be void."""
+    import numpy as np  # here, not at the top of the file: numpy loads only when measuring
+
+    took = np.zeros(1)
+    minipar.barrier(group=group)
+    if rank == 0:
+        start = time.perf_counter()
+        work()
+        took[0] = time.perf_counter() - start
+    else:
+        time.sleep(SLEEP)
+    minipar.all_reduce(took, op=minipar.ReduceOp.MAX, group=group)
+    return max(SLEEP, 3 * repeat * float(took[0]))
+
+
 def as_link(result: dict, cores: int):
     """The measurement as a cost.Link (gamma: the default shared-memory link's)."""
-    from minipar import cost
-
     source = (
         f"minipar.bench.step_latency: ring all-reduces of {result['bytes']} B, "
         f"{result['ranks']} ranks on {cores} cores"
@@ -181,8 +196,6 @@ def as_link(result: dict, cores: int):
 def measure(ranks: int, path: str | None = None, timeout: float = 300, gpt: bool = False):
     """Launch `ranks` ranks, time their message-steps and compute share (with gpt_work if
     `gpt`, else matmul_work): (the Link, every measured number), saved at `path`."""
-    from minipar import cost, launcher
-
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
         raise ValueError(f"ranks must be an integer >= 2, got {ranks!r}")
     path = path or os.path.join(tempfile.mkdtemp(prefix="minipar-steps-"), "link.json")
@@ -201,15 +214,12 @@ USAGE = "usage: python -m minipar.bench.step_latency N LINK.json [--gpt]"
 def main(argv: list[str]) -> int:
     """From a shell: launch N ranks (measure). Under mpiexec: every rank measures, rank 0
     writes the link to LINK.json."""
-    import minipar
-    from minipar import cost, launcher, runtime
-
     gpt = "--gpt" in argv
     argv = [a for a in argv if a != "--gpt"]
     if len(argv) != 2 or not argv[0].isdigit():
         print(USAGE, file=sys.stderr)
         return 2
-    if not any(name in os.environ for name in runtime._MPI_ENV):
+    if not any(name in os.environ for name in runtime.world.MPI_ENV):
         link, measured = measure(int(argv[0]), argv[1], gpt=gpt)
         rate = 1 / link.beta / 1e6 if link.beta else float("inf")
         print(

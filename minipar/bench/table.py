@@ -6,6 +6,7 @@ from rich import box
 from rich.panel import Panel
 from rich.table import Table
 
+from minipar import cost
 from minipar.bench import fit, report
 from minipar.bench.spec import format_size
 
@@ -87,8 +88,6 @@ def rows_table(console, rows: list[dict], collective: str) -> None:
 
 
 def fit_panel(console, measured: dict, rows: list[dict], link) -> None:
-    from minipar import cost
-
     p = measured["ranks"]
     lines = [
         f"alpha  {measured['alpha'] * 1e6:.1f} µs per step (fitted to the ring, 1-64 MiB; an "

@@ -23,6 +23,10 @@ import json
 import statistics
 import sys
 
+import minipar
+from minipar import launcher
+from minipar.bench.timing import Timer
+
 BATCH, SEQ, HIDDEN, FFN, HEADS = 2, 128, 512, 2048, 8
 
 
@@ -36,6 +40,7 @@ def build(kind: str, mesh, group=None, shape=None):
         parallelize_module,
     )
 
+    # here, not at the top of the file: torch and numpy load only when used
     from minipar.parallel import tensor as tp
 
     batch, seq, hidden, ffn, heads = shape or (BATCH, SEQ, HIDDEN, FFN, HEADS)
@@ -73,8 +78,7 @@ def rank_main(out_path: str, iters: int) -> None:
     from mpi4py import MPI
     from torch.distributed.device_mesh import init_device_mesh
 
-    import minipar
-    from minipar.bench.timing import Timer
+    # here, not at the top of the file: numpy loads only when used
     from minipar.comm.torch import init_from_mpi
 
     world = minipar.init(backend="mpi")
@@ -129,7 +133,7 @@ def main(args) -> int:
 
     from rich.table import Table
 
-    from minipar import launcher
+    # here, not at the top of the file: rich loads only when used
     from minipar.term import Console
 
     console = Console()

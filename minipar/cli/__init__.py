@@ -21,6 +21,7 @@ import importlib.util
 import sys
 
 import minipar
+from minipar.errors import MPISetupError
 
 # name -> (module, one-line summary); the order is the order of `minipar --help`
 COMMANDS = {
@@ -120,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    from minipar.errors import MPISetupError
 
     try:
         status = args._main(args)

@@ -13,7 +13,8 @@ import tempfile
 import threading
 import time
 
-from minipar.bench import spec
+from minipar import cost, launcher
+from minipar.bench import context, ddp, fit, moe, pipeline, plot, ranks, report, spec, tp
 
 EPILOG = """\
 examples:
@@ -25,6 +26,8 @@ examples:
   minipar bench tp                    tensor-parallel MLP and attention against torch's
   minipar bench pp                    pipeline schedules against torch.distributed.pipelining
   minipar bench ddp --repeat 5        DDP step vs torch DDP; DDP/ZeRO-1/FSDP memory per rank
+  minipar bench cp --json cp.json     ring and Ulysses attention on 2 ranks vs dense on one
+  minipar bench moe -n 4              the MoE layer at ep = 4 vs every expert local
 
 Times are the median (min, max) over iterations of the slowest rank's time; each iteration
 starts at a barrier. busbw follows nccl-tests (all-reduce: algbw x 2(n-1)/n). With more ranks
@@ -71,7 +74,9 @@ def default_fit_path() -> str:
 
 def job_spec(args) -> dict:
     """The ranks' instructions, validated here so a typo fails before anything launches."""
-    from minipar.collectives import registry, transport
+    # here, not at the top of the file: numpy loads only when used
+    from minipar.collectives import registry
+    from minipar.collectives.fast import routing
 
     collectives = spec.parse_collectives(args.collective)
     against = [] if args.against in ("none", "") else args.against.split(",")
@@ -80,7 +85,7 @@ def job_spec(args) -> dict:
             raise ValueError(f"--against takes mpi and/or torch, got {impl!r}")
     algorithms = {}
     for c in collectives:
-        known = registry.algorithms(c) + transport.bench_variants(c)
+        known = registry.algorithms(c) + routing.bench_variants(c)
         wanted = known if args.algorithms == "all" else args.algorithms.split(",")
         algorithms[c] = [a for a in wanted if a in known]
         if args.algorithms != "all" and not algorithms[c] and len(collectives) == 1:
@@ -100,16 +105,12 @@ def job_spec(args) -> dict:
 
 
 def cell_count(job: dict) -> int:
-    from minipar.bench import ranks
-
     per_size = sum(len(list(ranks.cells(c, job))) for c in job["collectives"])
     return per_size * len(job["sizes"])
 
 
 def launch_job(job: dict, n: int, timeout: float, progress=None) -> tuple[list[dict], object]:
     """Run the ranks; returns (the events rank 0 wrote, the CompletedProcess)."""
-    from minipar import launcher
-
     folder = tempfile.mkdtemp(prefix="minipar-bench-")
     spec_path, out_path = os.path.join(folder, "job.json"), os.path.join(folder, "out.jsonl")
     with open(spec_path, "w") as f:
@@ -151,14 +152,13 @@ def run_with_progress(job: dict, args, console) -> tuple[list[dict], object]:
 
 
 def records(job: dict, events: list[dict], link) -> list[dict]:
-    from minipar.bench import report
-
     return report.records(events, job["dtype"], link)
 
 
 def show(console, job: dict, runs: list[list[dict]], link) -> list[list[dict]]:
     """Print the header and tables of the last run, skips, the fit, and the goals over every
     run; return each run's records."""
+    # here, not at the top of the file: rich loads only when used
     from minipar.bench import table
 
     events = runs[-1]
@@ -183,8 +183,6 @@ def show(console, job: dict, runs: list[list[dict]], link) -> list[list[dict]]:
 
 def run_all(job: dict, args, console):
     """args.repeat jobs (the fit, if asked, in the first); (runs' events, failure message)."""
-    from minipar import cost
-
     runs = []
     for i in range(max(1, args.repeat)):
         events, proc = run_with_progress(dict(job, fit=job["fit"] and i == 0), args, console)
@@ -193,33 +191,28 @@ def run_all(job: dict, args, console):
         if job["fit"] and i == 0:
             os.environ[cost.LINK_ENV] = job["fit_path"]  # later runs' `auto` prices with the fit
             if any("shm_alpha" in e for e in events if e["type"] == "fit"):
-                from minipar.bench import fit
-
                 os.environ[cost.SHM_LINK_ENV] = fit.shm_path(job["fit_path"])
         runs.append(events)
     return runs, None
 
 
 def main(args) -> int:
-    from minipar import cost
-    from minipar.bench import fit
+    # here, not at the top of the file: rich loads only when used
     from minipar.term import Console
 
     if args.collective == "ddp":  # a training step, not a collective: its own module
-        from minipar.bench import ddp
-
         return ddp.main(args)
 
     if args.collective == "tp":  # tensor-parallel layers, not a collective: bench/tp.py
-        from minipar.bench import tp
-
         return tp.main(args)
+    if args.collective == "cp":  # context-parallel attention: bench/context.py
+        return context.main(args)
+    if args.collective == "moe":  # the expert-parallel layer: bench/moe.py
+        return moe.main(args)
     console = Console()
     if not console.is_terminal:  # a file or a pipe: room for every column
         console.width = max(console.width, 150)
     if args.collective == "pp":  # pipeline schedules: their own job (minipar/bench/pipeline.py)
-        from minipar.bench import pipeline
-
         return pipeline.main(args)
     try:
         job = job_spec(args)
@@ -240,8 +233,6 @@ def main(args) -> int:
             json.dump([dict(r, repeat=i) for i, run in enumerate(rows) for r in run], f, indent=1)
         console.print(f"wrote {args.json}")
     if args.plot:
-        from minipar.bench import plot
-
         plot.busbw(rows[-1], args.plot, next(e for e in runs[-1] if e["type"] == "header"))
         console.print(f"wrote {args.plot}")
     return 0

@@ -2,9 +2,9 @@
 
 It looks at the MPI library mpi4py loads (version, flavor, the mpiexec that belongs to it), at
 torch (version, gloo and NCCL, CUDA devices) and at the cores, then launches a 2-rank smoke job
-(minipar.demos.smoke) that sends a message around a ring and all-reduces a vector. Questions only
-an initialised MPI answers (thread level, CUDA-aware transfers) are asked inside that job, so the
-doctor's own process never calls MPI_Init. Exit 0 when minipar can run.
+(minipar.course.demos.smoke) that sends a message around a ring and all-reduces a vector.
+Questions only an initialised MPI answers (thread level, CUDA-aware transfers) are asked inside
+that job, so the doctor's own process never calls MPI_Init. Exit 0 when minipar can run.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import platform
 import sys
 from dataclasses import asdict, dataclass
 
-from minipar import launcher, mpisetup
+from minipar import launcher
+from minipar.comm import mpisetup
 from minipar.errors import MPISetupError
 
 EXAMPLES = """\
@@ -129,10 +130,12 @@ def machine_checks() -> list[Check]:
 
 def smoke_checks(ranks: int = 2, timeout: float = 60) -> list[Check]:
     """Launch the smoke job and turn what its rank 0 printed into checks."""
-    from minipar.demos.smoke import PREFIX
+    # here, not at the top of the file: numpy loads only when used
+    from minipar.course.demos.smoke import PREFIX
 
     try:
-        done = launcher.run(ranks, ["-m", "minipar.demos.smoke"], timeout=timeout, capture=True)
+        smoke = ["-m", "minipar.course.demos.smoke"]
+        done = launcher.run(ranks, smoke, timeout=timeout, capture=True)
     except (FileNotFoundError, ValueError) as error:
         return [Check(f"{ranks}-rank smoke job", "not started", "fail", str(error))]
     lines = [ln for ln in (done.stdout or "").splitlines() if ln.startswith(PREFIX)]
@@ -166,7 +169,8 @@ def device_checks(facts: dict) -> list[Check]:
     share a GPU (allowed: they take turns on it; NCCL would refuse, minipar does not)."""
     if "local_ranks" not in facts:
         return []
-    from minipar import devices
+    # here, not at the top of the file: numpy loads only when used
+    from minipar.runtime import devices
 
     torch = sys.modules.get("torch")
     gpus = torch.cuda.device_count() if torch is not None and torch.cuda.is_available() else 0
@@ -186,6 +190,7 @@ def path_checks(checks: list[Check]) -> list[Check]:
     aware = next((c for c in checks if c.name == "CUDA-aware MPI"), None)
     if aware is None:
         return []
+    # here, not at the top of the file: numpy loads only when used
     from minipar.comm import staging
 
     if aware.value == "yes":
@@ -259,6 +264,7 @@ def main(args) -> int:
         json.dump(report, sys.stdout, indent=2)
         print()
     else:
+        # here, not at the top of the file: rich loads only when used
         from minipar.term import Console
 
         console = Console(highlight=False)

@@ -4,13 +4,14 @@
     minipar exercises --generate      rewrite exercises/ from solutions/ (instructors)
     minipar exercises --check         exit 1 if exercises/ is not what --generate would write
 
-How an exercise is made from its solution, and `register()` that plugs a student's algorithms
-into minipar, are minipar.exercises' (the ranks being graded use them); this is the command's face.
+How an exercise is made from its solution is minipar/course/exercises.py's, and `register()`
+that plugs a student's algorithms into minipar is minipar/exercises.py's (the ranks being graded
+use it); this is the command's face.
 """
 
 from __future__ import annotations
 
-from minipar.exercises import generate, generated, lesson_of, remaining, sources, stale, tree
+from minipar.course.exercises import generate, generated, lesson_of, remaining, sources, stale, tree
 
 EXAMPLES = """\
 examples:
@@ -46,6 +47,7 @@ def configure(parser) -> None:
 
 
 def main(args) -> int:
+    # here, not at the top of the file: rich loads only when used
     from minipar.term import Console
 
     console, err = Console(highlight=False), Console(stderr=True, highlight=False)

@@ -9,8 +9,8 @@
 The tests are tests/test_exercises.py, the same ones CI runs against solutions/; the grader runs
 pytest on them with `--impl` and sorts each test into passed, failed (with the first line of the
 error) or not started (the exercise still raises NotImplementedError). A failed multi-rank test
-also explains itself (minipar.stepdiff): the first step where the student's messages or buffers
-part from the worked solution's, as a table of that step on every rank. Waits time out after
+also explains itself (minipar.course.stepdiff): the first step where the student's messages or
+buffers part from the worked solution's, as a table of that step on every rank. Waits time out after
 GRADE_TIMEOUT seconds (MINIPAR_TIMEOUT overrides it), so a deadlock is named within seconds.
 Exit status 0 only when every test passed.
 """
@@ -24,8 +24,8 @@ import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from minipar import exercises, gradebook
-from minipar.stepdiff import SENTINEL
+from minipar.course import exercises, gradebook
+from minipar.course.stepdiff import SENTINEL
 
 TESTS = Path("tests") / "test_exercises.py"
 GRADE_TIMEOUT = "5"  # seconds any wait may take while grading: a deadlock is named quickly
@@ -39,7 +39,7 @@ class Result:
     test: str  # what was checked, e.g. "values on 4 ranks"
     status: str  # "passed", "failed" or "not started"
     detail: str = ""  # the first line of the error, or the NotImplementedError's hint
-    explanation: str = ""  # where it parted from the solution (minipar.stepdiff), if known
+    explanation: str = ""  # where it parted from the solution (minipar.course.stepdiff), if known
     seconds: float = 0.0
 
 
@@ -273,6 +273,7 @@ def document(results: list[Result], fmt: str, points_path) -> str:
 
 
 def main(args) -> int:
+    # here, not at the top of the file: rich loads only when used
     from minipar.term import Console
 
     console, err = Console(highlight=False), Console(stderr=True, highlight=False)

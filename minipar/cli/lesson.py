@@ -1,7 +1,7 @@
 """`minipar lesson`: list the lessons, run one under the launcher, or print its text.
 
     minipar lesson list                     number, title, ranks, what it shows, status
-    minipar lesson 03                       python -m minipar.lessons.l03_ring_and_tree on 4 ranks
+    minipar lesson 03                       minipar.course.lessons.l03_ring_and_tree on 4 ranks
     minipar lesson 03 -n 8 --quick          more ranks, the short version
     minipar lesson 03 --break wrong-chunk   the lesson's break-it lab
     minipar lesson 03 --read                the lesson's text (lessons/03_ring_and_tree.md)
@@ -16,7 +16,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from minipar.lessons import LESSONS, LessonInfo, find
+from minipar import launcher
+from minipar.course.lessons import LESSONS, LessonInfo, find
 
 EXAMPLES = """\
 examples:
@@ -58,8 +59,6 @@ def run_lesson(
     capture: bool = False,
 ):
     """Run a lesson's module under the launcher; returns the CompletedProcess."""
-    from minipar import launcher
-
     lesson = find(key)
     if not exists(lesson):
         raise ValueError(f"lesson {lesson.number} ({lesson.title}) is not written yet")
@@ -157,6 +156,7 @@ def list_lessons(console) -> None:
 
 
 def main(args) -> int:
+    # here, not at the top of the file: rich loads only when used
     from minipar.term import Console
 
     console, err = Console(highlight=False), Console(stderr=True, highlight=False)

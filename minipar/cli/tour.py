@@ -3,11 +3,11 @@
 The tour is a list of steps run in order. The first ones are minipar's own:
 
     doctor       is MPI, torch and CUDA set up; can two ranks talk?
-    ping-pong    latency and bandwidth between two ranks       (minipar.demos.ping_pong, 2 ranks)
-    ring-shift   who sends what to whom in a ring               (minipar.demos.ring_shift, 4 ranks)
-    all-reduce   six all-reduce algorithms: ledger vs cost model (minipar.demos.all_reduce, 4 ranks)
+    ping-pong    latency and bandwidth between two ranks        (course/demos/ping_pong.py, 2)
+    ring-shift   who sends what to whom in a ring                (course/demos/ring_shift.py, 4)
+    all-reduce   six all-reduce algorithms: ledger vs cost model (course/demos/all_reduce.py, 4)
 
-Then, when `minipar.cli.lesson` exists and has `tour_steps()`, the short version of each lesson.
+Then the short version of each lesson, from `minipar.cli.lesson.tour_steps()`.
 That function returns a list whose items are any of:
 
     Step(name, title, run, text)     run(tour) -> status (this module's own kind of step)
@@ -23,8 +23,6 @@ alone with the command the tour prints.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
 import os
 import subprocess
@@ -34,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from minipar import launcher
+from minipar.cli import doctor, lesson
 
 EXAMPLES = """\
 examples:
@@ -78,8 +77,6 @@ def _takes_quick(module: str) -> bool:
 
 
 def doctor_step(tour: Tour) -> bool:
-    from minipar.cli import doctor
-
     report = doctor.collect(smoke=True, timeout=min(tour.timeout, 60))
     tour.console.print(
         doctor.table(report, title="doctor (minipar doctor for the notes)", notes=False)
@@ -93,17 +90,17 @@ CORE_STEPS = [
         "The MPI library mpi4py loaded, the mpiexec that belongs to it, torch and its backends, "
         "and a 2-rank smoke job: a message around a ring and a small all-reduce.")),
     Step("ping-pong", "Ping-pong: latency and bandwidth",
-         lambda t: t.demo(2, "minipar.demos.ping_pong"), text=(
+         lambda t: t.demo(2, "minipar.course.demos.ping_pong"), text=(
         "Two ranks bounce a buffer back and forth. Small messages cost a fixed alpha (latency); "
         "large ones approach the link's bandwidth 1/beta. Every cost in the lessons is built "
         "from these two numbers: t(n) = alpha + n * beta.")),
     Step("ring-shift", "Ring shift: who sends what to whom",
-         lambda t: t.demo(4, "minipar.demos.ring_shift"), text=(
+         lambda t: t.demo(4, "minipar.course.demos.ring_shift"), text=(
         "Four ranks in a ring; each passes the letter it holds to the right and receives one "
         "from the left, three times. Every link is busy in every step, and afterwards every "
         "rank has every letter: the ring all-gather.")),
     Step("all-reduce", "All-reduce: six algorithms, one answer",
-         lambda t: t.demo(4, "minipar.demos.all_reduce"), text=(
+         lambda t: t.demo(4, "minipar.course.demos.all_reduce"), text=(
         "The same sum computed six ways. The trace ledger counts each algorithm's steps and the "
         "bytes the busiest rank sends; the cost model predicts both, and the time. Few steps win "
         "for small vectors (latency), few bytes for large ones (bandwidth).")),
@@ -114,12 +111,9 @@ CORE_STEPS = [
 
 
 def lesson_steps() -> list[Step]:
-    """The lessons' short versions, from minipar.cli.lesson.tour_steps() when that exists."""
-    if importlib.util.find_spec("minipar.cli.lesson") is None:
-        return []
+    """The lessons' short versions, from minipar.cli.lesson.tour_steps()."""
     try:
-        provider = getattr(importlib.import_module("minipar.cli.lesson"), "tour_steps", None)
-        items = list(provider()) if provider else []
+        items = list(lesson.tour_steps())
     except Exception as error:  # a broken lesson module must not take the tour down
         return [Step("lessons", "Lessons", lambda t, e=error: _raise(e))]
     return [as_step(item, i) for i, item in enumerate(items, 1)]
@@ -222,6 +216,7 @@ def configure(parser) -> None:
 
 
 def main(args) -> int:
+    # here, not at the top of the file: rich loads only when used
     from minipar.term import Console
 
     console = Console(highlight=False)

@@ -19,12 +19,14 @@ import pickle
 
 import numpy as np
 
-from minipar import buffers, runtime
-from minipar.collectives import lean, registry, transport, work
+from minipar import runtime
+from minipar.collectives import fast, registry, work
 from minipar.collectives.call import Call
+from minipar.collectives.reduce_op import ReduceOp, as_op, check_op, finish_
+from minipar.comm import buffers, ledger
 from minipar.comm.base import CONTROL_TAG, wait_all
 from minipar.errors import MiniparError, MismatchError
-from minipar.ops import ReduceOp, as_op, check_op, finish_
+from minipar.state import process
 
 algorithms = registry.algorithms
 register_algorithm = registry.register_algorithm
@@ -50,7 +52,7 @@ def _root(root, comm, what: str, group_root=None, default=None) -> int:
     return root
 
 
-def _same_type(out, inp, out_what: str, in_what: str) -> None:
+def same_type(out, inp, out_what: str, in_what: str) -> None:
     if not buffers.same_kind(out, inp) or buffers.dtype_name(out) != buffers.dtype_name(inp):
         raise ValueError(
             f"{out_what} is {buffers.describe(out)} but {in_what} is {buffers.describe(inp)}; "
@@ -60,7 +62,7 @@ def _same_type(out, inp, out_what: str, in_what: str) -> None:
 
 def _matching(out, inp, out_what: str, in_what: str, ratio: int = 1, inverse: bool = False):
     """Check out has the same kind and dtype as inp and numel(out) == ratio * numel(inp)."""
-    _same_type(out, inp, out_what, in_what)
+    same_type(out, inp, out_what, in_what)
     a, b = buffers.numel(out), buffers.numel(inp)
     want = b // ratio if inverse else b * ratio
     if a != want or (inverse and b % ratio):
@@ -73,7 +75,7 @@ def _matching(out, inp, out_what: str, in_what: str, ratio: int = 1, inverse: bo
         )
 
 
-def _run(
+def run_call(
     comm,
     collective: str,
     algorithm,
@@ -94,9 +96,9 @@ def _run(
     call alike on every rank: it means pairwise, whose messages do not depend on the sizes."""
     if uneven and algorithm == "auto":
         algorithm = "pairwise"
-    name, fn = registry.pick(collective, algorithm, nbytes, comm.size)
-    name, fn = transport.route(comm, collective, name, fn, nbytes, args[0] if args else None)
-    if runtime.debug_enabled():  # the fingerprint is built only here, off the hot path
+    name, fn = registry.pick(collective, algorithm, nbytes, comm.size)  # the cost model's choice
+    name, fn = fast.route(comm, collective, name, fn, nbytes, args[0] if args else None)
+    if process.debug:  # the fingerprint is built only here, off the hot path
         _check_same_call(comm, (collective, name, *(_fp(*fingerprint) if fingerprint else ())))
     if fingerprint:  # the call's signature (comm/signature.py), inline: every call comes here
         x, root_name, root, op = fingerprint
@@ -107,9 +109,16 @@ def _run(
 
     def run():
         try:
-            fn(call, *args)
+            if process.traces:  # a trace is open: it notes when the call ran, and on which thread
+                with ledger.running(comm, call.seq):
+                    fn(call, *args)
+            else:
+                fn(call, *args)
         except SystemExit as leaving:  # the others could never finish this call: end the job
             runtime.exit_inside_collective(call, leaving)
+            raise
+        except MiniparError:  # the program hears of it (a wait on shared windows, say):
+            comm._told = True  # the end-of-job comparison leaves this group be (comm/ending.py)
             raise
         if finish is not None:
             finish()
@@ -149,6 +158,7 @@ def _check_same_call(comm, fingerprint) -> None:
         return
     inbox[comm.rank] = mine
     seen = [_decode(inbox[q]) for q in range(comm.size)]
+    comm._told = True  # the program is told: the end-of-job comparison leaves this group be
     raise MismatchError(_mismatch_message(comm.name, seen))
 
 
@@ -202,17 +212,19 @@ def _render(f) -> str:
 
 def _fp(x, root_name=None, root=None, op=None):
     """The arguments debug mode compares: dtype, shape (the caller's), root, op. Callers pass
-    `_run` these arguments as a tuple, so nothing is computed unless debug mode is on."""
+    `run_call` these arguments as a tuple, so nothing is computed unless debug mode is on."""
     return (buffers.dtype_name(x), tuple(x.shape), root_name, root, getattr(op, "name", None))
 
 
 def broadcast(tensor, src=None, group=None, algorithm="auto", async_op=False, group_src=None):
     """Copy `tensor` of rank `src` into `tensor` on every rank of the group (in place)."""
+    if group is not None and runtime.outside(group, "broadcast"):
+        return None
     comm = runtime.resolve(group)
     buffers.check(tensor, "tensor", writable=True)
     src = _root(src, comm, "src", group_src)
     x = buffers.flat(tensor)
-    return _run(
+    return run_call(
         comm,
         "broadcast",
         algorithm,
@@ -225,14 +237,16 @@ def broadcast(tensor, src=None, group=None, algorithm="auto", async_op=False, gr
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=False):
     """Reduce `tensor` over the group; every rank ends with the result in `tensor`."""
+    if group is not None and runtime.outside(group, "all_reduce"):
+        return None
     comm = runtime.resolve(group)
     op = as_op(op)
-    if not async_op and lean.all_reduce(comm, tensor, op, algorithm):
-        return None  # small and blocking: done on the lean path (lean.py)
+    if not async_op and fast.all_reduce(comm, tensor, op, algorithm):
+        return None  # small and blocking: done on the lean path (collectives/fast/lean.py)
     buffers.check(tensor, "tensor", writable=True)
     check_op(op, tensor)
     x = buffers.flat(tensor)
-    return _run(
+    return run_call(
         comm,
         "all_reduce",
         algorithm,
@@ -248,6 +262,8 @@ def reduce(
     tensor, dst=None, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=False, group_dst=None
 ):
     """Reduce `tensor` over the group into `tensor` on rank `dst` (others keep theirs)."""
+    if group is not None and runtime.outside(group, "reduce"):
+        return None
     comm = runtime.resolve(group)
     op = as_op(op)
     buffers.check(tensor, "tensor", writable=True)
@@ -259,7 +275,7 @@ def reduce(
         if comm.rank == dst:
             finish_(x, op, comm.size)
 
-    return _run(
+    return run_call(
         comm,
         "reduce",
         algorithm,
@@ -275,12 +291,14 @@ def all_gather_into_tensor(
     output_tensor, input_tensor, group=None, algorithm="auto", async_op=False
 ):
     """Every rank's `input_tensor`, concatenated in rank order, into `output_tensor`."""
+    if group is not None and runtime.outside(group, "all_gather_into_tensor"):
+        return None
     comm = runtime.resolve(group)
     buffers.check(output_tensor, "output_tensor", writable=True)
     buffers.check(input_tensor, "input_tensor")
     _matching(output_tensor, input_tensor, "output_tensor", "input_tensor", comm.size)
     out, inp = buffers.flat(output_tensor), buffers.flat(input_tensor)
-    return _run(
+    return run_call(
         comm,
         "all_gather",
         algorithm,
@@ -293,9 +311,11 @@ def all_gather_into_tensor(
 
 def all_gather(tensor_list, tensor, group=None, algorithm="auto", async_op=False):
     """Every rank's `tensor` into `tensor_list[rank]` (a list of group-size tensors)."""
+    if group is not None and runtime.outside(group, "all_gather"):
+        return None
     comm = runtime.resolve(group)
     buffers.check(tensor, "tensor")
-    _check_list(tensor_list, tensor, comm, "tensor_list", writable=True)
+    check_list(tensor_list, tensor, comm, "tensor_list", writable=True)
     inp = buffers.flat(tensor)
     out = buffers.empty(inp, comm.size * len(inp))
     n = len(inp)
@@ -304,7 +324,7 @@ def all_gather(tensor_list, tensor, group=None, algorithm="auto", async_op=False
         for r, t in enumerate(tensor_list):
             buffers.copy_(buffers.flat(t), out[r * n : (r + 1) * n])
 
-    return _run(
+    return run_call(
         comm,
         "all_gather",
         algorithm,
@@ -316,7 +336,7 @@ def all_gather(tensor_list, tensor, group=None, algorithm="auto", async_op=False
     )
 
 
-def _check_list(tensors, like, comm, what: str, writable: bool = False, like_what="tensor"):
+def check_list(tensors, like, comm, what: str, writable: bool = False, like_what="tensor"):
     if not isinstance(tensors, (list, tuple)) or len(tensors) != comm.size:
         got = len(tensors) if isinstance(tensors, (list, tuple)) else type(tensors).__name__
         raise ValueError(
@@ -336,6 +356,8 @@ def reduce_scatter_tensor(
     output, input, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=False
 ):
     """Reduce `input` (group-size blocks) over the group; rank r gets block r in `output`."""
+    if group is not None and runtime.outside(group, "reduce_scatter_tensor"):
+        return None
     comm = runtime.resolve(group)
     op = as_op(op)
     buffers.check(output, "output", writable=True)
@@ -343,7 +365,7 @@ def reduce_scatter_tensor(
     check_op(op, input)
     _matching(output, input, "output", "input", comm.size, inverse=True)
     out, inp = buffers.flat(output), buffers.flat(input)
-    return _run(
+    return run_call(
         comm,
         "reduce_scatter",
         algorithm,
@@ -365,18 +387,20 @@ def scatter(
     group_src=None,
 ):
     """Rank `src` sends scatter_list[r] to rank r, which receives it into `tensor`."""
+    if group is not None and runtime.outside(group, "scatter"):
+        return None
     comm = runtime.resolve(group)
     buffers.check(tensor, "tensor", writable=True)
     src = _root(src, comm, "src", group_src, default=0)
     out = buffers.flat(tensor)
     inp = None
     if comm.rank == src:
-        _check_list(scatter_list, tensor, comm, "scatter_list")
+        check_list(scatter_list, tensor, comm, "scatter_list")
         inp = buffers.empty(out, comm.size * len(out))
         for r, t in enumerate(scatter_list):
             buffers.copy_(inp[r * len(out) : (r + 1) * len(out)], buffers.flat(t))
     nbytes = comm.size * buffers.nbytes(out)
-    return _run(
+    return run_call(
         comm,
         "scatter",
         algorithm,
@@ -397,13 +421,15 @@ def gather(
     group_dst=None,
 ):
     """Every rank's `tensor` into gather_list[rank] on rank `dst`."""
+    if group is not None and runtime.outside(group, "gather"):
+        return None
     comm = runtime.resolve(group)
     buffers.check(tensor, "tensor")
     dst = _root(dst, comm, "dst", group_dst, default=0)
     inp = buffers.flat(tensor)
     out, finish = None, None
     if comm.rank == dst:
-        _check_list(gather_list, tensor, comm, "gather_list", writable=True)
+        check_list(gather_list, tensor, comm, "gather_list", writable=True)
         out = buffers.empty(inp, comm.size * len(inp))
         n = len(inp)
 
@@ -412,7 +438,7 @@ def gather(
                 buffers.copy_(buffers.flat(t), out[r * n : (r + 1) * n])
 
     nbytes = comm.size * buffers.nbytes(inp)
-    return _run(
+    return run_call(
         comm,
         "gather",
         algorithm,
@@ -439,10 +465,12 @@ def all_to_all_single(
     j of input is input_split_sizes[j] rows (dim 0) and block i of output is
     output_split_sizes[i] rows; a missing one means equal rows. Ranks must agree on the sizes
     (what i sends j is what j expects from i), else the transport's size check fails."""
+    if group is not None and runtime.outside(group, "all_to_all_single"):
+        return None
     comm = runtime.resolve(group)
     buffers.check(output, "output", writable=True)
     buffers.check(input, "input")
-    _same_type(output, input, "output", "input")
+    same_type(output, input, "output", "input")
     if buffers.overlaps(output, input):
         raise ValueError(
             "all_to_all_single needs separate output and input buffers (they share memory: "
@@ -461,7 +489,7 @@ def all_to_all_single(
         out_edges = split_edges(output, output_split_sizes, comm, "output_split_sizes", "output")
         in_edges = split_edges(input, input_split_sizes, comm, "input_split_sizes", "input")
         args = (out, inp, *equal_or(out_edges, in_edges, comm.size))
-    return _run(
+    return run_call(
         comm,
         "all_to_all",
         algorithm,
@@ -514,5 +542,7 @@ def equal_or(out_edges, in_edges, p: int) -> tuple:
 
 def barrier(group=None, algorithm="auto", async_op=False):
     """Return only when every rank of the group has entered (dissemination algorithm)."""
+    if group is not None and runtime.outside(group, "barrier"):
+        return None
     comm = runtime.resolve(group)
-    return _run(comm, "barrier", algorithm, 0, (), async_op)
+    return run_call(comm, "barrier", algorithm, 0, (), async_op)

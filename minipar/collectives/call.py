@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from minipar import buffers, ledger
+from minipar.collectives import fast
+from minipar.collectives.fast.direct import exchange
+from minipar.comm import buffers, ledger
 from minipar.comm.base import wait_all
-from minipar.comm.mpi_direct import exchange
 from minipar.errors import CommTimeoutError
+from minipar.state import process
 
 
 class Call:
@@ -31,7 +33,7 @@ class Call:
             sig = (collective, algorithm, None, None, None, None, None)
         self.seq, self.tag = comm.next_collective_tag(sig)
         self.step = 0
-        self._direct = comm.backend == "mpi"  # numpy steps may take mpi_direct.exchange
+        self._direct = fast.direct_steps(comm)  # numpy steps may take fast/direct.py's exchange
         ledger.begin_call(comm, collective, algorithm, self.seq)
 
     def rounds(self, n: int):
@@ -42,10 +44,10 @@ class Call:
             yield i
         self.step = first + n
 
-    def _log(self, kind: str, peer: int, buf) -> None:
-        if not ledger.active():
-            return  # nothing records: skip the bookkeeping (it costs as much as a tiny message)
-        ledger.record(
+    def _log(self, kind: str, peer: int, buf):
+        if not process.traces:
+            return None  # nothing records: skip the bookkeeping (it costs as a tiny message)
+        return ledger.record(
             self.comm,
             self.collective,
             self.algorithm,
@@ -61,8 +63,11 @@ class Call:
         return self.comm._post_send(buf, dst, self.tag)
 
     def irecv(self, buf, src: int):
-        self._log("recv", src, buf)
-        return self.comm._post_recv(buf, src, self.tag)
+        message = self._log("recv", src, buf)
+        request = self.comm._post_recv(buf, src, self.tag)
+        if message is not None:
+            request.traced = message.clock  # the ledger notes when it completes
+        return request
 
     def context(self) -> str:
         """Where this rank is, for a timeout's message (built only if one happens)."""
@@ -75,13 +80,13 @@ class Call:
             raise self.comm.explain_timeout(self, error) from None
 
     def send(self, buf, dst: int) -> None:
-        if self._direct and type(buf) is np.ndarray and not ledger._active:
-            return self._exchange(buf, dst, None, None)
+        if self._direct and type(buf) is np.ndarray and not process.traces:
+            return self._exchange(buf, dst, None, None)  # the fast path: fast/direct.py
         self.wait([self.isend(buf, dst)])
 
     def recv(self, buf, src: int) -> None:
-        if self._direct and type(buf) is np.ndarray and not ledger._active:
-            return self._exchange(None, None, buf, src)
+        if self._direct and type(buf) is np.ndarray and not process.traces:
+            return self._exchange(None, None, buf, src)  # the fast path: fast/direct.py
         self.wait([self.irecv(buf, src)])
 
     def sendrecv(self, sendbuf, dst: int, recvbuf, src: int) -> None:
@@ -89,14 +94,15 @@ class Call:
             self._direct
             and type(sendbuf) is np.ndarray
             and type(recvbuf) is np.ndarray
-            and not ledger._active
+            and not process.traces
         ):
-            return self._exchange(sendbuf, dst, recvbuf, src)
+            return self._exchange(sendbuf, dst, recvbuf, src)  # the fast path: fast/direct.py
         self.wait([self.irecv(recvbuf, src), self.isend(sendbuf, dst)])
 
     def _exchange(self, sendbuf, dst, recvbuf, src) -> None:
-        """numpy buffers on an MPI group, nothing recording: mpi4py's own requests, polled a
-        little before the general wait (comm/mpi_direct.py); the same messages as isend/irecv."""
+        """The fast path for numpy buffers on an MPI group, nothing recording: mpi4py's own
+        requests, polled a little before the general wait (collectives/fast/direct.py); the
+        same messages as isend/irecv."""
         try:
             exchange(self.comm, sendbuf, dst, recvbuf, src, self.tag, self._where, self.step)
         except CommTimeoutError as error:

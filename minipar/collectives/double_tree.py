@@ -17,9 +17,9 @@ about 2 height * (alpha + n/2 beta); the ledger and minipar.cost describe what i
 
 from __future__ import annotations
 
-from minipar import buffers
 from minipar.collectives import layout
-from minipar.ops import reduce_
+from minipar.collectives.reduce_op import reduce_
+from minipar.comm import buffers
 
 
 def tree_links(p: int, position_of) -> tuple[dict, dict]:

@@ -11,9 +11,9 @@ equals a sequential left-to-right reduction on one process, bit for bit.
 
 from __future__ import annotations
 
-from minipar import buffers
 from minipar.collectives import layout
-from minipar.ops import reduce_
+from minipar.collectives.reduce_op import reduce_
+from minipar.comm import buffers
 
 
 def _others(call, rank: int):

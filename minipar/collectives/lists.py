@@ -12,9 +12,10 @@ all_to_all's tensors may differ in size (an all-to-all-v): ranks must agree on w
 
 from __future__ import annotations
 
-from minipar import buffers, runtime
-from minipar.collectives.api import _check_list, _run, _same_type, equal_or, reduce_scatter_tensor
-from minipar.ops import ReduceOp, as_op, check_op
+from minipar import runtime
+from minipar.collectives.api import check_list, equal_or, reduce_scatter_tensor, run_call, same_type
+from minipar.collectives.reduce_op import ReduceOp, as_op, check_op
+from minipar.comm import buffers
 
 
 def _tensors(tensors, comm, what: str, writable: bool = False) -> None:
@@ -43,6 +44,8 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, algorithm="aut
 
     Moves: what all_to_all_single moves for the same blocks (each rank sends the sum of its
     inputs but its own, in p - 1 steps)."""
+    if group is not None and runtime.outside(group, "all_to_all"):
+        return None
     comm = runtime.resolve(group)
     _tensors(output_tensor_list, comm, "output_tensor_list", writable=True)
     _tensors(input_tensor_list, comm, "input_tensor_list")
@@ -52,7 +55,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, algorithm="aut
         ("output_tensor_list", output_tensor_list),
     ):
         for i, t in enumerate(tensors):
-            _same_type(t, like, f"{what}[{i}]", "input_tensor_list[0]")
+            same_type(t, like, f"{what}[{i}]", "input_tensor_list[0]")
     inp, in_edges = _packed(input_tensor_list)
     out_edges = [0]
     for t in output_tensor_list:
@@ -63,7 +66,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, algorithm="aut
         for i, t in enumerate(output_tensor_list):
             buffers.copy_(buffers.flat(t), out[out_edges[i] : out_edges[i + 1]])
 
-    return _run(
+    return run_call(
         comm,
         "all_to_all",
         algorithm,
@@ -83,10 +86,12 @@ def reduce_scatter(
     the reduction of everyone's input_list[r] in `output`.
 
     Moves: what reduce_scatter_tensor moves for p blocks of numel(output) elements."""
+    if group is not None and runtime.outside(group, "reduce_scatter"):
+        return None
     comm = runtime.resolve(group)
     op = as_op(op)
     buffers.check(output, "output", writable=True)
-    _check_list(input_list, output, comm, "input_list", like_what="output")
+    check_list(input_list, output, comm, "input_list", like_what="output")
     check_op(op, output)
     inp, _ = _packed(input_list)  # the list, laid end to end, is reduce_scatter_tensor's input
     return reduce_scatter_tensor(output, inp, op, group, algorithm, async_op)

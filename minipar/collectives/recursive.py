@@ -17,9 +17,9 @@ odd ones hand the result back: two extra steps (layout.fold).
 
 from __future__ import annotations
 
-from minipar import buffers
 from minipar.collectives import layout, workspace
-from minipar.ops import reduce_
+from minipar.collectives.reduce_op import reduce_
+from minipar.comm import buffers
 
 
 def _fold_in(call, x, op, rem: int) -> int | None:

@@ -8,16 +8,7 @@ asks minipar.cost for the cheapest entry, and a student's own function joins it 
 from __future__ import annotations
 
 from minipar import cost
-from minipar.collectives import (
-    bruck,
-    double_tree,
-    linear,
-    pairwise,
-    recursive,
-    ring,
-    transport,
-    tree,
-)
+from minipar.collectives import bruck, double_tree, linear, pairwise, recursive, ring, tree
 from minipar.collectives.barrier import barrier_dissemination
 
 ALGORITHMS = {
@@ -58,10 +49,10 @@ ALIASES = {
     "reduce_scatter_tensor": "reduce_scatter",
     "all_to_all_single": "all_to_all",
 }
-_BUILTIN = {name: set(table) for name, table in ALGORITHMS.items()}
+BUILTIN = {name: frozenset(table) for name, table in ALGORITHMS.items()}  # minipar's own names
 
 
-_AUTO: dict = {}  # (collective, nbytes, size) -> (link, name): auto's answers, per link
+_AUTO_CACHE: dict = {}  # (collective, nbytes, size) -> (link, name): auto's answers, per link
 
 
 def canonical(collective: str) -> str:
@@ -81,7 +72,7 @@ def algorithms(collective: str) -> list[str]:
 def register_algorithm(collective: str, name: str, fn) -> None:
     """Add (or replace) a user algorithm; fn(call, ...) has the built-ins' signature."""
     collective = canonical(collective)
-    if name == "auto" or name in _BUILTIN[collective]:
+    if name == "auto" or name in BUILTIN[collective]:
         raise ValueError(f"{name!r} is a built-in {collective} algorithm; pick another name")
     ALGORITHMS[collective][name] = fn
 
@@ -92,19 +83,19 @@ def pick(collective: str, algorithm, nbytes: int, size: int):
     table = ALGORITHMS[collective]
     if callable(algorithm):
         return getattr(algorithm, "__name__", "custom"), algorithm
-    if isinstance(algorithm, str) and "@" in algorithm:  # "ring@shm": see transport.py
-        base, forced = transport.split(algorithm)
+    if isinstance(algorithm, str) and "@" in algorithm:  # "ring@shm": see fast/routing.py
+        base, forced = split(algorithm)
         name, fn = pick(collective, base, nbytes, size)
         return f"{name}@{forced}", fn
     if algorithm == "auto":
         link = cost.default_link()
         key = (collective, nbytes, size)
-        hit = _AUTO.get(key)
+        hit = _AUTO_CACHE.get(key)
         if hit is None or hit[0] is not link:  # a new size, or a new default link
-            if len(_AUTO) > 4096:
-                _AUTO.clear()
-            name = cost.choose(collective, sorted(_BUILTIN[collective]), nbytes, size, link)
-            hit = _AUTO[key] = (link, name)
+            if len(_AUTO_CACHE) > 4096:
+                _AUTO_CACHE.clear()
+            name = cost.choose(collective, sorted(BUILTIN[collective]), nbytes, size, link)
+            hit = _AUTO_CACHE[key] = (link, name)
         return hit[1], table[hit[1]]
     if algorithm not in table:
         raise ValueError(
@@ -112,3 +103,12 @@ def pick(collective: str, algorithm, nbytes: int, size: int):
             f"{', '.join(algorithms(collective))}"
         )
     return algorithm, table[algorithm]
+
+
+def split(name: str) -> tuple[str, str]:
+    """'ring@shm' -> ('ring', 'shm'); 'ring' -> ('ring', ''): an algorithm forced onto a
+    transport (collectives/fast/routing.py carries it)."""
+    base, _, forced = name.partition("@")
+    if forced and forced not in ("mpi", "shm"):
+        raise ValueError(f"unknown transport {forced!r} in algorithm {name!r}; use @mpi or @shm")
+    return base, forced

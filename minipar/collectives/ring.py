@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from minipar import buffers
 from minipar.collectives import layout, workspace
-from minipar.ops import reduce_
+from minipar.collectives.reduce_op import reduce_
+from minipar.comm import buffers
 
 SEGMENT_BYTES = 1 << 18  # the pipelined broadcast forwards 256 KiB pieces
 

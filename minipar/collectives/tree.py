@@ -11,8 +11,8 @@ win for small messages (latency-bound) and lose to rings for large ones (bandwid
 
 from __future__ import annotations
 
-from minipar import buffers
-from minipar.ops import reduce_
+from minipar.collectives.reduce_op import reduce_
+from minipar.comm import buffers
 
 
 def _depth(p: int) -> int:

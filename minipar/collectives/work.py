@@ -12,7 +12,9 @@ from __future__ import annotations
 import queue
 import threading
 
+from minipar.comm.stall import WorkWait
 from minipar.errors import CommTimeoutError
+from minipar.state import process
 
 
 class Work:
@@ -28,8 +30,11 @@ class Work:
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        if not self._done.wait(timeout):
-            raise CommTimeoutError(f"{self.description} did not finish within {timeout:g} s")
+        if not self._done.is_set():
+            with WorkWait(self.description):  # this thread can call nothing meanwhile (stall.py)
+                finished = self._done.wait(timeout)
+            if not finished:
+                raise CommTimeoutError(f"{self.description} did not finish within {timeout:g} s")
         if self._error is not None:
             raise self._error
         return True
@@ -42,7 +47,9 @@ class Work:
         self._done.set()
 
 
-class _ProgressThread:
+class ProgressThread:
+    """The thread that runs async collectives, kept as `process.progress` (minipar.state)."""
+
     def __init__(self):
         self.jobs: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._loop, name="minipar-progress", daemon=True)
@@ -63,27 +70,20 @@ class _ProgressThread:
             finally:
                 self.jobs.task_done()
 
+    def idle(self) -> bool:
+        """No async collective queued or running (a rank leaving may then finalize MPI)."""
+        return self.jobs.unfinished_tasks == 0
 
-_progress: list[_ProgressThread] = []
+    def close(self) -> None:
+        """Let queued collectives finish, then stop the thread (minipar.finalize)."""
+        self.jobs.put(None)
+        self.thread.join()
 
 
 def submit(run, description: str) -> Work:
-    """Queue `run()` on the progress thread; returns its Work."""
-    if not _progress:
-        _progress.append(_ProgressThread())
+    """Queue `run()` on the progress thread (started on first use); returns its Work."""
+    if process.progress is None:
+        process.progress = ProgressThread()
     work = Work(description)
-    _progress[0].jobs.put((work, run))
+    process.progress.jobs.put((work, run))
     return work
-
-
-def idle() -> bool:
-    """No async collective queued or running (a rank leaving may then finalize MPI)."""
-    return not _progress or _progress[0].jobs.unfinished_tasks == 0
-
-
-def shutdown() -> None:
-    """Let queued collectives finish, then stop the progress thread (minipar.finalize)."""
-    if _progress:
-        progress = _progress.pop()
-        progress.jobs.put(None)
-        progress.thread.join()

@@ -17,10 +17,10 @@ import threading
 
 import numpy as np
 
-from minipar import buffers
+from minipar.comm import buffers
 
 LIMIT = 256 << 20
-_local = threading.local()
+_scratch_cache = threading.local()  # a cache: per-thread scratch buffers, grown on demand
 
 
 def empty(like, n: int, slot: int = 0):
@@ -28,7 +28,7 @@ def empty(like, n: int, slot: int = 0):
     nbytes = n * buffers.itemsize(like)
     if not isinstance(like, np.ndarray) or nbytes > LIMIT:
         return buffers.empty(like, n)
-    slots = _local.__dict__.setdefault("slots", {})
+    slots = _scratch_cache.__dict__.setdefault("slots", {})
     raw = slots.get(slot)
     if raw is None or raw.nbytes < nbytes:
         raw = slots[slot] = np.empty(nbytes, np.uint8)

@@ -17,7 +17,7 @@ import ctypes
 import functools
 import os
 
-from minipar import buffers
+from minipar.comm import buffers
 
 MPIX_GPU_SUPPORT_CUDA = 0
 
@@ -62,7 +62,7 @@ def mpi_cuda_aware() -> tuple[bool, str]:
 def synchronize(x) -> None:
     """Wait for the current stream's work on x's device, so MPI sees the finished bytes."""
     if buffers.is_cuda(x):
-        buffers._torch().cuda.current_stream(x.device).synchronize()
+        buffers.torch_module().cuda.current_stream(x.device).synchronize()
 
 
 class PinnedPool:
@@ -72,7 +72,7 @@ class PinnedPool:
         self._free: dict[int, list] = {}
 
     def take(self, nbytes: int):
-        torch = buffers._torch()
+        torch = buffers.torch_module()
         size = 1 << max(nbytes - 1, 0).bit_length()  # round up to a power of two
         stack = self._free.setdefault(size, [])
         block = stack.pop() if stack else torch.empty(size, dtype=torch.uint8, pin_memory=True)

@@ -9,120 +9,26 @@ chunk (see comm/staging.py and comm/mpi_staged.py).
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import sys
 import time
 
 import numpy as np
 
-from minipar import buffers, ledger
-from minipar.comm import cuda, staging, watchdog
+from minipar.comm import buffers, cuda, ledger, staging, stall, watchdog
 from minipar.comm.base import Communicator, NonMember, Request, check_ranks, wait_all
-from minipar.errors import MessageSizeError, MiniparError
-
-_MPI = []  # the mpi4py.MPI module, once imported (a function-level import costs ~0.5 us a call)
-
+from minipar.comm.mpi_requests import (
+    MPIAnySourceRequest,
+    MPIBarrierRequest,
+    MPIControlRequest,
+    MPIRequest,
+    module,
+)
+from minipar.comm.mpi_staged import PipelinedRecv, PipelinedSend
+from minipar.errors import MiniparError
 
 ABORT_GRACE = 0.5  # seconds between a rank's last words and MPI_Abort
-
-
-def _mpi():
-    if not _MPI:
-        try:
-            from mpi4py import MPI
-        except RuntimeError as error:  # no libmpi: say how to get one, not mpi4py's .so list
-            from minipar.mpisetup import no_library
-
-            raise no_library(error) from None
-        _MPI.append(MPI)
-    return _MPI[0]
-
-
-def raise_if_truncated(error, comm, peer, tag, nbytes) -> None:
-    """An MPI error from a receive whose message was larger than its buffer, said plainly."""
-    if error.Get_error_class() == _mpi().ERR_TRUNCATE:
-        raise MessageSizeError(
-            f"message from rank {peer} (tag {tag}) on group {comm.name} is larger than the "
-            f"{nbytes}-byte receive buffer of rank {comm.rank}; sizes must match on both sides"
-        ) from None
-
-
-def check_count(status, comm, peer, tag, nbytes) -> None:
-    """A completed receive must have filled its buffer: a shorter message is an error too."""
-    got = status.Get_count(_mpi().BYTE)
-    if got != nbytes:
-        raise MessageSizeError(
-            f"rank {comm.rank} of group {comm.name} expected {nbytes} bytes from rank {peer} "
-            f"(tag {tag}) but {got} arrived; sizes must match on both sides"
-        )
-
-
-class MPIRequest(Request):
-    def __init__(self, comm, kind, peer, tag, nbytes, mpi_request, keep, staged=None, target=None):
-        super().__init__(comm, kind, peer, tag, nbytes)
-        self._req, self._keep = mpi_request, keep  # keep: the buffer MPI is using, kept alive
-        self._staged, self._target = staged, target
-        self._status = _mpi().Status() if kind == "recv" else None  # to check the size
-
-    def _poll(self) -> bool:
-        MPI = _mpi()
-        try:
-            done = self._req.Test(self._status)
-        except MPI.Exception as error:
-            raise_if_truncated(error, self.comm, self.peer, self.tag, self.nbytes)
-            raise
-        if done and self.kind == "recv":
-            check_count(self._status, self.comm, self.peer, self.tag, self.nbytes)
-        return done
-
-    def _cancel(self) -> None:
-        if self.kind == "recv":  # a receive not yet matched can be withdrawn; a send cannot
-            try:
-                self._req.Cancel()
-            except _mpi().Exception:
-                pass
-
-    def _finish(self) -> None:
-        if self._staged is not None:
-            if self._target is not None:  # a staged receive: host -> device
-                buffers.byte_view(self._target).copy_(self._staged)
-            self.comm._pool.give(self._staged)
-            self._staged = None
-
-
-class MPIAnySourceRequest(MPIRequest):
-    """A receive from any rank (MPI_ANY_SOURCE): `peer` becomes the sender once it arrived."""
-
-    def _poll(self) -> bool:
-        done = super()._poll()
-        if done:
-            self.peer = self._status.Get_source()
-        return done
-
-    def describe(self) -> str:
-        return (
-            f"recv of {self.nbytes} bytes from any rank (tag {self.tag}) on group "
-            f"{self.comm.name}, as rank {self.comm.rank}"
-        )
-
-
-class MPIBarrierRequest(MPIRequest):
-    """A nonblocking MPI collective (Ibarrier, Iallgather): done when every rank has joined."""
-
-    what = "reach the barrier"
-
-    def describe(self) -> str:
-        return f"the other ranks of group {self.comm.name} to {self.what}"
-
-    def _cancel(self) -> None:
-        # MPI cannot withdraw a nonblocking collective: the abandoned one would complete with the
-        # group's next one of its kind and hand it wrong data. The group's control channel is
-        # spent; later control calls refuse to run (see MPICommunicator._control_usable).
-        self.comm._control_spent = f"{self.what} timed out on group {self.comm.name}"
-
-
-class MPIControlRequest(MPIBarrierRequest):
-    what = "join a control all-gather (allgather_object)"
 
 
 class MPICommunicator(Communicator):
@@ -130,15 +36,18 @@ class MPICommunicator(Communicator):
 
     backend = "mpi"
 
-    def __init__(self, mpi_comm, name: str, timeout: float, global_ranks=None):
+    def __init__(self, mpi_comm, name: str, timeout: float, global_ranks=None, gid="w"):
         if global_ranks is None:
             global_ranks = range(mpi_comm.Get_size())
         self.tag_ub = world_tag_ub()  # 2^29 - 1 in MPICH, 2^31 - 1 in Open MPI
-        super().__init__(mpi_comm.Get_rank(), mpi_comm.Get_size(), name, timeout, global_ranks)
+        size = mpi_comm.Get_size()
+        super().__init__(mpi_comm.Get_rank(), size, name, timeout, global_ranks, gid)
         self.mpi = mpi_comm
         self._pool = None
         self._asked: set = set()  # (peer, seq) the watchdog already sent a notice about
-        self._notices: list = []  # the watchdog's notices in flight, kept alive
+        self._notices: list = []  # notices, questions and answers in flight, kept alive
+        self._questions = itertools.count()  # numbers this rank's questions (comm/stall.py)
+        self._late: list = []  # (peer, reply tag, when asked): answers a finished wait left
         watchdog.watch(self)  # finds ranks that disagree about a call (comm/watchdog.py)
         self._chunk = staging.chunk_bytes()  # the same on every rank: both ends cut alike
         self._stage_host = staging.stage_host()  # tests: CPU tensors take the chunked path
@@ -182,11 +91,9 @@ class MPICommunicator(Communicator):
             and (buf.is_cuda or self._stage_host)
             and self._pipelined(buf)
         ):
-            from minipar.comm.mpi_staged import PipelinedSend
-
             return PipelinedSend(self, buf, dst, tag)
         wire, staged = self._wire(buf, outgoing=True)
-        req = self.mpi.Isend([wire, _mpi().BYTE], dst, tag)
+        req = self.mpi.Isend([wire, module().BYTE], dst, tag)
         return MPIRequest(self, "send", dst, tag, buffers.nbytes(buf), req, wire, staged)
 
     def _post_recv(self, buf, src, tag) -> Request:
@@ -195,11 +102,9 @@ class MPICommunicator(Communicator):
             and (buf.is_cuda or self._stage_host)
             and self._pipelined(buf)
         ):
-            from minipar.comm.mpi_staged import PipelinedRecv
-
             return PipelinedRecv(self, buf, src, tag)
         wire, staged = self._wire(buf, outgoing=False)
-        req = self.mpi.Irecv([wire, _mpi().BYTE], src, tag)
+        req = self.mpi.Irecv([wire, module().BYTE], src, tag)
         target = buf if staged is not None else None
         return MPIRequest(self, "recv", src, tag, buffers.nbytes(buf), req, wire, staged, target)
 
@@ -209,14 +114,19 @@ class MPICommunicator(Communicator):
             and (buf.is_cuda or self._stage_host)
             and self._pipelined(buf)
         ):
-            from minipar.comm.mpi_staged import PipelinedRecv
-
             return PipelinedRecv(self, buf, None, tag)
         wire, staged = self._wire(buf, outgoing=False)
-        req = self.mpi.Irecv([wire, _mpi().BYTE], _mpi().ANY_SOURCE, tag)
+        req = self.mpi.Irecv([wire, module().BYTE], module().ANY_SOURCE, tag)
         target = buf if staged is not None else None
         nbytes = buffers.nbytes(buf)
         return MPIAnySourceRequest(self, "recv", -1, tag, nbytes, req, wire, staged, target)
+
+    def _stall(self, pending):
+        """A wait here has lasted: register it, and ask the peers once it lasts longer."""
+        return stall.Stall(self, pending)
+
+    def _peer_state(self, request, stalled) -> str:
+        return stall.peer_state(self, request, stalled)
 
     def _control_usable(self) -> None:
         if self._control_spent is not None:
@@ -233,7 +143,7 @@ class MPICommunicator(Communicator):
     def allgather_object(self, obj, context: str = "") -> list:
         """Pickled control messages (small): lengths, then the bytes, both with timeouts.
         `context` opens the timeout's message (what the all-gather was for)."""
-        MPI = _mpi()
+        MPI = module()
         self._control_usable()
         data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
         sizes = np.zeros(self.size, dtype=np.int64)
@@ -247,7 +157,8 @@ class MPICommunicator(Communicator):
 
     def split(self, ranks, name: str | None = None):
         ranks = check_ranks(ranks, self.size)
-        MPI = _mpi()
+        gid = self.child_gid()  # counted on every rank of the parent, members or not
+        MPI = module()
         member = self.rank in ranks
         color = 0 if member else MPI.UNDEFINED
         key = ranks.index(self.rank) if member else 0
@@ -255,7 +166,7 @@ class MPICommunicator(Communicator):
         if not member:
             return NonMember(ranks, self.rank)
         glob = [self.global_ranks[r] for r in ranks]
-        return MPICommunicator(sub, name or f"group{glob}", self.timeout, glob)
+        return MPICommunicator(sub, name or f"group{glob}", self.timeout, glob, gid)
 
     def abort(self, code: int = 1) -> None:
         """MPI_Abort kills every rank at once, and mpiexec may drop output it has not forwarded
@@ -269,7 +180,7 @@ class MPICommunicator(Communicator):
 def world_tag_ub() -> int:
     """MPI_TAG_UB: an attribute of COMM_WORLD only (the standard attaches it there; Open MPI's
     derived communicators return None), else the standard's guaranteed minimum, 32767."""
-    MPI = _mpi()
+    MPI = module()
     value = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
     return int(value) if value is not None else 32767
 
@@ -279,7 +190,7 @@ def world(timeout: float) -> MPICommunicator:
     import mpi4py
 
     mpi4py.rc.thread_level = "multiple"
-    MPI = _mpi()
+    MPI = module()
     if not MPI.Is_initialized():  # mpi4py was imported with rc.initialize off (a probe)
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
     provided = MPI.Query_thread()

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from minipar import buffers, ledger
-from minipar.comm import staging
+from minipar.comm import buffers, ledger, staging
 from minipar.comm.base import Request
-from minipar.comm.mpi import MPIAnySourceRequest, MPIRequest, _mpi
+from minipar.comm.mpi_requests import MPIAnySourceRequest, MPIRequest, module
 from minipar.errors import MessageSizeError
 
 
@@ -32,7 +31,7 @@ class PipelinedSend(Request):
         self._copies = [copier.copy(self._host[a:b], raw[a:b]) for a, b in self._pieces]
         self._raw = raw  # the copies still read it: keep it alive until they are done
         header = np.array([nbytes], dtype=np.int64)
-        req = comm.mpi.Isend([header, _mpi().BYTE], dst, tag)
+        req = comm.mpi.Isend([header, module().BYTE], dst, tag)
         self._open = [MPIRequest(comm, "send", dst, tag, 8, req, header)]  # not yet complete
         self._parts: list = []  # the chunk sends posted so far
         ledger.note_path(comm, "send", dst, nbytes, "staged-pipelined")
@@ -41,7 +40,7 @@ class PipelinedSend(Request):
         while len(self._parts) < len(self._pieces) and self._copies[len(self._parts)].ready():
             a, b = self._pieces[len(self._parts)]
             wire = self._host[a:b].numpy()
-            req = self.comm.mpi.Isend([wire, _mpi().BYTE], self.peer, self.tag)
+            req = self.comm.mpi.Isend([wire, module().BYTE], self.peer, self.tag)
             part = MPIRequest(self.comm, "send", self.peer, self.tag, wire.size, req, wire)
             self._parts.append(part)
             self._open.append(part)
@@ -76,7 +75,7 @@ class PipelinedRecv(Request):
         ledger.note_path(comm, "recv", self.peer, nbytes, "staged-pipelined")
 
     def _post(self, wire, src):
-        MPI = _mpi()
+        MPI = module()
         peer = MPI.ANY_SOURCE if src is None else src
         req = self.comm.mpi.Irecv([wire, MPI.BYTE], peer, self.tag)
         kind = MPIAnySourceRequest if src is None else MPIRequest

@@ -33,7 +33,8 @@ import time
 
 import numpy as np
 
-from minipar.comm.base import _SPIN_SECONDS, wait_all
+from minipar.comm.base import SPIN_SECONDS, wait_all
+from minipar.comm.mpi_requests import module
 from minipar.errors import CommTimeoutError, MismatchError
 
 HEADER = 4096  # bytes before the data: a page, so the data is page-aligned
@@ -42,12 +43,6 @@ MAX_SEGMENT = int(os.environ.get("MINIPAR_SHM_BYTES", 64 << 20))  # data bytes p
 BLOCK_BYTES = int(os.environ.get("MINIPAR_SHM_BLOCK", 1 << 20))  # a pipeline block, all chunks
 LAG = int(os.environ.get("MINIPAR_SHM_LAG", 8))  # blocks between publishing and reading them
 WAITS = ("publish its data", "finish reducing its chunk", "finish reading my segment")
-
-
-def _mpi():
-    from minipar.comm.mpi import _mpi as mpi
-
-    return mpi()
 
 
 def node_of(comm, what: str = "shared memory"):
@@ -62,7 +57,7 @@ def node_of(comm, what: str = "shared memory"):
         return cached
     node = None
     if getattr(comm, "backend", None) == "mpi" and comm.size > 1:
-        MPI = _mpi()
+        MPI = module()
         context = f"{what}: probing whether group {comm.name} shares one node"
         wait_all([comm._post_barrier()], comm.timeout, context)
         local = comm.mpi.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
@@ -166,14 +161,14 @@ class SharedNode:
                     f"{where}: timed out after {timeout:g} s waiting for rank {q} to "
                     f"{WAITS[slot]} (shared-memory round {k}) on group {self.comm.name}"
                 )
-            if elapsed > _SPIN_SECONDS:  # yield: the peer may need this very core
+            if elapsed > SPIN_SECONDS:  # yield: the peer may need this very core
                 time.sleep(0 if elapsed < 0.05 else 1e-4)
 
     # -- the window ----------------------------------------------------------------------
     def _grow(self, nbytes: int, what) -> None:
         """A bigger window, collectively (all ranks reach the same round with the same size).
         Everyone has finished the previous round (begin waited for DONE), so freeing is safe."""
-        MPI = _mpi()
+        MPI = module()
         size = max(nbytes, min(MAX_SEGMENT, 2 * self.capacity), 1 << 16)
         size = -(-size // 4096) * 4096
         if self.win is not None:

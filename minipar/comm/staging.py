@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-from minipar import buffers
+from minipar.comm import buffers
 
 DEFAULT_CHUNK = 2 << 20  # 2 MiB: ~80 us over PCIe 4, long enough to hide an MPI message's start
 
@@ -61,7 +61,7 @@ class Copier:
         self.cuda = buffers.is_cuda(buf)
         self.stream = None
         if self.cuda:
-            torch = buffers._torch()
+            torch = buffers.torch_module()
             self.stream = _copy_stream(buf.device)
             self.stream.wait_stream(torch.cuda.current_stream(buf.device))
 
@@ -70,7 +70,7 @@ class Copier:
         if not self.cuda:
             dst.copy_(src)
             return _Done
-        torch = buffers._torch()
+        torch = buffers.torch_module()
         with torch.cuda.stream(self.stream):
             dst.copy_(src, non_blocking=True)
             event = torch.cuda.Event()
@@ -106,5 +106,5 @@ _STREAMS: dict = {}  # one copy stream per device, reused (creating one costs ~1
 def _copy_stream(device):
     stream = _STREAMS.get(device)
     if stream is None:
-        stream = _STREAMS[device] = buffers._torch().cuda.Stream(device)
+        stream = _STREAMS[device] = buffers.torch_module().cuda.Stream(device)
     return stream

@@ -16,22 +16,20 @@ from __future__ import annotations
 
 import atexit
 import datetime
-import itertools
 import os
 import pickle
 import socket
 import sys
 import time
 
-from minipar import buffers
-from minipar.comm import signature
+from minipar.comm import buffers, signature
 from minipar.comm.base import Communicator, NonMember, Request, check_ranks, wait_all
 from minipar.errors import CommTimeoutError, MessageSizeError, MismatchError
 
 EXPLAIN_WAIT = 2.0  # seconds a timed-out rank waits to hear what its peer was doing
 
 
-def _dist():
+def torch_dist():
     import torch.distributed as dist
 
     return dist
@@ -129,18 +127,16 @@ class TorchCommunicator(Communicator):
 
     backend = "torch"
 
-    def __init__(self, group=None, name: str = "world", timeout: float = 300.0):
-        dist = _dist()
+    def __init__(self, group=None, name: str = "world", timeout: float = 300.0, gid="w"):
+        dist = torch_dist()
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised; call init_process_group")
         self.group = group if group is not None else dist.group.WORLD
         size = dist.get_world_size(self.group)
         glob = dist.get_process_group_ranks(self.group)
-        super().__init__(dist.get_rank(self.group), size, name, timeout, glob)
+        super().__init__(dist.get_rank(self.group), size, name, timeout, glob, gid)
         self.pg_backend = dist.get_backend(self.group)
         self._mailbox: dict[int, list] = {}
-        # every rank makes the same groups in the same order, so this numbers them alike
-        self._uid = next(_GROUP_NUMBERS)
 
     def _wire(self, buf, outgoing: bool):
         """(tensor torch.distributed moves, or a staged copy of it; staged or None)."""
@@ -167,45 +163,58 @@ class TorchCommunicator(Communicator):
     def explain_timeout(self, call, error):
         """gloo cannot probe, and a gloo wait that timed out closes the connection, so nothing
         can be checked while a call runs. At its timeout a rank writes the call it is stuck in
-        to torch.distributed's key-value store and reads the peer's (the peer, timed out too or
-        cut off by the closed connection, does the same): MismatchError if they disagree, else
-        the timeout, saying what the peer was doing."""
+        (number, signature, the calls before it, group) to torch.distributed's key-value store,
+        under the group and under its own world rank, and reads the peer's (the peer, timed out
+        too or cut off by the closed connection, does the same): MismatchError if their calls
+        part, or if the peer is stuck on another group, else the timeout, saying what the peer
+        was doing."""
         request = getattr(error, "request", None)
         store = _store()
         if store is None or request is None or request.peer == self.rank:
             return error
         entry = self._calls[call.seq % len(self._calls)]
-        mine = (call.seq, signature.normal(entry[1], self.size), time.time())
+        sig = signature.normal(entry[1], self.size)
+        mine = (call.seq, sig, time.time(), self.gid, self.name, self.recent_calls(call.seq))
         store.set(self._store_key(self.rank), pickle.dumps(mine))
-        theirs = _read_recent(store, self._store_key(request.peer), mine[2] - self.timeout - 5)
+        store.set(_rank_key(self.global_ranks[self.rank]), pickle.dumps(mine))
+        since = mine[2] - self.timeout - 5
+        theirs = _read_recent(store, self._store_key(request.peer), since)
+        peer = request.peer
         if theirs is None:
+            elsewhere = _read_recent(store, _rank_key(self.global_ranks[peer]), since, 0.0)
+            if elsewhere is not None and elsewhere[3] != self.gid:
+                me, them = self.global_ranks[self.rank], self.global_ranks[peer]
+                text = signature.groups_text(
+                    (me, self.name, call.seq, sig), (them, elsewhere[4], elsewhere[0], elsewhere[1])
+                )
+                return MismatchError(f"{text} (found at the timeout: gloo has no probe)")
             return CommTimeoutError(
-                f"{error}; rank {request.peer} is not stuck in a minipar call on this group "
+                f"{error}; rank {peer} is not stuck in a minipar call on this group "
                 f"(it did not say within {EXPLAIN_WAIT:g} s: busy elsewhere, or gone)"
             )
-        seq, sig, _ = theirs
-        if seq == call.seq and sig != mine[1]:
-            text = signature.mismatch_text(self.name, seq, self.rank, mine[1], request.peer, sig)
+        found = signature.first_difference(mine[5], theirs[5])
+        if found is not None:
+            text = signature.difference_text(self.name, found, self.rank, peer)
             return MismatchError(f"{text} (found at the timeout: gloo has no probe)")
         return CommTimeoutError(
-            f"{error}; rank {request.peer} is stuck in call #{seq}: {signature.render(sig)}"
+            f"{error}; rank {peer} is stuck in call #{theirs[0]}: {signature.render(theirs[1])}"
         )
 
     def _store_key(self, rank: int) -> str:
-        return f"minipar/stuck/{self._uid}/{rank}"
+        return f"minipar/stuck/{self.gid}/{rank}"
 
     def _post_send(self, buf, dst, tag) -> Request:
         if dst == self.rank:
             return SelfRequest(self, "send", tag, buf)
         wire, staged = self._wire(buf, outgoing=True)
-        work = _dist().isend(wire, self.global_ranks[dst], group=self.group, tag=tag)
+        work = torch_dist().isend(wire, self.global_ranks[dst], group=self.group, tag=tag)
         return TorchRequest(self, "send", dst, tag, buffers.nbytes(buf), work, staged)
 
     def _post_recv(self, buf, src, tag) -> Request:
         if src == self.rank:
             return SelfRequest(self, "recv", tag, buf)
         wire, staged = self._wire(buf, outgoing=False)
-        work = _dist().irecv(wire, self.global_ranks[src], group=self.group, tag=tag)
+        work = torch_dist().irecv(wire, self.global_ranks[src], group=self.group, tag=tag)
         target = buf if staged is not None else None
         if target is not None and not buffers.is_torch(buf):
             import torch
@@ -215,7 +224,7 @@ class TorchCommunicator(Communicator):
 
     def _post_recv_any(self, buf, tag) -> Request:
         wire, staged = self._wire(buf, outgoing=False)
-        work = _dist().irecv(wire, None, group=self.group, tag=tag)
+        work = torch_dist().irecv(wire, None, group=self.group, tag=tag)
         target = buf if staged is not None else None
         if target is not None and not buffers.is_torch(buf):
             import torch
@@ -225,7 +234,7 @@ class TorchCommunicator(Communicator):
         return TorchAnySourceRequest(self, "recv", -1, tag, nbytes, work, staged, target)
 
     def _post_barrier(self) -> Request:
-        work = _dist().barrier(group=self.group, async_op=True)
+        work = torch_dist().barrier(group=self.group, async_op=True)
         return TorchBarrierRequest(self, "barrier", -1, -1, 0, work)
 
     def allgather_object(self, obj, context: str = "") -> list:
@@ -240,12 +249,13 @@ class TorchCommunicator(Communicator):
         data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
         sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(self.size)]
         mine = torch.tensor([data.numel()], dtype=torch.int64, device=device)
-        self._control(_dist().all_gather(sizes, mine, group=self.group, async_op=True), context)
+        dist = torch_dist()
+        self._control(dist.all_gather(sizes, mine, group=self.group, async_op=True), context)
         counts = [int(n) for n in sizes]
         padded = torch.zeros(max(counts), dtype=torch.uint8, device=device)
         padded[: data.numel()] = data
         outs = [torch.empty_like(padded) for _ in range(self.size)]
-        self._control(_dist().all_gather(outs, padded, group=self.group, async_op=True), context)
+        self._control(dist.all_gather(outs, padded, group=self.group, async_op=True), context)
         return [pickle.loads(o[:n].cpu().numpy().tobytes()) for o, n in zip(outs, counts)]
 
     def _control(self, work, context: str) -> None:
@@ -254,31 +264,34 @@ class TorchCommunicator(Communicator):
     def split(self, ranks, name: str | None = None):
         ranks = check_ranks(ranks, self.size)
         glob = [self.global_ranks[r] for r in ranks]
-        group = _dist().new_group(glob)  # every rank of the world calls this, members or not
+        gid = self.child_gid()  # counted on every rank, members or not
+        group = torch_dist().new_group(glob)  # every rank of the world calls this, members or not
         if self.rank not in ranks:
             return NonMember(ranks, self.rank)
-        return TorchCommunicator(group, name or f"group{glob}", self.timeout)
+        return TorchCommunicator(group, name or f"group{glob}", self.timeout, gid)
 
     def abort(self, code: int = 1) -> None:
         sys.stderr.flush()
         os._exit(code)
 
 
-_GROUP_NUMBERS = itertools.count()
+def _rank_key(global_rank: int) -> str:
+    """Where a rank's latest stuck call is written, whatever its group."""
+    return f"minipar/stuck/rank/{global_rank}"
 
 
 def _store():
     """torch.distributed's own key-value store (TCPStore under torchrun), or None."""
     try:
-        return _dist().distributed_c10d._get_default_store()
+        return torch_dist().distributed_c10d._get_default_store()
     except (AttributeError, RuntimeError, ValueError):
         return None
 
 
-def _read_recent(store, key: str, since: float):
-    """The (seq, signature, time) a peer wrote under `key` after `since`, waiting up to
-    EXPLAIN_WAIT seconds for it; None if it never came."""
-    deadline = time.monotonic() + EXPLAIN_WAIT
+def _read_recent(store, key: str, since: float, wait: float = EXPLAIN_WAIT):
+    """The (seq, signature, time, group id, group name, recent calls) a peer wrote under `key`
+    after `since`, waiting up to `wait` seconds for it; None if it never came."""
+    deadline = time.monotonic() + wait
     while True:
         if store.check([key]):
             entry = pickle.loads(store.get(key))
@@ -293,7 +306,7 @@ def init_from_env(backend: str | None = None, timeout: float = 300.0) -> None:
     """init_process_group from torchrun's RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT."""
     import torch
 
-    dist = _dist()
+    dist = torch_dist()
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend is None:  # NCCL needs a GPU per rank; ranks sharing one GPU use gloo
         local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
@@ -312,7 +325,7 @@ def init_from_mpi(mpi_comm, backend: str = "gloo", timeout: float = 300.0) -> No
     """
     import torch
 
-    dist = _dist()
+    dist = torch_dist()
     hosts = mpi_comm.allgather(socket.gethostname())
     port = None
     if mpi_comm.Get_rank() == 0:
@@ -334,6 +347,6 @@ def init_from_mpi(mpi_comm, backend: str = "gloo", timeout: float = 300.0) -> No
 
 
 def _destroy() -> None:
-    dist = _dist()
+    dist = torch_dist()
     if dist.is_initialized():
         dist.destroy_process_group()

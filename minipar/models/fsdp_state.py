@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-import minipar
+from minipar import collectives
 from minipar.models import sharding
 
 
@@ -24,7 +24,7 @@ def by_name(fsdp, value_of) -> dict[str, torch.Tensor]:
     for unit in fsdp.units:
         block = value_of(unit.shard).detach().float().contiguous()
         full = block.new_empty(block.numel() * fsdp.comm.size)
-        minipar.all_gather_into_tensor(full, block, group=fsdp.comm)
+        collectives.all_gather_into_tensor(full, block, group=fsdp.comm)
         for offset, shape, _, name in unit.layout:
             out[name] = full[offset : offset + shape.numel()].view(shape).clone()
     for q, _ in fsdp.replicated:

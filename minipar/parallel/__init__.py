@@ -5,23 +5,29 @@
     from minipar.parallel.tensor import ColumnParallelLinear, RowParallelLinear
     from minipar.parallel.pipeline import Pipeline, split
 
-One folder or file per strategy: data parallelism (ddp.py, zero.py, fsdp.py), tensor parallelism
-(tensor/), pipeline parallelism (pipeline/), and the mesh that combines them (mesh.py). Importing
-this package is light: each name is loaded (with torch) on first use.
+One folder per axis: data/ (DDP, ZeRO-1, FSDP), tensor/, pipeline/, context/ (ring attention
+and Ulysses), expert/ (mixture of experts); mesh.py combines them (dp x cp x tp x pp, and the
+expert-parallel groups laid over dp).
+Importing this package imports torch. The modules of data/ were once minipar.parallel.ddp, .zero
+and .fsdp: those names still import (the README says so).
 """
 
-from __future__ import annotations
+import sys
 
-from minipar import lazy
+from minipar.parallel import data
+from minipar.parallel.data import (
+    DistributedDataParallel,
+    FullyShardedDataParallel,
+    ZeroRedundancyOptimizer,
+)
+from minipar.parallel.mesh import DeviceMesh
 
-_LAZY = {
-    "DistributedDataParallel": "minipar.parallel.ddp",
-    "ZeroRedundancyOptimizer": "minipar.parallel.zero",
-    "FullyShardedDataParallel": "minipar.parallel.fsdp",
-    "DeviceMesh": "minipar.parallel.mesh",
-}
+for _old in ("ddp", "zero", "fsdp"):  # the old paths, kept for programs that import them
+    sys.modules[f"{__name__}.{_old}"] = getattr(data, _old)
 
-__all__ = sorted(_LAZY)
-
-
-__getattr__, __dir__ = lazy.attributes(__name__, _LAZY)
+__all__ = [
+    "DeviceMesh",
+    "DistributedDataParallel",
+    "FullyShardedDataParallel",
+    "ZeroRedundancyOptimizer",
+]

@@ -21,6 +21,8 @@ from __future__ import annotations
 import gc
 import weakref
 
+from minipar import runtime
+from minipar.comm import watchdog
 from minipar.comm.base import NonMember
 
 
@@ -48,7 +50,7 @@ class Tracked:
         if self.mpi is not None:
             self.mpi.Free()
         elif self.torch_group is not None:
-            import torch.distributed as dist
+            import torch.distributed as dist  # only a gloo group has one: torch is loaded then
 
             dist.destroy_process_group(self.torch_group)
 
@@ -110,18 +112,13 @@ class _watchdog_paused:  # noqa: N801  (a context manager)
 
     def __enter__(self):
         if self.needed:
-            from minipar.comm import watchdog
-
             watchdog.shutdown()
 
     def __exit__(self, *exc):
         if not self.needed:
             return
-        import minipar
-        from minipar.comm import watchdog
-
-        if minipar.is_initialized():
-            watchdog.watch(minipar.init())
+        if runtime.is_initialized():
+            watchdog.watch(runtime.default_group())
         for group in self.alive():
             if getattr(group, "backend", None) == "mpi":
                 watchdog.watch(group)

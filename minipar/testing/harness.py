@@ -30,10 +30,13 @@ import sys
 import tempfile
 import time
 
+from minipar import launcher
+from minipar.state import process
 from minipar.testing import case
+from minipar.testing import pool as warm
+from minipar.testing.pool import CASE_TIMEOUT
 from minipar.testing.worker import load_suite
 
-CASE_TIMEOUT = "10"  # seconds any single wait may take inside a test job (MINIPAR_TIMEOUT)
 POOL_ENV = "MINIPAR_TEST_POOL"
 LAUNCH_LOG_ENV = "MINIPAR_TEST_LAUNCH_LOG"
 
@@ -93,7 +96,7 @@ def run_suite(suite: str, size: int, backend: str = "mpi", timeout: float | None
     launched = the_pool.launches
     results, notes, returncode, log = the_pool.run(
         os.path.abspath(suite), size, backend, names, timeout,
-        limit or _pool_module().CASE_LIMIT, settings,
+        limit or warm.CASE_LIMIT, settings,
     )  # fmt: skip
     for _ in range(the_pool.launches - launched):
         _log_launch("pool", suite, size, backend)
@@ -106,35 +109,25 @@ def run_suite(suite: str, size: int, backend: str = "mpi", timeout: float | None
     )
 
 
-# -- the warm pool of this process (testing/pool.py) ----------------------------------------
-_POOL: list = []  # the pool, once a suite has used it; closed at exit
-
-
-def pool():
+# -- the warm pool of this process (testing/pool.py; kept as process.test_pool) -------------
+def pool() -> warm.Pool:
     """This process's warm pool, made on first use (and closed at exit, or by close())."""
-    if not _POOL:
-        _POOL.append(_pool_module().Pool())
+    if process.test_pool is None:
+        process.test_pool = warm.Pool()
         atexit.register(close)
-    return _POOL[0]
+    return process.test_pool
 
 
-def close() -> None:
-    """End every warm job (pytest's session end, see tests/conftest.py; and at exit)."""
-    if _POOL:
-        _POOL.pop().close()
-
-
-def _pool_module():
-    from minipar.testing import pool as module
-
-    return module
+def close() -> list:
+    """End every warm job (pytest's session end, see tests/conftest.py; and at exit); each
+    job's exit status, as Pool.close gives them."""
+    the_pool, process.test_pool = process.test_pool, None
+    return the_pool.close() if the_pool is not None else []
 
 
 # -- one launch per suite (MINIPAR_TEST_POOL=0; and what the pool replaced) -----------------
 def launch_suite(suite: str, size: int, backend: str, timeout: float) -> SuiteResult:
     """Launch `suite` on `size` ranks for this call alone; its folder is removed afterwards."""
-    from minipar import launcher
-
     outdir = tempfile.mkdtemp(prefix="minipar-test-")
     argv = ["-m", "minipar.testing.worker", suite, outdir]
     env_timeout = os.environ.get("MINIPAR_TIMEOUT")
@@ -179,8 +172,6 @@ def _read_results(outdir: str, size: int, names, done):
 
 
 def _spawn(argv, timeout):
-    from minipar import launcher
-
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.setdefault("MINIPAR_OVERSUBSCRIBED", "1")
     return launcher.run_command([sys.executable, *argv], env, timeout, capture=True)

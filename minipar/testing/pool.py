@@ -21,8 +21,9 @@ each rank answers case by case. The guarantees:
 - state does not leak from one case to the next (testing/isolation.py, testing/groups.py);
 - the variables minipar reads when a rank starts (LAUNCH_ENV) are part of a job's key: a test
   that sets one gets a job of its own. Every other difference between this process's
-  environment and the job's is sent with each batch and undone after it (MINIPAR_TIMEOUT and
-  MINIPAR_DEBUG are applied with `minipar.init(timeout=, debug=)`).
+  environment and the job's is sent with each batch and undone after it (MINIPAR_TIMEOUT,
+  MINIPAR_DEBUG, MINIPAR_FAST_PATHS and MINIPAR_MISMATCH_AFTER are applied with
+  `minipar.init(timeout=, debug=, fast_paths=, mismatch_after=)`).
 
 At most WARM_RANKS ranks stay warm (MINIPAR_TEST_POOL_RANKS; each holds ~150-250 MB): starting a
 job past that closes the largest ones first (the least recently used of equals), since the small
@@ -42,9 +43,10 @@ import sys
 import tempfile
 import time
 
+from minipar import launcher
 from minipar.testing import case, wire
-from minipar.testing.server import TOKEN_ENV
 
+CASE_TIMEOUT = "10"  # seconds any single wait may take inside a test job (MINIPAR_TIMEOUT)
 CASE_LIMIT = 300.0  # seconds a case may run before it counts as hung (minipar's waits time
 # out long before: this catches a rank stuck outside them; generous for a loaded machine)
 START_LIMIT = 300.0  # seconds a job may take to start (ranks importing torch, oversubscribed)
@@ -67,9 +69,16 @@ LAUNCH_ENV = (
     "MINIPAR_TAG_OUTPUT",
     "MINIPAR_SMOKE",
     "MINIPAR_TRAIN_RANK",
+    "MINIPAR_TRACE_DIR",
 )
-# read on every call, or set again for every batch: safe to change per batch
-PER_BATCH_ENV = ("MINIPAR_TIMEOUT", "MINIPAR_DEBUG", "MINIPAR_TRANSPORT")
+# read on every call, or set again for every batch (testing/isolation.py): safe per batch
+PER_BATCH_ENV = (
+    "MINIPAR_TIMEOUT",
+    "MINIPAR_DEBUG",
+    "MINIPAR_TRANSPORT",
+    "MINIPAR_FAST_PATHS",
+    "MINIPAR_MISMATCH_AFTER",
+)
 
 
 class Pool:
@@ -148,13 +157,17 @@ class Pool:
                 del self.jobs[key]
         job.close()
 
-    def close(self) -> None:
+    def close(self) -> list[tuple[int, str, int]]:
+        """Ask every warm job to quit, then end it; (size, backend, exit status) of each: 0
+        when its ranks finalized minipar, the end-of-job comparison of the calls included
+        (comm/ending.py), and exited by themselves."""
         jobs = list(self.jobs.values())
         self.jobs.clear()
         for job in jobs:
             job.ask_to_quit()
         for job in jobs:
             job.close()
+        return [(job.size, job.backend, job.proc.returncode) for job in jobs]
 
 
 class Job:
@@ -175,8 +188,6 @@ class Job:
 
     # -- starting --------------------------------------------------------------------------
     def _start(self) -> None:
-        from minipar import launcher
-
         listener = socket.create_server(("127.0.0.1", 0), backlog=self.size)
         token = secrets.token_hex(16)
         address = f"127.0.0.1:{listener.getsockname()[1]}"
@@ -188,7 +199,7 @@ class Job:
             cmd, env = [sys.executable, *argv], dict(os.environ, PYTHONUNBUFFERED="1")
             env.setdefault("OMP_NUM_THREADS", "1")
             env.setdefault("MINIPAR_OVERSUBSCRIBED", "1")
-        env.update(self.env, **{TOKEN_ENV: token})
+        env.update(self.env, **{wire.TOKEN_ENV: token})
         self.proc = subprocess.Popen(
             cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -446,8 +457,6 @@ def _result(message: dict) -> dict:
 
 def launch_environ() -> dict:
     """The environment a job starts with: this process's, MINIPAR_TIMEOUT defaulted."""
-    from minipar.testing.harness import CASE_TIMEOUT
-
     env = dict(os.environ)
     env.setdefault("MINIPAR_TIMEOUT", CASE_TIMEOUT)
     return env

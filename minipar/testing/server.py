@@ -32,15 +32,13 @@ import signal
 import sys
 import traceback
 
+import minipar
 from minipar.testing import case, wire
 from minipar.testing.isolation import Isolation
-
-TOKEN_ENV = "MINIPAR_TEST_POOL_TOKEN"  # the pytest process accepts only its own ranks
+from minipar.testing.worker import load_suite
 
 
 def serve(backend: str, address: str, folder: str) -> None:
-    import minipar
-
     _warm()
     comm = minipar.init(backend=backend)
     control = comm.split(list(range(comm.size)), name="harness")
@@ -50,7 +48,7 @@ def serve(backend: str, address: str, folder: str) -> None:
     isolation = Isolation(backend, control)
     conn = wire.connect(address)
     conn.send({"op": "hello", "rank": comm.rank, "pid": os.getpid(),
-               "token": os.environ.get(TOKEN_ENV, "")})  # fmt: skip
+               "token": os.environ.get(wire.TOKEN_ENV, "")})  # fmt: skip
     while True:
         request = conn.receive()
         if request is None:  # the pytest process is gone: so is this job
@@ -68,8 +66,6 @@ def serve(backend: str, address: str, folder: str) -> None:
 
 def run_batch(request: dict, conn, isolation, size: int, capture) -> bool:
     """Run one batch of cases; False when the job must not serve another."""
-    from minipar.testing.worker import load_suite
-
     isolation.begin_batch(request)
     try:
         cases = load_suite(request["suite"]).cases(size)
@@ -116,9 +112,9 @@ def _missing(name: str, size: int):
 
 def _warm() -> None:
     """What nearly every suite imports, imported once per rank instead of once per launch."""
-    import numpy  # noqa: F401
-
     try:
+        # torch and the strategies (which import it), loaded before the first case: the
+        # server's own modules keep them out, so that a rank without torch still serves
         import torch  # noqa: F401
 
         import minipar.parallel  # noqa: F401

@@ -4,7 +4,7 @@ local TCP socket (127.0.0.1), one connection per rank.
     pytest -> rank   {"op": "run", "suite": PATH, "names": [...], "env": {...}, "unset": [...],
                       "timeout": SECONDS}                       a batch of cases of one suite
                      {"op": "quit"}
-    rank -> pytest   {"op": "hello", "rank": R, "pid": PID}     once, when the rank is warm
+    rank -> pytest   {"op": "hello", "rank": R, "pid": PID, "token": T}   once, when warm
                      {"op": "case", "name": N, "ok", "error", "output", "seconds"}
                      {"op": "synced", "name": N, "error": ..., "rebuild": ...}
                      {"op": "done"}                             the batch is over
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import socket
+
+TOKEN_ENV = "MINIPAR_TEST_POOL_TOKEN"  # the pytest process accepts only its own ranks' hello
 
 
 class Connection:

@@ -18,7 +18,8 @@ import os
 import socket
 import sys
 
-from minipar.testing import case
+import minipar
+from minipar.testing import case, isolation
 
 
 def load_suite(path: str):
@@ -32,8 +33,6 @@ def load_suite(path: str):
 
 
 def run_cases(path: str, outdir: str, backend: str, only=None) -> None:
-    import minipar
-
     comm = minipar.init(backend=backend)
     # the harness's own group: a case that times out can leave the world group's collectives
     # out of step, and the harness must still be able to compare notes after it
@@ -54,12 +53,14 @@ def run_cases(path: str, outdir: str, backend: str, only=None) -> None:
 
 
 def _realign(comm, control, ok: bool) -> None:
-    """After a case failed on some rank, put every rank's collective sequence number (and so its
-    message tags) back in step, so that one failure does not make every later case time out."""
+    """After a case failed on some rank, put every rank's account of the default group (calls,
+    their history, groups split: what tags and group ids carry) back in step, so that one
+    failure does not make every later case time out (testing/isolation.py)."""
     control.timeout = 3 * comm.timeout + 5  # the others may still be waiting out a timeout
-    seen = control.allgather_object((ok, comm._seq))
-    if not all(flag for flag, _ in seen):
-        comm._seq = max(seq for _, seq in seen)
+    seen = control.allgather_object((ok, isolation.account(comm)))
+    accounts = [account for _, account in seen]
+    if not all(flag for flag, _ in seen) and isolation.compare(accounts) is not None:
+        isolation.realign(comm, max(accounts, key=lambda account: account["seq"]))
 
 
 def _spawned(rank: int, size: int, port: int, path: str, outdir: str, only) -> None:

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 import minipar
-from minipar import buffers
-from minipar.ops import ReduceOp
+from minipar.collectives.reduce_op import ReduceOp
+from minipar.comm import buffers
 
 NUMPY = ["float64", "float32", "float16", "int8", "int32", "int64", "uint8", "bool"]
 TORCH = ["float32", "bfloat16", "float16", "int32", "int64", "bool"]
@@ -448,7 +448,8 @@ def thread_level_case():
 def lean_taken_case():
     """Small blocking all-reduces take the lean path (a plan is cached for their shape); async
     calls, traced calls, other algorithms and large buffers take the general one; all agree."""
-    from minipar.collectives import lean, registry
+    from minipar.collectives import registry
+    from minipar.collectives.fast import lean
 
     w = world()
     p, r = w.size, w.rank

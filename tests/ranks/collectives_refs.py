@@ -11,7 +11,7 @@ import torch
 from collectives import assert_close, f64, make, values
 
 import minipar
-from minipar.ops import ReduceOp
+from minipar.collectives.reduce_op import ReduceOp
 
 CASES = [
     ("float64", ReduceOp.SUM),

@@ -123,7 +123,7 @@ REDUCING = ("all_reduce", "reduce", "reduce_scatter")
 def reductions_seen():
     """Every reduction kernel call's operand devices: they must all be the data's device (the
     sums run there, not on host copies)."""
-    from minipar import ops
+    from minipar.collectives import reduce_op as ops
 
     seen, kernel = [], ops._reduce_torch
 

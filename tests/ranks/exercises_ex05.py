@@ -52,7 +52,7 @@ def buckets_shape():
     import torch
     from torch import nn
 
-    from minipar.parallel.ddp import make_buckets as reference
+    from minipar.parallel.data.ddp import make_buckets as reference
 
     minipar.init()
     model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 64), nn.Linear(64, 4))
@@ -77,7 +77,7 @@ def bucketed_matches_full_batch():
 
 
 def zero1_partition():
-    from minipar.parallel.zero import partition
+    from minipar.parallel.data.zero import partition
 
     minipar.init()
     fn = student("ex05_zero1_step", "partition")

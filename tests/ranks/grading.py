@@ -2,8 +2,8 @@
 
 tests/test_grading.py writes copies of solutions/ with one typical mistake each into
 MINIPAR_PLANTED/<mistake>/, then launches this suite once. Each case runs one planted copy beside
-the worked solution (minipar.stepdiff), catches the grader's ExplainedError and checks that it
-names the right phase, step, rank and chunk.
+the worked solution (minipar.course.stepdiff), catches the grader's ExplainedError and checks
+that it names the right phase, step, rank and chunk.
 """
 
 import functools
@@ -12,8 +12,9 @@ import os
 import numpy as np
 
 import minipar
-from minipar import exercises, stepdiff, whose
+from minipar import exercises
 from minipar.collectives.call import Call
+from minipar.course import stepdiff, whose
 
 
 def world():

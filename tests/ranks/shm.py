@@ -1,4 +1,4 @@
-"""The single-copy shared-memory transport (minipar/comm/shm.py, collectives/shm_direct.py) on
+"""The single-copy shared-memory transport (minipar/comm/shm.py, collectives/fast/windows.py) on
 real ranks: the collectives matrix's cases (numpy references, bitwise identity, every dtype and
 op) forced onto the windows with `algorithm="ring@shm"`, pieces and blocks, sub-groups, async
 calls in flight with blocking ones, the transport switch, and waits that time out or catch a

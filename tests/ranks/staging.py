@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import minipar
-from minipar import devices
 from minipar.errors import MessageSizeError
+from minipar.runtime import devices
 
 CHUNK = 1024  # bytes: every message of these cases is several chunks
 

@@ -84,6 +84,7 @@ class Timeline:
         return out
 
     def print(self, console=None, width: int = 72) -> None:
+        # here, not at the top of the file: rich loads only when used
         from minipar.term import Console
 
         (console or Console()).print(self.text(width))

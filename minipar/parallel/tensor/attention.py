@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from minipar.parallel.tensor import operators as ops
-from minipar.parallel.tensor.dense import DenseSelfAttention, causal_attention
+from minipar.parallel.tensor import plan
+from minipar.parallel.tensor.dense import AttentionCore, DenseSelfAttention
 from minipar.parallel.tensor.linear import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -47,6 +48,7 @@ class ParallelSelfAttention(nn.Module):
         self.qkv = ColumnParallelLinear(
             hidden_size, 3 * hidden_size, bias, group=group, sequence_parallel=sequence_parallel
         )
+        self.core = AttentionCore()  # causal attention on this rank's heads
         self.proj = RowParallelLinear(
             hidden_size, hidden_size, bias, group=group, sequence_parallel=sequence_parallel
         )
@@ -56,8 +58,13 @@ class ParallelSelfAttention(nn.Module):
         b, s, _ = qkv.shape
         q, k, v = qkv.split(self.local_heads * self.head_dim, dim=-1)
         q, k, v = (t.view(b, s, self.local_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        out = causal_attention(q, k, v).transpose(1, 2).reshape(b, s, -1)
+        out = self.attend(q, k, v).transpose(1, 2).reshape(b, s, -1)
         return self.proj(out)
+
+    def attend(self, q, k, v):
+        """Causal attention of this rank's heads, (b, local_heads, s, head_dim) each; context
+        parallelism overrides it (minipar.parallel.context.attention)."""
+        return self.core(q, k, v)
 
     @classmethod
     def from_dense(cls, dense: DenseSelfAttention, group=None, sequence_parallel: bool = False):
@@ -69,13 +76,7 @@ class ParallelSelfAttention(nn.Module):
             )
         bias = dense.qkv.bias is not None
         layer = cls(dense.hidden_size, dense.num_heads, bias, group, sequence_parallel)
-        _, r = group_size_and_rank(group)
-        h, width = dense.hidden_size, layer.local_heads * layer.head_dim
-        rows = torch.cat(
-            [torch.arange(i * h + r * width, i * h + (r + 1) * width) for i in range(3)]
-        )
-        layer.qkv.load_dense_rows_(dense.qkv.weight[rows], dense.qkv.bias[rows] if bias else None)
-        layer.proj = RowParallelLinear.from_dense(
-            dense.proj, group, sequence_parallel=sequence_parallel
-        )
+        p, r = group_size_and_rank(group)
+        plan.load_(layer.qkv, "qkv", dense.qkv, r, p)  # q, k and v each cut by heads
+        plan.load_(layer.proj, RowParallelLinear.style, dense.proj, r, p)
         return layer

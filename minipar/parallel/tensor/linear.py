@@ -26,12 +26,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-import minipar
+from minipar import runtime
 from minipar.parallel.tensor import operators as ops
+from minipar.parallel.tensor import plan
 
 
 def group_size_and_rank(group) -> tuple[int, int]:
-    return minipar.get_world_size(group), minipar.get_rank(group)
+    return runtime.get_world_size(group), runtime.get_rank(group)
 
 
 def _init_(weight: torch.Tensor, bias, fan_in: int) -> None:
@@ -86,13 +87,7 @@ class ColumnParallelLinear(nn.Module):
             y = ops.gather_from_tensor_parallel_region(y, self.group)
         return y
 
-    def load_dense_rows_(self, weight: torch.Tensor, bias) -> ColumnParallelLinear:
-        """Copy the given rows (this rank's slice) of a dense weight and bias in."""
-        with torch.no_grad():
-            self.weight.copy_(weight)
-            if self.bias is not None:
-                self.bias.copy_(bias)
-        return self
+    style = "colwise"  # how from_dense cuts the dense weights (plan.py)
 
     @classmethod
     def from_dense(cls, dense: nn.Linear, group=None, **kwargs) -> ColumnParallelLinear:
@@ -101,10 +96,7 @@ class ColumnParallelLinear(nn.Module):
         layer = cls(
             dense.in_features, dense.out_features, dense.bias is not None, group=group, **kwargs
         )
-        p, r = group_size_and_rank(group)
-        rows = slice(r * layer.weight.shape[0], (r + 1) * layer.weight.shape[0])
-        bias = dense.bias[rows] if dense.bias is not None else None
-        return layer.load_dense_rows_(dense.weight[rows], bias)
+        return plan.load_(layer, cls.style, dense, *reversed(group_size_and_rank(group)))
 
     def extra_repr(self) -> str:
         return (
@@ -157,6 +149,8 @@ class RowParallelLinear(nn.Module):
             y = ops.reduce_from_tensor_parallel_region(partial, self.group)  # g
         return y + self.bias if self.bias is not None else y
 
+    style = "rowwise"  # how from_dense cuts the dense weights (plan.py)
+
     @classmethod
     def from_dense(cls, dense: nn.Linear, group=None, **kwargs) -> RowParallelLinear:
         """This rank's contiguous slice of `dense`'s weight columns, and the full bias."""
@@ -164,13 +158,7 @@ class RowParallelLinear(nn.Module):
         layer = cls(
             dense.in_features, dense.out_features, dense.bias is not None, group=group, **kwargs
         )
-        _, r = group_size_and_rank(group)
-        width = layer.weight.shape[1]
-        with torch.no_grad():
-            layer.weight.copy_(dense.weight[:, r * width : (r + 1) * width])
-            if layer.bias is not None:
-                layer.bias.copy_(dense.bias)
-        return layer
+        return plan.load_(layer, cls.style, dense, *reversed(group_size_and_rank(group)))
 
     def extra_repr(self) -> str:
         return (

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-import minipar
+from minipar import collectives, runtime
 
 SEQUENCE_DIM = 1  # activations are (batch, seq, ..., hidden)
 
@@ -49,38 +49,38 @@ def _fresh(x: torch.Tensor) -> torch.Tensor:
 def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
     """Sum x over the group (1 collective, ring: 2 (p-1)/p * x.nbytes bytes sent per rank)."""
     out = _fresh(x)
-    if minipar.get_world_size(group) > 1:
-        minipar.all_reduce(out, group=group)
+    if runtime.get_world_size(group) > 1:
+        collectives.all_reduce(out, group=group)
     return out
 
 
 def _split(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     """This rank's contiguous slice of x along dim (no communication)."""
-    p, r = minipar.get_world_size(group), minipar.get_rank(group)
+    p, r = runtime.get_world_size(group), runtime.get_rank(group)
     check_divisible(x.shape[dim], p, f"dimension {dim % x.dim()} of the input")
     return x.chunk(p, dim=dim)[r].contiguous()
 
 
 def _gather(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     """Concatenate every rank's x along dim, in rank order (1 all-gather of p * x.nbytes)."""
-    p = minipar.get_world_size(group)
+    p = runtime.get_world_size(group)
     if p == 1:
         return _fresh(x)
     front = x.movedim(dim, 0).contiguous()  # minipar gathers flat blocks: put dim outermost
     out = front.new_empty((p * front.shape[0], *front.shape[1:]))
-    minipar.all_gather_into_tensor(out, front, group=group)
+    collectives.all_gather_into_tensor(out, front, group=group)
     return out.movedim(0, dim).contiguous()
 
 
 def _reduce_scatter(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     """Sum x over the group and keep this rank's slice along dim (1 reduce-scatter)."""
-    p = minipar.get_world_size(group)
+    p = runtime.get_world_size(group)
     if p == 1:
         return _fresh(x)
     check_divisible(x.shape[dim], p, f"dimension {dim % x.dim()} of the input")
     front = x.movedim(dim, 0).contiguous()
     out = front.new_empty((front.shape[0] // p, *front.shape[1:]))
-    minipar.reduce_scatter_tensor(out, front, group=group)
+    collectives.reduce_scatter_tensor(out, front, group=group)
     return out.movedim(0, dim).contiguous()
 
 

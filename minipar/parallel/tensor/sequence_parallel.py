@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import minipar
+from minipar import collectives, runtime
 
 
 def mark_sequence_parallel(module: nn.Module) -> nn.Module:
@@ -31,10 +31,10 @@ def sync_sequence_parallel_grads(module: nn.Module, group=None) -> int:
         for q in module.parameters()
         if getattr(q, "sequence_parallel", False) and q.grad is not None
     ]
-    if not grads or minipar.get_world_size(group) == 1:
+    if not grads or runtime.get_world_size(group) == 1:
         return 0
     flat = torch.cat([x.reshape(-1) for x in grads])
-    minipar.all_reduce(flat, group=group)
+    collectives.all_reduce(flat, group=group)
     offset = 0
     for x in grads:
         x.copy_(flat[offset : offset + x.numel()].view_as(x))

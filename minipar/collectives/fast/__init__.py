@@ -1,0 +1,41 @@
+"""The fast paths: the same messages and the same results as the plain path, in less time.
+
+A student can read past this folder. `collectives/api.py` checks a call's arguments, picks its
+algorithm (`registry.pick`: the cost model's choice) and runs it, step by step, in the algorithm's
+own file (`ring.py`, `tree.py`, ...). Three shortcuts sit beside that path, each one taken only
+where its result is bitwise the plain one's:
+
+    lean.py     a small blocking all-reduce runs from a plan worked out once per call shape
+                (the schedule, the signature's hash, a scratch buffer, the kernel)
+    direct.py   a step on numpy buffers over MPI posts mpi4py's own requests instead of
+                minipar's Request objects (Call.send / recv / sendrecv take it)
+    routing.py  inside one node, the bandwidth algorithms of all-reduce, all-gather and
+    windows.py  reduce-scatter run over shared windows (comm/shm.py), one copy a hop, when the
+                cost model prices that cheaper (or when asked: "ring@shm", MINIPAR_TRANSPORT)
+
+The switch: `minipar.init(fast_paths=False)` or MINIPAR_FAST_PATHS=0 turns all three off
+(`process.fast_paths`, minipar.state), so every call takes the path the algorithm files show;
+an explicit request for the windows ("ring@shm", MINIPAR_TRANSPORT=shm) is still honoured.
+tests/test_fast_paths.py checks that every collective gives the same bits either way.
+"""
+
+from __future__ import annotations
+
+from minipar.collectives.fast import lean, routing
+from minipar.state import process
+
+
+def all_reduce(comm, tensor, op, algorithm) -> bool:
+    """True if a blocking all-reduce ran on the lean path (lean.py); False: take the plain one."""
+    return process.fast_paths and lean.all_reduce(comm, tensor, op, algorithm)
+
+
+def route(comm, collective: str, name: str, fn, nbytes: int, buf):
+    """(name, function) that run this call: the algorithm as picked, or its schedule over
+    shared windows (routing.py)."""
+    return routing.route(comm, collective, name, fn, nbytes, buf)
+
+
+def direct_steps(comm) -> bool:
+    """Whether this group's steps on numpy buffers may take mpi4py's own requests (direct.py)."""
+    return process.fast_paths and comm.backend == "mpi"

@@ -1,0 +1,150 @@
+"""Fast path: which transport carries a collective call, MPI messages (the reference) or windows.
+
+Inside one node the single-copy windows of comm/shm.py move a byte with one copy where an MPI
+message takes two. Only the bandwidth algorithms of the collectives that move the most bytes
+take them (the ring's all-reduce, all-gather and reduce-scatter: the windows reduce each element
+in the ring's order, so the results are the same bits either way), and `auto`
+(also what `algorithm="auto"` resolves to) does so when every rank of the group shares this
+node, the buffer is in host memory, and the cost model prices the window's link below the
+algorithm over MPI (minipar.cost.prefers_shm: only with a fitted window link, MINIPAR_SHM_LINK
+from `minipar bench --fit`; never below cost.SHM_MIN_BYTES).
+
+Overrides, the same on every rank:
+- the environment: MINIPAR_TRANSPORT=mpi (never shared windows), shm (every built-in
+  algorithm of those collectives, at any size, whenever the group can share memory) or auto
+  (the default);
+- one call: `algorithm="ring@shm"` or `"ring@mpi"` (any algorithm name, then @transport).
+
+The trace shows the choice: a call that went through the windows is recorded with algorithm
+"<name>@shm" (and sends no messages).
+"""
+
+from __future__ import annotations
+
+import os
+
+from minipar import cost
+from minipar.collectives import registry
+from minipar.collectives.fast import windows
+from minipar.collectives.registry import split
+from minipar.comm import buffers, shm
+from minipar.state import process
+
+ENV = "MINIPAR_TRANSPORT"
+CHOICES = ("auto", "mpi", "shm")
+ROUTED = {  # the windows reduce in the ring's order (windows.py): the ring alone is routed
+    "all_reduce": ("ring",),
+    "all_gather": ("ring",),
+    "reduce_scatter": ("ring",),
+}
+
+
+def bench_variants(collective: str) -> list[str]:
+    """Extra `minipar bench` rows: the ring forced onto each transport, side by side."""
+    return ["ring@mpi", "ring@shm"] if collective in ROUTED else []
+
+
+def _env():
+    """MINIPAR_TRANSPORT as set now (tests and users may change it between calls)."""
+    value = env_raw()
+    return None if value is None or isinstance(value, str) else os.fsdecode(value)
+
+
+def env_raw():
+    """The same, undecoded, read from os.environ's own dict: `os.environ.get` of a missing name
+    raises and catches a KeyError inside (~1-10 us), which every collective call would pay."""
+    data = getattr(os.environ, "_data", None)
+    if data is None:  # pragma: no cover - not CPython's os._Environ
+        return os.environ.get(ENV)
+    return data.get(_ENV_KEY)
+
+
+_ENV_KEY = os.fsencode(ENV) if os.name != "nt" else ENV.upper()
+AUTO_RAW = (None, b"auto", "auto")  # env_raw() values that mean "auto"
+
+
+def requested() -> str:
+    """MINIPAR_TRANSPORT, checked (a typo is an error, not silently MPI)."""
+    value = (_env() or "auto").strip().lower() or "auto"
+    if value not in CHOICES:
+        raise ValueError(f"{ENV} must be one of {', '.join(CHOICES)}, got {value!r}")
+    return value
+
+
+def route(comm, collective: str, name: str, fn, nbytes: int, buf):
+    """(name, function) that run this call: fn over the group's transport, or the single-copy
+    schedule over shared windows. Decided from what every rank shares (the collective, the
+    algorithm, the size, the environment), so all ranks decide alike; the first call that may
+    use the windows probes the node, collectively. With the fast paths off (minipar.state's
+    `process.fast_paths`) only an explicit request takes them: "ring@shm", MINIPAR_TRANSPORT=shm."""
+    raw = env_raw()
+    if (
+        type(name) is str
+        and name in registry.BUILTIN.get(collective, ())
+        and raw in AUTO_RAW
+        and (
+            not process.fast_paths
+            or not (name in ROUTED.get(collective, ()) and nbytes >= cost.SHM_MIN_BYTES)
+        )
+    ):
+        return name, fn  # the common case, decided in a few lookups: MPI, as always
+    node = _node_for(comm, collective, name, nbytes, buf)
+    if node is None:
+        return name, fn
+    base = split(name)[0]
+    ticket, schedule = node.ticket(), windows.SCHEDULES[collective]
+
+    def run(call, *args):
+        node.run(ticket, call.context(), lambda: schedule(node, call, *args))
+
+    run.__name__ = f"{base}@shm"
+    return f"{base}@shm", run
+
+
+def choice(comm, collective: str, name: str, nbytes: int, buf) -> str:
+    """The name `route` would give this call (for the bench's "auto → ..." column)."""
+    return f"{split(name)[0]}@shm" if _node_for(comm, collective, name, nbytes, buf) else name
+
+
+def _node_for(comm, collective, name, nbytes, buf):
+    """The SharedNode this call should run on, or None for the group's own transport."""
+    if not isinstance(name, str) or comm.size == 1:
+        return None  # one rank: nothing moves, any schedule is the identity
+    base, forced = split(name)
+    mode = forced or requested()
+    if mode == "mpi" or (mode == "auto" and base not in ROUTED.get(collective, ())):
+        return None
+    if mode == "auto" and not process.fast_paths:
+        return None  # the switch is off: only an explicit request takes the windows
+    if mode == "shm" and not forced and base not in registry.BUILTIN.get(collective, ()):
+        return None  # a user's own algorithm runs as written
+    if collective not in windows.SCHEDULES or buf is None or buffers.is_cuda(buf):
+        if forced:
+            what = f"{collective} of {buffers.describe(buf)}" if buf is not None else collective
+            raise ValueError(
+                f"{name!r}: the shared-memory transport carries {', '.join(ROUTED)} "
+                f"of host buffers only, not {what}"
+            )
+        return None
+    if mode == "auto" and not cost.prefers_shm(collective, base, nbytes, comm.size):
+        return None
+    node = shm.node_of(comm, f"{collective} (algorithm {name}) on group {comm.name}")
+    if node is None and forced:
+        raise ValueError(
+            f"{name!r}: group {comm.name} cannot share memory (its ranks span nodes, or its "
+            "transport is not MPI)"
+        )
+    return node
+
+
+def describe(comm) -> str:
+    """The transport line of the bench header and `minipar doctor` (collective: it may probe)."""
+    try:
+        mode = requested()
+    except ValueError as error:
+        return str(error)
+    if mode == "mpi" or getattr(comm, "backend", None) != "mpi":
+        return f"{comm.backend} messages only ({ENV}={mode})"
+    if shm.node_of(comm) is None:
+        return f"mpi only: the group cannot share memory ({ENV}={mode})"
+    return f"shm + mpi ({ENV}={mode}): single-copy windows across the {comm.size} ranks"

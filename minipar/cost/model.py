@@ -1,0 +1,235 @@
+"""The alpha-beta-gamma cost model: how long a collective should take, from three numbers.
+
+    time = steps * alpha  +  bytes_sent * beta  +  (bytes_reduced + bytes_copied) * gamma
+
+alpha is the cost of one message (latency), beta the cost of one byte on the link (1/bandwidth),
+gamma the cost of reducing one byte (1/reduction rate). Local copies (a scratch buffer filled
+from the input, a final rotation) are one pass over memory like a reduction, and are priced at
+gamma too: without them `auto` could not tell a ring all-gather from Bruck's, which sends the
+same bytes in as many steps on 2 ranks but copies the whole output once more. `traffic()` counts
+steps and bytes for
+each (collective, algorithm) from the same formulas the algorithms' docstrings state and the
+tests check against the trace ledger; `predict()` prices them on a `Link`.
+(Hockney 1994; Thakur, Rabenseifner and Gropp 2005; Patarasuk and Yuan 2009.)
+
+nbytes is the size of the whole buffer, as in nccl-tests: the vector being reduced or broadcast,
+the full output of an all-gather, the full input of a reduce-scatter, the root's buffer of a
+scatter or gather, one rank's whole send buffer of an all-to-all.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass
+
+from minipar.cost.links import DGX_B200, SHM_LINK_ENV, Hierarchy, Link, default_link, shm_link
+
+SEGMENT_BYTES = 1 << 18  # must match collectives.ring.SEGMENT_BYTES (checked by a test)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    steps: int  # rounds of the algorithm (the ledger's steps, max over ranks)
+    bytes_sent: float  # by the busiest rank
+    bytes_reduced: float  # by the busiest rank
+    exact: bool = True  # False: bytes_sent is an upper bound (uneven splits, folded ranks)
+    bytes_copied: float = 0.0  # local copies by the busiest rank (root 0 where there is one)
+
+
+def _log2ceil(p: int) -> int:
+    return (p - 1).bit_length()
+
+
+def _fold(p: int) -> tuple[int, int]:
+    p2 = 1 << (p.bit_length() - 1)
+    return p2, p - p2
+
+
+def _doubling_blocks(p: int) -> int:
+    """Blocks the busiest rank sends in a folded recursive-doubling all-gather's butterfly: in
+    step k, participant 0's group of 2^k stands for 2^k + min(2^k, rem) ranks' blocks."""
+    p2, rem = _fold(p)
+    return sum((1 << k) + min(1 << k, rem) for k in range(p2.bit_length() - 1))
+
+
+def traffic(collective: str, algorithm: str, nbytes: float, p: int) -> Traffic:
+    """Steps and bytes of one call. Exact when p divides nbytes evenly, unless noted."""
+    N, L = nbytes, _log2ceil(p)
+    p2, rem = _fold(p)
+    k2, extra = p2.bit_length() - 1, 1 if rem else 0
+    if p == 1:
+        return Traffic(0, 0, 0)
+    table = {
+        ("broadcast", "linear"): (p - 1, (p - 1) * N, 0),
+        ("broadcast", "tree"): (L, L * N, 0),
+        ("broadcast", "ring"): (max(1, math.ceil(N / SEGMENT_BYTES)) + p - 2, N, 0),
+        ("reduce", "linear"): (p - 1, N, (p - 1) * N),
+        ("reduce", "tree"): (L, N, L * N),
+        ("all_reduce", "linear"): (2 * (p - 1), (p - 1) * N, (p - 1) * N),
+        ("all_reduce", "tree"): (2 * L, L * N, L * N),
+        ("all_reduce", "ring"): (2 * (p - 1), 2 * (p - 1) / p * N, (p - 1) / p * N),
+        ("all_reduce", "recursive_doubling"): (k2 + 2 * extra, (k2 + extra) * N, (k2 + extra) * N),
+        ("all_reduce", "rabenseifner"): (
+            2 * k2 + 2 * extra,
+            2 * (p2 - 1) / p2 * N + extra * N,
+            (p2 - 1) / p2 * N + extra * N,
+        ),
+        ("all_reduce", "double_tree"): (2 * (p.bit_length() - 1), 2 * N, N),
+        ("all_gather", "linear"): (2 * (p - 1), (p - 1) * N, 0),
+        ("all_gather", "ring"): (p - 1, (p - 1) / p * N, 0),
+        ("all_gather", "recursive_doubling"): (
+            k2 + 2 * extra,
+            _doubling_blocks(p) * N / p + extra * N,
+            0,
+        ),
+        ("all_gather", "bruck"): (L, (p - 1) / p * N, 0),
+        ("reduce_scatter", "linear"): (2 * (p - 1), N, (p - 1) * N),
+        ("reduce_scatter", "ring"): (p - 1, (p - 1) / p * N, (p - 1) / p * N),
+        ("reduce_scatter", "recursive_halving"): (
+            k2 + 2 * extra,
+            extra * N + (p - 1) / p * N,
+            (p - 1) / p * N + extra * N,
+        ),
+        ("scatter", "linear"): (p - 1, (p - 1) / p * N, 0),
+        ("scatter", "tree"): (L, (p - 1) / p * N, 0),
+        ("gather", "linear"): (p - 1, N / p, 0),
+        ("gather", "tree"): (L, max(min(1 << k, p - (1 << k)) for k in range(L)) * N / p, 0),
+        ("all_to_all", "linear"): (p - 1, (p - 1) / p * N, 0),
+        ("all_to_all", "pairwise"): (p - 1, (p - 1) / p * N, 0),
+        ("barrier", "dissemination"): (L, 0, 0),
+    }
+    try:
+        steps, sent, reduced = table[(collective, algorithm)]
+    except KeyError:
+        raise ValueError(f"no cost formula for {collective} with algorithm {algorithm!r}") from None
+    inexact = algorithm == "double_tree" or (
+        rem and algorithm in ("recursive_doubling", "recursive_halving")
+    )
+    return Traffic(steps, sent, reduced, not inexact, _copied(collective, algorithm, N, p))
+
+
+def _copied(collective: str, algorithm: str, N: float, p: int) -> float:
+    """Bytes the busiest rank copies locally, outside messages (read from the algorithms)."""
+    n = N / p  # one rank's block
+    copies = {
+        ("reduce", "tree"): N if p >= 4 else 0,  # an inner node keeps x: works on a copy
+        ("all_reduce", "tree"): N if p >= 4 else 0,
+        ("all_gather", "linear"): n,  # the own block into the output
+        ("all_gather", "ring"): n,
+        ("all_gather", "recursive_doubling"): n,
+        ("all_gather", "bruck"): n + N,  # into scratch, then the rotation into rank order
+        ("reduce_scatter", "linear"): N + n,  # the input into scratch; the root's block out
+        ("reduce_scatter", "recursive_halving"): N + n,
+        ("scatter", "linear"): n,
+        ("scatter", "tree"): n,
+        ("gather", "linear"): n,
+        ("gather", "tree"): N + n,  # the root's own block, then the unrotation
+        ("all_to_all", "linear"): n,
+        ("all_to_all", "pairwise"): n,
+    }
+    return copies.get((collective, algorithm), 0)
+
+
+def predict(collective: str, algorithm: str, nbytes: float, world_size: int, link=None) -> float:
+    """Seconds for one call: steps alpha + bytes_sent beta + (bytes_reduced + copied) gamma."""
+    link = link or default_link()
+    t = traffic(collective, algorithm, nbytes, world_size)
+    local = t.bytes_reduced + t.bytes_copied
+    return t.steps * link.alpha + t.bytes_sent * link.beta + local * link.gamma
+
+
+def choose(collective: str, candidates, nbytes: float, world_size: int, link=None) -> str:
+    """The candidate algorithm with the lowest predicted time (ties: the first listed).
+
+    Every `algorithm="auto"` call asks this, so answers are cached (pricing all candidates
+    costs tens of microseconds of Python, more than a small all-reduce itself)."""
+    return _choose(collective, tuple(candidates), nbytes, world_size, link or default_link())
+
+
+@functools.lru_cache(maxsize=4096)
+def _choose(collective: str, candidates: tuple, nbytes: float, world_size: int, link) -> str:
+    return min(candidates, key=lambda a: predict(collective, a, nbytes, world_size, link))
+
+
+def crossover(collective: str, small: str, large: str, world_size: int, link=None):
+    """The message size (bytes) above which `large` is predicted faster than `small`, or None
+    if one wins at every size from 1 B to 1 TiB. Bisection on the sign of the difference."""
+
+    def large_wins(n: float) -> bool:
+        return predict(collective, large, n, world_size, link) < predict(
+            collective, small, n, world_size, link
+        )
+
+    lo, hi = 1.0, float(1 << 40)
+    if large_wins(lo) or not large_wins(hi):
+        return None
+    while hi / lo > 1.001:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if large_wins(mid) else (mid, hi)
+    return hi
+
+
+SHM_MIN_BYTES = 64 << 10  # `auto` keeps smaller messages on MPI: latency, not copies, rules
+
+
+def shm_traffic(collective: str, nbytes: float, p: int) -> Traffic:
+    """Waits, bytes copied through the windows and bytes reduced by one rank of the single-copy
+    schedules (collectives/shm_direct.py); bytes_sent counts copies, priced at the link's beta."""
+    N, c = nbytes, (p - 1) / p * nbytes
+    table = {
+        "all_reduce": (3, c + N / p + c, c),  # publish p-1 chunks, my result, copy p-1 out
+        "all_gather": (2, N / p + N, 0),  # publish my block; my block and p-1 others out
+        "reduce_scatter": (2, c, c),  # publish p-1 blocks; reduce mine from p copies
+    }
+    steps, copied, reduced = table[collective]
+    return Traffic(steps, copied, reduced)
+
+
+def predict_shm(collective: str, nbytes: float, p: int, link=None) -> float:
+    link = link or shm_link()
+    t = shm_traffic(collective, nbytes, p)
+    return t.steps * link.alpha + t.bytes_sent * link.beta + t.bytes_reduced * link.gamma
+
+
+def prefers_shm(collective: str, algorithm: str, nbytes: float, p: int, mpi=None, shm=None):
+    """Whether the shared windows beat `algorithm` over MPI messages for this call. Only a
+    measured window link can say so (MINIPAR_SHM_LINK, from `minipar bench --fit`, or `shm=`):
+    until then `auto` keeps every call on MPI, the reference, whose messages the ledger counts."""
+    if nbytes < SHM_MIN_BYTES or (shm is None and not os.environ.get(SHM_LINK_ENV)):
+        return False
+    return _prefers_shm(collective, algorithm, nbytes, p, mpi or default_link(), shm or shm_link())
+
+
+@functools.lru_cache(maxsize=4096)
+def _prefers_shm(collective, algorithm, nbytes, p, mpi, shm) -> bool:
+    return predict_shm(collective, nbytes, p, shm) < predict(collective, algorithm, nbytes, p, mpi)
+
+
+def all_reduce_on_cluster(
+    nbytes: float, nodes: int, algorithm: str = "hierarchical", hierarchy: Hierarchy = DGX_B200
+) -> float:
+    """Seconds to all-reduce nbytes on every GPU of `nodes` nodes.
+
+    "ring": one flat ring over all p = nodes * per_node GPUs. Every step moves n/p bytes over
+    every link at once and ends when the slowest lands, so with more than one node each of the
+    2 (p-1) steps costs an InfiniBand hop: 2 (p-1) (alpha_ib + n/p beta_ib).
+    "hierarchical": ring reduce-scatter inside each node (NVLink), then each GPU all-reduces its
+    n/per_node shard with the same-numbered GPU of every other node (per_node rings at once, one
+    per NIC), then ring all-gather inside the node. InfiniBand carries per_node times fewer bytes
+    per GPU: 2 (m-1)/m * n/per_node instead of 2 (p-1)/p * n.
+    """
+    h, g = hierarchy, hierarchy.per_node
+    p = nodes * g
+    if algorithm == "ring":
+        slow = h.inter if nodes > 1 else h.intra
+        link = Link("flat", slow.alpha, slow.beta, h.intra.gamma)
+        return predict("all_reduce", "ring", nbytes, p, link)
+    if algorithm != "hierarchical":
+        raise ValueError(f"algorithm must be 'ring' or 'hierarchical', got {algorithm!r}")
+    # the ring all-reduce in a node is its reduce-scatter and its all-gather, in place: the
+    # cross-node step goes between the two and changes neither's cost
+    inside = predict("all_reduce", "ring", nbytes, g, h.intra)
+    across = predict("all_reduce", "ring", nbytes / g, nodes, h.inter) if nodes > 1 else 0.0
+    return inside + across

@@ -1,0 +1,242 @@
+"""Lesson 01: why parallelism, and the hierarchy of memory and links (lessons/01_hierarchy.md).
+
+    minipar lesson 01            # python -m minipar.course.lessons.l01_hierarchy on 2 ranks
+
+Predicts, with arithmetic and the cost model: how many bytes training a 7B and a 70B model holds
+(it does not fit one GPU), how fast each level of the hierarchy moves them (HBM, NVLink,
+PCIe, InfiniBand), and how long one all-reduce of the gradients takes on each link. Then
+measures the same two things on this machine: memory copy bandwidth (the "HBM" here) against
+rank-to-rank message bandwidth and latency (the "link" here).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from minipar import cost
+from minipar.course.lessons import hardware
+from minipar.course.lessons.page import Page, fmt_bytes, fmt_rate, fmt_time
+
+# Mixed-precision training with Adam keeps, per parameter (the ZeRO paper's accounting):
+BYTES_PER_PARAM = {
+    "weights (bf16)": 2,
+    "gradients (bf16)": 2,
+    "fp32 master weights": 4,
+    "Adam first moment m (fp32)": 4,
+    "Adam second moment v (fp32)": 4,
+}
+MODELS = {"7B": 7e9, "70B": 70e9}
+GRADIENT_BYTES = 2  # bf16 gradients are what data parallelism all-reduces
+
+
+def training_bytes(params: float) -> float:
+    """Bytes of weights, gradients and optimizer state (no activations)."""
+    return params * sum(BYTES_PER_PARAM.values())
+
+
+def gpus_needed(params: float, gpu: hardware.GPU) -> int:
+    """The fewest GPUs whose memory together holds the training state (states split evenly,
+    as ZeRO-3/FSDP does; activations and fragmentation not counted, so a lower bound)."""
+    return math.ceil(training_bytes(params) / gpu.hbm_bytes)
+
+
+def allreduce_gradients(params: float, gpus: int, link_name: str) -> float:
+    """Predicted seconds for one ring all-reduce of the bf16 gradients over `gpus` GPUs."""
+    return cost.predict(
+        "all_reduce", "ring", params * GRADIENT_BYTES, gpus, hardware.link(link_name)
+    )
+
+
+def hierarchy_rows():
+    """(level, example, bandwidth each way, fraction of HBM, time to move a 7B model's bf16
+    gradients once) per level, fastest first."""
+    levels = [
+        ("HBM (on the GPU)", "B200 HBM3e", "hbm3e"),
+        ("NVLink (in the node)", "NVLink 5 + NVSwitch", "nvlink5"),
+        ("PCIe (GPU to host/NIC)", "PCIe 5.0 x16", "pcie5"),
+        ("InfiniBand (between nodes)", "NDR 400 Gb/s", "ib_ndr"),
+    ]
+    grads = MODELS["7B"] * GRADIENT_BYTES
+    hbm = hardware.rate(hardware.link("hbm3e"))
+    rows = []
+    for level, example, name in levels:
+        r = hardware.rate(hardware.link(name))
+        rows.append((level, example, fmt_rate(r), f"{r / hbm:.3g}", fmt_time(grads / r)))
+    return rows
+
+
+def nvlink_to_hbm() -> float:
+    """The seed's "about a quarter": NVLink 5's 1.8 TB/s (total) over HBM's 8 TB/s."""
+    return hardware.B200.nvlink_total / hardware.B200.hbm_rate
+
+
+def claims() -> list[str]:
+    """Numbers lessons/01_hierarchy.md states; tests/test_lessons.py checks each is in the text."""
+    seven, seventy = MODELS["7B"], MODELS["70B"]
+    return [
+        f"{sum(BYTES_PER_PARAM.values())} bytes per parameter",
+        f"{training_bytes(seven) / 1e9:.0f} GB",
+        f"{training_bytes(seventy) / 1e9:.0f} GB",
+        f"{gpus_needed(seven, hardware.GPUS[0])} H100s",
+        f"{gpus_needed(seventy, hardware.B200)} B200s",
+        f"{gpus_needed(seventy, hardware.GPUS[0])} H100s",
+        f"{nvlink_to_hbm():.3g}",
+        fmt_rate(hardware.rate(hardware.link("nvlink5"))),
+        fmt_time(allreduce_gradients(seven, 8, "nvlink5")),
+        fmt_time(allreduce_gradients(seven, 8, "ib_ndr")),
+        fmt_time(seven * GRADIENT_BYTES / hardware.rate(hardware.link("hbm3e"))),
+        *(f"{gpu.hbm_bytes / 1e9:.0f} GB" for gpu in hardware.GPUS),
+        fmt_rate(hardware.B200.nvlink_total),
+        fmt_rate(hardware.B200.hbm_rate),
+        *(fmt_rate(hardware.rate(hardware.link(name))) for name in ("pcie5", "ib_ndr")),
+        f"{slower('nvlink5'):.2g} times",
+        f"{slower('ib_ndr'):.0f} times",
+    ]
+
+
+def slower(name: str) -> float:
+    """How many times longer a transfer takes over link `name` than at HBM3e speed."""
+    return hardware.rate(hardware.link("hbm3e")) / hardware.rate(hardware.link(name))
+
+
+# -- the measurements on this machine ---------------------------------------------------------
+
+
+def copy_rate(nbytes: int, reps: int) -> float:
+    """Best memory copy bandwidth, bytes/s (counting the bytes copied, as a link moves them)."""
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    best = math.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best
+
+
+def ping_pong(comm, nbytes: int, reps: int) -> float:
+    """Best one-way time of an nbytes message between ranks 0 and 1 (half a round trip)."""
+    buf = np.zeros(max(nbytes, 1), dtype=np.uint8)
+    best = math.inf
+    for _ in range(reps):
+        if comm.rank == 0:
+            t0 = time.perf_counter()
+            comm.send(buf, 1)
+            comm.recv(buf, 1)
+            best = min(best, (time.perf_counter() - t0) / 2)
+        elif comm.rank == 1:
+            comm.recv(buf, 0)
+            comm.send(buf, 0)
+    return best
+
+
+def memory_section(page: Page) -> None:
+    page.prediction("the bytes of training a model, against one GPU's memory")
+    rows = []
+    for part, b in BYTES_PER_PARAM.items():
+        rows.append((part, b, *(f"{p * b / 1e9:.0f} GB" for p in MODELS.values())))
+    rows.append(
+        (
+            "total",
+            sum(BYTES_PER_PARAM.values()),
+            *(f"{training_bytes(p) / 1e9:.0f} GB" for p in MODELS.values()),
+        )
+    )
+    page.table(
+        "Training state (activations not counted)",
+        ["what", "bytes/param>", *(f"{m}>" for m in MODELS)],
+        rows,
+        caption="GB here are 10^9 bytes, as GPU memory is sold",
+    )
+    rows = []
+    for gpu in hardware.GPUS:
+        cells = []
+        for p in MODELS.values():
+            need = gpus_needed(p, gpu)
+            cells.append("fits" if need == 1 else f"needs >= {need} GPUs")
+        rows.append((gpu.name, f"{gpu.hbm_bytes / 1e9:.0f} GB", *cells))
+    page.table("One GPU's HBM", ["GPU", "HBM>", *MODELS], rows)
+
+
+def hierarchy_section(page: Page) -> None:
+    page.prediction("the hierarchy: how fast each level moves bytes")
+    page.table(
+        "Moving a 7B model's bf16 gradients (14 GB) once, per level",
+        ["level", "example", "bandwidth each way>", "x HBM>", "time>"],
+        hierarchy_rows(),
+    )
+    page.say(
+        f"NVLink 5 / HBM (both as the seed quotes them, 1.8 TB/s and 8 TB/s): "
+        f"{nvlink_to_hbm():.3g}, about a quarter."
+    )
+    rows = []
+    for gpus, name in ((8, "nvlink5"), (8, "ib_ndr"), (64, "ib_ndr")):
+        t = allreduce_gradients(MODELS["7B"], gpus, name)
+        rows.append((gpus, name, fmt_time(t)))
+    page.table(
+        "cost.predict: ring all-reduce of 7B bf16 gradients",
+        ["GPUs>", "link", "predicted>"],
+        rows,
+    )
+
+
+def machine_section(page: Page) -> None:
+    link = cost.default_link()
+    nbytes = (16 if page.quick else 64) << 20
+    reps = 3 if page.quick else 5
+    page.prediction(f"this machine, from the cost model's default link ({link.name})")
+    page.table(
+        None,
+        ["quantity", "predicted>"],
+        [
+            ("one message's latency (alpha)", fmt_time(link.alpha)),
+            ("rank-to-rank bandwidth (1/beta)", fmt_rate(1 / link.beta)),
+            (f"one-way time of {fmt_bytes(nbytes)}", fmt_time(link.alpha + nbytes * link.beta)),
+        ],
+    )
+    mem = page.gather(copy_rate(nbytes, reps))
+    latency = ping_pong(page.comm, 8, 50 if page.quick else 200)
+    big = ping_pong(page.comm, nbytes, reps)
+    latency, big = page.gather((latency, big))[0]
+    page.measurement("this machine")
+    page.table(
+        None,
+        ["quantity", "measured>"],
+        [
+            ("memory copy bandwidth (best rank)", fmt_rate(max(mem))),
+            ("one message's latency (8 B, ping-pong / 2)", fmt_time(latency)),
+            (f"one-way time of {fmt_bytes(nbytes)}", fmt_time(big)),
+            ("rank-to-rank bandwidth", fmt_rate(nbytes / big)),
+            ("rank-to-rank / memory copy", f"{nbytes / big / max(mem):.3g}"),
+        ],
+    )
+    page.say(
+        f"On a B200 the link/memory ratio is {nvlink_to_hbm():.3g}. Here both 'links' are memory: "
+        "a message is one or two copies through shared memory plus Python's overhead."
+    )
+    page.check(latency > 0 and big > latency, "a big message takes longer than a tiny one")
+
+
+def main(argv=None) -> int:
+    page = Page("01", "Why parallelism, and the hierarchy", min_ranks=2, argv=argv)
+    if page.enough:
+        memory_section(page)
+        hierarchy_section(page)
+        machine_section(page)
+        page.try_this(
+            [
+                "Change BYTES_PER_PARAM for pure bf16 training with 8-bit Adam: does 70B fit "
+                "on 8 B200s?",
+                "minipar lesson 01 -n 4: does the latency grow when ranks share cores?",
+                "Predict the all-reduce time for 405B parameters on 8 GPUs over NVLink 5, "
+                "then over InfiniBand (allreduce_gradients).",
+            ]
+        )
+    return page.finish()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,321 @@
+"""Lesson 04: topology and bandwidth (text: lessons/04_topology_bandwidth.md).
+
+    minipar lesson 04 -n 2                 # python -m minipar.course.lessons.l04_topology_bandwidth
+    minipar lesson 04 --break no-wait      # a benchmark that forgets to wait, caught
+
+A small all-reduce benchmark on this machine, the way nccl-tests reports it: time, algbw
+(bytes / time) and busbw (algbw * 2(p-1)/p, comparable to a link's speed). First the cost model
+predicts each time; then minipar's ring, minipar's `auto` and MPI's own MPI_Allreduce are timed,
+against the roofline (the least time any all-reduce could take in this machine's memory). Then
+alpha and beta are fitted to the measurements, and the model is scaled to an 8-GPU NVLink node
+and to clusters of nodes joined by InfiniBand. `minipar bench` is the full version.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+import minipar
+from minipar import cost, launcher
+from minipar.comm import shm
+from minipar.cost import roofline
+from minipar.course.lessons import planted
+from minipar.course.lessons.page import Page, fmt_bytes, fmt_rate, fmt_time
+
+GRADIENTS_7B = 7e9 * 2  # a 7B-parameter model's bf16 gradients, bytes
+
+
+def bus_factor(p: int) -> float:
+    """All-reduce's busbw / algbw (nccl-tests): each rank's link carries 2(p-1)/p of the buffer
+    in a bandwidth-optimal all-reduce, so busbw is what the link itself delivered."""
+    return 2 * (p - 1) / p
+
+
+def fit_alpha_beta(steps, nbytes, seconds) -> tuple[float, float]:
+    """Least squares for seconds = steps * alpha + nbytes * beta, on relative error (each row
+    divided by its time), so that 8 B and 16 MiB count alike although their times differ a
+    thousandfold. Exercise ex04 asks for the plain fit, one step per message."""
+    t = np.asarray(seconds, float)
+    a = np.column_stack([np.asarray(steps, float), np.asarray(nbytes, float)]) / t[:, None]
+    (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    return float(alpha), float(beta)
+
+
+def cluster_rows():
+    """(GPUs, where, algorithm, predicted seconds) for all-reducing 7B bf16 gradients."""
+    rows = []
+    for nodes, algorithm in (
+        (1, "ring"),
+        (8, "ring"),
+        (8, "hierarchical"),
+        (64, "ring"),
+        (64, "hierarchical"),
+    ):
+        where = "one node, NVLink 5" if nodes == 1 else f"{nodes} nodes, NVLink 5 + IB NDR"
+        seconds = cost.all_reduce_on_cluster(GRADIENTS_7B, nodes, algorithm, cost.DGX_B200)
+        rows.append((nodes * cost.DGX_B200.per_node, where, algorithm, seconds))
+    return rows
+
+
+def claims() -> list[str]:
+    """Numbers lessons/04_topology_bandwidth.md states; tests/test_lessons.py checks the text."""
+    return [
+        f"{bus_factor(4):g}",
+        f"{bus_factor(8):g}",
+        *(fmt_time(seconds) for *_, seconds in cluster_rows()),
+        f"({GRADIENTS_7B / 1e9:.0f} GB)",
+        fmt_rate(1 / cost.NVLINK5.beta),
+        f"{cost.DGX_B200.per_node} times fewer bytes",
+    ]
+
+
+# -- measuring -------------------------------------------------------------------------------------
+
+
+def timed(page: Page, op, reps: int) -> float:
+    """Median over reps of (barrier; op()), each iteration's time the slowest rank's."""
+    op()  # warm up
+    mine = []
+    for _ in range(reps):
+        page.comm.barrier()
+        t0 = time.perf_counter()
+        op()
+        mine.append(time.perf_counter() - t0)
+    return float(np.median(np.max(np.array(page.gather(mine)), axis=0)))
+
+
+def implementations(page: Page, x: np.ndarray) -> dict:
+    """name -> a no-argument function that all-reduces x in place."""
+    ops = {
+        "minipar ring": lambda: minipar.all_reduce(x, algorithm="ring"),
+        "minipar auto": lambda: minipar.all_reduce(x),
+    }
+    mpi = getattr(page.comm, "mpi", None)  # the MPI transport's own communicator
+    if mpi is not None:
+        from mpi4py import MPI
+
+        ops["MPI_Allreduce"] = lambda: mpi.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
+    return ops
+
+
+def kernel_rates(page: Page, nbytes: int) -> tuple[float, float]:
+    """This machine's copy and add bandwidth (bytes/s), every rank at once."""
+    return roofline.kernel_rates(
+        nbytes, "float32", page.comm.barrier, lambda t: max(page.gather(t)), min_seconds=0.02
+    )
+
+
+def sizes(quick: bool) -> list[int]:
+    return [8, 256 << 10, 8 << 20] if quick else [8 << k for k in range(0, 24, 3)]
+
+
+# -- sections --------------------------------------------------------------------------------------
+
+
+def predict_section(page: Page) -> None:
+    p, link = page.size, cost.default_link()
+    page.prediction(f"ring all-reduce on {p} ranks, link {link.name}")
+    page.say(
+        f"algbw = bytes / time; busbw = algbw x 2(p-1)/p = algbw x {bus_factor(p):g}. The model: "
+        f"2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma, with alpha {fmt_time(link.alpha)}, "
+        f"1/beta {fmt_rate(1 / link.beta)}, 1/gamma {fmt_rate(1 / link.gamma)}."
+    )
+    rows = []
+    for n in sizes(page.quick):
+        t = cost.predict("all_reduce", "ring", n, p, link)
+        rows.append((fmt_bytes(n), fmt_time(t), fmt_rate(n / t), fmt_rate(n / t * bus_factor(p))))
+    page.table(None, ["size>", "time>", "algbw>", "busbw>"], rows)
+    knee = link.alpha / link.beta * p  # where the ring's latency and bandwidth terms are equal
+    page.say(
+        f"The knee (latency = bandwidth term) is near {fmt_bytes(knee)}: below it time is "
+        "flat (latency-bound), above it grows with n (bandwidth-bound)."
+    )
+
+
+def bench_section(page: Page) -> list[tuple]:
+    p = page.size
+    big = max(sizes(page.quick))
+    copy_rate, add_rate = kernel_rates(page, big)
+    page.measurement("this machine's memory (the roofline's two kernels, all ranks at once)")
+    page.table(
+        None, ["kernel", "bandwidth>"], [("copy", fmt_rate(copy_rate)), ("add", fmt_rate(add_rate))]
+    )
+    if p > launcher.cores():
+        page.say(
+            f"[yellow]{p} ranks on {launcher.cores()} cores: oversubscribed, so these times "
+            "measure the scheduler as much as the algorithms. Make no claims from them.[/]"
+        )
+    rows, fits = [], []
+    for n in sizes(page.quick):
+        x = np.ones(max(n // 4, 1), np.float32)
+        floor = roofline.lower_bound("all_reduce", x.nbytes, p, copy_rate, add_rate)
+        model = cost.predict("all_reduce", "ring", x.nbytes, p)
+        reps = 5 if page.quick else (20 if n < 1 << 20 else 5)
+        for name, op in implementations(page, x).items():
+            t = timed(page, op, reps)
+            algbw = x.nbytes / t
+            rows.append(
+                (
+                    fmt_bytes(x.nbytes),
+                    name,
+                    fmt_time(t),
+                    fmt_rate(algbw),
+                    fmt_rate(algbw * bus_factor(p)),
+                    fmt_time(model) if name == "minipar ring" else "",
+                    f"{floor / t:.0%}",
+                )
+            )
+            if name == "minipar ring":
+                fits.append((2 * (p - 1), 2 * (p - 1) / p * x.nbytes, t))
+    page.measurement(f"all-reduce, float32, {p} ranks (median of the slowest rank)")
+    page.table(
+        None,
+        ["size>", "implementation", "time>", "algbw>", "busbw>", "model>", "roofline>"],
+        rows,
+        caption="roofline: the floor's time / the measured time",
+    )
+    return fits
+
+
+def fit_section(page: Page, fits) -> None:
+    alpha, beta = fit_alpha_beta(*zip(*fits))
+    page.measurement("alpha and beta fitted to the ring's times (least squares)")
+    model = cost.default_link()
+    page.table(
+        None,
+        ["", "alpha>", "bandwidth 1/beta>"],
+        [
+            ("fitted here", fmt_time(alpha), fmt_rate(1 / beta) if beta > 0 else "n/a"),
+            (f"model ({model.name})", fmt_time(model.alpha), fmt_rate(1 / model.beta)),
+        ],
+    )
+    page.check(np.isfinite(alpha) and np.isfinite(beta), "the fit produced finite numbers")
+
+
+def cluster_section(page: Page) -> None:
+    page.prediction("the same model on real GPUs: 7B bf16 gradients (14 GB), B200 nodes")
+    page.table(
+        None,
+        ["GPUs>", "where", "algorithm", "predicted>"],
+        [(g, w, a, fmt_time(s)) for g, w, a, s in cluster_rows()],
+        caption="cost.all_reduce_on_cluster; hierarchical = reduce-scatter in the node, "
+        "all-reduce across nodes, all-gather in the node",
+    )
+    rows = cluster_rows()
+    page.check(rows[2][3] < rows[1][3], "hierarchical beats a flat ring across 8 nodes")
+
+
+def one_copy_section(page: Page) -> None:
+    """MPI's bounce buffer against a shared window, side by side, on the ranks of this node."""
+    page.section("One copy or two")
+    mpi = getattr(page.comm, "mpi", None)
+    if mpi is None or shm.node_of(page.comm, "lesson 04") is None:
+        page.say("This group cannot share memory (not MPI, or it spans nodes): nothing to compare.")
+        return
+    n = (4 << 20) if page.quick else (32 << 20)
+    half = n // 2
+    a, b = np.ones(half // 4, np.float32), np.empty(half // 4, np.float32)
+    right, left = (page.rank + 1) % page.size, (page.rank - 1) % page.size
+    x = np.ones(n // 4, np.float32)
+    rows = [
+        (
+            "MPI Sendrecv of n/2 (in and out of a bounce buffer)",
+            lambda: mpi.Sendrecv(a, right, 5, b, left, 5),
+        ),  # fmt: skip
+        ("one numpy copy of n/2 (what a window read costs)", lambda: np.copyto(b, a)),
+        (
+            "ring all-reduce over MPI (ring@mpi)",
+            lambda: minipar.all_reduce(x, algorithm="ring@mpi"),
+        ),
+        (
+            "all-reduce over shared windows (ring@shm)",
+            lambda: minipar.all_reduce(x, algorithm="ring@shm"),
+        ),  # fmt: skip
+    ]
+    times = [timed(page, op, 3) for _, op in rows]
+    page.table(
+        f"n = {fmt_bytes(n)} on {page.size} ranks of one node",
+        ["what", "time>"],
+        [(name, fmt_time(t)) for (name, _), t in zip(rows, times)],
+    )
+    x[:] = 1
+    minipar.all_reduce(x, algorithm="ring@shm")
+    page.check(bool((x == page.size).all()), "the windows' all-reduce is right")
+    page.say(
+        "Inside a node MPI moves a message twice: the sender copies it into a shared bounce "
+        "buffer, the receiver copies it out. With a shared window (MPI.Win.Allocate_shared) each "
+        "rank writes its data once into its own segment and the peers reduce or copy straight "
+        "out of it. Whether that wins depends on the machine: MPICH's bounce cells are small "
+        "and stay in cache, so its second copy is cheap; a window read of data the peer wrote a "
+        "moment ago crosses cores. Measure, then let the cost model price each transport."
+    )
+    page.say(
+        "GPUs have the same choice. Staging through the host copies device to host, host to "
+        "host, host to device; CUDA IPC (cudaIpcGetMemHandle) maps a peer GPU's buffer, and "
+        "over NVLink peer-to-peer a kernel reads or reduces straight out of it: one copy per "
+        "hop, which is how NCCL moves data inside an NVLink domain."
+    )
+
+
+def lab_no_wait(page: Page) -> None:
+    p, n = page.size, 64 << 20  # large, so the floor (ms) dwarfs a loaded machine's hiccups
+    page.section("Break-it lab: timing an async all-reduce without waiting for it")
+    copy_rate, add_rate = kernel_rates(page, n)
+    floor = roofline.lower_bound("all_reduce", n, p, copy_rate, add_rate)
+    buffers = [np.ones(n // 4, np.float32) for _ in range(3)]
+    pending = iter(buffers)
+    minipar.all_reduce(buffers[0], algorithm="ring", async_op=True).wait()  # starts the thread
+    page.comm.barrier()
+    seconds, works = planted.time_async_without_wait(
+        lambda: minipar.all_reduce(next(pending), algorithm="ring", async_op=True), len(buffers)
+    )
+    for work in works:
+        work.wait()  # the bug skipped this inside the timing; the lab must still do it
+    x = buffers[0]
+    honest = timed(page, lambda: minipar.all_reduce(x, algorithm="ring"), 3)
+    seconds = max(page.gather(seconds))
+    page.table(
+        f"all-reduce of {fmt_bytes(n)} on {p} ranks",
+        ["timing", "time>", "busbw>"],
+        [
+            ("planted (no wait)", fmt_time(seconds), fmt_rate(n / seconds * bus_factor(p))),
+            ("honest (blocking)", fmt_time(honest), fmt_rate(n / honest * bus_factor(p))),
+            ("roofline floor", fmt_time(floor), fmt_rate(n / floor * bus_factor(p))),
+        ],
+    )
+    page.check(
+        seconds < floor,
+        "the roofline check catches it: the planted time is below the "
+        "least time memory allows, which no real all-reduce can be",
+    )
+    page.check(honest >= floor, "the honest time respects the roofline")
+
+
+def main(argv=None) -> int:
+    page = Page("04", "Topology and bandwidth", ("no-wait",), argv=argv, min_ranks=2)
+    if page.enough and page.lab:
+        lab_no_wait(page)
+    elif page.enough:
+        predict_section(page)
+        fits = bench_section(page)
+        fit_section(page, fits)
+        one_copy_section(page)
+        cluster_section(page)
+        page.try_this(
+            [
+                "minipar bench all_reduce -n 2 --against mpi,torch: the full sweep, with gloo.",
+                "Fit alpha and beta yourself: exercises/ex04_alpha_beta_fit.py, then "
+                "`minipar grade 04`.",
+                "Run with -n 4 on a 2-core machine: what happens to alpha?",
+                "Change cost.DGX_B200 to cost.DGX_H100 in cluster_rows(): how much does "
+                "NVLink 4 cost?",
+                "minipar lesson 04 --break no-wait: why is the planted busbw impossible?",
+            ]
+        )
+    return page.finish()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,330 @@
+"""Lesson 05: data parallelism (text: lessons/05_data_parallel.md).
+
+    minipar lesson 05 -n 2                 # python -m minipar.course.lessons.l05_data_parallel
+    minipar lesson 05 --break tied-twice   # a tied weight all-reduced twice, caught
+
+One MLP, four ways to train it on p ranks: a naive all-reduce per parameter after backward, DDP's
+buckets started during backward (overlap), ZeRO-1 (optimizer state sharded) and FSDP (everything
+sharded). Each section prints its prediction (bytes from the formulas, times from the cost
+model, memory from the ZeRO paper), then what the trace ledger and the clock measured.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import minipar
+from minipar import cost
+from minipar.course.lessons import planted
+from minipar.course.lessons.page import Page, fmt_bytes, fmt_time
+
+K_ADAM = 8  # bytes of optimizer state per fp32 parameter: Adam's two moments
+
+
+def claims() -> list[str]:
+    """Numbers lessons/05_data_parallel.md states; tests/test_lessons.py checks the text."""
+    psi = 7e9  # a 7B-parameter model
+    return [
+        f"{K_ADAM * psi / 1e9:.0f} GB",  # Adam state, DDP
+        f"{K_ADAM * psi / 8 / 1e9:.0f} GB",  # ZeRO-1 on 8 ranks
+        f"{16 * psi / 64 / 1e9:.2f} GB",  # FSDP on 64 ranks: (4+4+8) Psi / 64
+        f"{2 * 7 / 8:.3g}",  # 2 (p-1)/p on 8 ranks
+    ]
+
+
+def widths(quick: bool) -> tuple[int, ...]:
+    return (64, 128, 128, 64) if quick else (256, 512, 512, 512, 256)
+
+
+def build(quick: bool):
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    w = widths(quick)
+    layers = []
+    for a, b in zip(w[:-1], w[1:]):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    return nn.Sequential(*layers[:-1])
+
+
+def data(page: Page):
+    import torch
+
+    g = torch.Generator().manual_seed(page.rank)
+    w = widths(page.quick)
+    return torch.randn(16, w[0], generator=g), torch.randn(16, w[-1], generator=g)
+
+
+def ring_bytes(nbytes: int, p: int) -> float:
+    return cost.traffic("all_reduce", "ring", nbytes, p).bytes_sent
+
+
+def naive_all_reduce(model, p: int) -> None:
+    """After backward, one blocking ring all-reduce per parameter (exercise ex05_naive_ddp)."""
+    for param in model.parameters():
+        minipar.all_reduce(param.grad, algorithm="ring")
+        param.grad.div_(p)
+
+
+def one_step(model, x, y, after=None) -> None:
+    for param in model.parameters():
+        param.grad = None
+    ((model(x) - y) ** 2).mean().backward()
+    if after is not None:
+        after()
+
+
+def step_time(page: Page, model, x, y, after=None, reps: int = 5) -> float:
+    """Median over reps of forward + backward (+ after()), the slowest rank's time."""
+    times = []
+    for _ in range(reps + 1):
+        for param in model.parameters():
+            param.grad = None
+        page.comm.barrier()
+        t0 = time.perf_counter()
+        ((model(x) - y) ** 2).mean().backward()
+        if after is not None:
+            after()
+        times.append(max(page.gather(time.perf_counter() - t0)))
+    return statistics.median(times[1:])
+
+
+def sync_section(page: Page) -> None:
+    # here, not at the top of the file: torch loads only when used
+    from minipar.parallel import DistributedDataParallel
+
+    p, x, y = page.size, *data(page)
+    model = build(page.quick)
+    params = list(model.parameters())
+    psi = 4 * sum(q.numel() for q in params)
+    page.prediction("gradient all-reduce, per parameter and bucketed")
+    per_param = sum(ring_bytes(4 * q.numel(), p) for q in params)
+    page.table(
+        f"MLP {'-'.join(map(str, widths(page.quick)))}: {len(params)} tensors, "
+        f"{fmt_bytes(psi)} of fp32 gradients, {p} ranks, ring",
+        ["version", "calls>", "bytes sent per rank>", "model time>"],
+        [
+            (
+                "naive: one all-reduce per tensor",
+                len(params),
+                fmt_bytes(per_param),
+                fmt_time(sum(cost.predict("all_reduce", "ring", 4 * q.numel(), p) for q in params)),
+            ),
+            (
+                "DDP: one 25 MB bucket",
+                1,
+                fmt_bytes(ring_bytes(psi, p)),
+                fmt_time(cost.predict("all_reduce", "ring", psi, p)),
+            ),
+        ],
+        caption="bytes: 2 (p-1)/p of the gradients either way; the bucket saves latency",
+    )
+    page.measurement("the trace ledger and the clock")
+    compute = step_time(page, model, x, y)
+    with minipar.trace() as t:
+        one_step(model, x, y, after=lambda: naive_all_reduce(model, p))
+    naive_calls = len([c for c in t.calls if c.collective == "all_reduce"])
+    naive = step_time(page, model, x, y, after=lambda: naive_all_reduce(model, p))
+    rows = [("compute only (no communication)", "", "", fmt_time(compute), "")]
+    rows.append(
+        (
+            "naive",
+            naive_calls,
+            fmt_bytes(t.bytes_sent()),
+            fmt_time(naive),
+            fmt_time(naive - compute),
+        )
+    )
+    for cap in (0, 25):
+        ddp = DistributedDataParallel(build(page.quick), bucket_cap_mb=cap, algorithm="ring")
+        with minipar.trace() as t:
+            one_step(ddp, x, y)
+        seconds = step_time(page, ddp, x, y)
+        buckets = len(ddp.buckets)
+        sent = sum(c.bytes_sent for c in t.calls if c.algorithm == "ring")
+        name = f"DDP, {'per parameter' if cap == 0 else '25 MB buckets'} (overlapped)"
+        rows.append(
+            (name, buckets, fmt_bytes(sent), fmt_time(seconds), fmt_time(seconds - compute))
+        )
+        want = ring_bytes(psi, p) if cap else per_param
+        busiest = max(page.gather(sent))  # the formula counts the busiest rank
+        page.check(
+            math.isclose(busiest, want, rel_tol=0.01),
+            f"{name}: the ledger shows 2(p-1)/p of the gradient bytes",
+        )
+        grads = [q.grad.numpy().tobytes() for q in ddp.parameters()]
+        seen = page.gather(grads)
+        page.check(all(s == seen[0] for s in seen), f"{name}: gradients bitwise identical")
+    page.table(
+        "one training step",
+        ["version", "calls>", "sent per rank>", "step>", "exposed comm>"],
+        rows,
+        caption="exposed comm = step - compute: the communication backward did not hide",
+    )
+
+
+def memory_section(page: Page) -> None:
+    import torch
+
+    # here, not at the top of the file: torch loads only when used
+    from minipar.parallel import FullyShardedDataParallel, ZeroRedundancyOptimizer
+
+    p, x, y = page.size, *data(page)
+    model = build(page.quick)
+    n_params = sum(q.numel() for q in model.parameters())
+    page.prediction("optimizer state and traffic, ZeRO-1 and FSDP (ZeRO-3)")
+    page.table(
+        f"AdamW on {n_params:,} fp32 parameters (Psi = {fmt_bytes(4 * n_params)}), {p} ranks",
+        ["strategy", "optimizer state per rank>", "params+grads per rank>", "sent per rank>"],
+        [
+            (
+                "DDP",
+                fmt_bytes(K_ADAM * n_params),
+                fmt_bytes(8 * n_params),
+                fmt_bytes(ring_bytes(4 * n_params, p)),
+            ),
+            (
+                "ZeRO-1",
+                fmt_bytes(K_ADAM * n_params / p),
+                fmt_bytes(8 * n_params),
+                "+ the updated shards",
+            ),
+            (
+                "FSDP",
+                fmt_bytes(K_ADAM * n_params / p),
+                fmt_bytes(8 * n_params / p),
+                fmt_bytes(1.5 * ring_bytes(4 * n_params, p)),
+            ),
+        ],
+        caption="ZeRO paper: K Psi / N_d for the state; FSDP gathers twice, reduce-scatters once",
+    )
+    page.measurement("what each rank holds, and what FSDP moved")
+    opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)
+    ((model(x) - y) ** 2).mean().backward()
+    opt.step()
+    zero_state = opt.state_bytes() - 4 * sum(1 for r in opt.owner if r == page.rank)  # no steps
+    fsdp = FullyShardedDataParallel(build(page.quick))
+    fopt = torch.optim.AdamW(fsdp.parameters(), lr=1e-3)
+    xg = x.clone().requires_grad_(True)  # so backward needs every weight (see the text)
+    with minipar.trace() as t:
+        ((fsdp(xg) - y) ** 2).mean().backward()
+    fopt.step()
+    fsdp_state = sum(
+        v.numel() * v.element_size() for s in fopt.state.values() for v in s.values() if v.dim() > 0
+    )
+    shards = sum(q.numel() for q in fsdp.parameters())
+    rows = [
+        (
+            "ZeRO-1 optimizer state",
+            fmt_bytes(max(page.gather(zero_state))),
+            fmt_bytes(K_ADAM * n_params / p),
+        ),
+        (
+            "FSDP optimizer state",
+            fmt_bytes(max(page.gather(fsdp_state))),
+            fmt_bytes(K_ADAM * n_params / p),
+        ),
+        ("FSDP parameters held", fmt_bytes(4 * shards), fmt_bytes(4 * n_params / p)),
+        (
+            "FSDP bytes sent",
+            fmt_bytes(t.bytes_sent()),
+            fmt_bytes(1.5 * ring_bytes(4 * n_params, p)),
+        ),
+    ]
+    page.table(
+        f"rank {page.rank} (state: the largest over ranks)",
+        ["what", "measured>", "predicted>"],
+        rows,
+    )
+    biggest = max(q.numel() for q in model.parameters())
+    page.check(
+        max(page.gather(zero_state)) <= K_ADAM * (n_params / p + biggest),
+        "ZeRO-1 state per rank within one parameter of K Psi / N_d",
+    )
+    page.check(
+        t.bytes_sent() == 3 * sum(u.block * 4 * (p - 1) for u in fsdp.units),
+        "FSDP: all-gather twice + reduce-scatter, 1.5x DDP's bytes (padding included)",
+    )
+
+
+def lab_tied_twice(page: Page) -> None:
+    import torch
+
+    # here, not at the top of the file: torch loads only when used
+    from minipar.parallel.data.ddp import DistributedDataParallel
+
+    p = page.size
+    page.section("Break-it lab: a tied weight all-reduced twice")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(32, 16), torch.nn.Linear(16, 32, bias=False))
+    model[1].weight = model[0].weight  # the classic tie: input embedding = output projection
+    tokens = torch.randint(0, 32, (8, 4), generator=torch.Generator().manual_seed(page.rank))
+    psi = 4 * sum(q.numel() for q in model.parameters())
+
+    def grads_with(sync):
+        for q in model.parameters():
+            q.grad = None
+        torch.nn.functional.cross_entropy(
+            model(tokens).reshape(-1, 32), tokens.reshape(-1)
+        ).backward()
+        with minipar.trace() as t:
+            sync()
+        return model[0].weight.grad.clone(), t.bytes_sent()
+
+    bad, bad_bytes = grads_with(lambda: planted.all_reduce_gradients_every_name(model))
+    good, good_bytes = grads_with(lambda: naive_all_reduce(model, p))
+    page.table(
+        "tied weight: what moved and what came out",
+        ["sync", "sent per rank>", "formula 2(p-1)/p Psi>", "|grad|>"],
+        [
+            (
+                "planted: every name",
+                fmt_bytes(bad_bytes),
+                fmt_bytes(ring_bytes(psi, p)),
+                f"{bad.norm():.4f}",
+            ),
+            (
+                "each Parameter once",
+                fmt_bytes(good_bytes),
+                fmt_bytes(ring_bytes(psi, p)),
+                f"{good.norm():.4f}",
+            ),
+        ],
+    )
+    if p > 1:
+        page.check(
+            bad_bytes > ring_bytes(psi, p) == good_bytes,
+            "the ledger check catches it: the planted sync moves more than 2(p-1)/p Psi",
+        )
+        page.check(
+            not torch.allclose(bad, good),
+            "and its gradient is wrong (p times the average for the tied weight)",
+        )
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0, algorithm="ring")
+    page.check(len(ddp.buckets) == 1, "DDP lists the tied weight once (one bucket slot)")
+
+
+def main(argv=None) -> int:
+    page = Page("05", "Data parallelism: DDP, ZeRO, FSDP", ("tied-twice",), argv=argv)
+    if page.lab:
+        lab_tied_twice(page)
+    else:
+        sync_section(page)
+        memory_section(page)
+        page.try_this(
+            [
+                "Write the naive and the bucketed sync yourself: exercises/ex05_naive_ddp.py, "
+                "ex05_bucketed_ddp.py, then `minipar grade 05`.",
+                "The ZeRO-1 step: exercises/ex05_zero1_step.py.",
+                "minipar bench ddp -n 2: minipar DDP against torch DDP on a 10M-parameter MLP.",
+                "minipar lesson 05 --break tied-twice: why does the ledger see it first?",
+            ]
+        )
+    return page.finish()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,22 @@
+"""What a rank runs before the user's program, as `python -m minipar.launcher WHAT ...`:
+
+    relay FOLDER -- program ...   point stdout and stderr at this rank's pipes, then become the
+                                  program (relay.py: whole lines per rank)
+    notebook FOLDER               load a pickled function, run it, write its result (notebook.py)
+
+A module of its own so that `-m` runs it after the package is imported, not a module the package
+has imported already.
+"""
+
+import sys
+
+from minipar.launcher import notebook, relay
+
+if __name__ == "__main__":
+    what, rest = (sys.argv[1], sys.argv[2:]) if len(sys.argv) > 1 else ("", [])
+    if what == "relay":
+        relay.rank_main(rest)
+    elif what == "notebook" and len(rest) == 1:
+        sys.exit(notebook.rank_main(rest[0]))
+    else:
+        sys.exit("usage: python -m minipar.launcher relay FOLDER -- program ... | notebook FOLDER")

@@ -1,0 +1,161 @@
+"""Launching ranks: find the mpiexec that belongs to the MPI mpi4py loads, and run a job under it.
+
+`minipar run -n 4 script.py` is `mpiexec -n 4 python script.py` with the details a laptop gets
+wrong: the right mpiexec (a system one next to the pip-installed MPICH hangs or mis-numbers
+ranks), oversubscription when ranks outnumber cores (Open MPI refuses without a flag; MPICH's
+busy polling would starve the ranks, so minipar's waits yield instead), Open MPI's consent to run
+as root (containers, Colab and CI run as root), one OpenMP thread per rank, whole lines per rank
+(minipar.launcher.relay), and a timeout that kills the whole job so nothing is left behind. The
+command's options and messages are minipar/cli/run.py's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+from minipar.comm import mpisetup
+from minipar.launcher.relay import Relay, tag_from_env
+
+
+def mpi_library_version() -> str:
+    """The MPI library's own version string, without initialising MPI (MPISetupError, with the
+    fixes, when mpi4py finds no MPI library)."""
+    return mpisetup.load_mpi().Get_library_version().replace("\0", "").strip()
+
+
+def mpi_flavor() -> str:
+    """'mpich', 'openmpi', or 'other', from the library's version string."""
+    return mpisetup.flavor(mpi_library_version())
+
+
+def find_mpiexec() -> str:
+    """MINIPAR_MPIEXEC, else the mpiexec installed beside the loaded libmpi (the mpich wheel puts
+    both in the environment's prefix), else the first mpiexec on PATH."""
+    override = os.environ.get("MINIPAR_MPIEXEC")
+    if override:
+        return override
+    candidates = []
+    try:
+        lib = mpisetup.library()["path"]
+        if lib:
+            candidates.append(os.path.join(os.path.dirname(os.path.dirname(lib)), "bin"))
+    except ImportError:
+        pass
+    candidates.append(os.path.join(sys.prefix, "bin"))
+    for folder in candidates:
+        path = os.path.join(folder, "mpiexec")
+        if os.access(path, os.X_OK):
+            return path
+    found = shutil.which("mpiexec") or shutil.which("mpirun")
+    if not found:
+        raise FileNotFoundError(
+            "no mpiexec found: pip install mpich (or set MINIPAR_MPIEXEC to your MPI's mpiexec)"
+        )
+    return found
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+ROOT_CONSENT = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
+
+
+def is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def command(n: int, argv: list[str], python: bool = True, relay=None) -> tuple[list[str], dict]:
+    """(the mpiexec command line, its environment) for n ranks running argv (python arguments,
+    or a whole program when python is False); with a relay, each rank's output goes through it."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"the number of ranks must be a positive integer, got {n!r}")
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    cmd = [find_mpiexec(), "-n", str(n)]
+    openmpi = mpi_flavor() == "openmpi"
+    if openmpi and is_root():  # Open MPI refuses root unless told twice; containers run as root
+        for name in ROOT_CONSENT:
+            env.setdefault(name, "1")
+    if n > cores():
+        env["MINIPAR_OVERSUBSCRIBED"] = "1"
+        if openmpi:
+            cmd.append("--oversubscribe")
+    program = [sys.executable, *argv] if python else list(argv)
+    if relay is not None:
+        program = relay.wrap(program)
+        relay.environ(env)
+    return cmd + program, env
+
+
+def run(n: int, argv: list[str], timeout: float | None = None, capture: bool = False):
+    """Run argv (python arguments) on n ranks; returns the CompletedProcess (exit 124 and the
+    whole job killed on timeout). Not captured, the ranks' output arrives in whole lines."""
+    if capture:
+        cmd, env = command(n, argv)
+        return run_command(cmd, env, timeout, capture)
+    relay = Relay(n, tag=tag_from_env())
+    try:
+        cmd, env = command(n, argv, relay=relay)
+    except BaseException:
+        relay.close()
+        raise
+    return run_relayed(cmd, env, relay, timeout)
+
+
+def run_relayed(cmd, env, relay, timeout: float | None = None):
+    """Run cmd (built with this relay), forwarding the ranks' whole lines as they come."""
+    try:
+        proc = subprocess.Popen(
+            cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+    except BaseException:
+        relay.close()
+        raise
+    try:
+        status = relay.pump(proc, timeout)
+    except KeyboardInterrupt:
+        _killpg(proc)
+        raise
+    if status == 124 and timeout is not None:
+        sys.stderr.write(f"minipar: job killed after {timeout:g} s (timeout)\n")
+    return subprocess.CompletedProcess(cmd, status)
+
+
+def _killpg(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_command(cmd, env, timeout: float | None = None, capture: bool = False):
+    """Run cmd in its own process group, so a timeout or Ctrl-C kills every process it started."""
+    kwargs = {"env": env, "start_new_session": True, "text": True}
+    if capture:
+        kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        err = (err or "") + f"\nminipar: job killed after {timeout:g} s (timeout)\n"
+        return subprocess.CompletedProcess(cmd, 124, out, err)
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    finally:
+        try:  # leave no orphans behind, even when the launcher itself exited cleanly
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

@@ -1,0 +1,207 @@
+"""Whole lines per rank: each rank's stdout and stderr reach the launcher through its own pipe.
+
+Why not let mpiexec forward the output: it forwards whatever chunks a rank's pipe holds, so two
+ranks printing at once interleave inside lines (`RANKRANK 1 4`), and it may drop what a rank wrote
+just before MPI_Abort. Instead the launcher makes one named pipe (FIFO) per rank and stream in a
+private folder; each rank starts as `python -m minipar.launcher relay FOLDER -- program ...`, which
+points its file descriptors 1 and 2 at its two FIFOs and then exec()s the program (same process, so
+mpiexec's signals still reach it, and output from C code and child processes is caught too). The
+launcher reads every FIFO, cuts the bytes into lines, and writes each whole line at once, with a
+`[rank3]: ` prefix when tagging is on. A rank's unfinished last line is flushed when it ends.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+DRAIN_SECONDS = 2.0  # after the job ends: how long to wait for its last bytes
+
+
+def tag_from_env() -> bool:
+    return os.environ.get("MINIPAR_TAG_OUTPUT", "") not in ("", "0")
+
+
+def prefix(rank: int) -> str:
+    return f"[rank{rank}]: "
+
+
+class Relay:
+    """The FIFOs of one job of n ranks, and the loop that forwards their lines."""
+
+    def __init__(self, n: int, tag: bool = False, out=None, err=None):
+        self.n, self.tag = n, tag
+        self._out, self._err = out, err  # None: whatever sys.stdout/sys.stderr are at write time
+        self.folder = tempfile.mkdtemp(prefix="minipar-io-")
+        self.readers: dict[int, tuple[str, str]] = {}  # fd -> (line prefix, "out" or "err")
+        self.keep: list[int] = []  # our own write ends: a FIFO nobody opened yet is not at EOF
+        self.pending: dict[int, bytes] = {}
+        self.closed: set[str] = set()  # streams whose reader has gone (a closed pipe)
+        _enough_files(4 * n + 64)  # two FIFOs per rank, each opened twice here
+        for rank in range(n):
+            for stream in ("out", "err"):
+                path = os.path.join(self.folder, f"{rank}.{stream}")
+                os.mkfifo(path, 0o600)
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+                self.keep.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+                self.readers[fd] = (prefix(rank) if tag else "", stream)
+
+    def wrap(self, program: list[str]) -> list[str]:
+        """The command each rank runs: the relay's rank side, then the program."""
+        return [sys.executable, "-m", "minipar.launcher", "relay", self.folder, "--", *program]
+
+    def environ(self, env: dict) -> dict:
+        """Ranks write to FIFOs, not a terminal: tell rich the terminal's width (less the tag)
+        and that colour is fine, when there is a terminal; otherwise tables size themselves."""
+        stream = self._out or sys.stdout
+        if _isatty(stream):
+            width = shutil.get_terminal_size().columns
+            width -= len(prefix(self.n - 1)) if self.tag else 0
+            env.setdefault("COLUMNS", str(max(width, 40)))
+            env.setdefault("FORCE_COLOR", "1")
+        return env
+
+    # -- the launcher side: forward lines until the job ends ------------------------------------
+
+    def pump(self, proc, timeout: float | None = None) -> int:
+        """Forward the ranks' lines (and mpiexec's own output) until proc ends; its exit status,
+        or 124 after killing the whole process group when timeout ran out."""
+        sel = selectors.DefaultSelector()
+        for fd in self.readers:
+            sel.register(fd, selectors.EVENT_READ)
+        for pipe, stream in ((proc.stdout, "out"), (proc.stderr, "err")):
+            if pipe is not None:
+                os.set_blocking(pipe.fileno(), False)
+                self.readers[pipe.fileno()] = ("", stream)
+                sel.register(pipe.fileno(), selectors.EVENT_READ)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        status = None
+        try:
+            while proc.poll() is None:
+                if deadline is not None and time.monotonic() > deadline:
+                    _kill(proc)
+                    proc.wait()
+                    status = 124
+                    break
+                self._read(sel, 0.1)
+            _kill(proc)  # no rank (or a rank's child) outlives the job
+            for fd in self.keep:
+                os.close(fd)
+            self.keep = []
+            end = time.monotonic() + DRAIN_SECONDS
+            while sel.get_map() and time.monotonic() < end:
+                self._read(sel, 0.1)
+            for fd in list(self.pending):
+                self._emit(fd, self.pending.pop(fd) + b"\n")
+        finally:
+            sel.close()
+            self.close()
+        return proc.returncode if status is None else status
+
+    def _read(self, sel, wait: float) -> None:
+        for key, _ in sel.select(wait):
+            fd = key.fd
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                sel.unregister(fd)
+                continue
+            data = self.pending.pop(fd, b"") + chunk
+            cut = data.rfind(b"\n") + 1
+            if cut:
+                self._emit(fd, data[:cut])
+            if cut < len(data):
+                self.pending[fd] = data[cut:]
+
+    def _emit(self, fd: int, data: bytes) -> None:
+        """Whole lines, written in one call each (prefixed when tagging)."""
+        tag, stream = self.readers[fd]
+        text = data.decode("utf-8", errors="replace")
+        if tag:
+            text = "".join(tag + line for line in text.splitlines(keepends=True))
+        target = (self._out or sys.stdout) if stream == "out" else (self._err or sys.stderr)
+        if stream in self.closed:
+            return
+        try:
+            target.write(text)
+            target.flush()
+        except BrokenPipeError:  # `minipar run ... | head`: the reader left; the job runs on
+            self.closed.add(stream)
+            _silence(target)
+
+    def close(self) -> None:
+        for fd in list(self.readers) + self.keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.keep = []
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _enough_files(count: int) -> None:
+    """Raise this process's open-file limit to count when the hard limit allows (a big job)."""
+    try:
+        import resource
+    except ImportError:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < count:
+        top = count if hard == resource.RLIM_INFINITY else min(count, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (top, hard))
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _silence(stream) -> None:
+    """Point a stream whose reader left at /dev/null, so exiting does not complain either."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+    except (AttributeError, OSError, ValueError):
+        pass
+
+
+def _kill(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# -- the rank side: python -m minipar.launcher relay FOLDER -- program ... ------------------------
+
+
+def rank() -> str:
+    for name in RANK_ENV:
+        if name in os.environ:
+            return os.environ[name]
+    return "0"
+
+
+def rank_main(argv: list[str]) -> None:
+    """Point fds 1 and 2 at this rank's FIFOs, then become the program (exec)."""
+    if len(argv) < 3 or argv[1] != "--":
+        sys.exit("usage: python -m minipar.launcher relay FOLDER -- program [args]")
+    folder, program = argv[0], argv[2:]
+    for fd, stream in ((1, "out"), (2, "err")):
+        pipe = os.open(os.path.join(folder, f"{rank()}.{stream}"), os.O_WRONLY)
+        os.dup2(pipe, fd)
+        os.close(pipe)
+    try:
+        os.execvp(program[0], program)
+    except OSError as error:
+        os.write(2, f"minipar run: cannot start {program[0]!r}: {error.strerror}\n".encode())
+        os._exit(127)

@@ -1,0 +1,317 @@
+"""Fully sharded data parallelism (ZeRO stage 3): parameters, gradients and optimizer state
+are all sharded; a unit's full parameters exist only while the unit computes.
+
+    model = FullyShardedDataParallel(net, compute_dtype=torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)     # the fp32 shards
+    loss_fn(model(x_local), y_local).backward(); opt.step()
+
+Roughly, per sharding unit (a module chosen by `shard_modules`):
+    construction: its parameters -> one flat fp32 vector, padded to a multiple of p;
+                  rank r keeps block r (an nn.Parameter: what the optimizer steps)
+    forward:      all-gather the blocks (cast to compute_dtype) -> views as the module's
+                  weights -> run -> drop the full vector
+    backward:     a saved weight is needed -> all-gather again; when the unit's gradient is
+                  complete -> reduce-scatter it in fp32 (averaged) -> rank r's block gradient
+
+What moves per step for Psi parameter bytes: all-gather (p-1)/p Psi twice and reduce-scatter
+(p-1)/p Psi: 3 (p-1)/p Psi per rank, 1.5x DDP's 2 (p-1)/p Psi (the ZeRO paper's count).
+Parameters outside every unit, shared by two units, or frozen stay replicated (cast to
+compute_dtype on the way in); the gradients of the trainable ones are all-reduced.
+
+The full vector is kept alive neither by the module (its attributes are cleared after forward)
+nor by autograd: a saved-tensor hook replaces every saved view of it by a small token, and the
+backward pass gathers the unit again when it unpacks one. Every rank must run the same units in
+the same order (the all-gathers are collectives), as with torch FSDP.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minipar import collectives, runtime
+from minipar.collectives.reduce_op import ReduceOp
+from minipar.comm import ledger
+from minipar.parallel import activation_memory
+from minipar.parallel.data.ddp import broadcast_tensors, check_same_structure, structure
+
+
+def _check_compute_dtype(dtype) -> None:
+    if dtype is None:
+        return
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(
+            f"compute_dtype must be None or a floating torch dtype (torch.float16, "
+            f"torch.bfloat16, torch.float32), got {dtype!r}"
+        )
+
+
+def _occurrences(module: nn.Module) -> dict:
+    """id(param) -> (param, [(owning module's name, module, attribute name), ...])."""
+    seen: dict = {}
+    for mname, mod in module.named_modules(remove_duplicate=False):
+        for pname, p in mod._parameters.items():
+            if p is not None:
+                seen.setdefault(id(p), (p, []))[1].append((mname, mod, pname))
+    return seen
+
+
+def _innermost(mname: str, units: list[str]):
+    """The deepest unit whose subtree holds module `mname` (None outside every unit)."""
+    best = None
+    for u in units:
+        if u == "" or mname == u or mname.startswith(u + "."):
+            if best is None or len(u) > len(best):
+                best = u
+    return best
+
+
+class _Gather(torch.autograd.Function):
+    """shard -> full vector (all-gather); the full gradient -> its block (reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx, shard, unit):
+        ctx.unit = unit
+        return unit.gather()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.unit.end_span()  # the unit's backward is done: its gradient is complete
+        ctx.unit.release()
+        ctx.unit.reduce_scatter(grad)
+        return None, None
+
+
+class Unit:
+    """One sharding unit: its parameters as a flat vector, block `rank` of it kept here (the
+    original parameters are not kept: only their place, shape and name)."""
+
+    def __init__(self, owner, name: str, params: list[tuple]):
+        self.owner, self.name = owner, name
+        comm = owner.comm
+        self.numel = sum(p.numel() for p, _ in params)
+        self.block = -(-self.numel // comm.size)
+        device = params[0][0].device
+        flat = torch.zeros(self.block * comm.size, dtype=torch.float32, device=device)
+        offset, self.layout = 0, []
+        for p, where in params:
+            flat[offset : offset + p.numel()] = p.detach().reshape(-1)
+            self.layout.append((offset, p.shape, where, owner.names[id(p)]))
+            offset += p.numel()
+        start = comm.rank * self.block
+        self.shard = nn.Parameter(flat[start : start + self.block].clone())
+        self.full = None
+        self.pending = []  # (work, reduced block) of in-flight reduce-scatters
+        self.span = None  # a trace's open span of this unit's forward or backward
+
+    def begin_span(self, phase: str) -> None:
+        self.end_span()
+        self.span = ledger.open_span(f"{phase} {self.name}", "fsdp")  # None: no trace open
+
+    def end_span(self) -> None:
+        if self.span is not None:
+            self.span.close()
+            self.span = None
+
+    def gather(self, dtype=None) -> torch.Tensor:
+        """All-gather the blocks, in compute_dtype (or `dtype`): a new padded full vector."""
+        dtype = dtype or self.owner.compute_dtype or torch.float32
+        block = self.shard.detach().to(dtype)
+        full = torch.empty(self.block * self.owner.comm.size, dtype=dtype, device=block.device)
+        collectives.all_gather_into_tensor(full, block.contiguous(), group=self.owner.comm)
+        self.full = full
+        return full
+
+    def bind(self, full: torch.Tensor) -> None:
+        """The module's weights become views of `full` (autograd flows back to it)."""
+        for offset, shape, where, _ in self.layout:
+            view = full[offset : offset + shape.numel()].view(shape)
+            for mod, attr in where:
+                object.__setattr__(mod, attr, view)
+
+    def release(self) -> None:
+        self.full = None
+        for _, _, where, _ in self.layout:
+            for mod, attr in where:
+                object.__setattr__(mod, attr, None)
+
+    def reduce_scatter(self, grad: torch.Tensor) -> None:
+        """Average the full gradient over the group in fp32; this rank keeps its block."""
+        self.owner._queue_finish()
+        grad = grad.to(torch.float32).contiguous()
+        out = torch.empty(self.block, dtype=torch.float32, device=grad.device)
+        work = collectives.reduce_scatter_tensor(
+            out, grad, ReduceOp.AVG, group=self.owner.comm, async_op=True
+        )
+        self.pending.append((work, out))
+
+    def finish(self) -> None:
+        for work, out in self.pending:
+            work.wait()
+            if self.shard.grad is None:
+                self.shard.grad = out
+            else:
+                self.shard.grad.add_(out)
+        self.pending = []
+
+
+class FullyShardedDataParallel(nn.Module):
+    """ZeRO-3 over `group`; see the module docstring."""
+
+    def __init__(self, module: nn.Module, group=None, compute_dtype=None, shard_modules=None):
+        super().__init__()
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        _check_compute_dtype(compute_dtype)
+        for name, p in module.named_parameters():
+            if p.dtype != torch.float32:
+                raise TypeError(
+                    f"parameter {name!r} is {p.dtype}; FSDP keeps fp32 master weights (use "
+                    "compute_dtype for low-precision compute)"
+                )
+        if shard_modules is not None and not (
+            isinstance(shard_modules, tuple) and all(isinstance(t, type) for t in shard_modules)
+        ):
+            raise TypeError(
+                f"shard_modules must be None or a tuple of nn.Module types, got {shard_modules!r}"
+            )
+        self.comm = runtime.resolve(group)
+        self.group, self.compute_dtype = group, compute_dtype
+        check_same_structure(self.comm, structure(module))
+        broadcast_tensors(list(module.parameters()) + list(module.buffers()), self.comm)
+        self.names = {id(p): n for n, p in module.named_parameters()}  # the unwrapped names
+        self.module = module
+        self._build_units(module, shard_modules)
+        # forwards with grad whose backward has not finished: a pipeline runs several
+        # micro-batches' forwards before their backwards, each backward finishing its own
+        self._armed, self._callback_queued = 0, False
+
+    def _build_units(self, module: nn.Module, shard_modules) -> None:
+        def is_unit(mod):
+            if shard_modules is None:
+                return any(p is not None for p in mod._parameters.values())
+            return isinstance(mod, shard_modules)
+
+        unit_names = [n for n, m in module.named_modules() if is_unit(m)]
+        members: dict = {u: [] for u in unit_names}
+        self.replicated = []  # [(param, [(module, attribute), ...])]
+        for p, places in _occurrences(module).values():
+            for _, mod, attr in places:
+                del mod._parameters[attr]
+            homes = {_innermost(mname, unit_names) for mname, _, _ in places}
+            where = [(mod, attr) for _, mod, attr in places]
+            if p.requires_grad and len(homes) == 1 and None not in homes:
+                members[homes.pop()].append((p, where))
+            else:
+                self.replicated.append((p, where))
+        self.units = []
+        modules = dict(module.named_modules())
+        for u in unit_names:
+            if members[u]:
+                unit = Unit(self, u, members[u])
+                self.units.append(unit)
+                self.register_parameter(f"shard_{len(self.units) - 1}", unit.shard)
+                modules[u].register_forward_pre_hook(self._pre_hook(unit))
+                modules[u].register_forward_hook(self._post_hook(unit))
+        for i, (p, _) in enumerate(self.replicated):
+            self.register_parameter(f"replicated_{i}", p)
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(lambda _p: self._queue_finish())
+
+    def _pre_hook(self, unit: Unit):
+        def hook(_module, _args):
+            unit.begin_span("forward")
+            unit.bind(_Gather.apply(unit.shard, unit))
+
+        return hook
+
+    def _post_hook(self, unit: Unit):
+        def hook(_module, _args, _output):
+            unit.release()
+            unit.end_span()
+
+        return hook
+
+    def forward(self, *args, **kwargs):
+        if torch.is_grad_enabled():
+            self._armed += 1
+        cast = self.compute_dtype
+        for p, where in self.replicated:
+            value = p if cast is None or not p.is_floating_point() else p.to(cast)
+            for mod, attr in where:
+                object.__setattr__(mod, attr, value)
+        if cast is not None:
+            args = [a.to(cast) if torch.is_tensor(a) and a.is_floating_point() else a for a in args]
+        # saved-tensor hooks that the activation counter sees through (what stays in memory)
+        with activation_memory.hooks(self._pack, self._unpack):
+            return self.module(*args, **kwargs)
+
+    def _pack(self, t: torch.Tensor):
+        """A saved view of a unit's full vector becomes a token (the vector can be freed)."""
+        ptr = t.untyped_storage().data_ptr()
+        for unit in self.units:
+            if unit.full is not None and unit.full.untyped_storage().data_ptr() == ptr:
+                return (unit, t.storage_offset(), t.shape, t.stride())
+        return t
+
+    def _unpack(self, packed):
+        if torch.is_tensor(packed):
+            return packed
+        unit, offset, shape, stride = packed
+        if unit.full is None:  # the unit's backward begins: gather its weights again
+            unit.begin_span("backward")
+            unit.gather()
+        full = unit.full
+        return full.as_strided(shape, stride, offset)
+
+    def _queue_finish(self) -> None:
+        if not self._callback_queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            self._callback_queued = True
+
+    def _end_of_backward(self) -> None:
+        self._callback_queued = False
+        self.finish_gradient_synchronization()
+
+    def finish_gradient_synchronization(self) -> None:
+        """Wait for the reduce-scatters, then all-reduce (average) the replicated gradients.
+        Idempotent: a no-op when no forward/backward is pending."""
+        if not self._armed:
+            return
+        self._armed -= 1
+        for unit in self.units:
+            unit.finish()
+            unit.full = None
+        trainable = [p for p, _ in self.replicated if p.requires_grad]
+        if trainable:
+            self._all_reduce_replicated(trainable)
+
+    def _all_reduce_replicated(self, params) -> None:
+        """Average the replicated gradients (zeros where a rank has none); a parameter no rank
+        has a gradient for keeps grad None, as with DDP (one byte per parameter, MAX)."""
+        used = torch.tensor([p.grad is not None for p in params], dtype=torch.uint8)
+        flat = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+        )
+        collectives.all_reduce(flat, ReduceOp.AVG, self.comm)
+        collectives.all_reduce(used, ReduceOp.MAX, self.comm)
+        offset = 0
+        for p, flag in zip(params, used):
+            if flag:
+                p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+
+    @torch.no_grad()
+    def gather_full_params(self) -> dict:
+        """{name: full fp32 tensor}, named as the unwrapped module's named_parameters().
+        Collective: every rank of the group must call it."""
+        out = {}
+        for unit in self.units:
+            full = unit.gather(torch.float32)
+            unit.full = None
+            for offset, shape, _, name in unit.layout:
+                out[name] = full[offset : offset + shape.numel()].view(shape).clone()
+        for p, _ in self.replicated:
+            out[self.names[id(p)]] = p.detach().clone()
+        order = list(self.names.values())
+        return {n: out[n] for n in order}
