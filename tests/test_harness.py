@@ -28,6 +28,7 @@ BREAKING = {  # mode -> the cases that fail in that mode (fails_with_output alwa
     "segfault": ["segfaults"],
     "abort": ["aborts"],
     "skip": ["skips_a_call"],
+    "roots": ["two_roots"],
 }
 
 
@@ -157,10 +158,48 @@ def test_interrupted_batch_leaves_no_half_served_job(monkeypatch):
 
 
 def test_call_counters_compared_after_every_case(monkeypatch):
+    launches = harness.pool().launches
     failed = run_pool_suite(monkeypatch, "skip")
     text = failed["skips_a_call"]
     assert "disagree on how many collective calls the default group made" in text, text
     assert "rank 0: 1, rank 1: 0" in text or re.search(r"rank 0: (\d+), rank 1: (?!\1)", text)
+    assert "broadcast" in text, text  # the call one rank made and the other never did
+    assert harness.pool().launches - launches <= 2, "a fresh job for the rest, no more"
+
+
+def test_call_histories_compared_after_every_case(monkeypatch):
+    """Every rank its own broadcast's root: as many calls, and every rank returned; the
+    histories in the tags (or the watchdog, if it looked first) tell the ranks apart."""
+    failed = run_pool_suite(monkeypatch, "roots")
+    text = failed["two_roots"]
+    assert "histories of the default group differ" in text or "failed:" in text, text
+    assert "broadcast" in text, text
+
+
+def test_a_job_that_served_failures_ends_cleanly(monkeypatch):
+    """A warm job of its own serves failing cases (a rank raising while the other times out,
+    every rank raising, state left behind, realignments after them), then quits: its ranks
+    finalize, the end-of-job comparison of every group's calls (comm/ending.py) included, and
+    the job exits with status 0."""
+    monkeypatch.setenv("MINIPAR_TIMEOUT", "2")
+    monkeypatch.setenv("MINIPAR_SELFTEST_BREAK", "")
+    monkeypatch.setenv("MINIPAR_SELFTEST_VALUE", "value-")
+    batches = [
+        (SUITE, ["fails_on_rank_0", "works_after_failure"], "works_after_failure"),
+        (POOL_SUITE, ["works", "leaves_state", "sees_clean_state", "fails_with_output",
+                      "sees_batch_env"], "sees_clean_state"),
+    ]  # fmt: skip
+    own = pool.Pool()
+    try:
+        for suite, names, must_pass in batches:
+            results, notes, _, _ = own.run(suite, 2, "mpi", names, 120, 30, {"timeout": "2"})
+            assert not notes, notes
+            assert all(r["ok"] for r in results[must_pass].values()), results[must_pass]
+            assert not all(r["ok"] for r in results[names[0 if suite == SUITE else 3]].values())
+        assert own.launches == 1
+    finally:
+        statuses = own.close()
+    assert statuses == [(2, "mpi", 0)], statuses
 
 
 def test_failing_case_shows_its_output(monkeypatch, launch_mode):

@@ -1,7 +1,9 @@
 """Cases that break a warm job on purpose, to test the pool's guarantees (tests/test_harness.py):
 a case that hangs, one that kills a rank (exit, segfault, MPI_Abort), one that leaves state
-behind, one that makes a collective call the other ranks do not. Each breaking case is gated
-by MINIPAR_SELFTEST_BREAK (set per batch by the test) so that the same names list both."""
+behind (minipar's process state included), one that makes a collective call the other ranks do
+not, one where every rank is its own broadcast's root (as many calls, not the same ones: only
+the history in the tags shows it). Each breaking case is gated by MINIPAR_SELFTEST_BREAK (set
+per batch by the test) so that the same names list both."""
 
 import ctypes
 import os
@@ -11,7 +13,10 @@ import numpy as np
 import torch
 
 import minipar
-from minipar import ledger, runtime
+from minipar import cost, ledger, runtime
+from minipar.course import stepdiff
+from minipar.parallel.activation_memory import ActivationMemory
+from minipar.state import process
 
 CASE_LIMIT = 6  # seconds: a hung case here fails fast (the pool's default is larger)
 BREAK = os.environ.get("MINIPAR_SELFTEST_BREAK", "")
@@ -59,8 +64,13 @@ def leaves_state():
     os.environ["MINIPAR_SELFTEST_LEFT"] = "1"
     os.environ.pop("MINIPAR_TIMEOUT")
     os.chdir(os.path.dirname(os.getcwd()))
+    START["link"] = cost.default_link()
+    START["mismatch_after"] = process.mismatch_after
     ledger.trace().__enter__()  # never closed
-    minipar.init(debug=True, timeout=99)
+    stepdiff.explaining().__enter__()  # nor this recording, nor the memory counter
+    ActivationMemory().__enter__()
+    cost.set_default_link(cost.IB_NDR)
+    minipar.init(debug=True, timeout=99, fast_paths=False, mismatch_after=0.3)
     torch.set_default_dtype(torch.float64)
     torch.set_grad_enabled(False)
     torch.manual_seed(123)
@@ -72,7 +82,11 @@ def sees_clean_state():
     assert os.environ == START["env"], set(os.environ.items()) ^ set(START["env"].items())
     assert os.getcwd() == START["cwd"], os.getcwd()
     assert not ledger.active(), "a trace block is still open"
+    assert not process.explaining and not process.memory_counters, "a recording is still open"
     assert not runtime.debug_enabled(), "debug mode is still on"
+    assert process.fast_paths, "the fast paths are still switched off"
+    assert process.mismatch_after == START["mismatch_after"], process.mismatch_after
+    assert cost.default_link() is START["link"], cost.default_link()
     assert minipar.init().timeout == float(os.environ["MINIPAR_TIMEOUT"]), minipar.init().timeout
     assert torch.get_default_dtype() == torch.float32 and torch.is_grad_enabled()
     draws = torch.rand(3).tolist()
@@ -90,6 +104,13 @@ def skips_a_call():
     w = minipar.init()
     if BREAK == "skip" and w.rank == 0:
         minipar.broadcast(np.ones(1), src=0)
+
+
+def two_roots():
+    """Every rank broadcasts as its own root: each only sends (small messages go eagerly) and
+    returns, as many calls on every rank, and only the history in the tags tells them apart."""
+    w = minipar.init()
+    minipar.broadcast(np.ones(1), src=w.rank if BREAK == "roots" else 0)
 
 
 def fails_with_output():
@@ -121,6 +142,8 @@ def cases(size):
         "sees_clean_state": sees_clean_state,
         "skips_a_call": skips_a_call,
         "works_after_skip": works,
+        "two_roots": two_roots,
+        "works_after_roots": works,
         "fails_with_output": fails_with_output,
         "sees_batch_env": sees_batch_env,
     }
