@@ -47,6 +47,15 @@ def pytest_configure(config):
     )
 
 
+def pytest_runtest_setup(item):
+    """With MINIPAR_TEST_LAUNCH_LOG=PATH, each test that launches a job of its own adds a line
+    to PATH ("own NODEID"), beside the harness's lines for the jobs it starts (pool, suite)."""
+    path = os.environ.get("MINIPAR_TEST_LAUNCH_LOG")
+    if path and item.get_closest_marker("own_job") is not None:
+        with open(path, "a") as f:
+            f.write(f"own {item.nodeid}\n")
+
+
 def pytest_sessionfinish(session, exitstatus):
     """End the harness's warm jobs (minipar.testing.pool) with the session."""
     from minipar.testing import harness

@@ -109,6 +109,7 @@ def test_moe_layout_validation(changes, message):
         GPTConfig(n_experts=2, top_k=3)
 
 
+@pytest.mark.own_job  # `minipar train`
 def test_moe_run_matches_dense_and_shows_the_load(tmp_path):
     """`minipar train --moe --experts 4 --ep 2 --check`: 2 ranks (dp = ep = 2), each holding 2
     of block 1's 4 experts; --check compares the first step's gradients, every loss and the
@@ -130,6 +131,7 @@ def test_options_travel_to_the_ranks():
     assert vars(again) == {**vars(args), "timeout": None}
 
 
+@pytest.mark.own_job  # `minipar train`
 def test_recompute_and_trace_through_the_command(tmp_path):
     """dp=2 x pp=2 with full recomputation, checked by --check; --trace writes valid trace-event
     JSON of the 4 ranks and its PNG; the summary's activation table has the three columns."""
