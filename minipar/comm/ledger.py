@@ -33,7 +33,10 @@ class Message:
     peer: int  # the other rank, in the group's numbering
     nbytes: int
     # how the bytes crossed: "host" (CPU memory), or for a CUDA buffer on MPI "direct"
-    # (CUDA-aware), "staged" (one pinned-host copy each way) or "staged-pipelined" (chunked)
+    # (CUDA-aware), "staged" (one pinned-host copy each way) or "staged-pipelined" (chunked);
+    # inside a node's shared windows (collectives/fast/windows.py) "shm" (copied into the
+    # sender's segment, read there by the receiver) or "shm-in-place" (read by the receiver
+    # straight out of the sender's own buffer, which lives in a window: comm/shm_buffers.py)
     path: str = "host"
 
 
@@ -145,10 +148,10 @@ def begin_call(comm, collective: str, algorithm: str, seq: int) -> None:
         ledger._begin(comm.name, collective, algorithm, seq)
 
 
-def record(comm, collective, algorithm, seq, step, kind, peer, nbytes) -> None:
+def record(comm, collective, algorithm, seq, step, kind, peer, nbytes, path="host") -> None:
     if process.traces:
         message = Message(
-            comm.name, comm.rank, collective, algorithm, seq, step, kind, peer, nbytes
+            comm.name, comm.rank, collective, algorithm, seq, step, kind, peer, nbytes, path
         )
         for ledger in process.traces:
             ledger._add(message)

@@ -38,7 +38,10 @@ from minipar.comm.mpi_requests import module
 from minipar.errors import CommTimeoutError, MismatchError
 
 HEADER = 4096  # bytes before the data: a page, so the data is page-aligned
-READY, REDUCED, DONE, CODE, NBYTES = range(5)  # header slots (int64 each)
+# header slots (int64 each): the three counters, then what this round is (checked by every peer
+# before it reads: the call's code and size, and for a buffer that lives in a window of its own,
+# that window's serial number and the buffer's byte offset in it; -1 and 0 for a staged round)
+READY, REDUCED, DONE, CODE, NBYTES, WINDOW, OFFSET = range(7)
 MAX_SEGMENT = int(os.environ.get("MINIPAR_SHM_BYTES", 64 << 20))  # data bytes per rank, at most
 BLOCK_BYTES = int(os.environ.get("MINIPAR_SHM_BLOCK", 1 << 20))  # a pipeline block, all chunks
 LAG = int(os.environ.get("MINIPAR_SHM_LAG", 8))  # blocks between publishing and reading them
@@ -78,6 +81,8 @@ class SharedNode:
         self.win, self.capacity, self.round = None, 0, 0
         self.blocks = 0  # blocks finished in earlier rounds: READY and REDUCED count blocks
         self.segments, self.headers = [], []
+        self.buffers = []  # comm/shm_buffers.py: the windows buffers live in, in allocation order
+        self.windows_made = 0  # their serial numbers (the same on every rank)
         self._order = threading.Condition()
         self._issued = self._turn = 0
 
@@ -114,8 +119,27 @@ class SharedNode:
         if nbytes > self.capacity or self.win is None:
             self._grow(nbytes, what)
         head = self.headers[self.rank]
-        head[CODE], head[NBYTES] = code, nbytes
+        head[CODE], head[NBYTES], head[WINDOW], head[OFFSET] = code, nbytes, -1, 0
         return self.segments[self.rank]
+
+    def begin_in_place(self, window: int, offset: int, nbytes: int, code: int, what) -> None:
+        """Start a round on a buffer that already lies in window `window` (its serial number)
+        at byte `offset` on every rank: nothing is copied in, the peers read it where it is.
+        The counters are the staged rounds' (the first such round maps a small staging window
+        for them); `end_in_place` closes the round."""
+        self.round += 1
+        for q in self.peers():
+            self.wait(q, DONE, self.round - 1, what)
+        if self.win is None:
+            self._grow(0, what)
+        head = self.headers[self.rank]
+        head[CODE], head[NBYTES], head[WINDOW], head[OFFSET] = code, nbytes, window, offset
+
+    def end_in_place(self, what) -> None:
+        """I finished reading the peers' buffers; return once they finished reading mine: the
+        caller may write into its buffer as soon as this returns."""
+        self.publish(DONE)
+        self.wait_all(DONE, what)
 
     def publish(self, slot: int, value: int | None = None) -> None:
         """Set my counter `slot` (to this round, or to a block number): the data it stands for
@@ -140,12 +164,12 @@ class SharedNode:
         self.win.Sync()  # read the data only after seeing the counter
         if slot == READY:
             mine = self.headers[self.rank]
-            if head[CODE] != mine[CODE] or head[NBYTES] != mine[NBYTES]:
+            if any(head[s] != mine[s] for s in (CODE, NBYTES, WINDOW, OFFSET)):
                 raise MismatchError(
                     f"{what() if callable(what) else what}: rank {q} of group {self.comm.name} "
-                    f"published {int(head[NBYTES])} bytes for call code {int(head[CODE])}, this "
-                    f"rank {int(mine[NBYTES])} bytes for code {int(mine[CODE])}; every rank must "
-                    "make the same collective calls in the same order with matching sizes"
+                    f"published {_round(head)}, this rank {_round(mine)}; every rank must make "
+                    "the same collective calls in the same order with matching sizes (and a "
+                    "buffer from minipar.empty on every rank, or on none)"
                 )
 
     def _poll(self, head, slot, k, q, what) -> None:
@@ -199,6 +223,14 @@ class SharedNode:
                 )
             time.sleep(0)
         self.win.Sync()
+
+
+def _round(head) -> str:
+    """What a header says its round is, for a mismatch's message."""
+    where = "staged"
+    if head[WINDOW] >= 0:
+        where = f"in window buffer #{int(head[WINDOW])} at byte {int(head[OFFSET])}"
+    return f"{int(head[NBYTES])} bytes for call code {int(head[CODE])} ({where})"
 
 
 def describe(comm) -> str:
