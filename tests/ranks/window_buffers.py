@@ -199,7 +199,8 @@ def fsdp_window_vs_private():
         on, off = train(make, True), train(make, False)
         compare(on, off, f"FSDP {dtype}")
         fsdp, t = on[2], on[3]
-        for slot in fsdp.param_slots.slots + fsdp.grad_slots.slots:
+        assert len(fsdp.slots.slots) == 2 and not off[2].slots.slots
+        for slot in fsdp.slots.slots:
             assert segment_of(slot) is not None, "an FSDP slot is not in the window"
         windowed = [c for c in t.calls if c.algorithm == "ring@shm"]
         assert {c.collective for c in windowed} == {"all_gather", "reduce_scatter"}, windowed

@@ -45,7 +45,7 @@ from minipar.parallel.data.ddp import (
 )
 from minipar.parallel.data.flat_buffers import Slots
 
-SLOTS = 2  # gathered vectors (and gradient vectors) that may exist at once: see flat_buffers.py
+SLOTS = 2  # gathered or gradient vectors in the window at once: see flat_buffers.py
 
 
 def _check_compute_dtype(dtype) -> None:
@@ -91,8 +91,7 @@ class _Gather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        ctx.unit.release()
-        ctx.unit.reduce_scatter(grads)
+        ctx.unit.reduce_scatter(grads, ctx.unit.hand_over())
         return None, None
 
 
@@ -123,7 +122,7 @@ class Unit:
         the peers' blocks are read out of their slots where they lie (or arrive as messages)."""
         dtype = dtype or self.owner.compute_dtype or torch.float32
         comm = self.owner.comm
-        slot, full = self.owner.param_slots.take(self.block * comm.size, dtype)
+        slot, full = self.owner.slots.take(self.block * comm.size, dtype)
         self.slots.append(slot)
         mine = full[comm.rank * self.block : (comm.rank + 1) * self.block]
         mine.copy_(self.shard.detach())
@@ -144,23 +143,35 @@ class Unit:
     def forget(self) -> None:
         """Drop the gathered vector and give its slots back."""
         for slot in self.slots:
-            self.owner.param_slots.give(slot)
+            self.owner.slots.give(slot)
         self.full, self.slots = None, []
 
     def release(self) -> None:
         self.forget()
+        self._unbind()
+
+    def hand_over(self):
+        """Backward is done with the parameters: drop them, and return the slot they were
+        gathered into (kept: the gradients go there), or None."""
+        last = self.slots.pop() if self.slots else None
+        self.forget()
+        self._unbind()
+        return last
+
+    def _unbind(self) -> None:
         for _, _, where, _ in self.layout:
             for mod, attr in where:
                 object.__setattr__(mod, attr, None)
 
-    def reduce_scatter(self, grads) -> None:
+    def reduce_scatter(self, grads, slot=None) -> None:
         """Average the unit's gradients over the group in fp32; this rank keeps its block. The
-        gradients go into a flat vector in a gradient slot (zeros where a parameter has none,
-        and in the padding), reduce-scattered with the ring above 64 KiB (the bits of a window
-        slot and a private one agree: ddp.reduction_algorithm)."""
+        gradients go into one flat vector (zeros where a parameter has none, and in the
+        padding), in `slot` (where the parameters were gathered) or the next free one,
+        reduce-scattered with the ring above 64 KiB (the bits of a window slot and a private
+        vector agree: ddp.reduction_algorithm)."""
         self.owner._queue_finish()
-        comm, slots = self.owner.comm, self.owner.grad_slots
-        slot, flat = slots.take_after(self.block * comm.size, torch.float32)
+        comm, slots = self.owner.comm, self.owner.slots
+        slot, flat = slots.reuse(slot, self.block * comm.size, torch.float32)
         for (offset, shape, _, _), grad in zip(self.layout, grads):
             part = flat[offset : offset + shape.numel()]
             if grad is None:
@@ -224,7 +235,6 @@ class FullyShardedDataParallel(nn.Module):
             return isinstance(mod, shard_modules)
 
         unit_names = [n for n, m in module.named_modules() if is_unit(m)]
-        self.param_slots = self.grad_slots = None
         members: dict = {u: [] for u in unit_names}
         self.replicated = []  # [(param, [(module, attribute), ...])]
         for p, places in _occurrences(module).values():
@@ -253,14 +263,12 @@ class FullyShardedDataParallel(nn.Module):
 
     def _make_slots(self, module: nn.Module) -> None:
         """The slots the units' full vectors and gradients take in turn (flat_buffers.py): in the
-        node's shared window when the group's ranks share one (collective), sized for the
-        largest unit (parameters in compute_dtype or fp32, whichever is wider; gradients fp32).
-        """
+        node's shared window when the group's ranks share one (collective), each the largest
+        unit's size in fp32 (gradients are fp32; parameters in compute_dtype or fp32)."""
         largest = max((u.block * self.comm.size for u in self.units), default=0)
         device = next((u.shard.device for u in self.units), torch.device("cpu"))
         width = max(4, (self.compute_dtype or torch.float32).itemsize)
-        self.param_slots = Slots(largest * width, SLOTS, self.comm, device)
-        self.grad_slots = Slots(largest * 4, SLOTS, self.comm, device)
+        self.slots = Slots(largest * width, SLOTS, self.comm, device)
 
     def _pre_hook(self, unit: Unit):
         def hook(_module, _args):
@@ -324,7 +332,7 @@ class FullyShardedDataParallel(nn.Module):
         for unit in self.units:
             unit.finish()
             unit.forget()
-        self.grad_slots.drain()
+        self.slots.drain()
         trainable = [p for p, _ in self.replicated if p.requires_grad]
         if trainable:
             self._all_reduce_replicated(trainable)
