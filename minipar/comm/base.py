@@ -14,6 +14,7 @@ other's messages, and neither do ranks that disagree about a call.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from minipar.comm import buffers, ledger, signature
@@ -32,6 +33,19 @@ DEFAULT_TIMEOUT = 300.0  # seconds; generous, because a first CUDA call or a col
 # (the launcher sets MINIPAR_OVERSUBSCRIBED=1) spinning only steals the core from the peer we
 # wait for, so yield at once
 SPIN_SECONDS = 0.0 if os.environ.get("MINIPAR_OVERSUBSCRIBED") == "1" else 2e-3
+# a collective on the progress thread (collectives/work.py) runs beside its caller's own work
+# (DDP's backward, on the same cores): spinning there takes the core from that work, so its
+# waits sleep at once, this long at least (the kernel wakes it some tens of us later)
+BACKGROUND_NAP = 2e-5
+
+
+def patience() -> tuple[float, float]:
+    """(seconds to spin, shortest nap after that) for a wait on the calling thread: the
+    progress thread naps at once, any other spins SPIN_SECONDS, then yields (a nap of 0)."""
+    progress = process.progress
+    if progress is not None and threading.current_thread() is progress.thread:
+        return 0.0, BACKGROUND_NAP
+    return SPIN_SECONDS, 0.0
 
 
 def env_timeout() -> float:
@@ -161,6 +175,7 @@ def _wait(requests, timeout: float, context) -> None:
     blocking = [r for r in pending if r.blocking]
     pending = [r for r in pending if not r.blocking]
     comm = requests[0].comm
+    spin, nap = patience()
     while pending:
         pending = [r for r in pending if not r.test()]
         if not pending:
@@ -171,8 +186,8 @@ def _wait(requests, timeout: float, context) -> None:
         elapsed = time.monotonic() - start
         if elapsed > timeout:
             raise _timeout(pending[0], timeout, context)
-        if elapsed > SPIN_SECONDS:  # a long stall polls less, leaving the core to the others
-            time.sleep(0 if elapsed < 0.05 else 1e-4 if elapsed < 0.5 else 1e-3)
+        if elapsed > spin:  # a long stall polls less, leaving the core to the others
+            time.sleep(max(nap, 0 if elapsed < 0.05 else 1e-4 if elapsed < 0.5 else 1e-3))
     for request in blocking:
         left = timeout - (time.monotonic() - start)
         if not request._block(max(left, 1e-3)):

@@ -14,11 +14,17 @@ Synchronisation: each segment starts with a header of counters that only its own
 `DONE`: I have finished reading your segments for round k). A round goes in blocks of about
 BLOCK_BYTES, pipelined, so that what one rank has just written is still in the shared cache when
 its peer reads it (MPI's small bounce cells enjoy the same; a whole 32 MiB chunk would not).
-A waiting rank polls a peer's counter, spins
-briefly, then yields the core with `time.sleep` (at once when ranks outnumber cores), so it
-never holds the core the peer needs. Every wait is bounded by the group's timeout and names the
-collective, the peer and what it waited for. `MPI_Win_sync` orders the data before the counter
-(a memory barrier on weakly ordered CPUs; nearly free on x86).
+A waiting rank polls a peer's counter, spins briefly, then yields the core with `time.sleep`
+(at once when ranks outnumber cores, or on the progress thread, whose caller computes
+meanwhile), so it never holds the core the peer needs. Every wait is bounded by the group's
+timeout and names the collective, the peer and what it waited for. `MPI_Win_sync` orders the
+data before the counter (a memory barrier on weakly ordered CPUs; nearly free on x86).
+
+A buffer that lives in a window of its own (comm/shm_buffers.py: minipar.empty, DDP's buckets,
+FSDP's slots) takes rounds of its own (`begin_in_place` / `end_in_place`): nothing is copied
+in, the header also names the window and the offset (peers whose twins lie elsewhere raise
+MismatchError), and the round ends only when every peer has finished reading, so the caller may
+write into its buffer as soon as the call returns.
 
 A `SharedNode` belongs to one group (`node_of(comm)`); calls on it run one at a time, in the
 order the caller issued them (a ticket taken in the caller's thread), so an async call on the
@@ -33,7 +39,7 @@ import time
 
 import numpy as np
 
-from minipar.comm.base import SPIN_SECONDS, wait_all
+from minipar.comm.base import patience, wait_all
 from minipar.comm.mpi_requests import module
 from minipar.errors import CommTimeoutError, MismatchError
 
@@ -174,6 +180,7 @@ class SharedNode:
 
     def _poll(self, head, slot, k, q, what) -> None:
         start, timeout = time.monotonic(), self.comm.timeout
+        spin, nap = patience()  # the progress thread naps at once: comm/base.py
         while head[slot] < k:
             failure = getattr(self.comm, "_failure", None)  # the MPI watchdog saw a mismatch
             if failure is not None:
@@ -185,8 +192,8 @@ class SharedNode:
                     f"{where}: timed out after {timeout:g} s waiting for rank {q} to "
                     f"{WAITS[slot]} (shared-memory round {k}) on group {self.comm.name}"
                 )
-            if elapsed > SPIN_SECONDS:  # yield: the peer may need this very core
-                time.sleep(0 if elapsed < 0.05 else 1e-4)
+            if elapsed > spin:  # yield: the peer, or our caller, may need this very core
+                time.sleep(max(nap, 0 if elapsed < 0.05 else 1e-4))
 
     # -- the window ----------------------------------------------------------------------
     def _grow(self, nbytes: int, what) -> None:
