@@ -285,11 +285,12 @@ class DistributedDataParallel(nn.Module):
                 used[k] = p.grad is not None
                 k += 1
         self._launch_ready()
-        if len(self._where):  # which parameters some rank has a gradient for
-            collectives.all_reduce(used, ReduceOp.MAX, self.comm)
+        for bucket in self.buckets:
+            bucket.work.wait()  # blocked, not polling: the progress thread has the core
+        if len(self._where):  # which parameters some rank has a gradient for (once the buckets
+            collectives.all_reduce(used, ReduceOp.MAX, self.comm)  # are done: ranks in step)
         k = 0
         for bucket in self.buckets:
-            bucket.work.wait()
             for i, p in enumerate(bucket.params):
                 if used[k] and not _is_view(p.grad, bucket.views[i]):
                     p.grad = bucket.views[i]
