@@ -53,10 +53,14 @@ def counted(ledger) -> Counter:
 
 
 def check(dp, tp, pp, m, fsdp=False):
+    from minipar.collectives.window_buffer import shared_node  # numpy: collecting stays light
+
     ledger, mesh = traced_step(dp, tp, pp, m, fsdp)
     lay = planner.evaluate(SPEC, planner.CLUSTERS["cpu"], dp, tp, pp, 8 // dp // m)
     assert lay.microbatches == m
-    want = step_messages.signature(SPEC, lay, mesh.pp_rank, zero=3 if fsdp else 0)
+    windows = dp > 1 and shared_node(mesh.dp_group, "the dp group") is not None  # one node
+    want = step_messages.signature(SPEC, lay, mesh.pp_rank, zero=3 if fsdp else 0,
+                                   windows=windows)  # fmt: skip
     got = counted(ledger)
     assert got == Counter(want), f"stage {mesh.pp_rank}: traced {dict(got)}, planner {want}"
 
