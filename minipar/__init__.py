@@ -65,6 +65,7 @@ _LAZY = {
     "is_available": "minipar.runtime.process_group",
     # the rest
     "ReduceOp": "minipar.collectives.reduce_op",
+    "reduce_op": "minipar.collectives.reduce_op",  # torch's old name of ReduceOp
     "trace": "minipar.comm.ledger",
     "MiniparError": "minipar.errors",
     "CommTimeoutError": "minipar.errors",

@@ -10,12 +10,20 @@ it in one place (runtime/world.py). Each field is filled by the layer that owns 
 | debug             | cross-rank argument checks before each call    | init(debug=)          |
 | fast_paths        | lean plans, direct steps, windows (fast/)      | init(fast_paths=)     |
 | owns_torch        | init_process_group started torch.distributed   | runtime/process_group |
+| launched_world    | minipar.launch started the world before fn     | launcher/notebook.py  |
 | excepthook        | the abort-on-uncaught-exception hook is set    | runtime/world.py      |
 | local_rank(_source), device | this rank's place on its node, its GPU | runtime/devices.py |
 | progress          | the thread that runs async collectives         | collectives/work.py   |
 | watchdog          | the thread that finds mismatched calls         | comm/watchdog.py      |
+| mismatch_after    | seconds a collective waits, then asks peers    | init(mismatch_after=) |
+| stalls            | the waits that have lasted, by thread          | comm/stall.py         |
+| groups            | every group of the world, by group id (weak)   | comm/base.py          |
+| ending            | the comparison of the calls at the job's end   | comm/ending.py        |
 | exit_check        | the world watched at exit (a rank leaving)     | comm/leaving.py       |
 | traces            | the open `with minipar.trace()` ledgers        | comm/ledger.py        |
+| run_trace         | the whole run's trace (`minipar run --trace`)  | runtime/run_trace.py  |
+| memory_counters   | the open saved-activation counters             | parallel/activation_memory |
+| memory_layers     | the names of the layers running forward now    | parallel/activation_memory |
 | explaining        | the grader's open step-by-step recordings      | course/stepdiff.py    |
 | links             | the cost model's links, {"mpi": .., "shm": ..} | cost/links.py         |
 | abandoned         | requests given up on, kept with their buffers  | comm/base.py          |
@@ -40,14 +48,22 @@ class ProcessState:
         self.debug = False
         self.fast_paths = True
         self.owns_torch = False
+        self.launched_world = False
         self.excepthook = False
         self.local_rank = None
         self.local_rank_source = ""
         self.device = None
         self.progress = None
         self.watchdog = None
+        self.mismatch_after = 1.0
+        self.stalls: dict = {}  # thread ident -> the stall.Stall it is waiting in
+        self.groups: dict = {}  # group id -> weakref.ref to the Communicator
+        self.ending = None
         self.exit_check = None
         self.traces: list = []
+        self.run_trace = None
+        self.memory_counters: list = []
+        self.memory_layers: list = []
         self.explaining: list = []
         self.links: dict = {}
         self.abandoned: list = []

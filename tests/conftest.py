@@ -8,12 +8,15 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_job(argv, minipar_timeout: float, limit: float):
-    """Run a job that is meant to fail, as a session of its own, with MINIPAR_TIMEOUT set: only
-    past `limit` seconds is its process group killed (rc 124), so the launcher's own clean-up is
-    what is tested. Returns (rc, output, start, end, pid)."""
+def run_job(argv, minipar_timeout: float | None, limit: float):
+    """Run a job that is meant to fail, as a session of its own, with MINIPAR_TIMEOUT set (None:
+    minipar's default timeout): only past `limit` seconds is its process group killed (rc 124),
+    so the launcher's own clean-up is what is tested. Returns (rc, output, start, end, pid)."""
     env = dict(os.environ, MINIPAR_TIMEOUT=str(minipar_timeout), OMP_NUM_THREADS="1")
-    env.pop("MINIPAR_DEBUG", None)
+    if minipar_timeout is None:
+        del env["MINIPAR_TIMEOUT"]
+    for default in ("MINIPAR_DEBUG", "MINIPAR_MISMATCH_AFTER"):
+        env.pop(default, None)
     start = time.time()
     proc = subprocess.Popen(
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

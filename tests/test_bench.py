@@ -217,3 +217,39 @@ def test_strategy_tables_show_ratios_per_run(capsys):
     pipeline.show(console, rows)
     out = capsys.readouterr().out
     assert "0.75x / 1.00x / 1.25x" in out and "2 runs" in out
+
+
+def test_bench_cp_and_moe_tables_and_json(tmp_path):
+    """`minipar bench cp` and `minipar bench moe`'s command side: the table printed from a
+    finished job's result and the --json record (the jobs themselves run in the lessons' and the
+    bench's own runs, not here: seconds of attention and expert steps on loaded cores)."""
+    import io
+
+    from minipar.bench import context, moe
+    from minipar.term import Console
+
+    out = io.StringIO()
+    console = Console(file=out, width=200)
+    result = {
+        "times": {
+            "dense": [0.3, 0.2, 0.4],
+            "ring": [0.1, 0.3, 0.2],
+            "ulysses": [0.1, 0.1, 0.1],
+            "ring-comm": [0.04, 0.04],
+            "ulysses-comm": [0.02, 0.02],
+        },
+        "waits": {"ring": 0.01, "ulysses": 0.03},
+        "cp": 2,
+        "shape": {"batch": 1, "heads": 8, "seq": 1024, "head_dim": 64},
+    }
+    rows = context.show(console, result, 3, 2, str(tmp_path / "cp.json"))
+    text = out.getvalue()
+    assert "cp=2" in text and "(1, 8, 1024, 64)" in text and "75%" in text, text
+    assert json.load(open(tmp_path / "cp.json")) == rows and rows[1]["cell"] == "ring"
+    times = {"moe/ep": [0.3, 0.1, 0.2], "moe/local": [0.4, 0.4, 0.5], "comm/ep": [0.05, 0.05],
+             "bytes/ep": [2048.0], "imbalance/ep": [1.25]}  # fmt: skip
+    record = moe.show(console, times, 3, 2, str(tmp_path / "moe.json"))
+    text = out.getvalue()
+    assert "ep=2" in text and "25%" in text and "2,048" in text and "1.25" in text, text
+    assert json.load(open(tmp_path / "moe.json")) == record
+    assert record["rows"][0]["x_local"] == pytest.approx(0.5)

@@ -92,3 +92,167 @@ def test_ex07_one_f_one_b_is_minipars(exercise_impl):
         for r in range(p):
             mine = S.with_comms(ex07(exercise_impl).one_f_one_b(r, p, m), r, p, 1)
             assert mine == S.instructions("1f1b", r, p, m), f"rank {r} of p={p}, m={m}"
+
+
+# -- ex09: context parallelism (one process) ---------------------------------------------------
+
+
+def ex09(name: str, impl: str):
+    return exercises.load(name, impl)
+
+
+def attention_blocks(cuts, scale=1.0, seed=0):
+    """(q, k, v) and each block's (out, lse) from minipar's kernel, for keys cut at `cuts`."""
+    import torch
+
+    from minipar.parallel.context import online_softmax
+
+    g = torch.Generator().manual_seed(seed)
+    q = scale * torch.randn(2, 3, 5, 8, generator=g)
+    k = scale * torch.randn(2, 3, 16, 8, generator=g)
+    v = torch.randn(2, 3, 16, 8, generator=g)
+    edges = [0, *cuts, 16]
+    blocks = [
+        online_softmax.block_attention(q, k[:, :, a:b], v[:, :, a:b])
+        for a, b in zip(edges, edges[1:])
+    ]
+    return q, k, v, blocks
+
+
+@pytest.mark.parametrize("cuts", [[1], [8], [15], [3, 7, 12]])
+def test_ex09_online_softmax_merge_is_attention_over_all_keys(exercise_impl, cuts):
+    import torch
+    from torch.nn import functional as F
+
+    merge = ex09("ex09_online_softmax_merge", exercise_impl).merge
+    q, k, v, blocks = attention_blocks(cuts)
+    out, lse = blocks[0]
+    for block in blocks[1:]:
+        out, lse = merge(out, lse, *block)
+    want = F.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6, msg="merged output")
+    scores = q @ k.transpose(-1, -2) / math.sqrt(8)
+    torch.testing.assert_close(lse, torch.logsumexp(scores, -1), msg="merged lse")
+
+
+def test_ex09_online_softmax_merge_scores_in_the_hundreds(exercise_impl):
+    """exp(lse) overflows float32 here: only a merge rescaled by the running maximum stays
+    finite."""
+    import torch
+    from torch.nn import functional as F
+
+    merge = ex09("ex09_online_softmax_merge", exercise_impl).merge
+    q, k, v, blocks = attention_blocks([8], scale=8.0)
+    assert blocks[0][1].max() > 100, "the test needs scores past exp's float32 range"
+    out, lse = merge(*blocks[0], *blocks[1])
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all(), "inf or NaN: rescale by m"
+    want = F.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+
+
+def test_ex09_online_softmax_merge_empty_blocks(exercise_impl):
+    """A block with every key masked (lse = -inf, out = 0) contributes nothing; two of them stay
+    empty, with no NaN."""
+    import torch
+
+    merge = ex09("ex09_online_softmax_merge", exercise_impl).merge
+    _, _, _, blocks = attention_blocks([8])
+    out, lse = blocks[0]
+    empty = (torch.zeros_like(out), torch.full_like(lse, float("-inf")))
+    for merged in (merge(out, lse, *empty), merge(*empty, out, lse)):
+        torch.testing.assert_close(merged[0], out, msg="out after merging an empty block")
+        torch.testing.assert_close(merged[1], lse, msg="lse after merging an empty block")
+    both = merge(*empty, *empty)
+    assert not torch.isnan(both[0]).any() and not torch.isnan(both[1]).any(), "NaN"
+    assert torch.equal(both[0], empty[0]) and torch.isneginf(both[1]).all(), both
+
+
+@pytest.mark.parametrize("cp", range(1, 9))
+def test_ex09_load_balanced_split_chunks(exercise_impl, cp):
+    """Every rank's chunks, as minipar's layout; every token once; the same causal work."""
+    import torch
+
+    from minipar.parallel.context import layout
+
+    split = ex09("ex09_load_balanced_split", exercise_impl)
+    held = [split.chunks_of(r, cp) for r in range(cp)]
+    assert sorted(c for pair in held for c in pair) == list(range(2 * cp)), held
+    seq = 4 * cp
+    work = []
+    for r in range(cp):
+        assert tuple(held[r]) == (r, 2 * cp - 1 - r), f"rank {r} of cp={cp}: {held[r]}"
+        mine = split.split(torch.arange(seq), 0, r, cp)
+        assert mine.tolist() == layout.positions(r, cp, seq, causal=True).tolist(), (r, mine)
+        work.append(int((mine + 1).sum()))
+    assert len(set(work)) == 1, f"causal work per rank {work}: not balanced"
+
+
+def test_ex09_load_balanced_split_any_dim_and_bad_length(exercise_impl):
+    import torch
+
+    from minipar.parallel.context import layout
+
+    split = ex09("ex09_load_balanced_split", exercise_impl)
+    x = torch.randn(2, 3, 24, 5)
+    for dim in (2, -2):
+        for r in range(3):
+            want = x.index_select(2, layout.positions(r, 3, 24, causal=True))
+            assert torch.equal(split.split(x, dim, r, 3), want), (dim, r)
+    with pytest.raises(ValueError, match="20") as error:
+        split.split(torch.randn(20), 0, 0, 3)
+    assert "6" in str(error.value), f"name 2cp = 6 in the message: {error.value}"
+
+
+# -- ex10: the MoE dispatch (one process; tests/ranks/exercises_ex10.py plugs it into MoE) ------
+
+
+def ex10(impl: str):
+    return exercises.load("ex10_moe_dispatch", impl)
+
+
+def test_ex10_moe_dispatch_by_hand(exercise_impl):
+    import torch
+
+    mod = ex10(exercise_impl)
+    experts = torch.tensor([[2, 0], [1, 3], [0, 1], [3, 2]])
+    kept = torch.ones(4, 2, dtype=torch.bool)
+    order, counts = mod.sort_by_expert(experts, kept, 4)
+    assert order.tolist() == [1, 4, 2, 5, 0, 7, 3, 6], f"order {order.tolist()}"
+    assert counts.tolist() == [2, 2, 2, 2], f"counts {counts.tolist()}"
+    assert mod.split_sizes(counts, 2) == [4, 4]
+    assert mod.split_sizes(torch.tensor([2, 1, 0, 3]), 2) == [3, 3]
+    assert mod.split_sizes(torch.tensor([2, 1, 0, 3]), 4) == [2, 1, 0, 3]
+    assert mod.inverse_permutation(order).tolist() == [4, 0, 2, 6, 1, 3, 7, 5]
+    kept[2, 0] = kept[0, 1] = False  # t2's e0 and t0's e0 dropped: last, in copy order
+    order, counts = mod.sort_by_expert(experts, kept, 4)
+    assert order.tolist() == [2, 5, 0, 7, 3, 6, 1, 4], f"with drops: order {order.tolist()}"
+    assert counts.tolist() == [0, 2, 2, 2], f"with drops: counts {counts.tolist()}"
+
+
+@pytest.mark.parametrize("t,k,e,p", [(12, 2, 4, 2), (30, 1, 8, 4), (7, 2, 6, 3), (0, 2, 4, 2)])
+def test_ex10_moe_dispatch_random_routings(exercise_impl, t, k, e, p):
+    """Properties first (a permutation, keys in order, stable, drops last), then exactly
+    minipar's own dispatch."""
+    import torch
+
+    from minipar.parallel.expert import dispatch
+
+    mod = ex10(exercise_impl)
+    gen = torch.Generator().manual_seed(t * 100 + e)
+    experts = torch.rand(t, e, generator=gen).topk(k, -1).indices  # k distinct experts each
+    kept = torch.rand(t, k, generator=gen) < 0.8
+    order, counts = mod.sort_by_expert(experts, kept, e)
+    assert sorted(order.tolist()) == list(range(t * k)), "order is not a permutation of copies"
+    key = torch.where(kept, experts, e).reshape(-1)[order].tolist()
+    assert key == sorted(key), "copies are not sorted by expert (dropped copies last)"
+    for a, b in zip(range(t * k), range(1, t * k)):
+        if key[a] == key[b]:
+            assert order[a] < order[b], f"not stable: copies {order[a]}, {order[b]} swapped"
+    want_order, want_counts = dispatch.sort_by_expert(experts, kept, e)
+    assert torch.equal(order, want_order) and torch.equal(counts, want_counts), (
+        f"counts {counts.tolist()}, want {want_counts.tolist()}"
+    )
+    assert mod.split_sizes(counts, p) == dispatch.split_sizes(counts, p)
+    inverse = mod.inverse_permutation(order)
+    assert torch.equal(order[inverse], torch.arange(t * k)), "order[inverse] is not 0, 1, ..."
+    assert torch.equal(inverse[order], torch.arange(t * k)), "inverse[order] is not 0, 1, ..."

@@ -45,9 +45,13 @@ EXPECT = {
             "world, step 1"
         ],
     ),  # fmt: skip
-    ("mpi", "sys_exit", False, 2): (
+    ("mpi", "sys_exit", False, 2): (  # rank 0's wait asks rank 1, which is at its exit
         "nonzero",
-        ["[rank 0] minipar.errors.CommTimeoutError: all_reduce", "from rank 1 (tag"],
+        [
+            "[rank 0] minipar.errors.MismatchError: rank 0 called all_reduce(op=SUM, float64 x 8) "
+            "on group world (call #1) but rank 1 is at the end of the job (exit) without making it",
+            "[rank 1] minipar.errors.MismatchError (found at exit): rank 0 called all_reduce(",
+        ],
     ),
     ("mpi", "sys_exit", True, 3): (
         "nonzero",
@@ -121,9 +125,39 @@ EXTENDED_EXPECT = {
 if EXTENDED:
     EXPECT.update(EXTENDED_EXPECT)
 
+# Issue 27: mistakes that no message shows, made by every rank at once (tests/faults/inject.py),
+# with minipar's defaults (no MINIPAR_TIMEOUT: a mistake nobody caught would hang until
+# JOB_LIMIT). Every rank must raise MismatchError within DETECT seconds of the last rank's
+# mistake (or, for `_last`, the script ending right after it, report it at exit; for `_finalize`,
+# finalize() called right after it, raise it there, saying so with the rank), and the job
+# must end non-zero. (mode: fragments of every rank's message)
+MISTAKES = {
+    "own_root": ["called broadcast(src=", "float32 x 8) on group world but rank", "in src"],
+    "dst": ["called reduce(dst=", "op=SUM, float32 x 8) on group world but rank", "in dst"],
+    "scatter_src": ["called scatter(src=", "float64 x 2) on group world but rank", "in src"],
+    "other_group": [
+        "called all_reduce(op=SUM, float64 x 8) on group",
+        "on group other",
+        "in group",
+    ],
+    "own_root_last": ["called broadcast(src=", "in src"],
+    "scatter_src_last": ["called scatter(src=", "in src"],
+    "scatter_src_finalize": ["called scatter(src=", "in src"],
+}
+SAYS = {  # what a rank's line says, by the mode's ending (else "MismatchError: ", the excepthook)
+    "_last": "MismatchError (found at exit): ",
+    "_finalize": "MismatchError (found at finalize()): ",
+}
+MISTAKE_RANKS = [2, 3, 4]
+MISTAKE_JOBS = [(mode, ranks) for mode in MISTAKES for ranks in MISTAKE_RANKS]
+DETECT = 2.0  # seconds from the last rank's mistake to every rank's MismatchError
+EXIT_LIMIT = 10.0  # seconds from the mistake to the end of a `_last` job (its ranks report first)
+
 # A rank that sys.exit()s outside any collective leaves messages its peers already sent it
 # unreceived, or not yet: whichever came first, the output must name it. Either the rank finds
-# them as it leaves and says so (comm/leaving.py), or the others time out waiting for it.
+# them as it leaves and says so (comm/leaving.py), or the others' waits ask it what it is doing
+# (comm/stall.py) and both raise (with debug mode, whose check asks nobody: the others time
+# out waiting for it, and say that it is at the end of the job).
 LEAVING = ["[rank 1] minipar: this rank is leaving the job, but", "never received"]
 OR_ELSE = {("mpi", "sys_exit", False, 2): LEAVING, ("mpi", "sys_exit", True, 3): LEAVING}
 
@@ -148,10 +182,19 @@ def family(transport: str) -> str:
     return "mpi" if transport in ("mpi", "shm") else "torch"
 
 
+def run_mistake(key):
+    mode, ranks = key
+    argv = [sys.executable, "-m", "minipar", "run", "-n", str(ranks), INJECT, mode]
+    return conftest.run_job(argv, None, JOB_LIMIT)
+
+
 @functools.cache
 def results(which):
-    """Every job of one family ("mpi", or "torch" with torchrun), run together on threads (the
-    first test asking waits)."""
+    """Every job of one family ("mpi", "torch" with torchrun, or "mistakes": MISTAKE_JOBS), run
+    together on threads (the first test asking waits)."""
+    if which == "mistakes":
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            return dict(zip(MISTAKE_JOBS, pool.map(run_mistake, MISTAKE_JOBS)))
     keys = [key for key in EXPECT if family(key[0]) == which]
     with ThreadPoolExecutor(max_workers=5) as pool:
         return dict(zip(keys, pool.map(run_job, keys)))
@@ -183,6 +226,32 @@ def test_fault(transport, mode, debug, ranks):
         assert took < TIMEOUT + SLACK, f"{where}: ended {took:.1f} s after the fault"
 
 
+@pytest.mark.parametrize("mode,ranks", MISTAKE_JOBS, ids=[f"{m}-{n}" for m, n in MISTAKE_JOBS])
+def test_mistake(mode, ranks):
+    rc, output, start, end, _ = results("mistakes")[(mode, ranks)]
+    where = f"minipar run -n {ranks} inject.py {mode} exited {rc} after {end - start:.1f} s"
+    assert rc != 124, f"{where}: the job hung\n{output[-3000:]}"
+    assert rc != 0, f"{where}\n{output[-3000:]}"
+    marks = [float(t) for t in re.findall(rf"\[fault\] rank \d+ {mode} at ([0-9.]+)", output)]
+    assert len(marks) == ranks, f"{where}: {len(marks)} ranks made the mistake\n{output[-3000:]}"
+    for r in range(ranks):
+        said = next((v for k, v in SAYS.items() if mode.endswith(k)), "MismatchError: ")
+        lines = [
+            line for line in output.splitlines() if f"[rank {r}] minipar.errors.{said}" in line
+        ]
+        assert lines, f"{where}: rank {r} did not say it\n{output[-3000:]}"
+        missing = [f for f in MISTAKES[mode] if f not in lines[0]]
+        assert not missing, f"{where}: {missing} not in rank {r}'s {lines[0]}"
+        if mode.endswith("_last"):
+            continue
+        caught = re.search(rf"\[fault\] rank {r} MismatchError at ([0-9.]+)", output)
+        took = float(caught.group(1)) - max(marks)
+        assert took < DETECT, f"{where}: rank {r} raised {took:.2f} s after the mistake"
+    if mode.endswith("_last"):
+        took = end - max(marks)
+        assert took < EXIT_LIMIT, f"{where}: the job ended {took:.1f} s after the mistake"
+
+
 def session_processes(sessions) -> list[int]:
     """Live processes in any of these sessions (each job was started as a session of its own,
     so its mpiexec, proxies, ranks and spawned children all carry the job's pid as session id)."""
@@ -201,7 +270,7 @@ def session_processes(sessions) -> list[int]:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs Linux /proc")
-@pytest.mark.parametrize("transport", ["mpi", "torch"])
+@pytest.mark.parametrize("transport", ["mpi", "torch", "mistakes"])
 def test_no_orphans(transport):
     """Once a transport's fault jobs have ended, none of their processes is left running."""
     sessions = {job[-1] for job in results(transport).values()}

@@ -201,7 +201,28 @@ def fails():
     minipar.all_reduce(np.ones(2))  # rank 0 would wait for rank 2
     return "unreachable"
 
+def no_init():  # no minipar.init(): launch has initialised minipar on every rank
+    import numpy as np
+    x = np.full(2, float(minipar.get_rank() + 1))
+    minipar.all_reduce(x)
+    before = (minipar.get_backend(), minipar.get_world_size(), float(x[0]))
+    minipar.init_process_group("mpi", world_size=0)  # a torch program's set-up takes it over
+    minipar.all_reduce(x)
+    minipar.destroy_process_group()
+    return before, float(x[0]), minipar.is_initialized()
+
+def gloo_style():  # init_process_group("gloo") replaces the launch's MPI world
+    import torch
+    minipar.init_process_group("gloo")
+    t = torch.ones(1)
+    minipar.all_reduce(t)
+    backend = minipar.get_backend()
+    minipar.destroy_process_group()
+    return backend, t.item()
+
 print("RESULTS", minipar.launch(total, args=(10,), n=3))
+print("NO_INIT", minipar.launch(no_init, n=3))
+print("GLOO", minipar.launch(gloo_style, n=2))
 start = time.monotonic()
 try:
     minipar.launch(fails, n=3, timeout=100)
@@ -221,6 +242,9 @@ print("LEFT", sum(ours(p) for p in os.listdir("/proc") if p.isdigit()))
 
 
 def test_launch_runs_a_main_function_on_ranks_and_reports_the_failing_rank(tmp_path):
+    """launch(fn): fn's results in rank order, minipar initialised before fn (one that never
+    calls init, one whose init_process_group takes the world over or replaces it), a failing
+    rank named with its traceback, the job ended at once, no process left behind."""
     path = script(tmp_path, NOTEBOOK, "session.py")
     mark = dict(os.environ, MINIPAR_TEST_MARK=f"{os.getpid()}-{time.time_ns()}", PYTHONPATH=ROOT)
     done = subprocess.run(
@@ -229,6 +253,8 @@ def test_launch_runs_a_main_function_on_ranks_and_reports_the_failing_rank(tmp_p
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "RESULTS [(0, 60.0), (1, 60.0), (2, 60.0)]" in out, out + done.stderr
+    assert f"NO_INIT {[(('mpi', 3, 6.0), 18.0, False)] * 3}" in out, out + done.stderr
+    assert "GLOO [('gloo', 2.0), ('gloo', 2.0)]" in out, out + done.stderr
     for r in range(3):
         assert f"rank {r} says hello" in out  # streamed through
     line = next(ln for ln in out.splitlines() if ln.startswith("RANK_ERROR"))

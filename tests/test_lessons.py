@@ -25,6 +25,22 @@ KEY_LINES = {
     ],
     "06": ["the column split sends nothing forward", "one all-reduce forward (g)", "ib_ndr"],
     "08": ["dp=2 x tp=2 x pp=2", "tp: bytes sent match", "IB NDR", "★", "Try this"],
+    "09": [
+        "36.5 GB",
+        "cp - 1 K/V blocks forward",
+        "load-balanced: every rank the same work",
+        "ring and Ulysses save 1/cp",
+        "Ulysses: 4 all-to-alls",
+        "Try this",
+    ],
+    "10": [
+        "MoE equals DenseMoE",
+        "each all-to-all sends the copies routed off-rank",
+        "164%",
+        "the auxiliary loss evens the load",
+        "192 per rank",
+        "Try this",
+    ],
     "07": [
         "75.0%",
         "1F1B holds at most p",
@@ -41,6 +57,10 @@ LABS = {
     ("05", "tied-twice"): "the ledger check catches it",
     ("06", "bias-every-rank"): "caught: the planted output is off by exactly (p - 1) x bias",
     ("07", "dp-warmup"): "never synchronised",
+    ("09", "forget-rescale"): "caught: with scores in the hundreds exp(lse) overflows",
+    ("09", "naive-split"): "caught: ContextStats shows rank 3 doing 4 x rank 0's work",
+    ("10", "no-counts"): "caught: minipar's transport refuses the message on every rank",
+    ("10", "wrong-group"): "caught: the comparison with the dense twin finds",
 }
 
 

@@ -206,3 +206,106 @@ def test_oversubscribed_bubble_is_the_fill_and_drain_at_a_whole_core():
     assert lay.time["bubble"] == pytest.approx(lay.time["compute"] * 0.2 * 7 / 8)
     quiet = evaluate(TINY, calibrated_cpu(2, 2, 1e-3, peak_flops=50e9), 1, 1, 2, 1)
     assert quiet.time["bubble"] == pytest.approx(quiet.time["compute"] * 1 / 8)
+
+
+# -- context and expert parallelism (minipar/planning/axes.py) ---------------------------------
+def test_cp_divides_the_activations():
+    long = ModelSpec.preset("70b", seq_len=32768, global_batch=8)
+    for recompute in (True, False):
+        one = evaluate(long, H100, 1, 8, 1, 1, recompute=recompute)
+        four = evaluate(long, H100, 1, 8, 1, 1, recompute=recompute, cp=4)
+        ratio = four.memory["activations"] / one.memory["activations"]
+        if recompute:  # only the layers' inputs: exactly a quarter
+            assert ratio == pytest.approx(1 / 4)
+        else:  # a quarter of the per-token terms, and no s x s scores (block-wise attention)
+            t, a, s, h = 8, long.heads, long.seq_len, long.hidden
+            assert ratio == pytest.approx((10 + 24 / t) / (10 + 24 / t + 5 * a * s / (h * t)) / 4)
+        assert four.gpus == 32 and four.memory["weights"] == one.memory["weights"]
+
+
+def test_ring_and_ulysses_bytes_per_layer():
+    from minipar.planning import axes
+
+    b, s, h, tp, vb = 1, 1024, 512, 1, 4  # lesson 09's shapes: 8 heads of 64, float32
+    for cp in (2, 4, 8):
+        n = b * s // cp * h * vb  # one shard of q
+        assert axes.ring_bytes(b, s, h, tp, cp, vb) == ((cp - 1) * 2 * n, 2 * (cp - 1) * 2 * n)
+        assert axes.ulysses_bytes(b, s, h, tp, cp, vb) == (4 * (cp - 1) / cp * n,) * 2
+    # lesson 09's table: cp = 2, 2N both; cp = 4, 6N against 3N
+    assert axes.ring_bytes(1, 1024, 512, 1, 2, 4)[0] == 2_097_152
+    assert axes.ulysses_bytes(1, 1024, 512, 1, 4, 4)[0] == 1_572_864
+    assert axes.ring_bytes(b, s, h, tp, 1, vb) == axes.ulysses_bytes(b, s, h, tp, 1, vb) == (0, 0)
+
+
+def test_cp_comm_is_the_ring_less_what_its_blocks_hide_or_ulysses_all():
+    from minipar.planning import axes
+
+    model = ModelSpec.preset("7b", seq_len=32768, global_batch=8)
+    link = cost.NVLINK4  # tp x cp = 8 ranks: one node
+    ring = evaluate(model, H100, 1, 2, 1, 1, cp=4)
+    ulysses = evaluate(model, H100, 1, 2, 1, 1, cp=4, cp_variant="ulysses")
+    shape = (1, 32768, model.hidden, 2, 4, 2)  # b, s, h, tp, cp, bf16
+    n = model.layers * ring.microbatches
+    rate = H100.peak_flops * H100.efficiency
+    assert ring.time["cp_comm"] == pytest.approx(n * axes.ring_time(*shape, link, rate))
+    shard = 1 * 32768 / 4 * model.hidden / 2 * 2
+    a2a = cost.predict("all_to_all", "pairwise", shard, 4, link)
+    assert ulysses.time["cp_comm"] == pytest.approx(n * 8 * a2a) and a2a > 0
+    # 8192 tokens a rank: the ring's block products hide its K/V on NVLink (lesson 09: from
+    # about 2,000), a slow link does not
+    assert ring.time["cp_comm"] == 0
+    block = 2 * 1 * 8192 * model.hidden / 2 * 2  # this rank's K and V
+    slow = cost.Link("slow", 1e-5, 1e-9, 1e-10)
+    compute = axes.block_seconds(1, 32768, model.hidden, 2, 4, rate)
+    want = 3 * (1e-5 + block * 1e-9 - compute + 1e-5 + 2 * block * 1e-9 - 2 * compute)
+    assert axes.ring_time(*shape, slow, rate) == pytest.approx(want) and want > 0
+
+
+def test_ep_prices_the_all_to_alls_and_divides_the_experts():
+    from minipar.planning import axes
+
+    moe = ModelSpec.preset("7b", experts=8, top_k=2, global_batch=64)
+    assert moe.moe_layers == 16 and moe.expert_params == 16 * 8 * (2 * 4096 * 16384 + 16384 + 4096)
+    lay = evaluate(moe, H100, 8, 1, 1, 1, ep=8)
+    tokens = 1 * moe.seq_len  # one micro-batch of one sequence a rank
+    a2a = cost.predict("all_to_all", "pairwise", 2 * tokens * moe.hidden * 2, 8, cost.NVLINK4)
+    assert lay.time["ep_comm"] == pytest.approx(16 * lay.microbatches * 4 * a2a)
+    assert axes.expert_bytes(tokens, moe.hidden, 2, 8, 2) == 4 * 7 / 8 * 2 * tokens * 4096 * 2
+    # the experts' weights, gradients and Adam state divide by ep; the rest does not
+    one = evaluate(moe, H100, 8, 1, 1, 1, ep=1)
+    states = lambda x: x.memory["weights"] + x.memory["grads"] + x.memory["optimizer"]
+    assert states(one) - states(lay) == pytest.approx(16 * moe.expert_params * (1 - 1 / 8))
+    assert lay.time["ep_comm"] > 0 == one.time["ep_comm"]
+    # the planner counts the MoE GPT as minipar.models builds it
+    tiny = GPTConfig(n_experts=4, top_k=2)
+    assert ModelSpec.preset("tiny", experts=4, top_k=2).params == tiny.n_params()
+    # top_k - 1 more MLPs a token in each MoE layer
+    extra = moe.train_flops() - ModelSpec.preset("7b", global_batch=64).train_flops()
+    assert extra == pytest.approx(3 * moe.global_batch * moe.seq_len * 16 * (
+        4 * 4096 * 16384 + 2 * 4096 * 8))  # fmt: skip
+
+
+def test_layouts_with_cp_and_ep():
+    moe = ModelSpec.preset("7b", experts=8, global_batch=64)
+    layouts = plan_layouts(moe, H100, 16, cp=2, ep=2)
+    assert layouts and all(lay.dp * lay.cp * lay.tp * lay.pp == 16 for lay in layouts)
+    assert all(lay.cp == 2 and lay.ep == 2 and lay.dp % 2 == 0 for lay in layouts)
+    bad = evaluate(ModelSpec.preset("7b", seq_len=2046), H100, 2, 1, 1, 1, cp=2, ep=2)
+    assert "seq=2046 not divisible by 2cp=4" in bad.problems
+    assert "ep=2 without experts" in bad.problems
+    odd = evaluate(SEVEN_B, H100, 1, 8, 1, 1, cp=8, cp_variant="ulysses")
+    assert "heads/tp=32/8 not divisible by cp=8 (Ulysses)" in odd.problems
+    with pytest.raises(ValueError, match="gpus=8 is not divisible by cp=3"):
+        plan_layouts(SEVEN_B, H100, 8, cp=3)
+    with pytest.raises(ValueError, match="cp_variant must be"):
+        evaluate(SEVEN_B, H100, 1, 1, 1, 1, cp_variant="zigzag")
+
+
+def test_command_with_cp_and_ep(capsys):
+    argv = ["plan", "--model", "tiny", "--cluster", "cpu", "--gpus", "8", "--cp", "2"]
+    assert cli_main([*argv, "--ep", "2", "--experts", "4", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["model"]["experts"] == 4
+    assert all(lay["cp"] == 2 and lay["ep"] == 2 and lay["dp"] % 2 == 0 for lay in data["layouts"])
+    assert cli_main([*argv, "--cp-variant", "ulysses", "--top", "2"]) == 0
+    assert "cp=2 (ulysses)" in capsys.readouterr().out

@@ -2,6 +2,7 @@
 every rank (scripts/soak.py; its full form's result is in docs/errors.md)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -20,3 +21,24 @@ def test_soak_short():
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     assert "soak: seed 16: 150 calls on 3 ranks, all results right" in output, output[-4000:]
+
+
+MISMATCH_SOAK = os.path.join(ROOT, "scripts", "mismatch_soak.py")
+
+
+def test_mismatch_soak_short():
+    """300 randomized calls on 4 ranks, one in 20 with a mistake of a random kind on one rank:
+    every mistake caught on every rank of its group, no clean call raising, exit status 0
+    (scripts/mismatch_soak.py; its full form's result is in docs/errors.md)."""
+    argv = ["-m", "minipar", "run", "-n", "4", MISMATCH_SOAK, "--calls", "300", "--rate", "20"]
+    env = {k: v for k, v in os.environ.items() if k not in ("MINIPAR_TIMEOUT", "MINIPAR_DEBUG")}
+    done = subprocess.run(
+        [sys.executable, *argv, "--seed", "27"], capture_output=True, text=True, timeout=240,
+        env=dict(env, OMP_NUM_THREADS="1"), cwd=ROOT,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    found = re.search(
+        r"(\d+) injected, (\d+) caught on every rank, 0 missed, 0 false alarms", output
+    )
+    assert found and found.group(1) == found.group(2) and int(found.group(1)) >= 8, output[-4000:]

@@ -1,5 +1,6 @@
 """`minipar train` end to end: a pipeline run launched on 2 ranks checked against the dense
-run, its checkpoint resumed on another layout, wrong layouts refused on every rank."""
+run, its checkpoint resumed on another layout, wrong layouts refused on every rank; dp=2 x pp=2
+with recomputation and a trace."""
 
 import json
 import os
@@ -10,6 +11,7 @@ import pytest
 
 from minipar import launcher
 from minipar.cli.train import _parser, to_argv
+from minipar.comm import chrome_trace
 from minipar.models.gpt import GPTConfig
 from minipar.models.training import RunSpec, train_dense
 
@@ -77,6 +79,12 @@ def test_wrong_layout_fails_on_every_rank():
         ({"dp": 2, "microbatches": 3}, "batch_size=8 is not divisible by dp=2 x microbatches=3"),
         ({"schedule": "zigzag"}, "schedule must be one of"),
         ({"steps": 0}, "steps must be a positive integer, got 0"),
+        ({"cp": 3}, "seq_len=64 is not divisible by 2cp = 6"),
+        ({"cp": 2, "cp_variant": "zigzag"}, "cp_variant must be one of ring, ulysses"),
+        ({"cp": 4, "tp": 4, "cp_variant": "ulysses"}, "n_heads/tp = 8/4 = 2 heads over cp=4"),
+        ({"cp": 2, "pp": 2, "schedule": "zb-h1"}, "--cp with schedule zb-h1"),
+        ({"ep": 2}, "ep=2 must divide dp=1"),
+        ({"ep": 2, "dp": 2}, "ep=2 needs a mixture of experts"),
     ],
 )
 def test_layout_validation(changes, message):
@@ -84,7 +92,74 @@ def test_layout_validation(changes, message):
         RunSpec(model=GPTConfig(), **changes).validate()
 
 
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"ep": 3, "dp": 3, "batch_size": 9}, "n_experts=4 is not divisible by ep=3"),
+        ({"dp": 2, "fsdp": True}, "--moe with --fsdp"),
+        ({"pp": 2, "schedule": "zb-h1"}, "--moe with schedule zb-h1"),
+    ],
+)
+def test_moe_layout_validation(changes, message):
+    with pytest.raises(ValueError, match=message):
+        RunSpec(model=GPTConfig(n_experts=4), **changes).validate()
+    with pytest.raises(ValueError, match="top_k from 1 to n_experts"):
+        GPTConfig(n_experts=2, top_k=3)
+
+
+def test_moe_run_matches_dense_and_shows_the_load(tmp_path):
+    """`minipar train --moe --experts 4 --ep 2 --check`: 2 ranks (dp = ep = 2), each holding 2
+    of block 1's 4 experts; --check compares the first step's gradients, every loss and the
+    final weights with the dense GPT (every expert local); the summary shows the load."""
+    record = str(tmp_path / "moe.json")
+    argv = ["train", "--moe", "--experts", "4", "--ep", "2", "--check", "--steps", "2"]
+    done = minipar_cli(*argv, "--json", record, *SMALL)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert "matches the dense run" in out and "dp=2 x tp=1 x pp=1, ep=2" in out, out[-3000:]
+    assert "MoE load, block 1" in out and "dropped 0 of" in out, out[-3000:]
+    imbalance = json.load(open(record))["moe_imbalance"]["block 1"]
+    assert 1.0 <= imbalance <= 4.0
+
+
 def test_options_travel_to_the_ranks():
     args = _parser().parse_args(["--dp", "2", "--check", "--plot", "x.png", "--lr", "0.01"])
     again = _parser().parse_args(to_argv(args))
     assert vars(again) == {**vars(args), "timeout": None}
+
+
+def test_recompute_and_trace_through_the_command(tmp_path):
+    """dp=2 x pp=2 with full recomputation, checked by --check; --trace writes valid trace-event
+    JSON of the 4 ranks and its PNG; the summary's activation table has the three columns."""
+    out = tmp_path / "t.json"
+    done = minipar_cli(
+        "train", "--dp", "2", "--pp", "2", "--microbatches", "2", "--steps", "1",
+        "--recompute", "full", "--check", "--trace", str(out), *SMALL,
+    )  # fmt: skip
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, text[-3000:]
+    assert "matches the dense run" in text and "full recomputation" in text, text[-3000:]
+    assert "activations kept for backward (recompute: full)" in text, text[-3000:]
+    doc = json.loads(out.read_text())
+    assert chrome_trace.validate(doc) == []
+    assert {e["pid"] for e in doc["traceEvents"]} == {0, 1, 2, 3}
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gradient_check_sees_a_constant_factor():
+    """--check's gradient comparison: the dense model's own gradients pass; scaled by 2 (a loss
+    not divided by its micro-batch count) or by 1.001 every tensor is named with its norm ratio;
+    a missing parameter is named too."""
+    from minipar.models.gpt import build_gpt
+    from minipar.models.training import compare_gradients, dense_gradients
+
+    spec = RunSpec(model=GPTConfig(seq_len=8, hidden=16, n_layers=2, n_heads=2))
+    ref = dense_gradients(spec)
+    assert set(ref) == {n for n, _ in build_gpt(spec.model, spec.seed).named_parameters()}
+    assert compare_gradients({k: v.clone() for k, v in ref.items()}, ref) == []
+    for factor, shown in ((2.0, "norm 2x"), (1.001, "norm 1.001x")):
+        problems = compare_gradients({k: factor * v for k, v in ref.items()}, ref)
+        assert len(problems) == len(ref) and all(shown in p for p in problems), problems[:2]
+    missing = dict(ref)
+    missing.pop("head.proj.weight")
+    assert "gradient names differ: ['head.proj.weight']" in compare_gradients(missing, ref)[0]

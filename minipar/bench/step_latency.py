@@ -39,7 +39,7 @@ import minipar
 from minipar import cost, launcher, runtime
 
 SMALL, LARGE_PER_STEP = 8, 32 << 10  # bytes: a whole small call; a large call's bytes per step
-SLEEP = 0.5  # seconds the other ranks sleep while rank 0 computes alone
+SLEEP = 0.5  # seconds (at least) the other ranks sleep while rank 0 computes alone
 
 
 def _block_seconds(x, group, calls: int, blocks: int, work=None) -> list[float]:
@@ -147,6 +147,7 @@ def compute_share(group=None, work=None, blocks: int = 3, repeat: int = 4) -> fl
 
     work, rank = work or matmul_work(), minipar.get_rank(group)
     worst, alone, together = np.zeros(1), [], []
+    nap = _nap(group, work, rank, repeat)
     for _ in range(blocks):
         for every in (False, True):
             minipar.barrier(group=group)
@@ -155,13 +156,31 @@ def compute_share(group=None, work=None, blocks: int = 3, repeat: int = 4) -> fl
                 for _ in range(repeat):
                     work()
             else:
-                time.sleep(SLEEP)  # longer than rank 0's block: rank 0 has the core alone
+                time.sleep(nap)  # longer than rank 0's block: rank 0 has the core alone
             worst[0] = time.perf_counter() - start if every or rank == 0 else 0.0
             minipar.all_reduce(worst, op=minipar.ReduceOp.MAX, group=group)
             (together if every else alone).append(float(worst[0]))
-    if min(alone) >= SLEEP:
+    if min(alone) >= nap:
         raise RuntimeError(f"the work took {min(alone):.2f} s alone: too slow to measure")
     return min(1.0, min(alone) / statistics.median(together))
+
+
+def _nap(group, work, rank: int, repeat: int) -> float:
+    """How long the other ranks sleep while rank 0 computes alone: SLEEP, or three times what
+    rank 0's block takes on this machine now (timed once, all ranks told), if that is longer:
+    on a loaded machine a block outlasts a fixed nap and the measurement would be void."""
+    import numpy as np  # here, not at the top of the file: numpy loads only when measuring
+
+    took = np.zeros(1)
+    minipar.barrier(group=group)
+    if rank == 0:
+        start = time.perf_counter()
+        work()
+        took[0] = time.perf_counter() - start
+    else:
+        time.sleep(SLEEP)
+    minipar.all_reduce(took, op=minipar.ReduceOp.MAX, group=group)
+    return max(SLEEP, 3 * repeat * float(took[0]))
 
 
 def as_link(result: dict, cores: int):

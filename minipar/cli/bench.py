@@ -14,7 +14,7 @@ import threading
 import time
 
 from minipar import cost, launcher
-from minipar.bench import ddp, fit, fsdp, ops, pipeline, plot, ranks, report, spec, tp
+from minipar.bench import context, ddp, fit, fsdp, moe, ops, pipeline, plot, ranks, report, spec, tp
 
 EPILOG = """\
 examples:
@@ -28,6 +28,8 @@ examples:
   minipar bench ddp --repeat 5        DDP step vs torch DDP; DDP/ZeRO-1/FSDP memory per rank
   minipar bench fsdp -n 4             FSDP step vs torch's FSDP2 (fully_shard); memory per rank
   minipar bench all_reduce --algorithms ring,ring+window   a buffer in the shared window
+  minipar bench cp --json cp.json     ring and Ulysses attention on 2 ranks vs dense on one
+  minipar bench moe -n 4              the MoE layer at ep = 4 vs every expert local
 
 Times are the median (min, max) over iterations of the slowest rank's time; each iteration
 starts at a barrier. busbw follows nccl-tests (all-reduce: algbw x 2(n-1)/n). With more ranks
@@ -208,6 +210,10 @@ def main(args) -> int:
 
     if args.collective == "tp":  # tensor-parallel layers, not a collective: bench/tp.py
         return tp.main(args)
+    if args.collective == "cp":  # context-parallel attention: bench/context.py
+        return context.main(args)
+    if args.collective == "moe":  # the expert-parallel layer: bench/moe.py
+        return moe.main(args)
     console = Console()
     if not console.is_terminal:  # a file or a pipe: room for every column
         console.width = max(console.width, 150)

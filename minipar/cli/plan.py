@@ -41,12 +41,16 @@ examples:
   minipar plan --model tiny --cluster cpu --gpus 8   the tiny GPT of `minipar train` here
   minipar plan --model tiny --cluster cpu --gpus 8 --measure-flops    with this CPU's rate
   minipar plan --model 7b --all                      also the layouts that do not fit, and why
+  minipar plan --model 70b --seq 131072 --batch 16 --gpus 64 --cp 8 --recompute --zero 1
+  minipar plan --model 7b --experts 8 --ep 4 --gpus 16   a mixture of 8 experts, 4 ranks each
   minipar plan --json                                the table as JSON
 
 model presets: {", ".join(MODELS)}; clusters: {", ".join(CLUSTERS)}.
 Memory: ZeRO paper accounting (16 bytes per parameter with Adam in mixed precision) and
 Korthikanti et al. 2022 for activations; time: Megatron-LM 2021 FLOPs and bubble (p-1)/(m+p-1),
-communication priced by minipar.cost. See
+communication priced by minipar.cost; --cp and --ep are fixed degrees (the other three are
+searched): activations / cp, the ring's K/V or Ulysses' all-to-alls, the MoE layers' all-to-alls
+and experts / ep (minipar/planning/axes.py). See
 `python -c "import minipar.planning.planner as p; help(p)"`.
 """
 
@@ -61,6 +65,8 @@ def configure(parser) -> None:
         model.add_argument(f"--{name}", type=int, help=meaning)
     model.add_argument("--seq", type=int, help="sequence length (default: the preset's)")
     model.add_argument("--batch", type=int, help="global batch in sequences per step")
+    model.add_argument("--experts", type=int, help="every other block a mixture of E experts")
+    model.add_argument("--top-k", type=int, default=2, help="experts per token (default 2)")
     where = parser.add_argument_group("cluster")
     where.add_argument("--cluster", default="dgx-h100", choices=list(CLUSTERS))
     where.add_argument("--gpus", type=int, help="GPUs in all (default: one node)")
@@ -75,8 +81,13 @@ def configure(parser) -> None:
     )
     how = parser.add_argument_group("training")
     how.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage")
-    how.add_argument("--recompute", action="store_true", help="full activation recomputation")
+    how.add_argument("--recompute", nargs="?", const="full", default="none",
+                     choices=["none", "selective", "full"],
+                     help="activation recomputation (--recompute alone: full)")  # fmt: skip
     how.add_argument("--micro-batch", type=int, action="append", help="only this micro-batch")
+    how.add_argument("--cp", type=int, default=1, help="context-parallel degree (default 1)")
+    how.add_argument("--cp-variant", default="ring", choices=["ring", "ulysses"])
+    how.add_argument("--ep", type=int, default=1, help="expert-parallel degree (divides dp)")
     out = parser.add_argument_group("output")
     out.add_argument("--top", type=int, default=12, help="feasible rows shown (default 12)")
     out.add_argument("--all", action="store_true", help="also show infeasible layouts")
@@ -95,6 +106,8 @@ def model_from_args(args) -> ModelSpec:
         spec = ModelSpec.preset(args.model or "7b")
     if args.vocab:
         overrides["vocab"] = args.vocab
+    if args.experts:
+        overrides["experts"], overrides["top_k"] = args.experts, args.top_k
     return ModelSpec(**{**asdict(spec), **overrides})
 
 
@@ -132,7 +145,7 @@ def rejected(layouts: list[Layout]):
 
 LEGEND = (
     "mb x m: micro-batch size x micro-batches per step; memory per GPU: states (weights, "
-    "grads, optimizer), acts (activations); comm: exposed tp + pp + dp communication"
+    "grads, optimizer), acts (activations); comm: exposed tp + cp + ep + pp + dp communication"
 )
 
 
@@ -141,8 +154,9 @@ def main(args) -> int:
         model = model_from_args(args)
         cluster, gpus = cluster_from_args(args)
         layouts = plan_layouts(
-            model, cluster, gpus, args.zero, args.recompute, args.micro_batch or None
-        )
+            model, cluster, gpus, args.zero, args.recompute, args.micro_batch or None,
+            cp=args.cp, ep=args.ep, cp_variant=args.cp_variant,
+        )  # fmt: skip
     except ValueError as error:
         print(f"minipar plan: {error}", file=sys.stderr)
         return 2
@@ -165,7 +179,10 @@ def main(args) -> int:
         return 1
     n_bad = sum(not lay.feasible for lay in layouts)
     console.print(
-        f"★ best: dp={chosen.dp} tp={chosen.tp} pp={chosen.pp}, micro-batch "
+        f"★ best: dp={chosen.dp} tp={chosen.tp} pp={chosen.pp}"
+        + (f" cp={chosen.cp}" if chosen.cp > 1 else "")
+        + (f" ep={chosen.ep}" if chosen.ep > 1 else "")
+        + ", micro-batch "
         f"{chosen.micro_batch} x {chosen.microbatches}; {n_bad} of {len(layouts)} layouts do not "
         f"fit or break a rule{'' if args.all else ' (--all shows them)'}. Estimates, not promises."
     )

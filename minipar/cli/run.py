@@ -16,6 +16,7 @@ import shutil
 import sys
 
 from minipar import launcher
+from minipar.comm import chrome_trace
 from minipar.errors import MPISetupError
 from minipar.launcher.relay import Relay, tag_from_env
 
@@ -28,9 +29,12 @@ examples:
   minipar run -n 2 -- script.py -n 7          '--' ends minipar's options
   minipar run -n 4 --tag-output script.py     prefix each line with its rank: [rank0]: ...
   minipar run -n 4 --timeout 60 script.py     kill the whole job after 60 s (exit 124)
+  minipar run -n 4 --trace out script.py      every rank's timeline: out/trace.json (Perfetto)
 
 Every line a rank prints arrives whole (never mixed with another rank's); MINIPAR_TAG_OUTPUT=1
-does what --tag-output does. The exit status is the job's: 0 when every rank exited 0. More
+does what --tag-output does. --trace DIR: each rank records its whole run (from minipar.init()
+to finalize() or exit) and writes DIR/rankN.json; at the end they are merged, clocks aligned,
+into DIR/trace.json. The exit status is the job's: 0 when every rank exited 0. More
 ranks than cores is fine (oversubscribed: waits yield the core instead of spinning). Open MPI
 run as root gets OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1. MINIPAR_MPIEXEC picks the mpiexec.
 """
@@ -44,6 +48,8 @@ def configure(parser) -> None:
                         help="kill the whole job after S seconds and exit 124")  # fmt: skip
     parser.add_argument("--tag-output", action="store_true", default=None,
                         help="prefix lines with the rank, [rank0]:")  # fmt: skip
+    parser.add_argument("--trace", metavar="DIR",
+                        help="trace every rank; merged into DIR/trace.json at the end")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true",
                         help="print the mpiexec command line instead of running it")  # fmt: skip
     parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE ...",
@@ -96,13 +102,30 @@ def main(args) -> int:
     if args.dry_run:
         print(shlex.join(cmd))
         return 0
+    if args.trace:
+        # here, not at the top of the file: the runtime loads numpy, which `minipar run` need not
+        from minipar.runtime import run_trace
+
+        env[run_trace.ENV] = os.path.abspath(args.trace)  # each rank writes its part there
     try:
         done = launcher.run_relayed(cmd, env, relay, args.timeout)
     except KeyboardInterrupt:
         err.print("[bold red]minipar run:[/] interrupted, job killed")
         return 130
+    if args.trace:
+        merge_trace(args.trace, err)
     if done.returncode == 124 and args.timeout is not None:
         err.print(f"[bold red]minipar run:[/] job killed after {args.timeout:g} s (--timeout)")
     elif done.returncode != 0:
         err.print(f"[bold red]minipar run:[/] job exited with status {done.returncode}")
     return done.returncode
+
+
+def merge_trace(folder: str, err) -> None:
+    """The ranks' parts merged into FOLDER/trace.json (comm/chrome_trace.merge_folder)."""
+    try:
+        path = chrome_trace.merge_folder(folder)
+    except (OSError, ValueError) as error:
+        err.print(f"[bold red]minipar run:[/] no trace: {error} (did the program call init()?)")
+        return
+    err.print(f"minipar run: trace of every rank in {path} (open it in ui.perfetto.dev)")

@@ -1,8 +1,11 @@
-"""`minipar train`: the tiny GPT trained on a dp x tp x pp mesh, with a progress bar and a summary.
+"""`minipar train`: the tiny GPT trained on a dp x cp x tp x pp mesh (experts over ep of the dp
+ranks), with a progress bar and a summary.
 
     minipar train --dp 2 --steps 50 --check
+    minipar train --cp 2 --cp-variant ulysses --check
+    minipar train --moe --experts 4 --ep 2 --check
 
-Run from a shell it launches dp*tp*pp ranks under mpiexec (python -m minipar.cli.train ...); run
+Run from a shell it launches dp*cp*tp*pp ranks under mpiexec (python -m minipar.cli.train ...); run
 inside an existing launch (mpiexec, srun, torchrun) it trains on the ranks it finds. The training
 itself is minipar.models.training; this module is the command's face.
 """
@@ -18,6 +21,7 @@ import time
 
 import minipar
 from minipar import launcher
+from minipar.cli import train_view
 
 EXAMPLES = """\
 examples:
@@ -26,13 +30,26 @@ examples:
   minipar train --dp 2 --microbatches 2       gradient accumulation over 2 micro-batches
   minipar train --dp 2 --tp 2 --pp 2 --microbatches 4 --schedule 1f1b
   minipar train --dp 4 --tp 2 --fsdp --check  FSDP as the data-parallel part
+  minipar train --pp 2 --microbatches 4 --recompute selective --check   recomputation
+  minipar train --dp 2 --pp 2 --microbatches 4 --steps 2 --trace out.json   a timeline
+  minipar train --cp 2 --check                the sequence over 2 ranks: ring attention
+  minipar train --cp 2 --cp-variant ulysses   ... or Ulysses' all-to-alls
+  minipar train --moe --experts 4 --ep 2 --check   every other block a mixture of 4 experts,
+                                              2 on each of the 2 (dp) ranks
   minipar train --steps 100 --plot loss.png   the loss curve (needs the plot extra)
   minipar train --save ckpt.pt; minipar train --resume ckpt.pt --dp 2
   mpiexec -n 4 python -m minipar train --dp 4   inside an existing launch
 
 --check trains the dense model on one process from the same weights and batches and compares
-the loss at every step (|a - b| <= 1e-5 + 1e-4 |b|, float32) and the final parameters
-(<= 1e-4 + 1e-3 |b|); the exit status is 1 on a mismatch.
+the first step's gradients (every parameter gathered back to the dense layout, within 1e-4 of
+each tensor's largest element: AdamW would hide a gradient off by a constant factor), the loss at
+every step (|a - b| <= 1e-5 + 1e-4 |b|, float32) and the final parameters (<= 1e-4 + 1e-3 |b|);
+the exit status is 1 on a mismatch. With --moe the dense model is the same GPT with every expert
+local (same routing, dropless); the auxiliary load-balancing loss is not trained, the load is
+shown. Refused, with the reason: --moe with --fsdp, and zb-h1 with --cp or --moe. The summary
+ends with the bytes autograd kept for backward (measured, minipar's formula, the planner's);
+--trace writes every rank's timeline as Chrome trace-event JSON (Perfetto) and draws it beside
+it as a PNG.
 """
 
 _LAUNCHED = "MINIPAR_TRAIN_RANK"  # set for the ranks a `minipar train` launched
@@ -41,13 +58,19 @@ _LAUNCHED = "MINIPAR_TRAIN_RANK"  # set for the ranks a `minipar train` launched
 def configure(parser) -> None:
     parser.epilog = EXAMPLES
     lay = parser.add_argument_group("layout")
-    for name in ("dp", "tp", "pp"):
+    lay.add_argument("--dp", type=int, default=None, help="dp degree (default 1, or --ep's)")
+    for name in ("tp", "pp"):
         lay.add_argument(f"--{name}", type=int, default=1, help=f"{name} degree (default 1)")
+    lay.add_argument("--cp", type=int, default=1, help="context-parallel degree (default 1)")
+    lay.add_argument("--cp-variant", default="ring", choices=["ring", "ulysses"])
+    lay.add_argument("--ep", type=int, default=1, help="expert-parallel degree, divides --dp")
     lay.add_argument("--microbatches", type=int, default=1, help="per dp rank per step")
     lay.add_argument(
         "--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved", "zb-h1"]
     )
     lay.add_argument("--fsdp", action="store_true", help="FSDP as the data-parallel part")
+    lay.add_argument("--recompute", default="none", choices=["none", "selective", "full"],
+                     help="activation recomputation (default none)")  # fmt: skip
     run = parser.add_argument_group("run")
     run.add_argument("--steps", type=int, default=50)
     run.add_argument("--batch-size", type=int, default=8, help="sequences per step (default 8)")
@@ -58,11 +81,15 @@ def configure(parser) -> None:
     run.add_argument("--heads", type=int, default=8)
     run.add_argument("--seq", type=int, default=64)
     run.add_argument("--tied", action="store_true", help="tie the head to the embedding")
+    run.add_argument("--moe", action="store_true", help="every other block a mixture of experts")
+    run.add_argument("--experts", type=int, default=4, help="experts per MoE block (default 4)")
+    run.add_argument("--top-k", type=int, default=2, help="experts per token (default 2)")
     run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     out = parser.add_argument_group("checks and output")
     out.add_argument("--check", action="store_true", help="compare with the dense run")
     out.add_argument("--plot", metavar="PNG", help="write the loss curve")
     out.add_argument("--json", metavar="PATH", help="write losses, step times and memory as JSON")
+    out.add_argument("--trace", metavar="JSON", help="write every rank's timeline (and a PNG)")
     out.add_argument("--save", metavar="PATH", help="save the dense checkpoint at the end")
     out.add_argument("--resume", metavar="PATH", help="start from a dense checkpoint")
     out.add_argument("--timeout", type=float, default=None, help="seconds the launch may take")
@@ -102,6 +129,8 @@ def spec_from_args(args):
         n_layers=args.layers,
         n_heads=args.heads,
         tied_head=args.tied,
+        n_experts=args.experts if args.moe else 0,
+        top_k=args.top_k,
     )
     return RunSpec(
         args.dp,
@@ -115,6 +144,10 @@ def spec_from_args(args):
         args.lr,
         args.seed,
         model,
+        args.recompute,
+        args.cp,
+        args.cp_variant,
+        args.ep,
     )
 
 
@@ -126,11 +159,14 @@ def inside_launch() -> bool:
 
 
 def main(args) -> int:
-    n = args.dp * args.tp * args.pp
+    if args.dp is None:  # the experts shard over the dp ranks: --ep 2 alone means dp = 2
+        args.dp = args.ep
+    n = args.dp * args.cp * args.tp * args.pp
     if inside_launch() or os.environ.get(_LAUNCHED) or n == 1:
         return run_here(args)
-    try:
-        spec_from_args(args).validate()  # a wrong layout fails here, before any rank starts
+    try:  # a wrong layout fails here, before any rank starts (a checkpoint's model: on the ranks)
+        if not args.resume:
+            spec_from_args(args).validate()
     except ValueError as error:
         print(f"minipar train: {error}", file=sys.stderr)
         return 2
@@ -166,9 +202,11 @@ def run_here(args) -> int:
 
     comm = minipar.init()
     try:
-        mesh = DeviceMesh(args.dp, args.tp, args.pp)  # before torch loads: a wrong size fails fast
+        # before torch loads: a wrong size fails fast
+        mesh = DeviceMesh(args.dp, args.tp, args.pp, cp=args.cp, ep=args.ep)
         spec = spec_from_args(args)
-        spec.validate()
+        if not args.resume:  # a checkpoint's model is validated once it is read
+            spec.validate()
         # here, not at the top of the file: torch and numpy load only when used
         from minipar.models import checkpoint, training
 
@@ -182,7 +220,13 @@ def run_here(args) -> int:
             spec.validate()
         training.check_supported(spec, mesh)  # before the progress bar appears
         report = Reporter(spec, comm, active=comm.rank == 0)
-        with report:
+        grads = {}  # --check: the first step's gradients, gathered dense (collective)
+
+        def keep_grads(step, part):
+            if args.check and step == start:
+                grads.update(part.dense_grads())
+
+        with train_view.traced(args.trace, comm), report:
             losses, model, opt = training.train_on_mesh(
                 spec,
                 mesh,
@@ -191,14 +235,19 @@ def run_here(args) -> int:
                 start,
                 device,
                 opt_state,
+                keep_grads,
             )
+        report.activations = train_view.activation_report(spec, mesh, model, comm)  # collective
         state = training.dense_state(model, mesh)  # collective: every rank gathers
+        report.gather_moe(model.moe_stats())
         optimizer = training.mesh_optimizer_state(model, opt) if args.save else None
     except ValueError as error:  # the same words on every rank, then a clean exit
         print(f"[rank {comm.rank}] minipar train: {error}", file=sys.stderr)
         minipar.finalize()
         return 2
-    problems = check(spec, args, losses, state, start) if args.check and comm.rank == 0 else []
+    problems = (
+        check(spec, args, losses, state, grads, start) if args.check and comm.rank == 0 else []
+    )
     status = max(comm.allgather_object(1 if problems else 0))
     if comm.rank == 0:
         report.summary(losses, problems if args.check else None)
@@ -212,29 +261,50 @@ def run_here(args) -> int:
     return status
 
 
-def check(spec, args, losses, state, start) -> list[str]:
-    """The dense run on this process from the same start; the problems found (none: agreed)."""
+def check(spec, args, losses, state, grads, start) -> list[str]:
+    """The dense run on this process from the same start; the problems found (none: agreed):
+    the first step's gradients, then every loss and the final weights."""
     # here, not at the top of the file: torch and numpy load only when used
     from minipar.models import checkpoint, training
 
     model = checkpoint.load(args.resume)[0] if args.resume else None
     opt_state = checkpoint.read(args.resume).get("optimizer") if args.resume else None
     t0 = time.perf_counter()
+    dense_grads = training.dense_gradients(spec, model, start)
+    problems = [f"step {start}: {p}" for p in training.compare_gradients(grads, dense_grads)]
     reference, dense, _ = training.train_dense(spec, None, model, start, opt_state)
     print(f"dense reference: {len(reference)} steps in {time.perf_counter() - t0:.1f} s")
-    return training.compare(losses, reference, state, dense.state_dict())
+    return problems + training.compare(losses, reference, state, dense.state_dict())
 
 
 def describe(spec) -> str:
     """What runs on each axis of the mesh, in words, for the summary."""
     parts = []
-    if spec.dp > 1:
+    if spec.dp * spec.cp > 1:
         parts.append("FSDP" if spec.fsdp else "DDP")
+    if spec.cp > 1:
+        parts.append(f"{spec.cp_variant} attention over cp={spec.cp}, load-balanced")
     if spec.tp > 1:
-        parts.append("Megatron TP, vocabulary-parallel loss")
+        parts.append("Megatron TP, vocabulary-parallel loss" + vocab_padding(spec))
     if spec.pp > 1:
         parts.append(f"{spec.schedule} pipeline")
+    if spec.recompute != "none":
+        parts.append(f"{spec.recompute} recomputation")
+    if spec.model.n_experts:
+        m = spec.model
+        parts.append(f"MoE every other block: top-{m.top_k} of {m.n_experts}, ep={spec.ep}")
     return ", ".join(parts) or "dense (one process)"
+
+
+def vocab_padding(spec) -> str:
+    """' (vocabulary 256 padded to 258)' when tp does not divide it, else ''."""
+    # here, not at the top of the file: the sharding table loads torch
+    from minipar.models import sharding
+    from minipar.parallel.tensor import plan
+
+    v = spec.model.vocab_size
+    padded = plan.padded_vocab(v, spec.tp, sharding.VOCAB_MULTIPLE)
+    return f" (vocabulary {v} padded to {padded})" if padded != v else ""
 
 
 class Reporter:
@@ -244,6 +314,14 @@ class Reporter:
     def __init__(self, spec, comm, active: bool):
         self.spec, self.comm, self.active = spec, comm, active
         self.times, self.memory = [], []
+        self.activations = None  # train_view.activation_report's, after the run
+        self.times, self.memory, self.moe = [], [], {}
+
+    def gather_moe(self, stats: dict) -> None:
+        """Every rank's MoE blocks' load at the last step, by block (collective: every rank)."""
+        # a small control-plane message: rank 0 sees the blocks of every pipeline stage
+        for seen in self.comm.allgather_object(stats):
+            self.moe.update(seen)
 
     def __enter__(self):
         if self.active:
@@ -284,7 +362,7 @@ class Reporter:
         s, times = self.spec, sorted(self.times[1:] or self.times)  # the first step warms up
         t = Table(title="minipar train", show_header=False, title_justify="left")
         rows = [
-            ("layout", f"dp={s.dp} x tp={s.tp} x pp={s.pp}, {s.microbatches} micro-batch(es)"),
+            ("layout", f"{s.layout}, {s.microbatches} micro-batch(es)"),
             ("parallelism", describe(s)),
             ("model", f"{s.model.n_params():,} parameters, {s.model.n_layers} layers"),
             ("loss", f"{losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} steps"),
@@ -299,6 +377,8 @@ class Reporter:
                 f"{min(self.memory) / 2**20:.0f} - {max(self.memory) / 2**20:.0f} MiB per rank",
             ),
         ]
+        for block, stats in sorted(self.moe.items(), key=lambda kv: int(kv[0].split()[1])):
+            rows.append((f"MoE load, {block}", f"{stats.summary(s.ep)} (last step)"))
         if problems is not None:
             verdict = (
                 "[green]matches the dense run[/]"
@@ -309,17 +389,28 @@ class Reporter:
         for row in rows:
             t.add_row(*row)
         Console(highlight=False).print(t)
+        if self.activations is not None:
+            Console(highlight=False).print(train_view.activation_table(self.activations))
 
     def write_json(self, path: str, losses, problems) -> None:
         import json
 
         s = self.spec
         record = {
-            "layout": {"dp": s.dp, "tp": s.tp, "pp": s.pp, "microbatches": s.microbatches},
+            "layout": {
+                "dp": s.dp,
+                "tp": s.tp,
+                "pp": s.pp,
+                "cp": s.cp,
+                "ep": s.ep,
+                "microbatches": s.microbatches,
+            },
+            "moe_imbalance": {block: st.imbalance for block, st in self.moe.items()},
             "tokens_per_step": s.tokens_per_step,
             "losses": losses,
             "step_seconds": self.times,
             "peak_memory_bytes": self.memory,
+            "activations": self.activations,
             "check": problems,
         }
         with open(path, "w") as f:
@@ -339,7 +430,7 @@ class Reporter:
         ax.set(
             xlabel="step",
             ylabel="loss",
-            title=f"tiny GPT, dp={self.spec.dp} tp={self.spec.tp} pp={self.spec.pp}",
+            title=f"tiny GPT, {self.spec.layout}",
         )
         fig.savefig(path, dpi=120, bbox_inches="tight")
         print(f"loss curve written to {path}")

@@ -23,7 +23,7 @@ from minipar import runtime
 from minipar.collectives import fast, registry, work
 from minipar.collectives.call import Call
 from minipar.collectives.reduce_op import ReduceOp, as_op, check_op, finish_
-from minipar.comm import buffers
+from minipar.comm import buffers, ledger
 from minipar.comm.base import CONTROL_TAG, wait_all
 from minipar.errors import MiniparError, MismatchError
 from minipar.state import process
@@ -112,9 +112,16 @@ def run_call(
 
     def run():
         try:
-            fn(call, *args)
+            if process.traces:  # a trace is open: it notes when the call ran, and on which thread
+                with ledger.running(comm, call.seq):
+                    fn(call, *args)
+            else:
+                fn(call, *args)
         except SystemExit as leaving:  # the others could never finish this call: end the job
             runtime.exit_inside_collective(call, leaving)
+            raise
+        except MiniparError:  # the program hears of it (a wait on shared windows, say):
+            comm._told = True  # the end-of-job comparison leaves this group be (comm/ending.py)
             raise
         if finish is not None:
             finish()
@@ -154,6 +161,7 @@ def _check_same_call(comm, fingerprint) -> None:
         return
     inbox[comm.rank] = mine
     seen = [_decode(inbox[q]) for q in range(comm.size)]
+    comm._told = True  # the program is told: the end-of-job comparison leaves this group be
     raise MismatchError(_mismatch_message(comm.name, seen))
 
 
@@ -213,6 +221,8 @@ def _fp(x, root_name=None, root=None, op=None):
 
 def broadcast(tensor, src=None, group=None, algorithm="auto", async_op=False, group_src=None):
     """Copy `tensor` of rank `src` into `tensor` on every rank of the group (in place)."""
+    if group is not None and runtime.outside(group, "broadcast"):
+        return None
     comm = runtime.resolve(group)
     buffers.check(tensor, "tensor", writable=True)
     src = _root(src, comm, "src", group_src)
@@ -230,6 +240,8 @@ def broadcast(tensor, src=None, group=None, algorithm="auto", async_op=False, gr
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=False):
     """Reduce `tensor` over the group; every rank ends with the result in `tensor`."""
+    if group is not None and runtime.outside(group, "all_reduce"):
+        return None
     comm = runtime.resolve(group)
     op = as_op(op)
     if not async_op and fast.all_reduce(comm, tensor, op, algorithm):
@@ -253,6 +265,8 @@ def reduce(
     tensor, dst=None, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=False, group_dst=None
 ):
     """Reduce `tensor` over the group into `tensor` on rank `dst` (others keep theirs)."""
+    if group is not None and runtime.outside(group, "reduce"):
+        return None
     comm = runtime.resolve(group)
     op = as_op(op)
     buffers.check(tensor, "tensor", writable=True)
@@ -280,6 +294,8 @@ def all_gather_into_tensor(
     output_tensor, input_tensor, group=None, algorithm="auto", async_op=False
 ):
     """Every rank's `input_tensor`, concatenated in rank order, into `output_tensor`."""
+    if group is not None and runtime.outside(group, "all_gather_into_tensor"):
+        return None
     comm = runtime.resolve(group)
     buffers.check(output_tensor, "output_tensor", writable=True)
     buffers.check(input_tensor, "input_tensor")
@@ -298,6 +314,8 @@ def all_gather_into_tensor(
 
 def all_gather(tensor_list, tensor, group=None, algorithm="auto", async_op=False):
     """Every rank's `tensor` into `tensor_list[rank]` (a list of group-size tensors)."""
+    if group is not None and runtime.outside(group, "all_gather"):
+        return None
     comm = runtime.resolve(group)
     buffers.check(tensor, "tensor")
     check_list(tensor_list, tensor, comm, "tensor_list", writable=True)
@@ -341,6 +359,8 @@ def reduce_scatter_tensor(
     output, input, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=False
 ):
     """Reduce `input` (group-size blocks) over the group; rank r gets block r in `output`."""
+    if group is not None and runtime.outside(group, "reduce_scatter_tensor"):
+        return None
     comm = runtime.resolve(group)
     op = as_op(op)
     buffers.check(output, "output", writable=True)
@@ -370,6 +390,8 @@ def scatter(
     group_src=None,
 ):
     """Rank `src` sends scatter_list[r] to rank r, which receives it into `tensor`."""
+    if group is not None and runtime.outside(group, "scatter"):
+        return None
     comm = runtime.resolve(group)
     buffers.check(tensor, "tensor", writable=True)
     src = _root(src, comm, "src", group_src, default=0)
@@ -402,6 +424,8 @@ def gather(
     group_dst=None,
 ):
     """Every rank's `tensor` into gather_list[rank] on rank `dst`."""
+    if group is not None and runtime.outside(group, "gather"):
+        return None
     comm = runtime.resolve(group)
     buffers.check(tensor, "tensor")
     dst = _root(dst, comm, "dst", group_dst, default=0)
@@ -444,6 +468,8 @@ def all_to_all_single(
     j of input is input_split_sizes[j] rows (dim 0) and block i of output is
     output_split_sizes[i] rows; a missing one means equal rows. Ranks must agree on the sizes
     (what i sends j is what j expects from i), else the transport's size check fails."""
+    if group is not None and runtime.outside(group, "all_to_all_single"):
+        return None
     comm = runtime.resolve(group)
     buffers.check(output, "output", writable=True)
     buffers.check(input, "input")
@@ -519,5 +545,7 @@ def equal_or(out_edges, in_edges, p: int) -> tuple:
 
 def barrier(group=None, algorithm="auto", async_op=False):
     """Return only when every rank of the group has entered (dissemination algorithm)."""
+    if group is not None and runtime.outside(group, "barrier"):
+        return None
     comm = runtime.resolve(group)
     return run_call(comm, "barrier", algorithm, 0, (), async_op)

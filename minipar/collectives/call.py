@@ -44,10 +44,10 @@ class Call:
             yield i
         self.step = first + n
 
-    def _log(self, kind: str, peer: int, buf) -> None:
+    def _log(self, kind: str, peer: int, buf):
         if not process.traces:
-            return  # nothing records: skip the bookkeeping (it costs as much as a tiny message)
-        ledger.record(
+            return None  # nothing records: skip the bookkeeping (it costs as a tiny message)
+        return ledger.record(
             self.comm,
             self.collective,
             self.algorithm,
@@ -63,8 +63,11 @@ class Call:
         return self.comm._post_send(buf, dst, self.tag)
 
     def irecv(self, buf, src: int):
-        self._log("recv", src, buf)
-        return self.comm._post_recv(buf, src, self.tag)
+        message = self._log("recv", src, buf)
+        request = self.comm._post_recv(buf, src, self.tag)
+        if message is not None:
+            request.traced = message.clock  # the ledger notes when it completes
+        return request
 
     def context(self) -> str:
         """Where this rank is, for a timeout's message (built only if one happens)."""

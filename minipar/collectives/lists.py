@@ -44,6 +44,8 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, algorithm="aut
 
     Moves: what all_to_all_single moves for the same blocks (each rank sends the sum of its
     inputs but its own, in p - 1 steps)."""
+    if group is not None and runtime.outside(group, "all_to_all"):
+        return None
     comm = runtime.resolve(group)
     _tensors(output_tensor_list, comm, "output_tensor_list", writable=True)
     _tensors(input_tensor_list, comm, "input_tensor_list")
@@ -84,6 +86,8 @@ def reduce_scatter(
     the reduction of everyone's input_list[r] in `output`.
 
     Moves: what reduce_scatter_tensor moves for p blocks of numel(output) elements."""
+    if group is not None and runtime.outside(group, "reduce_scatter"):
+        return None
     comm = runtime.resolve(group)
     op = as_op(op)
     buffers.check(output, "output", writable=True)

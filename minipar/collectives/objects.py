@@ -94,6 +94,8 @@ def all_gather_object(object_list, obj, group=None) -> None:
 
     Moves: an all-gather of p int64 sizes, then an all-gather of p * m bytes (m the largest
     pickle); steps: those of the two all-gathers (algorithm "auto")."""
+    if group is not None and runtime.outside(group, "all_gather_object"):
+        return None
     comm = runtime.resolve(group)
     _check_list(object_list, "object_list", comm.size)
     data, error = _dump(obj, f"the object of rank {comm.global_ranks[comm.rank]}")
@@ -108,6 +110,8 @@ def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=
 
     Moves: an all-gather of p int64 sizes (so every rank knows whether all objects pickled),
     then a gather of m bytes from each rank to dst (m the largest pickle)."""
+    if group is not None and runtime.outside(group, "gather_object"):
+        return None
     comm = runtime.resolve(group)
     root = group_rank_of(comm, dst, group_dst, "dst", default=0)
     if comm.rank == root:
@@ -145,6 +149,8 @@ def broadcast_object_list(object_list, src=None, group=None, device=None, group_
     broadcast of the pickles' total bytes. `device` is accepted for torch's signature and
     ignored: the bytes cross on the host."""
     del device
+    if group is not None and runtime.outside(group, "broadcast_object_list"):
+        return None
     comm = runtime.resolve(group)
     root = group_rank_of(comm, src, group_src, "src", default=0)
     _check_list(object_list, "object_list")
@@ -176,6 +182,8 @@ def scatter_object_list(
 
     Moves: a broadcast of p + 1 int64 (a status and the p sizes), then a scatter of m bytes to
     each rank (m the largest pickle)."""
+    if group is not None and runtime.outside(group, "scatter_object_list"):
+        return None
     comm = runtime.resolve(group)
     root = group_rank_of(comm, src, group_src, "src", default=0)
     if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:

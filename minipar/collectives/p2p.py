@@ -126,8 +126,10 @@ def _post_send(comm, x, peer: int, tag: int) -> P2PWork:
 
 def _post_recv(comm, x, peer, tag: int) -> P2PWork:
     if peer is None:
-        ledger.record(comm, "p2p", "p2p", -1, 0, "recv", -1, buffers.nbytes(x))
+        message = ledger.record(comm, "p2p", "p2p", -1, 0, "recv", -1, buffers.nbytes(x), tag)
         request = comm._post_recv_any(x, tag)
+        if message is not None:
+            request.traced = message.clock
         where = f"recv from any rank (tag {tag}) on group {comm.name}"
     else:
         request = comm.irecv(x, peer, tag)
@@ -137,6 +139,8 @@ def _post_recv(comm, x, peer, tag: int) -> P2PWork:
 
 def isend(tensor, dst=None, group=None, tag: int = 0, group_dst=None) -> Work:
     """Start sending `tensor` to global rank `dst` (or group rank `group_dst`); returns a Work."""
+    if group is not None and runtime.outside(group, "isend"):
+        return None
     comm, x = _checked(tensor, group, tag, writable=False)
     peer = group_rank_of(comm, dst, group_dst, "dst")
     return _post_send(comm, x, peer, tag)
@@ -145,6 +149,8 @@ def isend(tensor, dst=None, group=None, tag: int = 0, group_dst=None) -> Work:
 def irecv(tensor, src=None, group=None, tag: int = 0, group_src=None) -> Work:
     """Start receiving into `tensor` from global rank `src` (or group rank `group_src`; both
     None: from any rank). Returns a Work."""
+    if group is not None and runtime.outside(group, "irecv"):
+        return None
     comm, x = _checked(tensor, group, tag, writable=True)
     peer = None
     if src is not None or group_src is not None:
@@ -154,6 +160,8 @@ def irecv(tensor, src=None, group=None, tag: int = 0, group_src=None) -> Work:
 
 def send(tensor, dst=None, group=None, tag: int = 0, group_dst=None) -> None:
     """Send `tensor` to global rank `dst` (or group rank `group_dst`) and wait until it left."""
+    if group is not None and runtime.outside(group, "send"):
+        return None
     comm, x = _checked(tensor, group, tag, writable=False)
     peer = group_rank_of(comm, dst, group_dst, "dst")
     _not_self(comm, peer, "destination")
@@ -163,6 +171,8 @@ def send(tensor, dst=None, group=None, tag: int = 0, group_dst=None) -> None:
 def recv(tensor, src=None, group=None, tag: int = 0, group_src=None) -> int:
     """Receive into `tensor` from global rank `src` (or group rank `group_src`; both None: from
     any other rank). Returns the sender's global rank."""
+    if group is not None and runtime.outside(group, "recv"):
+        return -1
     comm, x = _checked(tensor, group, tag, writable=True)
     peer = None
     if src is not None or group_src is not None:

@@ -19,6 +19,7 @@ operands in the same order: `a op b` and `b op a` differ in the last bits for MI
 from __future__ import annotations
 
 import enum
+import warnings
 
 import numpy as np
 
@@ -42,6 +43,33 @@ class ReduceOp(enum.Enum):
     # own __hash__ (a Python function): every collective call hashes its signature, op included
     __hash__ = object.__hash__
 
+
+class _ReduceOpAlias:
+    """torch's `dist.reduce_op`, the old spelling of ReduceOp that its distributed tutorial
+    still uses (`dist.reduce_op.SUM`): the same members, with torch's FutureWarning on use."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # copy, pickle and friends probing: not a member
+            raise AttributeError(name)
+        warnings.warn(
+            "`minipar.reduce_op` is deprecated (torch.distributed's old name), "
+            "please use `minipar.ReduceOp` instead",
+            FutureWarning,
+            stacklevel=2,
+        )
+        try:
+            return ReduceOp[name]
+        except KeyError:
+            raise AttributeError(f"reduce_op has no member {name!r}") from None
+
+    def __dir__(self):
+        return [m.name for m in ReduceOp]
+
+    def __repr__(self) -> str:
+        return "<minipar.reduce_op: the old name of minipar.ReduceOp>"
+
+
+reduce_op = _ReduceOpAlias()
 
 _NUMPY = {
     ReduceOp.SUM: np.add,

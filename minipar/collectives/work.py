@@ -12,6 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 
+from minipar.comm.stall import WorkWait
 from minipar.errors import CommTimeoutError
 from minipar.state import process
 
@@ -29,8 +30,11 @@ class Work:
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        if not self._done.wait(timeout):
-            raise CommTimeoutError(f"{self.description} did not finish within {timeout:g} s")
+        if not self._done.is_set():
+            with WorkWait(self.description):  # this thread can call nothing meanwhile (stall.py)
+                finished = self._done.wait(timeout)
+            if not finished:
+                raise CommTimeoutError(f"{self.description} did not finish within {timeout:g} s")
         if self._error is not None:
             raise self._error
         return True

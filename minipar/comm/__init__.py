@@ -10,7 +10,9 @@ ledger.py      the trace ledger: every message this rank sends and receives
 signature.py   what a collective call's tag carries: its sequence number and a hash of its
                arguments, so ranks that disagree never match
 watchdog.py    mismatched calls found off the path; leaving.py a rank leaving while others
-               wait for it
+               wait for it; stall.py a wait that lasts asks its peers which call they are in;
+               notices.py the messages between ranks about a mismatch; ending.py the ranks
+               compare their groups' calls at finalize() and exit
 mpisetup.py    the MPI library and launcher found, and a wrong pair diagnosed
 
 Importing this package is light; each module loads what it needs (numpy, mpi4py) itself.

@@ -6,9 +6,10 @@ ring all-reduce runs over mpi4py under mpiexec and over torch.distributed under 
 
 Tags (see TagLayout): user point-to-point messages use tags below `COLLECTIVE_TAG_BASE` (2^15);
 a few control tags sit just above; each collective call takes one tag from the top half of the
-transport's tag range, made of its group's sequence number and a hash of its signature, so
-collectives in flight at the same time (async ones, or on different threads) never match each
-other's messages, and neither do ranks that disagree about a call.
+transport's tag range, made of its group's sequence number and a hash of its signature chained
+with the signatures of the group's earlier calls (its history), so collectives in flight at the
+same time (async ones, or on different threads) never match each other's messages, and neither
+do ranks that disagree about a call, or about any call before it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 
 from minipar.comm import buffers, ledger, signature
 from minipar.errors import CommTimeoutError, MiniparError, MismatchError
@@ -24,10 +26,17 @@ from minipar.state import process
 COLLECTIVE_TAG_BASE = 1 << 15  # user tags live in [0, 2**15), as MPI guarantees at least that
 CONTROL_TAG = COLLECTIVE_TAG_BASE  # debug mode's fingerprints
 NOTICE_TAG = COLLECTIVE_TAG_BASE + 1  # mismatch notices between watchdogs (comm/watchdog.py)
+REPLY_TAG_BASE = COLLECTIVE_TAG_BASE + 16  # answers to a stalled rank's questions (comm/stall.py),
+REPLY_TAGS = 1 << 14  # one tag per question, so two threads never take each other's answer
 SEQ_BITS = 12  # a call's tag keeps its sequence number modulo 4096
 SEQ_MASK = (1 << SEQ_BITS) - 1
 _cached_hash = signature._HASHES.get
 DEFAULT_TIMEOUT = 300.0  # seconds; generous, because a first CUDA call or a cold start is slow
+DEFAULT_MISMATCH_AFTER = 1.0  # seconds a collective waits before asking its peers (stall.py)
+STALL_AFTER = 0.01  # seconds after which a wait counts as stuck (comm/stall.py registers it)
+# odd, so history -> (history * M xor hash) mod 2^H is one-to-one; small, so that with H <= 18
+# every intermediate value stays below 2^30, one digit of a Python int (no big-int arithmetic)
+HISTORY_MULTIPLIER = 2531
 
 # busy-poll this long (keeps small-message latency low), then yield; when ranks outnumber cores
 # (the launcher sets MINIPAR_OVERSUBSCRIBED=1) spinning only steals the core from the peer we
@@ -61,13 +70,32 @@ def env_timeout() -> float:
     return seconds
 
 
+def env_mismatch_after() -> float:
+    """MINIPAR_MISMATCH_AFTER: seconds a collective call waits before it asks its peers which
+    call they are in (comm/stall.py); default 1."""
+    value = os.environ.get("MINIPAR_MISMATCH_AFTER")
+    if not value:
+        return DEFAULT_MISMATCH_AFTER
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(
+            f"MINIPAR_MISMATCH_AFTER must be a positive number of seconds, got {value!r}"
+        )
+    return seconds
+
+
 class TagLayout:
     """Where a collective call's tag comes from, given the transport's largest tag `tag_ub`.
 
-        tag = 2^(B-1) + (seq mod 2^12) * 2^H + (signature hash mod 2^H)
+        tag = 2^(B-1) + (seq mod 2^12) * 2^H + history
 
-    with 2^B - 1 <= tag_ub: the top half of the tag range belongs to collectives, user tags
-    [0, 2^15) and the control tags (2^15, 2^15 + 1) stay below it. MPICH's bound 2^29 - 1
+    where history (H bits) is the hash of the call's signature chained with the group's earlier
+    calls (Communicator.next_collective_tag), with 2^B - 1 <= tag_ub: the top half of the tag range
+    belongs to collectives, user tags [0, 2^15) and the control tags (2^15, 2^15 + 1, and the
+    answers from 2^15 + 16 on) stay below it. MPICH's bound 2^29 - 1
     gives H = 16 hash bits, Open MPI's (and torch's) 2^31 - 1 give H = 18. Two ranks that
     disagree on a call get the same tag only if their hashes collide: probability 2^-H per
     mismatched call (1 in 65,536 on MPICH), and then the call behaves as before this check
@@ -107,6 +135,7 @@ class Request:
         self.done = False
 
     blocking = False  # True: cannot be polled, wait_all calls _block(seconds) instead
+    traced = None  # a traced receive: the ledger's Clock, told when the message completed
 
     def _poll(self) -> bool:  # pragma: no cover - every transport overrides it
         raise NotImplementedError
@@ -125,6 +154,8 @@ class Request:
         if not self.done and self._poll():
             self._finish()
             self.done = True
+            if self.traced is not None:
+                ledger.arrived(self)
         return self.done
 
     def wait(self, timeout: float | None = None) -> None:
@@ -153,6 +184,8 @@ def wait_all(requests, timeout: float, context="") -> None:
         _wait(requests, timeout, context)
     except BaseException:
         abandon(requests)
+        if requests:
+            requests[0].comm._told = True  # the program saw this group fail (comm/ending.py)
         raise
 
 
@@ -176,31 +209,62 @@ def _wait(requests, timeout: float, context) -> None:
     pending = [r for r in pending if not r.blocking]
     comm = requests[0].comm
     spin, nap = patience()
-    while pending:
-        pending = [r for r in pending if not r.test()]
-        if not pending:
-            break
-        failure = getattr(comm, "_failure", None)  # the watchdog found a mismatch on this group
-        if failure is not None:
-            raise MismatchError(failure)
-        elapsed = time.monotonic() - start
-        if elapsed > timeout:
-            raise _timeout(pending[0], timeout, context)
-        if elapsed > spin:  # a long stall polls less, leaving the core to the others
-            time.sleep(max(nap, 0 if elapsed < 0.05 else 1e-4 if elapsed < 0.5 else 1e-3))
+    stall = None  # once the wait lasts: the transport's look at what the peers are doing
+    try:
+        while pending:
+            pending = [r for r in pending if not r.test()]
+            if not pending:
+                break
+            failure = getattr(comm, "_failure", None)  # a mismatch found on this group
+            if failure is not None:
+                raise MismatchError(failure)
+            elapsed = time.monotonic() - start
+            if elapsed > timeout:
+                raise _timeout(pending[0], timeout, context, stall)
+            if elapsed > spin:  # a long stall polls less, leaving the core to the others
+                if stall is not None:
+                    stall.poll(pending, elapsed)  # may ask the peers, and fail the group
+                elif elapsed > STALL_AFTER:
+                    stall = comm._stall(pending) or _NO_STALL
+                time.sleep(max(nap, 0 if elapsed < 0.05 else 1e-4 if elapsed < 0.5 else 1e-3))
+    finally:
+        if stall is not None:
+            stall.close()
+    if blocking:  # gloo's work (torch transport); MPI's requests are all polled above
+        _wait_blocking(blocking, timeout, start, context)
+
+
+class _NoStall:
+    """What a transport that cannot ask its peers returns (the wait just goes on)."""
+
+    def poll(self, pending, elapsed: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+_NO_STALL = _NoStall()
+
+
+def _wait_blocking(blocking, timeout: float, start: float, context) -> None:
     for request in blocking:
         left = timeout - (time.monotonic() - start)
         if not request._block(max(left, 1e-3)):
             raise _timeout(request, timeout, context)
         request._finish()
         request.done = True
+        if request.traced is not None:
+            ledger.arrived(request)
 
 
-def _timeout(request, timeout: float, context) -> CommTimeoutError:
+def _timeout(request, timeout: float, context, stall=None) -> CommTimeoutError:
     context = context() if callable(context) else context  # a callable: built only when needed
     where = f"{context}: " if context else ""
+    peer = request.comm._peer_state(request, stall)  # what the peer is doing, if it can be asked
     error = CommTimeoutError(
         f"{where}timed out after {timeout:g} s waiting for {request.describe()}"
+        + (f"; {peer}" if peer else "")
     )
     error.request = request  # what a transport may inspect to explain the timeout
     return error
@@ -212,17 +276,23 @@ class Communicator:
     backend = "none"
     tag_ub = (1 << 31) - 1  # the largest tag the transport accepts (MPI asks MPI_TAG_UB)
 
-    def __init__(self, rank: int, size: int, name: str, timeout: float, global_ranks):
+    def __init__(self, rank: int, size: int, name: str, timeout: float, global_ranks, gid="w"):
         self.rank, self.size, self.name, self.timeout = rank, size, name, timeout
         self.global_ranks = list(global_ranks)  # the world rank of each rank of this group
+        # the group's identity, the same on every member: "w" for the world, then the parent's
+        # id and the number of its split ("w.3"); every rank splits a parent in the same order
+        self.gid, self._splits = gid, 0
         self._seq = 0
+        self._history = 0  # the chained hash of every call's signature so far (the tag carries it)
         self._tags = TagLayout(self.tag_ub)
         self._tag_base, self._hash_bits = self._tags.base, self._tags.hash_bits
         self._hash_mask = self._tags.hash_mask
-        # the signature of each recent call, by sequence number modulo 2^12: what the watchdog
-        # compares a peer's foreign tag (and a peer's notice) against
+        # (seq, signature, history) of each recent call, by sequence number modulo 2^12: what
+        # the watchdog compares a peer's foreign tag (and a peer's notice) against
         self._calls: list = [None] * (SEQ_MASK + 1)
         self._failure: str | None = None  # set once a mismatch is found: every later wait raises
+        self._told = False  # an error on this group reached the program (comm/ending.py)
+        process.groups[gid] = weakref.ref(self)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} rank {self.rank} of {self.size}>"
@@ -233,7 +303,7 @@ class Communicator:
         self._check_peer(dst, "dst")
         self._check_tag(tag)
         buffers.check(buf, "send buffer")
-        ledger.record(self, "p2p", "p2p", -1, 0, "send", dst, buffers.nbytes(buf))
+        ledger.record(self, "p2p", "p2p", -1, 0, "send", dst, buffers.nbytes(buf), tag)
         return self._post_send(buf, dst, tag)
 
     def irecv(self, buf, src: int, tag: int = 0) -> Request:
@@ -241,8 +311,11 @@ class Communicator:
         self._check_peer(src, "src")
         self._check_tag(tag)
         buffers.check(buf, "receive buffer", writable=True)
-        ledger.record(self, "p2p", "p2p", -1, 0, "recv", src, buffers.nbytes(buf))
-        return self._post_recv(buf, src, tag)
+        message = ledger.record(self, "p2p", "p2p", -1, 0, "recv", src, buffers.nbytes(buf), tag)
+        request = self._post_recv(buf, src, tag)
+        if message is not None:
+            request.traced = message.clock
+        return request
 
     def send(self, buf, dst: int, tag: int = 0) -> None:
         self.isend(buf, dst, tag).wait()
@@ -266,8 +339,15 @@ class Communicator:
     def next_collective_tag(self, sig, sig_hash=None) -> tuple[int, int]:
         """(sequence number, tag) for the next collective call on this group, whose signature
         (comm/signature.py) is `sig` (`sig_hash` its tag_hash, if the caller kept it); raises
-        MismatchError once the group has seen a mismatch."""
+        MismatchError once the group has seen a mismatch.
+
+        The tag's hash bits are the group's history: the signature's hash chained onto the
+        history before it (h = h * M xor hash, modulo 2^H, one-to-one in h), so two ranks that
+        disagreed about an earlier call, even one where every rank returned without receiving
+        anything (both "roots" of a broadcast only send), disagree on every later tag too: the
+        next call cannot match, and waits until the watchdog names the call that differed."""
         if self._failure is not None:
+            self._told = True
             raise MismatchError(self._failure)
         seq = self._seq
         self._seq = seq + 1
@@ -275,9 +355,37 @@ class Communicator:
             sig_hash = _cached_hash(sig)  # inline, not signature.tag_hash: every call comes here
         if sig_hash is None:
             sig_hash = signature.tag_hash(sig)
-        field = seq & SEQ_MASK
-        self._calls[field] = (seq, sig)
-        return seq, self._tag_base + (field << self._hash_bits) + (sig_hash & self._hash_mask)
+        # HISTORY_MULTIPLIER (2531) and SEQ_MASK (4095) written out: a global's lookup is a
+        # hundredth of an 8-byte all-reduce
+        history = self._history = (self._history * 2531 ^ sig_hash) & self._hash_mask
+        field = seq & 4095
+        self._calls[field] = (seq, sig, history)
+        return seq, self._tag_base + (field << self._hash_bits) + history
+
+    def recent_calls(self, upto: int, count: int = 16) -> list:
+        """(seq, signature in plain values, history) of this rank's calls #upto-count+1 ..
+        #upto on this group that its table still holds: what ranks compare to find the first
+        call where they parted (comm/signature.py first_difference)."""
+        out = []
+        for seq in range(max(0, upto - count + 1), min(upto, self._seq - 1) + 1):
+            entry = self._calls[seq & SEQ_MASK]
+            if entry is not None and entry[0] == seq:
+                out.append((seq, signature.normal(entry[1], self.size), entry[2]))
+        return out
+
+    def child_gid(self) -> str:
+        """The id of the next group split from this one (every member counts its splits)."""
+        self._splits += 1
+        return f"{self.gid}.{self._splits}"
+
+    def _stall(self, pending):
+        """A wait on this group has lasted STALL_AFTER seconds: an object whose poll() may ask
+        the peers what they are doing (comm/stall.py), or None where the transport cannot."""
+        return None
+
+    def _peer_state(self, request, stall) -> str:
+        """What the peer of a timed-out request is doing, in words, if it can be asked."""
+        return ""
 
     def explain_timeout(self, call, error: CommTimeoutError) -> BaseException:
         """What to raise when a collective call timed out: the timeout itself by default; a

@@ -9,11 +9,15 @@ an exit status, and when the leaving rank's status was 0 that status is 0: MPICH
 here, SIGKILLs the waiting ranks and reports "exit codes 0,0,0", a job that never finished
 reading as a success.
 
-So at exit, once the watchdog has stopped and no async collective is in flight, each rank probes
-COMM_WORLD for messages from every peer. If some arrived unreceived for a call this rank never
-made (their tag carries the call's number), the rank prints which peers sent them and for which
-call, and aborts the job: the waiting ranks are doomed anyway, and learn nothing by waiting out
-their timeout. Leftovers of calls this rank already saw fail (a mismatch the watchdog reported)
+So at exit, once no async collective is in flight, each rank probes COMM_WORLD for messages
+from every peer. If some arrived unreceived for a call this rank never made (their tag carries
+the call's number), the rank prints which peers sent them and for which call, and aborts the job:
+the waiting ranks are doomed anyway, and learn nothing by waiting out their timeout. Otherwise
+the ranks compare what each of their groups saw (comm/ending.py, unless finalize() did): a
+mismatch no wait raised is printed by every rank of its group, which ends with status 1; a peer
+that waits for this rank meanwhile asks it what it is doing (comm/stall.py), hears that it is
+leaving, and both raise. Then the watchdog stops and the answers to questions that came late
+are taken. Leftovers of calls this rank already saw fail (a mismatch the program was told of)
 are nobody's wait: MPI_Finalize is then left to mpi4py, which ignores its failure, as before.
 With nothing found, the rank calls MPI_Finalize itself, right after the probe (mpi4py would do
 it at the very end of the interpreter's teardown, tens of milliseconds later, a wider window for
@@ -27,10 +31,13 @@ import atexit
 import os
 import re
 import sys
+import time
 
-from minipar.comm import watchdog
-from minipar.comm.base import CONTROL_TAG, SEQ_BITS
+from minipar.comm import ending, watchdog
+from minipar.comm.base import CONTROL_TAG, NOTICE_TAG, SEQ_BITS
 from minipar.state import process
+
+REPORT_GRACE = 0.3  # seconds between a rank's report at exit and its exit (the others print too)
 
 
 def arm(world) -> None:
@@ -87,16 +94,27 @@ def _at_exit() -> None:
     from mpi4py import MPI  # loaded already: this runs only after an MPI world was armed
 
     world = process.exit_check
-    watchdog.shutdown()  # its probes must not run beside ours, nor after MPI_Finalize
     busy = process.progress is not None and not process.progress.idle()
     if not MPI.Is_initialized() or MPI.Is_finalized() or busy:
+        watchdog.shutdown()
         return  # an async collective still runs: leave MPI alone (mpi4py finalizes or not)
     found = watchdog.oldest(world, MPI.Status())
     waiting = [(peer, tag) for peer, tag in found if ahead(world, tag)]
     if waiting:
+        watchdog.shutdown()
         sys.stderr.write(message(world, waiting))
         world.abort(1)
         os._exit(1)  # MPICH's MPI_Abort may return when called this late in the exit
+    texts = [] if getattr(world, "_ended", False) else ending.check(world, "exit")
+    watchdog.shutdown()  # its probes must not run beside ours, nor after MPI_Finalize
+    if texts:
+        ending.report(world, texts, "exit")
+        time.sleep(REPORT_GRACE)  # the other ranks of the group print theirs meanwhile
+        os._exit(1)
+    if texts is None or world._control_spent:  # a control all-gather is still pending (a rank
+        return  # never came to the comparison): leave MPI alone, mpi4py finalizes or not
+    take_control_messages()
+    found = watchdog.oldest(world, MPI.Status())
     if found:  # leftovers of calls this rank already saw fail (a mismatch): nobody waits
         return  # for them; leave MPI_Finalize to mpi4py, which ignores its failure
     import mpi4py
@@ -112,6 +130,22 @@ def _at_exit() -> None:
                          "rank in a call it never made: ending the job\n")  # fmt: skip
         sys.stderr.flush()
         os._exit(1)  # MPI_Abort needs the communicator MPI_Finalize just freed; mpiexec ends it
+
+
+def take_control_messages() -> None:
+    """Receive the notices and late answers still waiting on this rank's groups (a question a
+    peer asked just before its wait ended): an unreceived one would fail MPI_Finalize."""
+    from mpi4py import MPI  # loaded already
+
+    for comm in ending.live_groups():
+        if not hasattr(comm, "_late"):
+            continue
+        while comm.mpi.Iprobe(MPI.ANY_SOURCE, NOTICE_TAG):
+            comm.mpi.recv(source=MPI.ANY_SOURCE, tag=NOTICE_TAG)
+        deadline = time.monotonic() + 0.2  # an answer is due within a watchdog period
+        while comm._late and time.monotonic() < deadline:
+            watchdog.take_late(comm)
+            time.sleep(1e-3)
 
 
 def why(error) -> str:

@@ -9,13 +9,14 @@ chunk (see comm/staging.py and comm/mpi_staged.py).
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import sys
 import time
 
 import numpy as np
 
-from minipar.comm import buffers, cuda, ledger, staging, watchdog
+from minipar.comm import buffers, cuda, ledger, staging, stall, watchdog
 from minipar.comm.base import Communicator, NonMember, Request, check_ranks, wait_all
 from minipar.comm.mpi_requests import (
     MPIAnySourceRequest,
@@ -35,15 +36,18 @@ class MPICommunicator(Communicator):
 
     backend = "mpi"
 
-    def __init__(self, mpi_comm, name: str, timeout: float, global_ranks=None):
+    def __init__(self, mpi_comm, name: str, timeout: float, global_ranks=None, gid="w"):
         if global_ranks is None:
             global_ranks = range(mpi_comm.Get_size())
         self.tag_ub = world_tag_ub()  # 2^29 - 1 in MPICH, 2^31 - 1 in Open MPI
-        super().__init__(mpi_comm.Get_rank(), mpi_comm.Get_size(), name, timeout, global_ranks)
+        size = mpi_comm.Get_size()
+        super().__init__(mpi_comm.Get_rank(), size, name, timeout, global_ranks, gid)
         self.mpi = mpi_comm
         self._pool = None
         self._asked: set = set()  # (peer, seq) the watchdog already sent a notice about
-        self._notices: list = []  # the watchdog's notices in flight, kept alive
+        self._notices: list = []  # notices, questions and answers in flight, kept alive
+        self._questions = itertools.count()  # numbers this rank's questions (comm/stall.py)
+        self._late: list = []  # (peer, reply tag, when asked): answers a finished wait left
         watchdog.watch(self)  # finds ranks that disagree about a call (comm/watchdog.py)
         self._chunk = staging.chunk_bytes()  # the same on every rank: both ends cut alike
         self._stage_host = staging.stage_host()  # tests: CPU tensors take the chunked path
@@ -117,6 +121,13 @@ class MPICommunicator(Communicator):
         nbytes = buffers.nbytes(buf)
         return MPIAnySourceRequest(self, "recv", -1, tag, nbytes, req, wire, staged, target)
 
+    def _stall(self, pending):
+        """A wait here has lasted: register it, and ask the peers once it lasts longer."""
+        return stall.Stall(self, pending)
+
+    def _peer_state(self, request, stalled) -> str:
+        return stall.peer_state(self, request, stalled)
+
     def _control_usable(self) -> None:
         if self._control_spent is not None:
             raise MiniparError(
@@ -146,6 +157,7 @@ class MPICommunicator(Communicator):
 
     def split(self, ranks, name: str | None = None):
         ranks = check_ranks(ranks, self.size)
+        gid = self.child_gid()  # counted on every rank of the parent, members or not
         MPI = module()
         member = self.rank in ranks
         color = 0 if member else MPI.UNDEFINED
@@ -154,7 +166,7 @@ class MPICommunicator(Communicator):
         if not member:
             return NonMember(ranks, self.rank)
         glob = [self.global_ranks[r] for r in ranks]
-        return MPICommunicator(sub, name or f"group{glob}", self.timeout, glob)
+        return MPICommunicator(sub, name or f"group{glob}", self.timeout, glob, gid)
 
     def abort(self, code: int = 1) -> None:
         """MPI_Abort kills every rank at once, and mpiexec may drop output it has not forwarded

@@ -10,10 +10,12 @@ with the dtype and op objects as the caller has them and the byte count the coll
 `normal` turns it into names and the caller's element count, (..., "float32", 8, ...), only
 when a signature is first hashed, sent to a peer or shown.
 
-`tag_hash` folds it into a few bits of the call's tag (see base.TagLayout), so two ranks that
-disagree on any field post messages under different tags: the messages no longer match, and the
-watchdog (comm/watchdog.py) sees a peer's message under a foreign tag and names both calls.
-`mismatch_text` renders the error.
+`tag_hash` folds it into a few bits of the call's tag (see base.TagLayout), chained with the
+group's earlier calls, so two ranks that disagree on any field post messages under different
+tags: the messages no longer match, and the watchdog (comm/watchdog.py) sees a peer's message
+under a foreign tag, or a rank that waits too long asks (comm/stall.py), and both calls are named.
+`first_difference` finds the call where two ranks' recent calls part; `mismatch_text`,
+`groups_text`, `history_text` and `missing_text` render the errors.
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ def differing(a, b) -> list[str]:
     return out
 
 
+RULE = "every rank must make the same calls in the same order with matching arguments"
+
+
 def mismatch_text(group: str, seq: int, rank_a: int, sig_a, rank_b: int, sig_b) -> str:
     """The MismatchError message: both calls (normal() signatures), and what differs."""
     fields = differing(sig_a, sig_b)
@@ -84,8 +89,63 @@ def mismatch_text(group: str, seq: int, rank_a: int, sig_a, rank_b: int, sig_b) 
     if rank_a > rank_b:
         rank_a, sig_a, rank_b, sig_b = rank_b, sig_b, rank_a, sig_a
     return (
-        f"rank {rank_a} called {render(sig_a, show_algorithm)} but rank {rank_b} called "
-        f"{render(sig_b, show_algorithm)} (call #{seq} on group {group}; they differ in "
-        f"{', '.join(fields) or 'nothing visible'}); every rank must make the same calls in the "
-        "same order with matching arguments"
+        f"rank {rank_a} called {render(sig_a, show_algorithm)} on group {group} but rank "
+        f"{rank_b} called {render(sig_b, show_algorithm)} (call #{seq} on group {group}; they "
+        f"differ in {', '.join(fields) or 'nothing visible'}); {RULE}"
     )
+
+
+def groups_text(a, b) -> str:
+    """Two ranks stuck in calls on different groups, each waiting on a group whose call the other
+    never reaches: a = (world rank, group name, seq, normal signature), b the same."""
+    if a[0] > b[0]:
+        a, b = b, a
+    fields = ["group", *differing(a[3], b[3])]
+    show_algorithm = "algorithm" in fields
+    return (
+        f"rank {a[0]} called {render(a[3], show_algorithm)} on group {a[1]} but rank {b[0]} "
+        f"called {render(b[3], show_algorithm)} on group {b[1]} (call #{a[2]} on group {a[1]}, "
+        f"call #{b[2]} on group {b[1]}; they differ in {', '.join(fields)}); {RULE}, on the "
+        "same groups"
+    )
+
+
+def history_text(group: str, seq: int, rank_a: int, rank_b: int) -> str:
+    """Two ranks whose histories of calls on a group differ before the calls they still hold."""
+    rank_a, rank_b = sorted((rank_a, rank_b))
+    return (
+        f"rank {rank_a} and rank {rank_b} disagree about a call on group {group} before call "
+        f"#{seq} (their chained signatures differ; the call itself is older than the ones each "
+        f"rank keeps at hand); {RULE}"
+    )
+
+
+def missing_text(group: str, seq: int, rank_a: int, sig_a, rank_b: int, why: str) -> str:
+    """A rank that made call #seq while another never will (`why`: 'is leaving the job', ...)."""
+    return (
+        f"rank {rank_a} called {render(sig_a, False)} on group {group} (call #{seq}) but rank "
+        f"{rank_b} {why} without making it; {RULE}"
+    )
+
+
+def first_difference(mine, theirs):
+    """Where two ranks' recent calls on a group part (Communicator.recent_calls: (seq, normal
+    signature, history) each): None if they agree on the last call both hold; else (seq, my
+    signature, their signature) of the first call that differs, or (seq, None, None) when every
+    call both hold matches but the histories already differ at the first of them."""
+    theirs = {seq: (sig, history) for seq, sig, history in theirs}
+    common = [(seq, sig, history) for seq, sig, history in mine if seq in theirs]
+    if not common or common[-1][2] == theirs[common[-1][0]][1]:
+        return None
+    for seq, sig, _ in common:
+        if sig != theirs[seq][0]:
+            return seq, sig, theirs[seq][0]
+    return common[0][0], None, None
+
+
+def difference_text(group: str, found, rank_a: int, rank_b: int) -> str:
+    """The message for first_difference's answer between rank_a (mine) and rank_b (theirs)."""
+    seq, sig_a, sig_b = found
+    if sig_a is None:
+        return history_text(group, seq, rank_a, rank_b)
+    return mismatch_text(group, seq, rank_a, sig_a, rank_b, sig_b)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import atexit
 import datetime
-import itertools
 import os
 import pickle
 import socket
@@ -128,18 +127,16 @@ class TorchCommunicator(Communicator):
 
     backend = "torch"
 
-    def __init__(self, group=None, name: str = "world", timeout: float = 300.0):
+    def __init__(self, group=None, name: str = "world", timeout: float = 300.0, gid="w"):
         dist = torch_dist()
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised; call init_process_group")
         self.group = group if group is not None else dist.group.WORLD
         size = dist.get_world_size(self.group)
         glob = dist.get_process_group_ranks(self.group)
-        super().__init__(dist.get_rank(self.group), size, name, timeout, glob)
+        super().__init__(dist.get_rank(self.group), size, name, timeout, glob, gid)
         self.pg_backend = dist.get_backend(self.group)
         self._mailbox: dict[int, list] = {}
-        # every rank makes the same groups in the same order, so this numbers them alike
-        self._uid = next(_GROUP_NUMBERS)
 
     def _wire(self, buf, outgoing: bool):
         """(tensor torch.distributed moves, or a staged copy of it; staged or None)."""
@@ -166,32 +163,45 @@ class TorchCommunicator(Communicator):
     def explain_timeout(self, call, error):
         """gloo cannot probe, and a gloo wait that timed out closes the connection, so nothing
         can be checked while a call runs. At its timeout a rank writes the call it is stuck in
-        to torch.distributed's key-value store and reads the peer's (the peer, timed out too or
-        cut off by the closed connection, does the same): MismatchError if they disagree, else
-        the timeout, saying what the peer was doing."""
+        (number, signature, the calls before it, group) to torch.distributed's key-value store,
+        under the group and under its own world rank, and reads the peer's (the peer, timed out
+        too or cut off by the closed connection, does the same): MismatchError if their calls
+        part, or if the peer is stuck on another group, else the timeout, saying what the peer
+        was doing."""
         request = getattr(error, "request", None)
         store = _store()
         if store is None or request is None or request.peer == self.rank:
             return error
         entry = self._calls[call.seq % len(self._calls)]
-        mine = (call.seq, signature.normal(entry[1], self.size), time.time())
+        sig = signature.normal(entry[1], self.size)
+        mine = (call.seq, sig, time.time(), self.gid, self.name, self.recent_calls(call.seq))
         store.set(self._store_key(self.rank), pickle.dumps(mine))
-        theirs = _read_recent(store, self._store_key(request.peer), mine[2] - self.timeout - 5)
+        store.set(_rank_key(self.global_ranks[self.rank]), pickle.dumps(mine))
+        since = mine[2] - self.timeout - 5
+        theirs = _read_recent(store, self._store_key(request.peer), since)
+        peer = request.peer
         if theirs is None:
+            elsewhere = _read_recent(store, _rank_key(self.global_ranks[peer]), since, 0.0)
+            if elsewhere is not None and elsewhere[3] != self.gid:
+                me, them = self.global_ranks[self.rank], self.global_ranks[peer]
+                text = signature.groups_text(
+                    (me, self.name, call.seq, sig), (them, elsewhere[4], elsewhere[0], elsewhere[1])
+                )
+                return MismatchError(f"{text} (found at the timeout: gloo has no probe)")
             return CommTimeoutError(
-                f"{error}; rank {request.peer} is not stuck in a minipar call on this group "
+                f"{error}; rank {peer} is not stuck in a minipar call on this group "
                 f"(it did not say within {EXPLAIN_WAIT:g} s: busy elsewhere, or gone)"
             )
-        seq, sig, _ = theirs
-        if seq == call.seq and sig != mine[1]:
-            text = signature.mismatch_text(self.name, seq, self.rank, mine[1], request.peer, sig)
+        found = signature.first_difference(mine[5], theirs[5])
+        if found is not None:
+            text = signature.difference_text(self.name, found, self.rank, peer)
             return MismatchError(f"{text} (found at the timeout: gloo has no probe)")
         return CommTimeoutError(
-            f"{error}; rank {request.peer} is stuck in call #{seq}: {signature.render(sig)}"
+            f"{error}; rank {peer} is stuck in call #{theirs[0]}: {signature.render(theirs[1])}"
         )
 
     def _store_key(self, rank: int) -> str:
-        return f"minipar/stuck/{self._uid}/{rank}"
+        return f"minipar/stuck/{self.gid}/{rank}"
 
     def _post_send(self, buf, dst, tag) -> Request:
         if dst == self.rank:
@@ -254,17 +264,20 @@ class TorchCommunicator(Communicator):
     def split(self, ranks, name: str | None = None):
         ranks = check_ranks(ranks, self.size)
         glob = [self.global_ranks[r] for r in ranks]
+        gid = self.child_gid()  # counted on every rank, members or not
         group = torch_dist().new_group(glob)  # every rank of the world calls this, members or not
         if self.rank not in ranks:
             return NonMember(ranks, self.rank)
-        return TorchCommunicator(group, name or f"group{glob}", self.timeout)
+        return TorchCommunicator(group, name or f"group{glob}", self.timeout, gid)
 
     def abort(self, code: int = 1) -> None:
         sys.stderr.flush()
         os._exit(code)
 
 
-_GROUP_NUMBERS = itertools.count()  # unique ids for the torch groups this process makes
+def _rank_key(global_rank: int) -> str:
+    """Where a rank's latest stuck call is written, whatever its group."""
+    return f"minipar/stuck/rank/{global_rank}"
 
 
 def _store():
@@ -275,10 +288,10 @@ def _store():
         return None
 
 
-def _read_recent(store, key: str, since: float):
-    """The (seq, signature, time) a peer wrote under `key` after `since`, waiting up to
-    EXPLAIN_WAIT seconds for it; None if it never came."""
-    deadline = time.monotonic() + EXPLAIN_WAIT
+def _read_recent(store, key: str, since: float, wait: float = EXPLAIN_WAIT):
+    """The (seq, signature, time, group id, group name, recent calls) a peer wrote under `key`
+    after `since`, waiting up to `wait` seconds for it; None if it never came."""
+    deadline = time.monotonic() + wait
     while True:
         if store.check([key]):
             entry = pickle.loads(store.get(key))

@@ -10,29 +10,39 @@ group this process is in:
 
     1. MPI_Iprobe(peer, ANY_TAG) for each peer: the oldest message from it not yet received.
        A collective tag whose sequence number is one of this rank's recent calls but whose hash
-       is not that call's means the peer made another call at that position: a suspicion.
-    2. Suspicion -> a notice to that peer on NOTICE_TAG: ("call", seq, my signature).
-    3. A rank receiving ("call", seq, sig) compares with its own call #seq (full number, from its
-       table of recent signatures): if they differ, the mismatch is certain. It fails the group
-       (every later wait on it raises MismatchError naming both calls) and sends ("abort",
-       text) to every other rank of the group, which fail it with the same text.
+       bits (the call's signature chained with the group's history, base.next_collective_tag)
+       are not that call's means the peer made another call there, or another call before it.
+    2. Suspicion -> a notice to that peer on NOTICE_TAG (comm/notices.py): ("call", seq, my
+       calls up to #seq: signature and history of each of the last few).
+    3. A rank receiving it compares with its own calls (full numbers, from its table of recent
+       signatures): where they part, the mismatch is certain. It fails the group (every later
+       wait on it raises MismatchError naming both calls of the first one that differs) and
+       sends ("abort", text) to every other rank of the group, which fail it with the same text.
 
 So every rank raises within about three periods (suspicion, confirmation, abort), wherever it
-is waiting, or at its next call on that group; one that never calls minipar again is not told.
-Nothing is sent unless a tag disagrees, and a call pays only for hashing its signature.
-A message from a peer more than 2048 calls ahead can look like a recent one (sequence numbers
-wrap at 4096): its notice is then harmless, since the peer's call #seq is checked by full number.
+is waiting, or at its next call on that group (whose tags, carrying the history, no longer
+match: it waits until the abort comes); one that never calls minipar again hears of it when the
+ranks compare their groups at the end (comm/ending.py). Nothing is sent unless a tag disagrees
+or a wait lasts, and a call pays only for hashing its signature. The same thread answers the
+questions of a peer whose wait has lasted (("query", ...), comm/stall.py) and takes the answers
+that came after the wait that asked had ended. A message from a peer more than 2048 calls ahead
+can look like a recent one (sequence numbers wrap at 4096): its notice is then harmless, since
+the peer's call #seq is checked by full number.
 """
 
 from __future__ import annotations
 
 import atexit
 import threading
+import time
 import weakref
 
-from minipar.comm import signature
-from minipar.comm.base import NOTICE_TAG, SEQ_BITS
+from minipar.comm import signature, stall
+from minipar.comm.base import NOTICE_TAG, REPLY_TAG_BASE, REPLY_TAGS, SEQ_BITS
+from minipar.comm.notices import fail, send
 from minipar.state import process
+
+__all__ = ["Watchdog", "fail", "look", "oldest", "send", "shutdown", "watch"]
 
 PERIOD = 0.1  # seconds between looks; a mismatch is reported within about 3 of them
 WINDOW = 1 << (SEQ_BITS - 1)  # a tag's sequence number counts as "recent" this far back
@@ -82,7 +92,8 @@ def shutdown() -> None:
 
 
 def look(comm) -> None:
-    """One look at one group: read the notices, then probe each peer's oldest message."""
+    """One look at one group: read the notices, take late answers, then probe each peer's
+    oldest message."""
     from mpi4py import MPI
 
     status = MPI.Status()
@@ -91,8 +102,31 @@ def look(comm) -> None:
         _on_notice(comm, status.Get_source(), notice)
         if comm._failure is not None:
             return
+    if comm._late:
+        take_late(comm)
+    if len(comm._notices) > 32:
+        prune(comm)
     for peer, tag in oldest(comm, status):
         _check_tag(comm, peer, tag)
+
+
+def prune(comm) -> None:
+    """Forget the notices, questions and answers MPI has sent (only this thread removes any:
+    one still in flight must stay referenced, or its buffer would be freed under MPI)."""
+    for request in [r for r in list(comm._notices) if r.Test()]:
+        comm._notices.remove(request)
+
+
+def take_late(comm, limit: float = stall.LATE_LIMIT) -> None:
+    """Receive the answers to questions whose wait ended before they came (an unreceived message
+    would fail MPI_Finalize); forget those older than `limit` seconds."""
+    late, comm._late = comm._late, []
+    now = time.monotonic()
+    for peer, tag, when in late:
+        if comm.mpi.Iprobe(peer, tag):
+            comm.mpi.recv(source=peer, tag=tag)
+        elif now - when < limit:
+            comm._late.append((peer, tag, when))
 
 
 def oldest(comm, status) -> list[tuple[int, int]]:
@@ -122,41 +156,26 @@ def _check_tag(comm, peer: int, tag: int) -> None:
         return  # a user message, or a control one
     field, peer_hash = decoded
     entry = _recent_call(comm, field)
-    if entry is None or (signature.tag_hash(entry[1]) & comm._tags.hash_mask) == peer_hash:
+    if entry is None or entry[2] == peer_hash:
         return  # a call to come, or this very call (its receive is not posted yet)
-    seq, sig = entry
+    seq = entry[0]
     if (peer, seq) not in comm._asked:
         comm._asked.add((peer, seq))
-        send(comm, peer, ("call", seq, signature.normal(sig, comm.size)))
+        send(comm, peer, ("call", seq, comm.recent_calls(seq)))
 
 
 def _on_notice(comm, peer: int, notice) -> None:
     if notice[0] == "abort":
         fail(comm, notice[1], tell_others=False)
         return
-    _, seq, peer_sig = notice
+    if notice[0] == "query":  # a peer stalled in a call asks which call this rank is in
+        _, qid, seq = notice
+        send(comm, peer, stall.answer(comm, seq), tag=REPLY_TAG_BASE + qid % REPLY_TAGS)
+        return
+    _, seq, theirs = notice
     entry = comm._calls[seq % (1 << SEQ_BITS)]
     if entry is None or entry[0] != seq:
         return  # not a call of this rank's recent past (the peer is far ahead): nothing to say
-    mine = signature.normal(entry[1], comm.size)
-    if mine == peer_sig:
-        return  # no disagreement after all
-    text = signature.mismatch_text(comm.name, seq, comm.rank, mine, peer, peer_sig)
-    fail(comm, text)
-
-
-def fail(comm, text: str, tell_others: bool = True) -> None:
-    """Mark the group failed (its waits raise MismatchError(text)) and tell the other ranks."""
-    if comm._failure is not None:
-        return
-    comm._failure = text
-    if tell_others:
-        for q in range(comm.size):
-            if q != comm.rank:
-                send(comm, q, ("abort", text))
-
-
-def send(comm, peer: int, notice) -> None:
-    """A small pickled control message, nonblocking; the request is kept until the process ends
-    (a handful per mismatch, none otherwise)."""
-    comm._notices.append(comm.mpi.isend(notice, dest=peer, tag=NOTICE_TAG))
+    found = signature.first_difference(comm.recent_calls(seq), theirs)
+    if found is not None:  # None: no disagreement after all
+        fail(comm, signature.difference_text(comm.name, found, comm.rank, peer))

@@ -2,7 +2,8 @@
 
 For notebooks and plain interpreters, as accelerate's notebook_launcher or torch.multiprocessing's
 spawn, but with MPI underneath: the same mpiexec `minipar run` uses starts n fresh Python
-processes, each loads (fn, args) and returns fn(*args). What moves, by way of a private folder:
+processes, each loads (fn, args), initialises minipar (MPI, the n ranks) and returns fn(*args).
+What moves, by way of a private folder:
 
 - in: fn and args pickled once with cloudpickle, which pickles a function defined in `__main__`
   (a notebook cell, the interpreter) by value, so the ranks need not import it;
@@ -25,16 +26,26 @@ import traceback
 
 from minipar.errors import RankError
 from minipar.launcher import mpiexec, relay
+from minipar.runtime import world
+from minipar.state import process
 
 PAYLOAD = "payload.pkl"
 
 
 def launch(fn, args=(), n: int = 4, timeout: float | None = None, tag_output: bool | None = None):
     """Run fn(*args) on n MPI ranks (mpiexec underneath); the ranks' return values, in rank
-    order. fn may call minipar.init() and any collective. A rank that raises makes this raise
-    minipar.RankError with its rank number and traceback; timeout (seconds) kills the job and
-    raises RankError too. tag_output prefixes each line with its rank (default:
-    MINIPAR_TAG_OUTPUT)."""
+    order. A rank that raises makes this raise minipar.RankError with its rank number and
+    traceback; timeout (seconds) kills the job and raises RankError too. tag_output prefixes
+    each line with its rank (default: MINIPAR_TAG_OUTPUT).
+
+    minipar is initialised on every rank before fn runs, as a plain `minipar.init()` there:
+    the MPI transport on the n ranks, the timeout from MINIPAR_TIMEOUT (else 300 s), debug
+    mode and the fast paths from MINIPAR_DEBUG / MINIPAR_FAST_PATHS, all inherited from this
+    process's environment. So fn may call any collective at once. An fn that calls
+    minipar.init(...) itself keeps working (init is idempotent; the timeout, debug and
+    fast_paths it passes apply from then on), and one that calls init_process_group takes
+    the world over ("mpi") or replaces it ("gloo", "nccl") instead of being refused as a
+    second initialisation."""
     import cloudpickle  # here, not at the top: only launching needs it
 
     if not callable(fn):
@@ -95,12 +106,14 @@ def _rank() -> int:
 
 
 def rank_main(folder: str) -> int:
-    """Load (fn, args), call it, write the result or the traceback; abort a started MPI job on
-    error so no peer waits for this rank."""
+    """Load (fn, args), initialise minipar (see `launch`), call fn, write the result or the
+    traceback; abort a started MPI job on error so no peer waits for this rank."""
     rank = _rank()
     try:
         with open(os.path.join(folder, PAYLOAD), "rb") as f:
             fn, args = pickle.load(f)
+        world.init("mpi")
+        process.launched_world = True  # fn's own init_process_group may take it over
         value = fn(*args)
         data = pickle.dumps(value)
     except BaseException:

@@ -20,6 +20,12 @@ cut into pipeline stages. A tied head on a pipeline lives on the first and the l
 two gradients of the shared weight are summed between those stages before the optimizer step
 (Megatron's embedding group), so the parallel model stays this tied model.
 
+With `n_experts` = E > 0 every other block (1, 3, 5, ...) has a mixture of experts for its MLP:
+minipar.parallel.expert.DenseMoE (a router and E MLPs of the same shape, top_k of them per
+token, dropless), which the parallel build cuts with MoE.from_dense over the expert-parallel
+group. Every other block, as Switch and GShard alternate dense and expert layers: the model
+keeps dense layers between the expert ones and the step's all-to-alls are halved.
+
 Every parameter is initialised from its own generator, seeded by (seed, the parameter's name):
 a pipeline stage that builds only blocks 4-7, or a tensor-parallel rank that slices them, gets
 the same numbers as the whole dense model, whatever else it builds and in whatever order.
@@ -35,6 +41,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from minipar.models.config import GPTConfig
+from minipar.parallel.expert.dense import DenseMoE
 from minipar.parallel.tensor.dense import DenseMLP, DenseSelfAttention
 
 __all__ = ["GPT", "GPTConfig", "Block", "Embedding", "Head", "build_gpt", "lm_loss"]
@@ -58,14 +65,18 @@ class Embedding(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
+    """One pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)); block `index`'s
+    mlp is a DenseMoE (dropless, config.top_k of config.n_experts) when config.is_moe(index)."""
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, index: int = 0):
         super().__init__()
         self.ln1 = nn.LayerNorm(config.hidden)
         self.attn = DenseSelfAttention(config.hidden, config.n_heads)
         self.ln2 = nn.LayerNorm(config.hidden)
-        self.mlp = DenseMLP(config.hidden, config.ffn)
+        if config.is_moe(index):
+            self.mlp = DenseMoE(config.hidden, config.ffn, config.n_experts, config.top_k)
+        else:
+            self.mlp = DenseMLP(config.hidden, config.ffn)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -93,7 +104,7 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.embed = Embedding(config)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
         self.head = Head(config)
         if config.tied_head:
             self.head.tie(self.embed)
@@ -122,16 +133,17 @@ def param_seed(seed: int, name: str) -> int:
 
 def init_tensor(tensor: torch.Tensor, name: str, seed: int, n_layers: int) -> None:
     """GPT-2's initialisation, from the parameter's own generator: weights N(0, 0.02), the two
-    projections back into the residual stream (attn.proj, mlp.fc2) scaled by 1/sqrt(2 n_layers)
-    so the residual's variance does not grow with depth; biases 0; LayerNorm weights 1."""
+    projections back into the residual stream (attn.proj, mlp.fc2, the experts' w2) scaled by
+    1/sqrt(2 n_layers) so the residual's variance does not grow with depth; biases (the
+    experts' b1, b2 too) 0; LayerNorm weights 1. The router's gate is a weight like any other."""
     with torch.no_grad():
-        if name.endswith("bias"):
+        if name.endswith(("bias", "experts.b1", "experts.b2")):
             tensor.zero_()
         elif ".ln" in f".{name}":  # ln1, ln2, ln_f: LayerNorm weights
             tensor.fill_(1.0)
         else:
             std = 0.02
-            if name.endswith(("attn.proj.weight", "mlp.fc2.weight")):
+            if name.endswith(("attn.proj.weight", "mlp.fc2.weight", "experts.w2")):
                 std /= math.sqrt(2 * n_layers)
             g = torch.Generator().manual_seed(param_seed(seed, name))
             values = torch.randn(tensor.shape, generator=g, dtype=torch.float32) * std

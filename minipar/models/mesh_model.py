@@ -5,6 +5,7 @@
     part.sync_grads()                          # data parallel, then the tied head
     opt.step()
     state = part.dense_state()                 # collective: the dense state dict, every rank
+    grads = part.dense_grads()                 # collective: the step's gradients, dense names
 
 A step, from the outside in:
 - data parallel: the dp ranks take equal slices of the global batch; each chunk is wrapped in
@@ -14,10 +15,19 @@ A step, from the outside in:
   and micro-batches (activations forward, their gradients backward, point to point);
   pp = 1: the micro-batches run one after the other, their gradients accumulating;
 - tensor parallel: inside every layer (see parallel_gpt.py); the loss is
-  vocab_parallel_cross_entropy over tp_group, on the logits' vocabulary slices.
+  vocab_parallel_cross_entropy over tp_group, on the logits' vocabulary slices;
+- context parallel (cp > 1): each rank takes its seq/cp tokens of every sequence of its rows
+  (`shard_batch`: the load-balanced causal layout, inputs and targets alike), attention runs
+  over cp_group; a rank's loss is the mean over its own tokens, so the replicated parameters'
+  gradients are averaged over the dp x cp ranks (dp_cp_group), as data parallelism averages
+  over dp ranks (every rank holds as many tokens);
+- expert parallel: an MoE block's experts are spread over ep_group (and DDP leaves them alone);
+  after the data-parallel average, `sync_grads` sums each expert's gradient over the ranks
+  holding it (expert_dp_group) and divides by dp x cp, DDP's divisor: each expert's gradient
+  then equals the dense model's over the whole global batch.
 
 The reported loss is the whole global batch's mean on every rank: the last stage's mean is
-averaged over dp_group and broadcast from the last stage over pp_group (8 bytes each).
+averaged over dp_cp_group and broadcast from the last stage over pp_group (8 bytes each).
 """
 
 from __future__ import annotations
@@ -28,7 +38,8 @@ import functools
 import torch
 
 from minipar import collectives
-from minipar.models import fsdp_state, sharding
+from minipar.comm import ledger
+from minipar.models import fsdp_state, memory, sharding
 from minipar.models.gpt import build_gpt
 from minipar.models.parallel_gpt import (
     ParallelBlock,
@@ -38,7 +49,10 @@ from minipar.models.parallel_gpt import (
     build_chunks,
     dense_named_parameters,
 )
+from minipar.parallel import activation_memory, recompute
+from minipar.parallel.context import shard_sequence
 from minipar.parallel.data import DistributedDataParallel, FullyShardedDataParallel
+from minipar.parallel.expert import MoE, sync_expert_grads
 from minipar.parallel.pipeline import Pipeline
 from minipar.parallel.tensor import vocab_parallel_cross_entropy
 
@@ -53,10 +67,14 @@ class MeshGPT:
         self.spec, self.mesh, self.config = spec, mesh, spec.model
         dense = model if model is not None else build_gpt(spec.model, spec.seed)
         v = virtual_stages_of(spec, mesh)
-        self.chunks = [chunk.to(device) for chunk in build_chunks(dense, mesh, v)]
+        chunks = build_chunks(dense, mesh, v, spec.cp_variant)
+        self.chunks = [chunk.to(device) for chunk in chunks]
+        self.recomputed = recompute_blocks(self.chunks, spec.recompute)
         self.tied = TiedHead(self.chunks, mesh, spec.model.tied_head)
-        self.fsdp = spec.fsdp and mesh.dp > 1
+        self.fsdp = spec.fsdp and mesh.dp * mesh.cp > 1
         self.wrapped = [data_parallel(chunk, mesh, self.fsdp) for chunk in self.chunks]
+        self.param_keys = {activation_memory.storage_key(q) for q in self.parameters()}
+        self.memory = None  # the last step's saved activations (models/memory.py)
         self.loss_fn = functools.partial(vocab_parallel_cross_entropy, group=mesh.tp_group)
         self.pipe = None
         if mesh.pp > 1:
@@ -86,9 +104,20 @@ class MeshGPT:
         return dense_named_parameters(self.chunks, self.mesh, self.config.tied_head)
 
     # -- a step -----------------------------------------------------------------------------
+    def shard_batch(self, tokens: torch.Tensor) -> torch.Tensor:
+        """This rank's tokens of its dp rows (batch, seq): seq/cp of them in the load-balanced
+        causal layout (all of them when cp = 1). No communication."""
+        if self.mesh.cp == 1:
+            return tokens
+        return shard_sequence(tokens, 1, group=self.mesh.cp_group, causal=True)
+
     def forward_backward(self, inputs, targets) -> float | None:
         """Gradients of this dp rank's rows accumulate in .grad; the rows' mean loss on the last
-        pipeline stage, None on the others."""
+        pipeline stage, None on the others. `self.memory`: what the step kept for backward."""
+        with memory.measure(self) as self.memory:
+            return self._forward_backward(inputs, targets)
+
+    def _forward_backward(self, inputs, targets) -> float | None:
         if self.pipe is not None:
             first, last = self.mesh.is_first_stage, self.mesh.is_last_stage
             with self._no_sync():  # DDP: one all-reduce after the pipeline's flush
@@ -97,8 +126,10 @@ class MeshGPT:
         m, total = self.spec.microbatches, 0.0
         for i, (x, y) in enumerate(zip(inputs.chunk(m), targets.chunk(m))):
             with self._no_sync() if i < m - 1 else contextlib.nullcontext():
-                loss = self.loss_fn(self.wrapped[0](x), y)  # DDP: the last backward syncs
-                (loss / m).backward()
+                with ledger.span(f"Forward {i}", "train"):  # spans: for a trace
+                    loss = self.loss_fn(self.wrapped[0](x), y)  # DDP: the last backward syncs
+                with ledger.span(f"Backward {i}", "train"):
+                    (loss / m).backward()
             total += loss.item() / m
         return total
 
@@ -112,21 +143,37 @@ class MeshGPT:
 
     def sync_grads(self) -> None:
         """Finish the data-parallel average (DDP after a pipeline: now, one all-reduce per
-        bucket), then sum the tied head's two copies' gradients (linear: the order is free)."""
+        bucket), sum the experts' gradients over the ranks sharing them (one all-reduce per
+        chunk with MoE blocks, divided by dp x cp as DDP divides), then sum the tied head's two
+        copies' gradients (linear: the order is free)."""
         if self.pipe is not None:
             for module in self.wrapped:
                 if hasattr(module, "all_reduce_gradients"):
                     module.all_reduce_gradients()
+        divide_by = self.mesh.dp * self.mesh.cp
+        for chunk in self.chunks:
+            sync_expert_grads(chunk, self.mesh.expert_dp_group, divide_by)
         self.tied.sync()
 
     def global_loss(self, local: float | None) -> float:
         """The global batch's mean loss, the same number on every rank."""
         t = torch.tensor([local or 0.0], dtype=torch.float64)
-        if self.mesh.dp > 1:
-            collectives.all_reduce(t, group=self.mesh.dp_group)
+        ranks = self.mesh.dp * self.mesh.cp
+        if ranks > 1:
+            collectives.all_reduce(t, group=self.mesh.dp_cp_group)
         if self.mesh.pp > 1:
             collectives.broadcast(t, group=self.mesh.pp_group, group_src=self.mesh.pp - 1)
-        return t.item() / self.mesh.dp
+        return t.item() / ranks
+
+    def moe_stats(self) -> dict:
+        """{block name: LoadStats} of this rank's MoE blocks at their last forward (each the
+        whole ep group's load: every rank of the group holds the same numbers)."""
+        return {
+            f"block {name.split('.')[1]}": module.last_stats
+            for chunk in self.chunks
+            for name, module in chunk.named_modules()
+            if isinstance(module, MoE) and module.last_stats is not None
+        }
 
     # -- dense views (collective: every rank of the mesh calls them) -----------------------
     def dense_state(self) -> dict[str, torch.Tensor]:
@@ -137,14 +184,31 @@ class MeshGPT:
             state["head.proj.weight"] = state["embed.tok.weight"]
         return state
 
-    def _pieces(self) -> dict[str, torch.Tensor]:
-        """Dense name -> this rank's tp slice, for the names of its stage (FSDP: the shards
-        all-gathered over dp_group first)."""
+    def dense_grads(self) -> dict[str, torch.Tensor]:
+        """The dense model's gradients by name (CPU, float32) on every rank, gathered as
+        dense_state gathers the weights: after sync_grads, the global batch's gradient, which
+        must equal the dense model's on the whole batch (a parameter without one counts as
+        zeros). A tied head is listed once, as embed.tok.weight, with both uses summed."""
+
+        def grad_of(q):
+            return q.grad.detach() if q.grad is not None else torch.zeros_like(q)
+
+        state = sharding.gather_dense(self._pieces(grad_of), self.mesh, self.config)
+        return {name: t.float().cpu() for name, t in state.items()}
+
+    def _pieces(self, value_of=None) -> dict[str, torch.Tensor]:
+        """Dense name -> this rank's tp slice (its experts' slice, for an MoE block) of
+        value_of(parameter) (default: the weight), for the names of its stage (FSDP: the shards
+        all-gathered over the data-parallel group first)."""
         if not self.fsdp:
-            return {name: q.detach() for name, q in self.named_parameters()}
+            value_of = value_of or (lambda q: q.detach())
+            return {name: value_of(q) for name, q in self.named_parameters()}
         pieces = {}
         for module in self.wrapped:
-            pieces.update(module.gather_full_params())
+            if value_of is None:
+                pieces.update(module.gather_full_params())
+            else:
+                pieces.update(fsdp_state.by_name(module, value_of))
         return pieces
 
     def optimizer_state(self, opt) -> dict:
@@ -181,7 +245,8 @@ class MeshGPT:
                 dense = states[self._alias(name)]
                 opt.state[q] = {
                     k: v.clone() if k == "step" else
-                    sharding.shard(name, v, mesh.tp_rank, mesh.tp).to(q.device)
+                    sharding.shard(name, v, mesh.tp_rank, mesh.tp, mesh.ep_rank, mesh.ep).to(
+                        q.device)
                     for k, v in dense.items()
                 }  # fmt: skip
 
@@ -192,15 +257,26 @@ class MeshGPT:
         return "embed.tok.weight" if tied_copy else name
 
 
+def recompute_blocks(chunks, policy: str) -> list[str]:
+    """Recomputation (parallel/recompute.py) on every chunk's blocks ("full") or attention cores
+    ("selective"), and each block's saved bytes counted under its name (models/memory.py).
+    Returns the names of what is recomputed."""
+    activation_memory.label_layers(
+        {f"blocks.{i}": block for chunk in chunks for i, block in chunk.blocks.items()}
+    )
+    return [n for chunk in chunks for n in recompute.apply(chunk, policy, (ParallelBlock,))]
+
+
 def data_parallel(chunk, mesh, fsdp: bool):
     """The chunk wrapped for data parallelism over dp_group: DistributedDataParallel (bucketed
     gradient all-reduce, 2(p-1)/p of the chunk's gradient bytes per rank), or with `fsdp`
     FullyShardedDataParallel with one sharding unit per block, embedding and head (all-gather
     of a unit's weights before it computes, forward and backward, reduce-scatter of its
-    gradient: 3(p-1)/p of the bytes). dp = 1: the chunk itself."""
-    if mesh.dp == 1:
+    gradient: 3(p-1)/p of the bytes). Over dp_cp_group: with context parallelism each cp rank's
+    gradient covers its own tokens, reduced as the dp ranks' are. dp x cp = 1: the chunk."""
+    if mesh.dp * mesh.cp == 1:
         return chunk
     if fsdp:
         units = (ParallelBlock, ParallelEmbedding, ParallelHead)
-        return FullyShardedDataParallel(chunk, group=mesh.dp_group, shard_modules=units)
-    return DistributedDataParallel(chunk, group=mesh.dp_group)
+        return FullyShardedDataParallel(chunk, group=mesh.dp_cp_group, shard_modules=units)
+    return DistributedDataParallel(chunk, group=mesh.dp_cp_group)

@@ -7,12 +7,22 @@
 Every piece is made from the dense model's own module by `from_dense` (or copied whole), so
 every layout starts from the dense model's weights:
 
-    embed.tok   -> VocabParallelEmbedding (V/tp rows per rank; one all-reduce forward)
+    embed.tok   -> VocabParallelEmbedding (V/tp rows per rank, the vocabulary padded first
+                   where tp does not divide it: sharding.py; one all-reduce forward)
     embed.pos   -> copied whole (every tp rank adds the same position rows)
     blocks.i    -> ParallelSelfAttention + ParallelMLP (one all-reduce forward, one backward
                    each), LayerNorms copied whole
-    head.proj   -> ColumnParallelLinear over the vocabulary: logits stay split, and
-                   vocab_parallel_cross_entropy never gathers them (3 numbers per token move)
+    head.proj   -> VocabParallelHead, column-parallel over the (padded) vocabulary: logits
+                   stay split, padded ones -inf, and vocab_parallel_cross_entropy never
+                   gathers them (3 numbers per token move)
+
+Context parallelism (mesh.cp > 1): every rank holds seq/cp tokens of each sequence in the
+load-balanced causal layout (minipar.parallel.context.layout); the embedding adds those tokens'
+own positions (`positions`), each block's attention is a ContextParallelSelfAttention (ring or
+Ulysses over cp_group), and everything else runs on the local tokens unchanged. Mixture of
+experts: an MoE block's mlp is MoE.from_dense over mesh.ep_group (this rank's E/ep experts;
+the experts are whole on every tp rank of its place: tensor parallelism splits the attention
+and the dense MLPs, not the experts).
 
 The pipeline cuts the blocks into pp * virtual_stages global stages of equal size (n_layers must
 divide); the first global stage also holds the embedding and the last the head. A StageChunk
@@ -35,32 +45,60 @@ from torch import nn
 
 from minipar.comm.base import wait_all
 from minipar.models.gpt import GPT
+from minipar.models.sharding import VOCAB_MULTIPLE
+from minipar.parallel.context import ContextParallelSelfAttention, layout
+from minipar.parallel.expert import DenseMoE, MoE
 from minipar.parallel.tensor import (
-    ColumnParallelLinear,
     ParallelMLP,
     ParallelSelfAttention,
     VocabParallelEmbedding,
+    VocabParallelHead,
 )
 
 TIED_TAG = 7_777  # the tied head's gradient exchange on pp_group (the pipeline's tags are done)
 
 
 class ParallelEmbedding(nn.Module):
-    def __init__(self, embed, tp_group):
+    """Vocabulary-parallel token embedding plus the positions of this rank's tokens: 0..s-1, or
+    with `positions` (context parallelism) those global positions, in the local order."""
+
+    def __init__(self, embed, tp_group, positions: torch.Tensor | None = None):
         super().__init__()
-        self.tok = VocabParallelEmbedding.from_dense(embed.tok, tp_group)
+        self.tok = VocabParallelEmbedding.from_dense(embed.tok, tp_group, VOCAB_MULTIPLE)
         self.pos = copy.deepcopy(embed.pos)
+        self.positions = positions  # a plain attribute: not a buffer that DDP would broadcast
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.tok(idx) + self.pos(torch.arange(idx.shape[-1], device=idx.device))
+        if self.positions is None:
+            where = torch.arange(idx.shape[-1], device=idx.device)
+        elif idx.shape[-1] != len(self.positions):
+            raise ValueError(
+                f"this rank holds {len(self.positions)} tokens of each sequence (context "
+                f"parallel), got {idx.shape[-1]}: pass shard_sequence(tokens, 1, cp_group, True)"
+            )
+        else:
+            where = self.positions.to(idx.device)
+        return self.tok(idx) + self.pos(where)
 
 
 class ParallelBlock(nn.Module):
-    def __init__(self, block, tp_group):
+    """A block's tensor-parallel twin; with `cp_group` its attention runs over the context-
+    parallel group (`variant`: "ring" or "ulysses"), with an MoE mlp its experts over
+    `ep_group`."""
+
+    def __init__(self, block, tp_group, cp_group=None, variant="ring", ep_group=None):
         super().__init__()
         self.ln1, self.ln2 = copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)
-        self.attn = ParallelSelfAttention.from_dense(block.attn, tp_group)
-        self.mlp = ParallelMLP.from_dense(block.mlp, tp_group)
+        if cp_group is None:
+            self.attn = ParallelSelfAttention.from_dense(block.attn, tp_group)
+        else:
+            self.attn = ContextParallelSelfAttention.from_dense(
+                block.attn, tp_group, cp_group, variant
+            )
+        if isinstance(block.mlp, DenseMoE):
+            self.mlp = MoE.from_dense(block.mlp, ep_group)
+        else:
+            self.mlp = ParallelMLP.from_dense(block.mlp, tp_group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -68,12 +106,12 @@ class ParallelBlock(nn.Module):
 
 
 class ParallelHead(nn.Module):
-    """Final LayerNorm and the column-parallel projection: this rank's V/tp logits."""
+    """Final LayerNorm and the column-parallel projection: this rank's Vp/tp logits."""
 
     def __init__(self, head, tp_group):
         super().__init__()
         self.ln_f = copy.deepcopy(head.ln_f)
-        self.proj = ColumnParallelLinear.from_dense(head.proj, tp_group)
+        self.proj = VocabParallelHead.from_dense(head.proj, tp_group, VOCAB_MULTIPLE)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(self.ln_f(x))
@@ -100,8 +138,6 @@ def check_layout(config, tp: int, pp: int, virtual_stages: int = 1) -> None:
     """ValueError naming the numbers when the model cannot be cut this way (every rank alike)."""
     if config.n_heads % tp:
         raise ValueError(f"n_heads={config.n_heads} is not divisible by tp={tp}")
-    if config.vocab_size % tp:
-        raise ValueError(f"vocab_size={config.vocab_size} is not divisible by tp={tp}")
     if config.n_layers % (pp * virtual_stages):
         raise ValueError(
             f"n_layers={config.n_layers} is not divisible by pp={pp} x "
@@ -115,20 +151,26 @@ def stage_blocks(n_layers: int, n_stages: int, stage: int) -> range:
     return range(stage * per, (stage + 1) * per)
 
 
-def build_chunks(model: GPT, mesh, virtual_stages: int = 1) -> list[StageChunk]:
+def build_chunks(
+    model: GPT, mesh, virtual_stages: int = 1, cp_variant: str = "ring"
+) -> list[StageChunk]:
     """This rank's chunks (global stages c * pp + pp_rank for c < virtual_stages), sliced for
-    its tp rank from the dense `model` (which is left as it was)."""
+    its tp rank (and its experts for its ep rank) from the dense `model` (left as it was)."""
     config, tp_group = model.config, mesh.tp_group
     check_layout(config, mesh.tp, mesh.pp, virtual_stages)
     n_stages = mesh.pp * virtual_stages
+    cp_group = mesh.cp_group if mesh.cp > 1 else None
+    positions = None
+    if mesh.cp > 1:  # this rank's tokens of the load-balanced causal layout
+        positions = layout.positions(mesh.cp_rank, mesh.cp, config.seq_len, causal=True)
     chunks = []
     for c in range(virtual_stages):
         stage = c * mesh.pp + mesh.pp_rank
         blocks = {
-            str(i): ParallelBlock(model.blocks[i], tp_group)
+            str(i): ParallelBlock(model.blocks[i], tp_group, cp_group, cp_variant, mesh.ep_group)
             for i in stage_blocks(config.n_layers, n_stages, stage)
         }
-        embed = ParallelEmbedding(model.embed, tp_group) if stage == 0 else None
+        embed = ParallelEmbedding(model.embed, tp_group, positions) if stage == 0 else None
         head = ParallelHead(model.head, tp_group) if stage == n_stages - 1 else None
         chunks.append(StageChunk(embed, blocks, head))
     if config.tied_head and n_stages == 1:

@@ -9,24 +9,37 @@ same weights (build_gpt(config, seed)) and use the same optimizer, so their loss
 step up to float rounding (the order in which gradient pieces are summed differs). A step's
 global batch of `batch_size` sequences is split over the dp ranks and, on each, into
 `microbatches` micro-batches whose gradients accumulate; the reported loss is the mean over the
-whole global batch, as the dense run computes it.
+whole global batch, as the dense run computes it. So are the gradients, once synchronised:
+`dense_gradients` is the reference, `compare_gradients` the check (`on_grads` of train_on_mesh
+sees them before the optimizer does).
 
 On a mesh each rank trains its MeshGPT (minipar.models.mesh_model): its tensor-parallel slice of
-its pipeline stage, gradients averaged over dp_group; `dense_state` gathers the dense weights
-back from any layout, so checkpoints move between layouts.
+its pipeline stage (its seq/cp tokens with context parallelism, its E/ep experts with expert
+parallelism), gradients averaged over the dp x cp ranks; `dense_state` gathers the dense
+weights back from any layout, so checkpoints move between layouts, and `dense_grads` the
+gradients, so `--check` compares them with the dense run's after the first step.
+
+With MoE blocks the dense reference is the same GPT with every expert local (DenseMoE): the
+router is per token and dropless, so every token takes the same experts with the same gates on
+any layout, and only the float rounding differs. The load-balancing auxiliary loss is not added
+to the training loss (it is per rank's tokens, so the layouts would train different losses);
+each MoE layer's load (`MeshGPT.moe_stats`) is reported instead.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 
 import torch
 
+from minipar.comm import ledger
 from minipar.models.config import SCHEDULES, RunSpec  # noqa: F401  (re-exported)
 from minipar.models.data import Batches, dp_slice, load_tokens
 from minipar.models.gpt import GPT, build_gpt, lm_loss
 from minipar.models.mesh_model import MeshGPT, virtual_stages_of
 from minipar.models.parallel_gpt import check_layout
+from minipar.parallel.mesh import DeviceMesh
 
 
 def make_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
@@ -90,9 +103,20 @@ def train_dense(
     return losses, model, opt
 
 
+def mesh_for(spec: RunSpec, group=None):
+    """The DeviceMesh of the spec's layout over `group` (collective: every rank calls it)."""
+    return DeviceMesh(spec.dp, spec.tp, spec.pp, group=group, cp=spec.cp, ep=spec.ep)
+
+
 def check_supported(spec: RunSpec, mesh) -> None:
     """ValueError (on every rank alike) for a layout this model cannot be cut into."""
     spec.validate()
+    mine = (spec.dp, spec.tp, spec.pp, spec.cp, spec.ep)
+    if (mesh.dp, mesh.tp, mesh.pp, mesh.cp, mesh.ep) != mine:
+        raise ValueError(
+            f"the run is {spec.layout} but the mesh is {mesh.shape}: build it with "
+            "training.mesh_for(spec)"
+        )
     check_layout(spec.model, mesh.tp, mesh.pp, virtual_stages_of(spec, mesh))
     if spec.fsdp and mesh.pp > 1 and spec.schedule == "zb-h1":
         raise ValueError(
@@ -121,9 +145,12 @@ def train_on_mesh(
     start: int = 0,
     device="cpu",
     opt_state=None,
+    on_grads=None,
 ):
     """The same run on this rank of the mesh. Returns (losses, this rank's MeshGPT, optimizer);
-    every rank gets the global batch's mean loss at every step."""
+    every rank gets the global batch's mean loss at every step. `on_grads(step, part)` runs on
+    every rank once the step's gradients are synchronised, before the optimizer moves the
+    weights (it may be collective: e.g. part.dense_grads(), to check them)."""
     spec.validate()
     part = build_for_mesh(spec, mesh, model, device)
     opt = make_optimizer_for(part.parameters(), spec.lr)
@@ -133,15 +160,52 @@ def train_on_mesh(
     losses = []
     for step in range(start, start + spec.steps):
         t0 = time.perf_counter()
-        inputs, targets = (t[rows].to(device) for t in batches.get(step))
-        opt.zero_grad(set_to_none=True)
-        local = part.forward_backward(inputs, targets)
-        part.sync_grads()
-        opt.step()
-        losses.append(part.global_loss(local))
+        with ledger.span(f"step {step}", "train"):  # a trace's mark (comm/ledger.py)
+            inputs, targets = (part.shard_batch(t[rows]).to(device) for t in batches.get(step))
+            opt.zero_grad(set_to_none=True)
+            local = part.forward_backward(inputs, targets)
+            part.sync_grads()
+            if on_grads:
+                on_grads(step, part)
+            opt.step()
+            losses.append(part.global_loss(local))
         if on_step:
             on_step(step, losses[-1], time.perf_counter() - t0)
     return losses, part, opt
+
+
+def dense_gradients(spec: RunSpec, model: GPT | None = None, step: int = 0) -> dict:
+    """The reference gradient: the dense model's (seeded, or a copy of `model`) gradient of the
+    mean loss over batch `step`'s whole global batch, one forward and one backward with no
+    micro-batches, by parameter name. A mesh's step, once its gradients are synchronised, must
+    give these numbers whatever its layout and micro-batch count."""
+    model = copy.deepcopy(model) if model is not None else build_gpt(spec.model, spec.seed)
+    inputs, targets = Batches(load_tokens(), spec.batch_size, spec.model.seq_len, spec.seed).get(
+        step
+    )
+    model.zero_grad(set_to_none=True)
+    lm_loss(model(inputs), targets).backward()
+    return {name: q.grad.detach().clone() for name, q in model.named_parameters()}
+
+
+def compare_gradients(grads: dict, reference: dict, rtol: float = 1e-4) -> list[str]:
+    """Every gradient against the dense one: a list of problems (empty: each tensor within
+    rtol of its largest element, |g - ref| <= rtol max|ref|). Weights after AdamW barely show a
+    gradient scaled by a constant (Adam divides it out); this does, and says the norm ratio."""
+    problems = []
+    if set(grads) != set(reference):
+        problems.append(f"gradient names differ: {sorted(set(grads) ^ set(reference))}")
+    for name, ref in reference.items():
+        if name not in grads:
+            continue
+        got = grads[name].to(ref.dtype)
+        worst = (got - ref).abs().max().item()
+        if worst > rtol * ref.abs().max().item():
+            ratio = got.norm().item() / max(ref.norm().item(), 1e-30)
+            problems.append(
+                f"gradient of {name}: max |difference| {worst:.3g}, norm {ratio:.4g}x the dense"
+            )
+    return problems
 
 
 def dense_state(part, mesh=None) -> dict:

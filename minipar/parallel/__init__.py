@@ -5,7 +5,9 @@
     from minipar.parallel.tensor import ColumnParallelLinear, RowParallelLinear
     from minipar.parallel.pipeline import Pipeline, split
 
-One folder per axis: data/ (DDP, ZeRO-1, FSDP), tensor/, pipeline/; mesh.py combines them.
+One folder per axis: data/ (DDP, ZeRO-1, FSDP), tensor/, pipeline/, context/ (ring attention
+and Ulysses), expert/ (mixture of experts); mesh.py combines them (dp x cp x tp x pp, and the
+expert-parallel groups laid over dp).
 Importing this package imports torch. The modules of data/ were once minipar.parallel.ddp, .zero
 and .fsdp: those names still import (the README says so).
 """

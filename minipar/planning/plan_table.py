@@ -19,6 +19,10 @@ def table(layouts: list[Layout], model: ModelSpec, cluster: Cluster, gpus: int, 
         f"{model.name or 'model'}: {short_count(model.params)} params, seq {model.seq_len}, "
         f"batch {model.global_batch}, on {gpus} x {cluster.name} ({cluster.memory / GB:.0f} GB)"
     )
+    if layouts and (layouts[0].cp > 1 or layouts[0].ep > 1 or model.experts):
+        lay = layouts[0]
+        moe = f", top-{model.top_k} of {model.experts} experts" if model.experts else ""
+        title += f"; cp={lay.cp} ({lay.cp_variant}), ep={lay.ep}{moe}"
     t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", padding=0, pad_edge=False)
     for col in COLUMNS:
         t.add_column(col, justify="left" if col in ("", "mb x m") else "right", no_wrap=True)
@@ -33,7 +37,7 @@ COLUMNS = ("", "dp", "tp", "pp", "mb x m", "states", "acts", "total", "compute",
 
 def _row(lay: Layout, model: ModelSpec, is_best: bool) -> list[str]:
     mem, tm = lay.memory, lay.time
-    comm = tm["tp_comm"] + tm["pp_comm"] + tm["dp_comm"]
+    comm = sum(tm.get(f"{axis}_comm", 0.0) for axis in ("tp", "cp", "ep", "pp", "dp"))
     cells = [
         "★" if is_best else "",
         str(lay.dp),

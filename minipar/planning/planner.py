@@ -10,14 +10,20 @@ Memory per GPU (bytes), with P the parameters this GPU's model shard holds, P = 
   In fp32: 4P + 4P + 8P. ZeRO stage 1 divides the optimizer state by dp, stage 2 also the
   gradients, stage 3 (FSDP) also the weights.
 - activations of one layer for one micro-batch of b sequences of s tokens, hidden h, a heads,
-  tensor parallel t, 16-bit (Korthikanti et al. 2022, no sequence parallelism):
-  s b h (10 + 24/t + 5 a s / (h t)) bytes; with full recomputation only the layer's input,
-  2 s b h. 1F1B keeps at most pp micro-batches in flight on the first stage, which holds L/pp
-  layers: min(m, pp) * L/pp layers' worth (GPipe would keep all m).
+  tensor parallel t, 16-bit with dropout (Korthikanti et al. 2022, no sequence parallelism):
+  s b h (10 + 24/t + 5 a s / (h t)) bytes; selective recomputation (of the attention core)
+  drops the 5 a s / (h t); full recomputation keeps only the layer's input, 2 s b h. The same
+  terms are written out per value (`layer_activations`), so a model without dropout (minipar's
+  GPT, the "tiny" preset: no masks, no dropout outputs) and 4-byte values (the "cpu" cluster)
+  get s b h (16 + 48/t + 4 a s / (h t)): minipar/models/memory.py's formula, measured to the
+  byte, less its LayerNorm statistics (4 s b values: 0.3% of the tiny GPT's layer). 1F1B keeps
+  at most pp micro-batches in flight on the first stage, which holds L/pp layers:
+  min(m, pp) * L/pp layers' worth (GPipe would keep all m).
 
 Step time on one GPU, the sum of:
 - compute: the training FLOPs (Narayanan et al. 2021: 72 B s L h^2 (1 + s/(6h) + V/(12 L h)),
-  96 B s L h^2 (1 + s/(6h) + V/(16 L h)) with recomputation), divided evenly over the GPUs, at
+  96 B s L h^2 (1 + s/(6h) + V/(16 L h)) with full recomputation; selective adds one forward
+  of the attention core, 4 B s^2 h L: a s/(18h) beside the 1), divided evenly over the GPUs, at
   `efficiency` times the GPU's peak rate, plus a fixed cost per kernel (`op_overhead`, ~36
   kernels per layer per micro-batch): the term that makes many tiny micro-batches slow;
 - bubble: the pipeline fills and drains, idle for (p-1)/m of the compute, i.e. a fraction
@@ -26,7 +32,7 @@ Step time on one GPU, the sum of:
   leaves its core to the working ones, and only the fill and drain at a whole core's speed is
   lost: (p-1)/m of the compute times core_share;
 - tensor-parallel communication, exposed: 4 all-reduces of the b s h activations per layer per
-  micro-batch (2 forward, 2 backward; 6 with recomputation), on the critical path;
+  micro-batch (2 forward, 2 backward; 6 with full recomputation), on the critical path;
 - pipeline communication, exposed: a send of b s h activations forward and of their gradient
   backward in each of the m + p - 1 slots of the schedule;
 - data-parallel communication, exposed: the gradient all-reduce (ZeRO 1-2: reduce-scatter plus
@@ -47,6 +53,14 @@ inside a node, InfiniBand otherwise (tp innermost, then dp, then pp, as DeviceMe
 On a CPU no datasheet gives the compute terms either: measure_flops (a matmul's rate),
 measure_compute (efficiency and per-op cost, fitted to dense steps of the tiny GPT) and
 step_latency's compute_share (the share of a core each rank gets) calibrate them.
+Context parallelism (cp: each sequence over cp ranks, ring or Ulysses) and expert parallelism
+(ep: MoE layers every other block, experts over ep of the dp ranks) are priced in axes.py: the
+activations divide by cp, the ring's K/V traffic per layer (what its block products do not
+hide) or Ulysses' four all-to-alls each way go into `cp_comm`, the MoE layers' four
+all-to-alls into `ep_comm`, the experts' memory divides by ep and their gradient all-reduce
+(over dp x cp / ep ranks) joins the data-parallel term. A layout is then dp x cp x tp x pp
+GPUs; ZeRO shards over the dp x cp ranks that average gradients (Megatron's distributed
+optimizer over the data-and-context-parallel group).
 These are estimates for choosing a layout, not promises: real kernels, overlap and memory
 fragmentation move every term.
 """
@@ -56,7 +70,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from minipar import cost
-from minipar.planning import step_messages
+from minipar.planning import axes, step_messages
 
 GB = 1e9
 
@@ -74,15 +88,31 @@ class ModelSpec:
     ffn: int = 0  # 0: 4 * hidden
     tied_head: bool = False  # the output projection shares the token embedding
     name: str = ""
+    dropout: bool = True  # the papers' GPT has dropout (its masks are activations); minipar's not
+    experts: int = 0  # 0: dense; E: every other block's MLP a mixture of E experts
+    top_k: int = 2  # experts per token in those blocks
+
+    @property
+    def moe_layers(self) -> int:
+        """Blocks whose MLP is a mixture of experts: 1, 3, 5, ... (minipar.models' GPT)."""
+        return self.layers // 2 if self.experts else 0
+
+    @property
+    def expert_params(self) -> int:
+        """The experts' parameters in all: E MLPs in each MoE layer."""
+        h, f = self.hidden, self.ffn or 4 * self.hidden
+        return self.moe_layers * self.experts * (2 * h * f + f + h)
 
     @property
     def params(self) -> int:
         """Block weights 12 L h^2 (with ffn = 4h) plus biases and norms, embeddings, final norm
-        and head (the same count as minipar.models.GPTConfig.n_params)."""
+        and head; an MoE block has E MLPs and a router (E x h) instead of one MLP (the same
+        count as minipar.models.GPTConfig.n_params)."""
         h, f = self.hidden, self.ffn or 4 * self.hidden
         block = 4 * h * h + 2 * h * f + 9 * h + f
+        moe = self.moe_layers * ((self.experts - 1) * (2 * h * f + f + h) + self.experts * h)
         head = 2 * h + (0 if self.tied_head else self.vocab * h)
-        return self.layers * block + (self.vocab + self.seq_len) * h + head
+        return self.layers * block + moe + (self.vocab + self.seq_len) * h + head
 
     @staticmethod
     def preset(name: str, **overrides) -> ModelSpec:
@@ -99,17 +129,32 @@ class ModelSpec:
         layers = max(1, round(params / (12 * hidden * hidden)))
         return ModelSpec(layers, hidden, hidden // 128, seq_len, global_batch, name=f"{params:.3g}")
 
-    def train_flops(self, recompute: bool = False) -> float:
-        """FLOPs of one training step on the global batch (Narayanan et al. 2021)."""
+    def train_flops(self, recompute=False) -> float:
+        """FLOPs of one training step on the global batch (Narayanan et al. 2021); recompute:
+        "none" (or False), "selective" (the attention core's forward again: its two products,
+        4 B s^2 h per layer) or "full" (or True: every layer's forward again); plus an MoE
+        model's top_k - 1 more MLPs per token in its MoE layers (axes.moe_extra_flops)."""
         B, s, L, h, V = self.global_batch, self.seq_len, self.layers, self.hidden, self.vocab
-        if recompute:
-            return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
-        return 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
+        policy = recompute_policy(recompute)
+        extra = axes.moe_extra_flops(self, policy == "full")
+        if policy == "full":
+            return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h)) + extra
+        core = s / (18 * h) if policy == "selective" else 0.0
+        return 72 * B * s * L * h * h * (1 + s / (6 * h) + core + V / (12 * L * h)) + extra
+
+
+def recompute_policy(recompute) -> str:
+    """ "none", "selective" or "full" from a policy name or a bool (True: full)."""
+    if recompute is True or recompute is False:
+        return "full" if recompute else "none"
+    if recompute not in ("none", "selective", "full"):
+        raise ValueError(f"recompute must be none, selective or full, got {recompute!r}")
+    return recompute
 
 
 MODELS = {
     # minipar train's default tiny GPT (minipar.models.GPTConfig), 8 sequences a step
-    "tiny": ModelSpec(8, 64, 8, seq_len=64, global_batch=8, vocab=256, name="tiny"),
+    "tiny": ModelSpec(8, 64, 8, seq_len=64, global_batch=8, vocab=256, name="tiny", dropout=False),
     "1.3b": ModelSpec(24, 2048, 16, name="1.3b"),
     "7b": ModelSpec(32, 4096, 32, name="7b"),
     "13b": ModelSpec(40, 5120, 40, name="13b"),
@@ -183,6 +228,13 @@ class Layout:
     memory: dict = field(default_factory=dict)  # bytes per GPU: weights, grads, optimizer, ...
     time: dict = field(default_factory=dict)  # seconds: compute, tp_comm, pp_comm, dp_comm, ...
     problems: list = field(default_factory=list)  # why it is not feasible; empty: feasible
+    cp: int = 1  # context parallel: each sequence over cp ranks
+    ep: int = 1  # expert parallel: the experts over ep of the dp ranks
+    cp_variant: str = "ring"  # or "ulysses"
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.cp * self.tp * self.pp
 
     @property
     def feasible(self) -> bool:
@@ -208,15 +260,58 @@ def state_memory(params_local: float, dp: int, zero: int, precision: str) -> dic
     }
 
 
-def activation_memory(
-    m: ModelSpec, tp: int, pp: int, micro: int, n_micro: int, recompute: bool, precision: str
+def layer_activations(
+    m: ModelSpec, tp: int, micro: int, recompute, value_bytes: int, cp: int = 1
 ) -> float:
-    """Bytes of stored activations on the first pipeline stage (the one holding the most)."""
-    s, b, h, a = m.seq_len, micro, m.hidden, m.heads
-    scale = 2 if precision == "fp32" else 1  # the formula counts 16-bit values
-    per_layer = 2 * s * b * h if recompute else s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
-    in_flight = min(n_micro, pp)
-    return scale * per_layer * (m.layers / pp) * in_flight
+    """Bytes one layer keeps for backward for one micro-batch, term by term (Korthikanti et al.
+    2022, Table 2), values of `value_bytes`, dropout masks of one byte, for this rank's s/cp
+    tokens (context parallelism; its block-wise attention keeps no s x s scores):
+
+        replicated: the two LayerNorms' inputs, the qkv and fc1 inputs    4 s b h values
+                    (dropout: the two dropout masks after attention and the MLP, 2 s b h bytes)
+        split by t: q, k, v, proj's input, GELU's input, fc2's input      (4h + 2f) s b / t
+        attention:  the softmax's output                                  a s^2 b / t values
+                    (dropout: its mask, a s^2 b / t bytes, and its output, a s^2 b / t values)
+
+    16-bit with dropout and f = 4h: s b h (10 + 24/t + 5 a s / (h t)), the paper's. Selective
+    recomputation drops the attention terms, full keeps the layer's input: s b h values."""
+    policy = recompute_policy(recompute)
+    s, b, h, a, f = m.seq_len / cp, micro, m.hidden, m.heads, m.ffn or 4 * m.hidden
+    if policy == "full":
+        return value_bytes * s * b * h
+    replicated = 4 * s * b * h * value_bytes + (2 * s * b * h if m.dropout else 0)
+    split = (4 * h + 2 * f) * s * b * value_bytes / tp
+    core = 0.0
+    if policy == "none" and cp == 1:
+        core = a * s * s * b / tp * (value_bytes + (1 + value_bytes if m.dropout else 0))
+    return replicated + split + core
+
+
+def activation_memory(
+    m: ModelSpec,
+    tp: int,
+    pp: int,
+    micro: int,
+    n_micro: int,
+    recompute,
+    precision: str,
+    cp: int = 1,
+) -> float:
+    """Bytes of stored activations on the first pipeline stage (the one holding the most): its
+    L/pp layers for each of the min(m, pp) micro-batches 1F1B keeps in flight there. Context
+    parallelism gives each rank s/cp tokens, and its block-wise attention (the ring's online
+    softmax, Ulysses' flash attention on a GPU) never stores the s x s scores
+    (layer_activations). An MoE layer keeps top_k experts' hidden activations per token where a
+    dense one keeps one MLP's (fc1's output and its GELU, 2 f s b values, not split by tp):
+    (top_k - 1) times that more, unless the whole layer is recomputed."""
+    value_bytes = 4 if precision == "fp32" else 2
+    per_layer = layer_activations(m, tp, micro, recompute, value_bytes, cp)
+    total = per_layer * m.layers / pp
+    if m.experts and recompute_policy(recompute) != "full":
+        f = m.ffn or 4 * m.hidden
+        tokens = m.seq_len / cp * micro
+        total += (m.top_k - 1) * 2 * f * tokens * value_bytes * m.moe_layers / pp
+    return total * min(n_micro, pp)
 
 
 def _link(span: int, per_node: int, h: cost.Hierarchy) -> cost.Link:
@@ -241,43 +336,69 @@ def dp_all_reduce_time(nbytes: float, dp: int, tp: int, h: cost.Hierarchy) -> fl
 
 def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool) -> dict:
     """Seconds of one training step, split into compute, bubble and exposed communication."""
-    h, gpus = c.hierarchy, lay.dp * lay.tp * lay.pp
+    h, gpus = c.hierarchy, lay.gpus
     value_bytes = 4 if c.precision == "fp32" else 2
     flops = m.train_flops(recompute) / gpus / (c.peak_flops * c.efficiency)
     compute = flops + ops_per_step(m, lay, c) * c.op_overhead
     # a stage idle in the fill or drain leaves its core to the working ones: with a share of a
     # core per rank (ranks > cores), only the fill and drain at a whole core's speed is lost
     bubble = compute * c.core_share * (lay.pp - 1) / lay.microbatches
-    act = lay.micro_batch * m.seq_len * m.hidden * value_bytes  # one micro-batch's b s h
-    per_layer = 6 if recompute else 4
+    tokens = lay.micro_batch * m.seq_len / lay.cp  # one micro-batch's tokens on this rank
+    act = tokens * m.hidden * value_bytes  # their activations: b s h / cp
+    per_layer = 6 if recompute_policy(recompute) == "full" else 4  # full: g's again in backward
     tp_link = _link(lay.tp, h.per_node, h)
     tp_calls = per_layer * (m.layers / lay.pp) * lay.microbatches
     tp_comm = tp_calls * cost.predict("all_reduce", "ring", act, lay.tp, tp_link)
+    cp_comm = (m.layers / lay.pp) * lay.microbatches * cp_layer_time(m, c, lay, value_bytes)
+    ep_link = _link(lay.ep * lay.cp * lay.tp, h.per_node, h)
+    ep_layer = axes.expert_time(tokens, m.hidden, m.top_k, lay.ep, value_bytes, ep_link)
+    ep_comm = (m.moe_layers / lay.pp) * lay.microbatches * ep_layer
     pp_link = _link(gpus, h.per_node, h)
     hop = pp_link.alpha + act * pp_link.beta
     pp_comm = 2 * (lay.microbatches + lay.pp - 1) * hop if lay.pp > 1 else 0.0
-    grads = m.params / (lay.tp * lay.pp) * value_bytes
-    dp_total = dp_all_reduce_time(grads, lay.dp, lay.tp, h) * (1.5 if zero >= 3 else 1.0)
+    grads = (m.params - m.expert_params) / (lay.tp * lay.pp) * value_bytes
+    ranks = lay.dp * lay.cp  # the replicated parameters' gradients average over dp x cp
+    dp_total = dp_all_reduce_time(grads, ranks, lay.tp, h) * (1.5 if zero >= 3 else 1.0)
+    if m.expert_params:  # the experts' gradients: summed over the ranks sharing each expert
+        expert_grads = m.expert_params / (lay.ep * lay.pp) * value_bytes
+        stride = lay.tp * (lay.ep if lay.cp == 1 else 1)  # how far apart those ranks lie
+        dp_total += dp_all_reduce_time(expert_grads, ranks // lay.ep, stride, h)
     # DDP launches a bucket when its gradients are ready: with a single bucket (a model that
     # small) that is after the whole backward, and nothing hides
     one_bucket = grads <= c.ddp_bucket_bytes and zero < 3
     dp_comm = dp_total if one_bucket else max(0.0, dp_total - 2 / 3 * compute)
-    waits = {"tp": 0.0, "pp": 0.0, "dp": 0.0}
+    waits = {}
     if c.step_wait:  # every message-step on the critical path waits for its peer's turn
         steps = step_messages.message_steps(m, lay, zero, value_bytes)
         waits = {axis: n * c.step_wait for axis, n in steps.items()}
-    tp_comm, pp_comm, dp_comm = tp_comm + waits["tp"], pp_comm + waits["pp"], dp_comm + waits["dp"]
-    total = compute + bubble + tp_comm + pp_comm + dp_comm
+    tp_comm, pp_comm = tp_comm + waits.get("tp", 0.0), pp_comm + waits.get("pp", 0.0)
+    cp_comm, ep_comm = cp_comm + waits.get("cp", 0.0), ep_comm + waits.get("ep", 0.0)
+    dp_comm += waits.get("dp", 0.0) + waits.get("expert_dp", 0.0)
+    total = compute + bubble + tp_comm + cp_comm + ep_comm + pp_comm + dp_comm
     return {
         "compute": compute,
         "bubble": bubble,
         "tp_comm": tp_comm,
+        "cp_comm": cp_comm,
+        "ep_comm": ep_comm,
         "pp_comm": pp_comm,
         "dp_comm": dp_comm,
         "dp_total": dp_total,
-        "waits": sum(waits.values()),  # already inside the three comm terms
+        "waits": sum(waits.values()),  # already inside the comm terms
         "total": total,
     }
+
+
+def cp_layer_time(m: ModelSpec, c: Cluster, lay: Layout, value_bytes: int) -> float:
+    """Exposed seconds of one attention layer's context-parallel messages, forward and
+    backward, for one micro-batch (axes.py): the ring's or Ulysses'."""
+    if lay.cp == 1:
+        return 0.0
+    link = _link(lay.tp * lay.cp, c.hierarchy.per_node, c.hierarchy)
+    shape = (lay.micro_batch, m.seq_len, m.hidden, lay.tp, lay.cp, value_bytes)
+    if lay.cp_variant == "ulysses":
+        return axes.ulysses_time(*shape, link)
+    return axes.ring_time(*shape, link, c.peak_flops * c.efficiency)
 
 
 def ops_per_step(m: ModelSpec, lay: Layout, c: Cluster | None = None) -> float:
@@ -297,7 +418,7 @@ def ops_per_step(m: ModelSpec, lay: Layout, c: Cluster | None = None) -> float:
 
 
 def _problems(m: ModelSpec, c: Cluster, lay: Layout, tp_across_nodes: bool) -> list[str]:
-    out = []
+    out = _axis_problems(m, lay)
     if lay.tp > c.hierarchy.per_node and not tp_across_nodes:
         out.append(f"tp={lay.tp} crosses nodes of {c.hierarchy.per_node}")
     if m.heads % lay.tp:
@@ -306,6 +427,22 @@ def _problems(m: ModelSpec, c: Cluster, lay: Layout, tp_across_nodes: bool) -> l
         out.append(f"layers={m.layers} not divisible by pp={lay.pp}")
     if lay.memory["total"] > c.memory:
         out.append(f"needs {lay.memory['total'] / GB:.1f} GB > {c.memory / GB:.0f} GB")
+    return out
+
+
+def _axis_problems(m: ModelSpec, lay: Layout) -> list[str]:
+    """Why the cp and ep degrees do not fit the model, if they do not."""
+    out = []
+    if lay.cp > 1 and m.seq_len % (2 * lay.cp):
+        out.append(f"seq={m.seq_len} not divisible by 2cp={2 * lay.cp}")
+    if lay.cp_variant == "ulysses" and (m.heads // lay.tp) % lay.cp:
+        out.append(f"heads/tp={m.heads}/{lay.tp} not divisible by cp={lay.cp} (Ulysses)")
+    if lay.dp % lay.ep:
+        out.append(f"ep={lay.ep} does not divide dp={lay.dp}")
+    if lay.ep > 1 and not m.experts:
+        out.append(f"ep={lay.ep} without experts")
+    elif m.experts % lay.ep:
+        out.append(f"experts={m.experts} not divisible by ep={lay.ep}")
     return out
 
 
@@ -319,17 +456,24 @@ def evaluate(
     zero: int = 0,
     recompute: bool = False,
     tp_across_nodes: bool = False,
+    cp: int = 1,
+    ep: int = 1,
+    cp_variant: str = "ring",
 ) -> Layout:
     """Memory and time of one layout; `problems` says why it is infeasible, if it is."""
     if m.global_batch % (dp * micro_batch):
         raise ValueError(
             f"global_batch={m.global_batch} is not divisible by dp={dp} x micro_batch={micro_batch}"
         )
+    if cp_variant not in ("ring", "ulysses"):
+        raise ValueError(f"cp_variant must be 'ring' or 'ulysses', got {cp_variant!r}")
     n_micro = m.global_batch // (dp * micro_batch)
-    lay = Layout(dp, tp, pp, micro_batch, n_micro)
-    lay.memory = state_memory(m.params / (tp * pp), dp, zero, c.precision)
+    lay = Layout(dp, tp, pp, micro_batch, n_micro, cp=cp, ep=ep, cp_variant=cp_variant)
+    dense = state_memory((m.params - m.expert_params) / (tp * pp), dp * cp, zero, c.precision)
+    experts = state_memory(m.expert_params / (ep * pp), max(1, dp * cp // ep), zero, c.precision)
+    lay.memory = {key: dense[key] + experts[key] for key in dense}
     lay.memory["activations"] = activation_memory(
-        m, tp, pp, micro_batch, n_micro, recompute, c.precision
+        m, tp, pp, micro_batch, n_micro, recompute, c.precision, cp
     )
     lay.memory["total"] = sum(lay.memory.values())
     lay.time = step_time(m, c, lay, zero, recompute)
@@ -349,30 +493,53 @@ def plan_layouts(
     recompute: bool = False,
     micro_batches=None,
     tp_across_nodes: bool = False,
+    cp: int = 1,
+    ep: int = 1,
+    cp_variant: str = "ring",
 ) -> list[Layout]:
-    """Every (dp, tp, pp) with dp tp pp = gpus, and every micro-batch size (powers of two, or
-    those given) dividing the per-rank batch: feasible layouts first, each group fastest first."""
+    """Every (dp, tp, pp) with dp cp tp pp = gpus (cp and ep fixed; ep dividing dp), and every
+    micro-batch size (powers of two, or those given) dividing the per-rank batch: feasible
+    layouts first, each group fastest first."""
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise ValueError(f"gpus must be a positive integer, got {gpus!r}")
     if zero not in (0, 1, 2, 3):
         raise ValueError(f"zero must be 0, 1, 2 or 3, got {zero!r}")
+    for name, value in (("cp", cp), ("ep", ep)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if gpus % cp:
+        raise ValueError(f"gpus={gpus} is not divisible by cp={cp}")
     out = []
-    for dp in _divisors(gpus):
-        if model.global_batch % dp:
+    for dp in _divisors(gpus // cp):
+        if model.global_batch % dp or dp % ep:
             continue
-        for tp in _divisors(gpus // dp):
-            pp = gpus // (dp * tp)
+        for tp in _divisors(gpus // (cp * dp)):
+            pp = gpus // (cp * dp * tp)
             per_rank = model.global_batch // dp
             sizes = micro_batches or [1 << k for k in range(per_rank.bit_length())]
             for micro in sizes:
                 if per_rank % micro == 0:
                     out.append(
                         evaluate(
-                            model, cluster, dp, tp, pp, micro, zero, recompute, tp_across_nodes
-                        )
+                            model,
+                            cluster,
+                            dp,
+                            tp,
+                            pp,
+                            micro,
+                            zero,
+                            recompute,
+                            tp_across_nodes,
+                            cp,
+                            ep,
+                            cp_variant,
+                        )  # fmt: skip
                     )
     if not out:
-        raise ValueError(f"no layout of {gpus} GPUs divides global_batch={model.global_batch}")
+        raise ValueError(
+            f"no layout of {gpus} GPUs (cp={cp}, ep={ep} dividing dp) divides "
+            f"global_batch={model.global_batch}"
+        )
     out.sort(key=lambda lay: (not lay.feasible, lay.step_time))
     return out
 

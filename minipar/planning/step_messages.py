@@ -1,8 +1,10 @@
-"""The messages of one training step of a GPT on a dp x tp x pp mesh, as `minipar train` sends
-them: which collectives on which group, and how many message-steps lie on the critical path.
+"""The messages of one training step of a GPT on a dp x cp x tp x pp mesh, as `minipar train`
+sends them: which collectives on which group, and how many message-steps lie on the critical
+path.
 
     step_messages.calls(model, layout, stage)     # [Calls(axis, collective, nbytes, count, what)]
     step_messages.message_steps(model, layout)    # {"tp": n, "pp": n, "dp": n} per step
+                                                  # (+ "cp", "ep", "expert_dp" where they exist)
 
 A rank of pipeline stage s (P = pp stages of L/P blocks, m micro-batches of b sequences of s
 tokens, hidden h), read off the code that sends:
@@ -14,11 +16,21 @@ tokens, hidden h), read off the code that sends:
   received and sent backward (one of each at the end stages; pipeline/interpreter); per step
   the agreement on the layout (allgather_object: 2 of MPI's own all-gathers, outside minipar's
   ledger) and the loss's broadcast from the last stage (8 bytes, models/mesh_model.py).
-- dp group (dp > 1), per step: DDP's gradient all-reduce (one per 25 MiB bucket), its `used`
-  map (1 byte per parameter tensor) and the loss's all-reduce (8 bytes); with FSDP (zero 3) per
-  sharding unit (each block, the embedding, the head) and micro-batch 2 all-gathers (forward,
-  backward; the embedding's backward needs none) and 1 reduce-scatter of the unit's weights
-  instead of the gradient all-reduce.
+- cp group (cp > 1), per block and micro-batch: the attention's arguments agreed
+  (all_gather_object: 2 all-gathers, of the sizes and of the pickled shapes), then the ring's
+  K/V blocks, b (s/cp) (h/tp) x 2 values, sent and received cp - 1 times forward and twice that
+  backward (K/V and dK/dV), or Ulysses' 8 all-to-alls of b (s/cp) (h/tp) values
+  (minipar/parallel/context/);
+- ep group (MoE blocks, ep > 1), per MoE block of the stage and micro-batch: the count
+  all-gather ((3 + 2E) int64 per rank) and 4 uneven all-to-alls (pairwise) of the routed
+  copies, top_k b (s/cp) h values when evenly routed; per step the experts' gradient all-reduce
+  over the expert_dp group (dp x cp / ep ranks) when it has more than one rank;
+- dp group (the dp x cp ranks, dp x cp > 1), per step: DDP's gradient all-reduce (one per
+  25 MiB bucket; the experts are not in it), its `used` map (1 byte per parameter tensor) and
+  the loss's all-reduce (8 bytes); with FSDP (zero 3) per sharding unit (each block, the
+  embedding, the head) and micro-batch 2 all-gathers (forward, backward; the embedding's
+  backward needs none) and 1 reduce-scatter of the unit's weights instead of the gradient
+  all-reduce.
 Each collective runs the algorithm `auto` picks for its size (minipar.cost on the default
 link, as on the ranks), in cost.traffic's steps; a point-to-point message is one step. DDP's
 buckets and FSDP's reduce-scatters above 64 KiB take the ring (parallel/data/ddp.py
@@ -27,8 +39,9 @@ paths on: their buffers live in a shared window) every DDP bucket and FSDP vecto
 is reduced or gathered in place, "ring@shm", in 2 steps (all-reduce) or 1 (the ledger's).
 
 The critical path (what `message_steps` counts): a pipeline runs m + P - 1 slots, each as long
-as the busiest stage's micro-batch, so the busiest stage's tp steps per micro-batch times
-m + P - 1; 2 (m + P - 1) hops forward and back, plus the agreement and the broadcast; the dp
+as the busiest stage's micro-batch, so the busiest stage's tp (and cp, ep) steps per
+micro-batch times m + P - 1 (the ring: 2 (cp - 1) steps a block, its sends and receives
+concurrent); 2 (m + P - 1) hops forward and back, plus the agreement and the broadcast; the dp
 calls of the busiest stage once. tests/test_plan.py checks `calls` against minipar.trace's
 ledger of real training steps.
 """
@@ -40,7 +53,7 @@ from dataclasses import dataclass
 
 from minipar import cost
 
-AXES = ("tp", "pp", "dp")
+AXES = ("tp", "pp", "dp", "cp", "ep", "expert_dp")
 P2P = ("send", "recv")
 BUCKET_BYTES = 25 << 20  # DistributedDataParallel's default bucket_cap_mb
 WINDOW_STEPS = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # in place: fast/in_place
@@ -57,26 +70,39 @@ class Calls:
     count: int
     what: str
     traced: bool = True  # False: outside minipar's ledger (mpi4py's control plane)
-    algorithm: str = "auto"  # what runs: auto's pick, or a name (flat_algorithm)
+    algorithm: str | None = None  # what runs, when `auto` does not decide it by size alone
 
 
-def flat_algorithm(collective: str, nbytes: float, windows: bool) -> str:
+def flat_algorithm(collective: str, nbytes: float, windows: bool) -> str | None:
     """What a DDP bucket's all-reduce or an FSDP vector's all-gather or reduce-scatter runs:
     above cost.SHM_MIN_BYTES the ring (the reductions ask for it; a window vector's all-gather
-    under auto takes it too), in place when the buffers live in a window; below, auto's pick."""
+    under auto takes it too), in place when the buffers live in a window; below, None: auto's
+    pick."""
     if nbytes <= cost.SHM_MIN_BYTES:
-        return "auto"
+        return None
     if windows:
         return "ring@shm"
-    return "auto" if collective == "all_gather" else "ring"
+    return None if collective == "all_gather" else "ring"
+
+
+def moe_blocks(model, pp: int, stage: int) -> int:
+    """MoE blocks (1, 3, 5, ...) among pipeline stage `stage`'s L/pp blocks."""
+    if not getattr(model, "experts", 0):
+        return 0
+    per = model.layers // pp
+    return sum(i % 2 for i in range(stage * per, (stage + 1) * per))
 
 
 def stage_params(model, tp: int, pp: int, stage: int) -> tuple[float, int]:
-    """(parameters, parameter tensors) one tp rank of pipeline stage `stage` holds: column-
-    parallel weights and biases split by tp, row-parallel biases and LayerNorms whole."""
+    """(parameters, parameter tensors) one tp rank of pipeline stage `stage` holds besides the
+    experts (what DDP reduces): column-parallel weights and biases split by tp, row-parallel
+    biases and LayerNorms whole; an MoE block has its router (E x h, whole) for an MLP."""
     h, f, V = model.hidden, model.ffn or 4 * model.hidden, model.vocab
     block = (4 * h * h + 2 * h * f + 3 * h + f) / tp + 2 * h + 4 * h  # + proj/fc2 biases, 2 LNs
     params, tensors = model.layers // pp * block, 12 * (model.layers // pp)
+    moe = moe_blocks(model, pp, stage)  # the MLP out (its fc2 bias whole), the router in
+    params += moe * (getattr(model, "experts", 0) * h - (2 * h * f + f) / tp - h)
+    tensors -= 3 * moe
     if stage == 0:
         params, tensors = params + V * h / tp + model.seq_len * h, tensors + 2
     if stage == pp - 1:
@@ -84,30 +110,46 @@ def stage_params(model, tp: int, pp: int, stage: int) -> tuple[float, int]:
     return params, tensors
 
 
+def expert_params(model, ep: int, pp: int, stage: int) -> tuple[float, int]:
+    """(parameters, tensors) of this rank's experts on stage `stage`: E/ep MLPs per MoE block,
+    stacked in 4 tensors (w1, b1, w2, b2)."""
+    h, f, moe = model.hidden, model.ffn or 4 * model.hidden, moe_blocks(model, pp, stage)
+    experts = getattr(model, "experts", 0) // ep
+    return moe * experts * (2 * h * f + f + h), 4 * moe
+
+
 def group_sizes(lay) -> dict:
-    """{axis: ranks in that axis's group} of a layout."""
-    return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp}
+    """{axis: ranks in that axis's group} of a layout ("dp": the dp x cp ranks that average the
+    gradients)."""
+    cp, ep = getattr(lay, "cp", 1), getattr(lay, "ep", 1)
+    dp = lay.dp * cp
+    return {"tp": lay.tp, "pp": lay.pp, "dp": dp, "cp": cp, "ep": ep, "expert_dp": dp // ep}
 
 
-def calls(model, lay, stage: int, value_bytes: int = 4, zero: int = 0, windows=False) -> list:
+def calls(
+    model, lay, stage: int, value_bytes: int = 4, zero: int = 0, windows=False
+) -> list[Calls]:
     """The collectives and messages of one step on a rank of pipeline stage `stage` (windows:
     the dp group's buffers live in a shared window; see the module)."""
-    m, P, tokens = lay.microbatches, lay.pp, lay.micro_batch * model.seq_len
+    cp = getattr(lay, "cp", 1)
+    m, P, tokens = lay.microbatches, lay.pp, lay.micro_batch * model.seq_len // cp
     first, last, out = stage == 0, stage == P - 1, []
-    act = tokens * model.hidden * value_bytes  # one micro-batch's activations
+    act = tokens * model.hidden * value_bytes  # one micro-batch's activations (this rank's)
     if lay.tp > 1:
         blocks = 4 * (model.layers // P) + first + last  # + embedding's g, head's f
         out.append(Calls("tp", "all_reduce", act, blocks * m, "activations: g forward, f back"))
         if last:
             out.append(Calls("tp", "all_reduce", tokens * 4, m, "loss: max logit per token"))
             out.append(Calls("tp", "all_reduce", 2 * tokens * 4, m, "loss: sum exp, target"))
+    out += context_calls(model, lay, tokens, value_bytes)
+    out += expert_calls(model, lay, stage, tokens, value_bytes)
     if P > 1:
         for kind in P2P:  # an end stage sends (and receives) one way only
             out.append(Calls("pp", kind, act, m * (2 - first - last), "activations, gradients"))
         # mpi4py's Iallgather of the sizes, then Iallgatherv of the pickled views
         out.append(Calls("pp", "all_gather", 64, 2, "agree on the layout", traced=False))
         out.append(Calls("pp", "broadcast", 8, 1, "the loss, from the last stage"))
-    if lay.dp > 1:
+    if group_sizes(lay)["dp"] > 1:
         params, tensors = stage_params(model, lay.tp, P, stage)
         if zero >= 3:
             units = model.layers // P + first + last
@@ -130,13 +172,50 @@ def calls(model, lay, stage: int, value_bytes: int = 4, zero: int = 0, windows=F
     return out
 
 
-def algorithm(collective: str, nbytes: float, p: int, name: str = "auto") -> str:
-    """What runs for this call: `name`, or what `auto` runs (registry.pick prices the built-ins
-    on the default link); "p2p" for a point-to-point message."""
+def context_calls(model, lay, tokens: int, value_bytes: int) -> list[Calls]:
+    """The cp group's calls per step (see the module docstring)."""
+    cp = getattr(lay, "cp", 1)
+    if cp == 1:
+        return []
+    n = model.layers // lay.pp * lay.microbatches  # attention layers run on this stage
+    shard = tokens * model.hidden // lay.tp * value_bytes  # b (s/cp) (h/tp): one of q, k, v
+    out = [
+        Calls("cp", "all_gather", 8, n, "attention's inputs agreed: sizes"),
+        Calls("cp", "all_gather", 128, n, "attention's inputs agreed: the shapes, pickled"),
+    ]
+    if getattr(lay, "cp_variant", "ring") == "ulysses":
+        out.append(Calls("cp", "all_to_all", shard, 8 * n, "Ulysses: sequence <-> heads"))
+        return out
+    for kind in P2P:
+        out.append(Calls("cp", kind, 2 * shard, 3 * (cp - 1) * n, "ring: K/V, then dK/dV"))
+    return out
+
+
+def expert_calls(model, lay, stage: int, tokens: int, value_bytes: int) -> list[Calls]:
+    """The ep and expert_dp groups' calls per step (see the module docstring)."""
+    ep, moe = getattr(lay, "ep", 1), moe_blocks(model, lay.pp, stage)
+    if not moe:
+        return []
+    out = []
+    if ep > 1:
+        n = moe * lay.microbatches
+        counts = (3 + 2 * model.experts) * 8
+        copies = model.top_k * tokens * model.hidden * value_bytes
+        out.append(Calls("ep", "all_gather", counts, n, "MoE: counts per expert"))
+        out.append(
+            Calls("ep", "all_to_all", copies, 4 * n, "MoE: tokens there and back", True, "pairwise")
+        )
+    if group_sizes(lay)["expert_dp"] > 1:
+        params = expert_params(model, ep, lay.pp, stage)[0]
+        out.append(Calls("expert_dp", "all_reduce", params * 4, 1, "experts' gradients"))
+    return out
+
+
+def algorithm(collective: str, nbytes: float, p: int) -> str:
+    """What `auto` runs for this call (registry.pick prices the built-ins on the default link),
+    "p2p" for a point-to-point message, "mpi" for mpi4py's control plane."""
     if collective in P2P:
         return "p2p"
-    if name != "auto":
-        return name
     # here, not at the top of the file: numpy loads only when used
     from minipar.collectives import registry
 
@@ -152,7 +231,7 @@ def steps_of(call: Calls, p: int) -> int:
     if not call.traced:  # mpi4py's allgather: log2 p rounds (recursive doubling or Bruck)
         return (p - 1).bit_length()
 
-    name = algorithm(call.collective, call.nbytes, p, call.algorithm)
+    name = call.algorithm or algorithm(call.collective, call.nbytes, p)
     if name.endswith("@shm"):
         return WINDOW_STEPS[call.collective]
     return cost.traffic(call.collective, name, call.nbytes, p).steps
@@ -166,28 +245,44 @@ def signature(model, lay, stage: int, value_bytes: int = 4, zero: int = 0, windo
     for c in calls(model, lay, stage, value_bytes, zero, windows):
         if c.traced:
             p = sizes[c.axis]
-            name = algorithm(c.collective, c.nbytes, p, c.algorithm)
+            name = c.algorithm or algorithm(c.collective, c.nbytes, p)
             key = (c.axis, c.collective, name, steps_of(c, p))
             out[key] = out.get(key, 0) + c.count
     return out
 
 
 def message_steps(model, lay, zero: int = 0, value_bytes: int = 4, windows=False) -> dict:
-    """Message-steps on a step's critical path, per axis (see the module's docstring)."""
+    """Message-steps on a step's critical path, per axis (see the module's docstring): "tp",
+    "pp", "dp", and "cp", "ep", "expert_dp" for a layout that has them."""
     sizes = group_sizes(lay)
     m, P = lay.microbatches, lay.pp
-    tp_per_micro, dp = 0.0, 0.0
+    per_micro = {"tp": 0.0, "cp": 0.0, "ep": 0.0}  # inside the layers: every slot's share
+    per_step = {"dp": 0.0, "expert_dp": 0.0}  # once a step
+    seen = set()
     for stage in range(P):
         per_axis = {axis: 0.0 for axis in AXES}
         for c in calls(model, lay, stage, value_bytes, zero, windows):
-            if c.axis != "pp":
-                per_axis[c.axis] += c.count * steps_of(c, sizes[c.axis])
-        tp_per_micro = max(tp_per_micro, per_axis["tp"] / m)
-        dp = max(dp, per_axis["dp"])
+            seen.add(c.axis)
+            if c.axis == "pp":
+                continue
+            if c.collective in P2P:  # the ring: 3 sends a step pair, in 2 steps (see above)
+                per_axis[c.axis] += c.count * 2 / 3 if c.collective == "send" else 0
+                continue
+            per_axis[c.axis] += c.count * steps_of(c, sizes[c.axis])
+        for axis in per_micro:
+            per_micro[axis] = max(per_micro[axis], per_axis[axis] / m)
+        for axis in per_step:
+            per_step[axis] = max(per_step[axis], per_axis[axis])
     pp = 0.0
     if P > 1:
         once = [c for c in calls(model, lay, P - 1, value_bytes, zero) if c.axis == "pp"]
         pp = 2 * (m + P - 1) + sum(
             c.count * steps_of(c, P) for c in once if c.collective not in P2P
         )
-    return {"tp": tp_per_micro * (m + P - 1), "pp": pp, "dp": dp}
+    out = {"tp": per_micro["tp"] * (m + P - 1), "pp": pp, "dp": per_step["dp"]}
+    for axis in ("cp", "ep"):
+        if axis in seen:
+            out[axis] = per_micro[axis] * (m + P - 1)
+    if "expert_dp" in seen:
+        out["expert_dp"] = per_step["expert_dp"]
+    return out

@@ -27,6 +27,7 @@ from minipar.runtime.world import (
     init,
     is_initialized,
     new_group,
+    outside,
     resolve,
 )
 
@@ -52,5 +53,6 @@ __all__ = [
     "is_initialized",
     "local_rank",
     "new_group",
+    "outside",
     "resolve",
 ]

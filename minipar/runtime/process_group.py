@@ -62,13 +62,18 @@ def init_process_group(
     """Start minipar's default group with torch.distributed's arguments (see the module's text).
 
     backend None: "mpi" under an MPI launcher, else "nccl" with a GPU, else "gloo". timeout (a
-    timedelta or seconds) bounds every wait, minipar's and torch's. With "mpi", rank and
-    world_size, if given, must be what MPI says."""
+    timedelta or seconds) bounds every wait, minipar's and torch's.
+
+    With "mpi" the launcher decides rank and size, as with torch's MPI backend: `rank` is
+    ignored whatever it is (the tutorial's recipe passes rank=0 on every rank), and so is a
+    world_size of 0, -1 or None. The one contradiction still refused: a positive world_size
+    other than the number of ranks MPI started (a program sized for another world), a
+    ValueError on every rank alike (torch only warns)."""
     name = backend.lower() if isinstance(backend, str) else backend
     if name is not None and name not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)} (or None), got {backend!r}")
     seconds = _seconds(timeout)
-    if world.is_initialized():
+    if world.is_initialized() and not _take_over_launched(name):
         raise ValueError(
             "trying to initialize the default process group twice! (minipar is already "
             "initialised; call destroy_process_group() first)"
@@ -76,22 +81,30 @@ def init_process_group(
     name = name or _default_backend()
     if name == "mpi":
         comm = world.init("mpi", timeout=seconds)
-        for what, given, actual in (
-            ("rank", rank, comm.rank),
-            ("world_size", world_size, comm.size),
-        ):
-            if given not in (-1, None, actual):
-                world.finalize()
-                raise ValueError(
-                    f"{what}={given!r} but MPI started this process with {what} {actual}; "
-                    "with backend='mpi' the launcher decides (leave them out)"
-                )
+        if world_size not in (-1, 0, None, comm.size):
+            world.finalize()
+            raise ValueError(
+                f"world_size={world_size!r} but MPI started {comm.size} ranks; with "
+                "backend='mpi' the launcher decides (pass world_size=0 or -1, or leave it out)"
+            )
         return
     _start_torch(
         name, init_method, seconds, world_size, rank, store, group_name, pg_options, device_id
     )
     world.init("torch", timeout=seconds)
     process.owns_torch = True
+
+
+def _take_over_launched(name) -> bool:
+    """minipar.launch initialised minipar before calling fn: fn's own init_process_group takes
+    that world over ("mpi", or None under MPI: the same ranks) or replaces it ("gloo",
+    "nccl": the launch's MPI world is let go first)."""
+    if not process.launched_world:
+        return False
+    process.launched_world = False
+    if (name or _default_backend()) != "mpi":
+        world.finalize()
+    return True
 
 
 def _start_torch(

@@ -6,6 +6,7 @@ Like torch.distributed there is one default group (the world) that collectives u
     minipar.init()               # "auto": MPI under mpiexec/srun, torch under torchrun or an
                                  # initialised torch.distributed, else a world of one (MPI)
     minipar.init(backend="mpi", timeout=10, debug=True)
+    minipar.init(mismatch_after=0.5)  # a collective stuck this long asks its peers (comm/stall.py)
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+import warnings
 
-from minipar.comm import leaving, mpi, mpisetup, watchdog
+from minipar.comm import ending, leaving, mpi, mpisetup, watchdog
 from minipar.comm import torch as torch_comm
-from minipar.comm.base import NonMember, env_timeout
-from minipar.errors import NotInitializedError
-from minipar.runtime import devices
+from minipar.comm.base import NonMember, env_mismatch_after, env_timeout
+from minipar.errors import MismatchError, NotInitializedError
+from minipar.runtime import devices, run_trace
 from minipar.state import process
 
 MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
@@ -49,6 +51,7 @@ def init(
     timeout: float | None = None,
     debug: bool | None = None,
     fast_paths: bool | None = None,
+    mismatch_after: float | None = None,
 ):
     """Start minipar (idempotent) and return the default group.
 
@@ -57,12 +60,18 @@ def init(
     CommTimeoutError (default MINIPAR_TIMEOUT or 300). debug: cross-rank argument checks before
     every collective (default MINIPAR_DEBUG=1). fast_paths: False sends every call down the
     plain path a student reads (collectives/fast/ says what the fast ones do; the results are
-    bitwise the same); default MINIPAR_FAST_PATHS, else on. Pass the same on every rank.
+    bitwise the same); default MINIPAR_FAST_PATHS, else on. mismatch_after: seconds a
+    collective waits before it asks the peers it waits for which call they are in, so that
+    ranks that disagree without a message to show it raise MismatchError (comm/stall.py; MPI
+    transport; default MINIPAR_MISMATCH_AFTER, else 1). Pass the same on every rank.
     """
     if backend not in ("auto", "mpi", "torch"):
         raise ValueError(f"backend must be 'auto', 'mpi' or 'torch', got {backend!r}")
-    if timeout is not None and (not isinstance(timeout, (int, float)) or not timeout > 0):
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    for what, seconds in (("timeout", timeout), ("mismatch_after", mismatch_after)):
+        if seconds is not None and (not isinstance(seconds, (int, float)) or not seconds > 0):
+            raise ValueError(f"{what} must be a positive number of seconds, got {seconds!r}")
+    if mismatch_after is not None:
+        process.mismatch_after = float(mismatch_after)
     if process.world is not None:  # already running: change only what the caller passed
         if timeout is not None:
             process.world.timeout = timeout
@@ -71,6 +80,8 @@ def init(
         if fast_paths is not None:
             process.fast_paths = bool(fast_paths)
         return process.world
+    if mismatch_after is None:
+        process.mismatch_after = env_mismatch_after()
     process.debug = bool(debug) if debug is not None else os.environ.get("MINIPAR_DEBUG") == "1"
     process.fast_paths = _fast_paths(fast_paths)
     seconds = timeout if timeout is not None else env_timeout()
@@ -88,6 +99,7 @@ def init(
         process.world = torch_comm.TorchCommunicator(None, "world", seconds)
     devices.remember(process.world)  # the local rank; the GPU too if torch is imported already
     _install_excepthook()
+    run_trace.start(process.world)  # `minipar run --trace DIR`: this rank's whole run traced
     return process.world
 
 
@@ -112,7 +124,8 @@ def default_group():
 
 
 def resolve(group):
-    """The group a collective runs on: the default one for None; NonMember raises on use."""
+    """The group a collective runs on: the default one for None; NonMember raises on use
+    (the facade's calls ask `outside` first)."""
     if group is None:
         return default_group()
     default_group()  # a collective after finalize() fails here, even with an explicit group
@@ -124,6 +137,24 @@ def resolve(group):
             f"got {type(group).__module__}.{type(group).__qualname__}"
         )
     return group
+
+
+def outside(group, call: str) -> bool:
+    """True, with a warning, when `group` is one the calling rank is not in (what new_group
+    gave a non-member): the caller then does nothing and returns None (recv: -1), as
+    torch.distributed does, so that a program where every rank makes a call on a sub-group
+    (its tutorial's all-reduce on new_group([0, 1]), run on 4 ranks) runs. The data-moving
+    calls of the facade ask this first (after `group is not None`: the default group's calls
+    skip even this function call); reading the group (.rank, get_rank) still raises."""
+    if group.__class__ is not NonMember:
+        return False
+    default_group()  # after finalize(): NotInitializedError, as for any call
+    warnings.warn(
+        f"minipar.{call} on group {group.ranks}, which does not contain this rank: nothing "
+        "done (torch.distributed's rule)",
+        stacklevel=3,
+    )
+    return True
 
 
 def debug_enabled() -> bool:
@@ -210,20 +241,31 @@ def get_global_rank(group, group_rank: int) -> int:
 
 
 def finalize() -> None:
-    """Stop minipar: wait for async work, stop the threads, forget the world and the device.
+    """Stop minipar: wait for async work, compare the calls, stop the threads, forget the world.
 
     The one place this process's minipar state (minipar/state.py) is emptied, in this order:
-    the progress thread finishes the async collectives queued on it, the watchdog stops looking
-    (its probes must not run beside MPI's teardown), then the world and the device are
-    forgotten. Open traces, the cost links and abandoned requests outlive a world on purpose."""
+    the progress thread finishes the async collectives queued on it; the ranks compare what each
+    of their groups saw (comm/ending.py: a collective, every rank calls finalize()); the
+    watchdog stops looking (its probes must not run beside MPI's teardown), then the world, its
+    groups and the device are forgotten. Open traces, the cost links and abandoned requests
+    outlive a world on purpose. A mismatch the comparison found (one no wait raised: every rank
+    returned from the bad call) is raised last, as MismatchError, on every rank of its group."""
     if process.world is None:
         return
     if process.progress is not None:
         process.progress.close()
         process.progress = None
+    run_trace.finish()  # this rank's part of a `minipar run --trace`, once its work is done
+    texts = ending.check(process.world, "finalize()")
+    if texts:
+        ending.report(process.world, texts, "finalize()", ends=False)
     watchdog.shutdown()
     devices.forget()
     process.world = None
+    process.launched_world = False
+    process.groups.clear()
+    if texts:
+        raise MismatchError("\n".join(texts))
 
 
 def _install_excepthook() -> None:

@@ -57,9 +57,9 @@ def _realign(comm, control, ok: bool) -> None:
     """After a case failed on some rank, put every rank's collective sequence number (and so its
     message tags) back in step, so that one failure does not make every later case time out."""
     control.timeout = 3 * comm.timeout + 5  # the others may still be waiting out a timeout
-    seen = control.allgather_object((ok, comm._seq))
-    if not all(flag for flag, _ in seen):
-        comm._seq = max(seq for _, seq in seen)
+    seen = control.allgather_object((ok, comm._seq, comm._history))
+    if not all(flag for flag, _, _ in seen):
+        _, comm._seq, comm._history = max(seen, key=lambda s: s[1])  # the tags carry both
 
 
 def _spawned(rank: int, size: int, port: int, path: str, outdir: str, only) -> None:

@@ -14,6 +14,15 @@ Rank 1 is the faulty one. Modes:
   other_call     calls broadcast while the others call all_reduce
   other_count    calls all_reduce with twice the others' count
   leave_early    skips the rest of the job and exits 0 (the others' messages reach it first)
+Issue 27's mistakes, made by every rank at once (each rank marks it), then a barrier (the
+program goes on; `_last`: the script ends right after the mistake, and the exit must say it):
+  own_root       broadcast of 8 floats, every rank passing itself as src
+  dst            reduce of 8 floats, every rank passing itself as dst
+  scatter_src    scatter, every rank passing itself as src (each keeps its own piece)
+  other_group    all_reduce on a new group on rank 1, on the default group elsewhere
+  own_root_last, scatter_src_last
+  scatter_src_finalize  the script calls minipar.finalize() right after the mistake
+Each rank that catches MismatchError prints "[fault] rank R MismatchError at T" and re-raises.
 Add --debug to run with minipar's cross-rank checks (MINIPAR_DEBUG=1).
 """
 
@@ -39,6 +48,9 @@ MODES = [
     "other_count",
     "leave_early",
 ]
+MISTAKES = ["own_root", "dst", "scatter_src", "other_group", "own_root_last", "scatter_src_last"]
+MISTAKES += ["scatter_src_finalize"]
+MODES += MISTAKES
 
 
 def mark(mode: str) -> None:
@@ -71,6 +83,35 @@ def two_step_ring(mode: str):
     return algorithm
 
 
+def mistake(mode: str, world) -> None:
+    """Issue 27's mistakes: every rank makes the call its own way, then the program goes on."""
+    import minipar
+    from minipar.errors import MismatchError
+
+    r, p = world.rank, world.size
+    other = minipar.new_group(list(range(p)), name="other") if mode == "other_group" else None
+    world.barrier()
+    print(f"[fault] rank {r} {mode} at {time.time():.3f}", file=sys.stderr, flush=True)
+    try:
+        if mode.startswith("own_root"):
+            minipar.broadcast(np.ones(8, np.float32), r)
+        elif mode == "dst":
+            minipar.reduce(np.ones(8, np.float32), r)
+        elif mode.startswith("scatter_src"):
+            minipar.scatter(np.zeros(2), [np.full(2, float(r)) for _ in range(p)], r)
+        else:
+            minipar.all_reduce(np.ones(8), group=other if r == FAULTY else None)
+        if mode.endswith("_last"):
+            return  # the script ends here: the ranks compare their calls at exit
+        if mode.endswith("_finalize"):
+            minipar.finalize()  # the ranks compare their calls: it raises on every rank
+        minipar.barrier()
+    except MismatchError:
+        print(f"[fault] rank {r} MismatchError at {time.time():.3f}", file=sys.stderr, flush=True)
+        raise
+    print(f"rank {r}: finished", flush=True)
+
+
 def main(mode: str) -> None:
     import minipar
 
@@ -79,6 +120,9 @@ def main(mode: str) -> None:
     x = np.full(8, float(r))
     minipar.all_reduce(x)  # a healthy first call: every rank is up and talking
     assert (x == sum(range(world.size))).all(), x
+    if mode in MISTAKES:
+        mistake(mode, world)
+        return
     if r == FAULTY and mode in ("raise_between", "sys_exit"):
         misbehave(mode)
     if r == FAULTY and mode == "leave_early":

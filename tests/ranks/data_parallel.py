@@ -103,9 +103,10 @@ def optimizer(name, params, lr_scale=1.0):
 LOW_PRECISION_LR_SCALE = 0.03
 
 
-def reference(kind, opt_name, steps=STEPS, dtype=None):
-    """Rank 0's initial model, full batch, one process: parameters after each step."""
-    model = build(kind, 0)
+def reference(kind, opt_name, steps=STEPS, dtype=None, seed=0):
+    """Rank 0's initial model (built from `seed`), full batch, one process: parameters after
+    each step."""
+    model = build(kind, seed)
     opt = optimizer(opt_name, model.parameters(), LOW_PRECISION_LR_SCALE if dtype else 1.0)
     x, y = batch(kind)
     history = []
@@ -272,6 +273,34 @@ def ddp_ledger():
 
 
 @quiet
+def ddp_skips_expert_parameters():
+    """A parameter marked expert_parallel keeps this rank's value (no broadcast) and this rank's
+    gradient (no average): the ledger's buckets hold the other parameters' bytes only."""
+    comm = minipar.init()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 6), nn.Linear(6, 6))
+    expert = model[1].weight
+    expert.expert_parallel = True
+    with torch.no_grad():
+        expert.fill_(0.1 * (comm.rank + 1))  # each rank its own expert
+        model[0].weight.fill_(comm.rank)  # replicated: rank 0's must win
+    ddp = DistributedDataParallel(model, algorithm="ring")
+    assert (expert == 0.1 * (comm.rank + 1)).all() and (model[0].weight == 0).all()
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(comm.rank))
+    alone = copy.deepcopy(model)
+    alone(x).square().sum().backward()
+    with minipar.trace() as t:
+        ddp(x).square().sum().backward()
+    assert torch.equal(expert.grad, alone[1].weight.grad), "the expert's gradient was reduced"
+    want = torch.stack(comm.allgather_object(alone[0].weight.grad)).mean(0)
+    torch.testing.assert_close(model[0].weight.grad, want, rtol=1e-5, atol=1e-6)
+    shared = 4 * sum(q.numel() for q in model.parameters() if q is not expert)
+    buckets = [c for c in t.calls if c.algorithm == "ring"]
+    p = comm.size
+    assert sum(c.bytes_sent for c in buckets) == (2 * (p - 1) * shared // p if p > 1 else 0)
+
+
+@quiet
 def ddp_bad_inputs():
     comm = minipar.init()
     model = build("mlp", 0)
@@ -367,8 +396,11 @@ def zero_memory_and_state_dict():
     ]
     mine = opt.state_bytes()
     assert mine == 8 * elements[comm.rank] + 4 * n_tensors[comm.rank]
-    biggest = max(p.numel() for p in model.parameters())
-    assert abs(elements[comm.rank] - psi / comm.size) <= biggest, "unbalanced shards"
+    # the partition's bound (tests/test_data_parallel.py): the most-loaded rank holds at most
+    # the least-loaded one's elements plus the smallest parameter of its own shard
+    top = elements.index(max(elements))
+    smallest = min(p.numel() for p, r in zip(opt._all, opt.owner) if r == top)
+    assert max(elements) - min(elements) <= smallest, ("unbalanced shards", elements, smallest)
     assert sum(comm.allgather_object(mine)) == 8 * psi + 4 * len(opt._all)
     state = opt.state_dict()
     want = ref.state_dict()
@@ -421,6 +453,88 @@ def zero_vs_torch_zero():
 
 
 zero_vs_torch_zero = quiet(zero_vs_torch_zero)
+
+
+# groups that do not start at world rank 0, of 4, 3 and 2 ranks; the first lists the world in
+# reverse, so that no rank's group rank is its world rank (a mix-up of the two shows at once,
+# on every rank)
+OFFSET_GROUPS = ([3, 2, 1, 0], [1, 2, 3], [2, 3])
+ZERO_KINDS = {
+    "sgd": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.01)),
+    "adamw": (torch.optim.AdamW, dict(lr=0.01, weight_decay=0.1)),
+}
+
+
+def my_offset_groups():
+    """(world ranks, group) of each OFFSET_GROUPS group this rank is in (every rank creates
+    every group: new_group is collective)."""
+    me = minipar.get_rank()
+    made = [(ranks, minipar.new_group(ranks)) for ranks in OFFSET_GROUPS]
+    return [(ranks, group) for ranks, group in made if me in ranks]
+
+
+@quiet
+def zero_on_offset_groups():
+    """ZeRO-1 alone on groups not starting at world rank 0: each step bitwise the plain
+    optimizer's on one process, the state_dict the plain one's, and every shard broadcast from
+    its owner (the ledger: a rank receives every parameter byte but those of its own shard)."""
+    minipar.init()
+    for ranks, group in my_offset_groups():
+        for kind, opt_name in (("mlp", "adamw"), ("tied", "sgd")):
+            cls, kw = ZERO_KINDS[opt_name]
+            model, plain = build(kind, 0), build(kind, 0)
+            opt = ZeroRedundancyOptimizer(model.parameters(), cls, group=group, **kw)
+            ref = cls(plain.parameters(), **kw)
+            x, y = batch(kind)
+            total = sum(4 * p.numel() for p in opt._all)
+            own = sum(4 * p.numel() for p, r in zip(opt._all, opt.owner) if r == group.rank)
+            for step in range(STEPS):
+                for m, o in ((model, opt), (plain, ref)):
+                    o.zero_grad()
+                    loss_of(kind, m(x), y).backward()
+                with minipar.trace() as t:
+                    opt.step()
+                ref.step()
+                for (name, p), q in zip(model.named_parameters(), plain.parameters()):
+                    assert torch.equal(p, q), (
+                        f"ZeRO on {ranks} {kind} {opt_name} step {step}: {name}"
+                    )
+                assert t.bytes_received("broadcast") == total - own, (ranks, t.bytes_received())
+                assert len(t.calls) == len(set(opt.owner)), (ranks, len(t.calls), opt.owner)
+            state, want = opt.state_dict(), ref.state_dict()
+            assert state["param_groups"] == want["param_groups"]
+            assert sorted(state["state"]) == sorted(want["state"]), ranks
+            for i, s in want["state"].items():
+                for k, v in s.items():
+                    assert torch.equal(torch.as_tensor(state["state"][i][k]), torch.as_tensor(v))
+
+
+@quiet
+def ddp_fsdp_on_offset_groups():
+    """DDP with ZeRO-1, and FSDP, on groups not starting at world rank 0, trained with SGD (a
+    gradient off by a constant factor shows in the weights): each member takes its group rank's
+    share of the batch, the models start from the group's rank 0 (world rank ranks[0], whose
+    seed the reference uses), every step equals the one-process run."""
+    comm = minipar.init()
+    for ranks, group in my_offset_groups():
+        want = reference("tied", "sgd", seed=ranks[0])
+        x, y = batch("tied")
+        n = len(ranks)
+        share = slice(group.rank * N // n, (group.rank + 1) * N // n)
+        model = build("tied", comm.rank)
+        ddp = DistributedDataParallel(model, group=group, bucket_cap_mb=0.0004)
+        cls, kw = ZERO_KINDS["sgd"]
+        opt = ZeroRedundancyOptimizer(ddp.parameters(), cls, group=group, **kw)
+        fsdp = FullyShardedDataParallel(build("tied", comm.rank), group=group)
+        opt2 = optimizer("sgd", fsdp.parameters())
+        for step in range(STEPS):
+            for m, o in ((ddp, opt), (fsdp, opt2)):
+                o.zero_grad()
+                loss_of("tied", m(x[share]), y[share]).backward()
+                o.step()
+            what = f"on {ranks} step {step}"
+            assert_params(dict(model.named_parameters()), want[step], group, f"DDP+ZeRO {what}")
+            assert_params(fsdp.gather_full_params(), want[step], group, f"FSDP {what}")
 
 
 @quiet
@@ -539,6 +653,7 @@ def cases(size):
         ddp_unused_on_some_ranks=ddp_unused_on_some_ranks,
         ddp_explicit_finish_idempotent=ddp_explicit_finish_idempotent,
         ddp_ledger=ddp_ledger,
+        ddp_skips_expert_parameters=ddp_skips_expert_parameters,
         ddp_bad_inputs=ddp_bad_inputs,
         zero_alone_bitwise=zero_alone_bitwise,
         zero_memory_and_state_dict=zero_memory_and_state_dict,
@@ -553,6 +668,11 @@ def cases(size):
     )
     if size > 2:
         table["on_a_subgroup"] = on_a_subgroup
+    if size == 4:
+        table.update(
+            zero_on_offset_groups=zero_on_offset_groups,
+            ddp_fsdp_on_offset_groups=ddp_fsdp_on_offset_groups,
+        )
     if size > 1:
         table.update(ddp_vs_torch_ddp=ddp_vs_torch_ddp, zero_vs_torch_zero=zero_vs_torch_zero)
     return table

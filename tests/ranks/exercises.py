@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 from exercises_ex05 import ex05_cases
+from exercises_ex10 import ex10_cases
 
 import minipar
 from minipar import cost, exercises
@@ -363,23 +364,28 @@ def vocab_cross_entropy_case():
         fn = student("ex06_vocab_parallel_cross_entropy", "vocab_parallel_cross_entropy")
         g = torch.Generator().manual_seed(3)
         vocab = 12
-        logits = (4 * torch.randn(2, 5, vocab, generator=g)).requires_grad_()
-        target = torch.randint(0, vocab, (2, 5), generator=g)
-        target[0, :p] = torch.arange(p) * (vocab // p)  # a target in every rank's slice
-        want = F.cross_entropy(logits.view(-1, vocab), target.view(-1), reduction="none")
-        want.sum().backward()
-        mine = logits.detach().chunk(p, dim=-1)[r].contiguous()
-        with minipar.trace() as t:
-            loss, grad = fn(mine, target)
-        tp_close(loss.reshape(-1), want.detach(), "loss per token")
-        tp_close(grad, logits.grad.chunk(p, dim=-1)[r], "gradient of the logits")
-        assert all(c.collective == "all_reduce" for c in t.calls), (
-            f"only all-reduces, please (never gather the logits): {[c.collective for c in t.calls]}"
-        )
-        # each call's payload from its bytes (every formula is linear in the payload)
-        per_byte = [cost.traffic("all_reduce", c.algorithm, 1.0, p).bytes_sent for c in t.calls]
-        payload = sum(c.bytes_sent / k for c, k in zip(t.calls, per_byte) if k)
-        assert payload <= 3 * 10 * 4 + 1e-6, f"{payload:g} bytes all-reduced for 10 tokens"
+        # logits of about 4, then of about 400: exp overflows float32 past 88, so only the
+        # global max subtracted keeps the second finite
+        for scale in (4, 400):
+            logits = (scale * torch.randn(2, 5, vocab, generator=g)).requires_grad_()
+            target = torch.randint(0, vocab, (2, 5), generator=g)
+            target[0, :p] = torch.arange(p) * (vocab // p)  # a target in every rank's slice
+            want = F.cross_entropy(logits.view(-1, vocab), target.view(-1), reduction="none")
+            want.sum().backward()
+            mine = logits.detach().chunk(p, dim=-1)[r].contiguous()
+            with minipar.trace() as t:
+                loss, grad = fn(mine, target)
+            what = f"logits of about {scale}"
+            tp_close(loss.reshape(-1), want.detach(), f"loss per token, {what}")
+            tp_close(grad, logits.grad.chunk(p, dim=-1)[r], f"gradient of the logits, {what}")
+            assert all(c.collective == "all_reduce" for c in t.calls), (
+                "only all-reduces, please (never gather the logits): "
+                f"{[c.collective for c in t.calls]}"
+            )
+            # each call's payload from its bytes (every formula is linear in the payload)
+            per_byte = [cost.traffic("all_reduce", c.algorithm, 1.0, p).bytes_sent for c in t.calls]
+            payload = sum(c.bytes_sent / k for c, k in zip(t.calls, per_byte) if k)
+            assert payload <= 3 * 10 * 4 + 1e-6, f"{payload:g} bytes all-reduced for 10 tokens"
 
     return case
 
@@ -434,6 +440,49 @@ def pipeline_messages(schedule: str, v: int):
     return case
 
 
+# -- ex09: context parallelism: the student's merge and split inside minipar's ring attention ---
+
+
+def ring_with_student(merge=None, split=None):
+    """Ring attention on real ranks against dense attention, with the student's merge inside it
+    (minipar's own merge swapped out for the case) or the student's split cutting the shards."""
+
+    def case():
+        import torch
+        from torch.nn import functional as F
+
+        from minipar.parallel.context import online_softmax, ring_attention, shard_sequence
+
+        w_ = world()
+        merge_fn = student("ex09_online_softmax_merge", "merge") if merge else None
+        split_fn = student("ex09_load_balanced_split", "split") if split else None
+        g = torch.Generator().manual_seed(4)
+        q, k, v, dy = (torch.randn(2, 2, 8 * w_.size, 4, generator=g) for _ in range(4))
+        if merge_fn:  # called once before any message: an unstarted merge fails right here
+            probe = online_softmax.block_attention(q, k, v)
+            merge_fn(*probe, *probe)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        (want * dy).sum().backward()
+        if split_fn:
+            cut = lambda t: split_fn(t.detach(), 2, w_.rank, w_.size)  # noqa: E731
+        else:
+            cut = lambda t: shard_sequence(t.detach(), 2, causal=True)  # noqa: E731
+        shards = [cut(t).requires_grad_() for t in (q, k, v)]
+        own = online_softmax.merge
+        online_softmax.merge = merge_fn or own
+        try:
+            out = ring_attention(*shards, causal=True)
+            (out * cut(dy)).sum().backward()
+        finally:
+            online_softmax.merge = own
+        tp_close(out, cut(want), "ring attention's output")
+        for name, shard, t in zip("qkv", shards, (q, k, v)):
+            tp_close(shard.grad, cut(t.grad), f"gradient of {name}")
+
+    return case
+
+
 def cases(size):
     table = {}
     if size >= 2:
@@ -475,5 +524,8 @@ def cases(size):
         table["ex06_column_row_parallel/column"] = column_case()
         table["ex06_column_row_parallel/row"] = row_case()
         table["ex06_vocab_parallel_cross_entropy/values_and_ledger"] = vocab_cross_entropy_case()
+        table["ex09_online_softmax_merge/in_ring_attention"] = ring_with_student(merge=True)
+        table["ex09_load_balanced_split/ring_attention"] = ring_with_student(split=True)
+        table.update(ex10_cases(size))
     # every case explains its own failure: the first step where it parts from the solution
     return {name: stepdiff.explained(case, control) for name, case in table.items()}

@@ -2,6 +2,8 @@
 world, its groups checked by a collective on each, wrong layouts, a mesh on a sub-group.
 No torch here (numpy only), so a launch costs no torch import."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -112,8 +114,49 @@ def on_sub_group():
     check_mesh(mesh, [offset + r for r in range(half)])
 
 
+def grid_place(r, dp, cp, tp):
+    """(pp, dp, cp, tp) of rank r, tp fastest, written out apart from MeshShape."""
+    return r // (dp * cp * tp), r // (cp * tp) % dp, r // tp % cp, r % tp
+
+
+def cp_and_ep_layouts():
+    """Meshes with a cp axis and ep groups: every group's members against the grid written out
+    (rank = ((pp * dp + d) * cp + c) * tp + t; ep groups: ep consecutive dp ranks of one place;
+    expert dp: the same position in every ep group, over every cp rank), and a sum over each."""
+    w = minipar.init()
+    layouts = {4: [(2, 1, 1, 2, 1), (4, 1, 1, 1, 2), (2, 1, 1, 2, 2)],
+               8: [(2, 2, 1, 2, 1), (4, 1, 1, 2, 2), (2, 1, 2, 2, 2), (8, 1, 1, 1, 4)]}  # fmt: skip
+    for dp, tp, pp, cp, ep in layouts.get(w.size, []):
+        mesh = DeviceMesh(dp, tp, pp, cp=cp, ep=ep)
+
+        at = functools.partial(grid_place, dp=dp, cp=cp, tp=tp)
+        p, d, c, t = at(w.rank)
+        assert (mesh.pp_rank, mesh.dp_rank, mesh.cp_rank, mesh.tp_rank) == (p, d, c, t)
+        assert mesh.ep_rank == d % ep
+        everyone = range(w.size)
+        same = {
+            "cp": [r for r in everyone if at(r)[:2] == (p, d) and at(r)[3] == t],
+            "dp_cp": [r for r in everyone if (at(r)[0], at(r)[3]) == (p, t)],
+            "ep": [r for r in everyone if at(r)[::2] == (p, c) and at(r)[3] == t
+                   and at(r)[1] // ep == d // ep],
+            "expert_dp": [r for r in everyone if (at(r)[0], at(r)[3]) == (p, t)
+                          and at(r)[1] % ep == d % ep],
+        }  # fmt: skip
+        for kind, members in same.items():
+            group = getattr(mesh, f"{kind}_group")
+            assert sorted(group.global_ranks) == members, (kind, group.global_ranks, members)
+            assert sorted(mesh.global_ranks(kind)) == members
+            x = np.full(2, float(w.rank) + 1)
+            minipar.all_reduce(x, group=group)
+            assert (x == sum(members) + len(members)).all(), (kind, x, members)
+    # ep must divide dp: refused on every rank before any group is built
+    with pytest.raises(ValueError, match="must divide dp"):
+        DeviceMesh(w.size, 1, 1, ep=3 if w.size % 3 else 5)
+
+
 def cases(size):
     return {
+        "cp_and_ep_layouts": cp_and_ep_layouts,
         "every_layout": every_layout,
         "pipeline_neighbours_talk": pipeline_neighbours_talk,
         "product_mismatch": product_mismatch,

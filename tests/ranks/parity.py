@@ -11,6 +11,7 @@ reliability.py: same error on every rank, nothing moved, the group still works.
 """
 
 import functools
+import warnings
 
 import numpy as np
 import torch
@@ -118,6 +119,29 @@ def group_roots(dist):
     r = torch.full((2,), float(rank + 1))
     dist.reduce(r, group_dst=0, group=group)
     return t, r if dist.get_rank(group) == 0 else None
+
+
+def outside_group(dist):
+    """Every rank makes the calls on a sub-group, the one outside it too (on 3 ranks): torch's
+    rule, for the outsider nothing happens and None comes back (recv: -1), with a warning."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    ranks = members(size)
+    group = dist.new_group(ranks)
+    x = torch.full((2,), float(rank + 1))
+    out = [torch.zeros(2) for _ in ranks]
+    objs = [None] * len(ranks)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        returned = [
+            dist.all_reduce(x, group=group),
+            dist.broadcast(x, group_src=0, group=group),
+            dist.all_gather(out, x, group=group),
+            dist.all_gather_object(objs, rank, group=group),
+            dist.barrier(group=group),
+        ]
+        if rank not in ranks:
+            returned += [dist.isend(x, dst=ranks[0], group=group), dist.irecv(x, group=group)]
+    return returned, x, out, objs, rank not in ranks and len(seen) >= len(returned)
 
 
 def average_gradients(model, dist):
@@ -283,6 +307,7 @@ PROGRAMS = [
     nonblocking_p2p,
     group_all_reduce,
     group_roots,
+    outside_group,
     sgd,
     ring_all_reduce,
     batch_p2p,

@@ -1,5 +1,6 @@
 """Run under mpiexec on 2 ranks (tests/test_parity.py): torch.distributed's set-up calls,
-three times over, as a torch program makes them with `import minipar as dist`."""
+four times over, as a torch program makes them with `import minipar as dist` (the tutorial's
+MPI recipe first)."""
 
 import datetime
 import socket
@@ -26,7 +27,23 @@ def check_p2p():
         assert dist.recv(t) == 0 and (t == 1).all(), t
 
 
+def mpi_recipe():
+    """The tutorial's `init_process_group('mpi', rank=0, world_size=0)` on every rank: MPI's
+    rank and size count; a world_size other than MPI's is refused on every rank."""
+    try:
+        dist.init_process_group("mpi", rank=1, world_size=5)
+    except ValueError as error:
+        assert "world_size=5 but MPI started 2 ranks" in str(error), str(error)
+    else:
+        raise AssertionError("world_size=5 on 2 ranks was accepted")
+    assert not dist.is_initialized()
+    dist.init_process_group("mpi", rank=0, world_size=0)
+    check_world("mpi")
+    dist.destroy_process_group()
+
+
 def main():
+    mpi_recipe()
     dist.init_process_group("mpi", rank=-1, world_size=2, timeout=datetime.timedelta(seconds=20))
     check_world("mpi")
     from mpi4py import MPI

@@ -143,12 +143,12 @@ def bubble(schedule):
         # is small beside them; the tighter schedules (interleaved, zb-h1) need longer ones
         t = 0.015 if schedule in ("gpipe", "1f1b") else 0.03
         predicted = V.predicted_bubble(schedule, p, m, v)
-        chunks = [SleepStage(t) for _ in range(v)]
-        pipe = Pipeline(chunks if v > 1 else chunks[0], n_microbatches=m, schedule=schedule,
-                        loss_fn=lambda out, target: (out - target).pow(2).mean(),
-                        virtual_stages=v)  # fmt: skip
         measured = []
-        for _ in range(2):  # a second try only if load from other jobs spoiled the first
+        for scale in (1, 2, 4):  # longer units if load from other jobs spoiled a try
+            chunks = [SleepStage(scale * t) for _ in range(v)]
+            pipe = Pipeline(chunks if v > 1 else chunks[0], n_microbatches=m, schedule=schedule,
+                            loss_fn=lambda out, target: (out - target).pow(2).mean(),
+                            virtual_stages=v)  # fmt: skip
             # inputs that require grad: the first stage's B does the input-gradient path too,
             # so every stage's B is the same work (the formula's equal stages)
             pipe.step(torch.ones(16, 4, requires_grad=True), torch.zeros(16, 4))

@@ -5,18 +5,32 @@ Every collective tag carries a hash of the call's signature, so disagreeing rank
 match, and the watchdog (minipar/comm/watchdog.py) names both calls. The cases:
 
 - `mismatch.<mistake>`: the four mistakes of issue 16's table (root, op, same bytes in another
-  dtype, different counts) and a few more (another collective, another algorithm, a skipped
-  call), each on a fresh group: EVERY rank must raise MismatchError within LIMIT seconds of the
-  last rank making the bad call, with a message naming both calls and what differs. Each rank
-  then goes on as a program would (a barrier on the group every 10 ms): a rank that only sent
-  (two ranks that both think they are the root) learns of the mismatch at its next call after
-  the watchdog's look.
+  dtype, different counts), a few more (another collective, another algorithm, a skipped call),
+  and issue 27's, where no message shows the mismatch (every rank its own broadcast root or
+  scatter root, reduce's dst, the same all_reduce on two groups), each on a fresh group: EVERY
+  rank must raise MismatchError within LIMITS seconds of the last rank making the bad call
+  (1 s for issue 16's, found from a foreign tag; 2 s for issue 27's, found by a stalled wait
+  asking its peers or at the next call), with a message naming both calls and what differs.
+  Each rank then goes on as a program would (a barrier on the group every 10 ms): a rank that
+  only sent learns of the mismatch at its next call, which cannot match (the tags carry the
+  history). Rank 0 writes each case's times to stderr (`mismatch-timing <case> <rank> <s>`).
 - `mismatch.count_is_loud`: every collective with every algorithm, the last rank passing a
   larger count: every rank raises MismatchError.
-- `mismatch.matching_calls_pass`: ranks that agree, with numpy on some ranks and torch on others,
-  async calls in flight and a rank far ahead, raise nothing.
+- `mismatch.next_call_raises`: after a scatter every rank left with its own piece, the next call
+  (at once, before any watchdog look) raises instead of computing.
+- `mismatch.matching_calls_pass`, `mismatch.slow_peer_passes`, `mismatch.async_order_passes`:
+  ranks that agree, with numpy on some ranks and torch on others, async calls in flight, a rank
+  far ahead, a rank 2.5 s late (its peers ask it, twice and more), calls on two groups in
+  different orders where one is async (legal: the async one waits on its own thread), raise
+  nothing.
+- `mismatch.p2p_timeout_says`: a recv that times out says what its peer is doing (stuck in a
+  broadcast on another group); the peer's own wait, asking, does not mistake the recv for a
+  mismatch.
+- `mismatch.threads`: minipar runs no thread but the watchdog (PERIOD 0.1 s) and the progress one.
 """
 
+import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,7 +41,8 @@ import minipar
 from minipar.errors import CommTimeoutError, MessageSizeError, MismatchError
 
 TIMEOUT = 5.0  # a group's timeout: a mismatch the watchdog missed shows as a CommTimeoutError
-LIMIT = 1.0  # seconds from the last rank's bad call to every rank's MismatchError
+LIMIT = 1.0  # seconds from the last rank's bad call to every rank's MismatchError (foreign tag)
+ASKED_LIMIT = 2.0  # the same, for mistakes no message shows (a stalled wait asks, mismatch_after=1)
 
 
 def call(collective, algorithm, group, block):
@@ -139,6 +154,25 @@ def _skipped(g):
     minipar.all_reduce(x, group=g)
 
 
+# issue 27: no message shows these; the ranks find out by asking, or at the next call
+def _own_root(g):  # every rank believes it is the root: every rank only sends, and returns
+    minipar.broadcast(np.ones(8, np.float32), g.rank, group=g)
+
+
+def _dst(g):  # every rank waits to receive as the root, nobody sends
+    minipar.reduce(np.ones(8, np.float32), g.rank, group=g)
+
+
+def _scatter_src(g):  # every rank returns its own piece
+    parts = [np.full(2, float(g.rank)) for _ in range(g.size)]
+    minipar.scatter(np.zeros(2), parts, g.rank, group=g)
+
+
+def _group(g):  # the last rank calls it on another group of the same ranks
+    twin = g.twin  # made by the case beside g, on every rank
+    minipar.all_reduce(np.ones(8), group=twin if g.rank == g.size - 1 else g)
+
+
 MISTAKES = {
     "root": (_root, ["broadcast(src=0, float32 x 8)", "broadcast(src=1, float32 x 8)", "in src"]),
     "op": (_op, ["all_reduce(op=MAX, float32 x 8)", "all_reduce(op=SUM, float32 x 8)", "in op"]),
@@ -147,7 +181,19 @@ MISTAKES = {
     "collective": (_collective, ["called all_reduce(", "called broadcast(", "in collective"]),
     "algorithm": (_algorithm, ["algorithm=ring", "algorithm=linear", "in algorithm"]),
     "skipped": (_skipped, ["called broadcast(src=0", "called all_reduce(op=SUM"]),
+    "own_root": (_own_root, ["called broadcast(src=", "float32 x 8) on group", "in src"]),
+    "dst": (_dst, ["called reduce(dst=", "op=SUM, float32 x 8) on group mistake_dst", "in dst"]),
+    "scatter_src": (_scatter_src, ["called scatter(src=", "float64 x 2) on group", "in src"]),
+    "group": (
+        _group,
+        [
+            "all_reduce(op=SUM, float64 x 8) on group mistake_group but rank",
+            "on group mistake_group_twin (call #0 on group",
+            "they differ in group",
+        ],
+    ),
 }
+LIMITS = {name: ASKED_LIMIT for name in ("own_root", "dst", "scatter_src", "group")}
 
 
 def mistake_is_loud(name):
@@ -157,13 +203,15 @@ def mistake_is_loud(name):
         w = minipar.init()
         if w.size < 2:
             return
+        limit = LIMITS.get(name, LIMIT)
         g = minipar.new_group(list(range(w.size)), name=f"mistake_{name}")
-        g.timeout = TIMEOUT
+        g.twin = minipar.new_group(list(range(w.size)), name=f"mistake_{name}_twin")
+        g.timeout = g.twin.timeout = TIMEOUT
         w.barrier()
         start = time.time()
         try:
             make(g)
-            while time.time() < start + 3 * LIMIT:  # the program goes on: compute, then calls
+            while time.time() < start + 3 * limit:  # the program goes on: compute, then calls
                 minipar.barrier(group=g)
                 time.sleep(0.01)
         except MismatchError as error:
@@ -175,12 +223,15 @@ def mistake_is_loud(name):
         end = time.time()
         everyone = w.allgather_object((start, end, got))
         last_start = max(s for s, _, _ in everyone)
+        if w.rank == 0:
+            for rank, (_, end, _) in enumerate(everyone):
+                print(f"mismatch-timing {name} {rank} {end - last_start:.3f}", file=sys.stderr)
         for rank, (_, end, (kind, message)) in enumerate(everyone):
             assert kind == "MismatchError", f"rank {rank}: {kind} {message}"
             missing = [f for f in fragments if f not in message]
             assert not missing, f"rank {rank}: {missing} not in: {message}"
             took = end - last_start
-            assert took < LIMIT, f"rank {rank} raised {took:.2f} s after the bad call: {message}"
+            assert took < limit, f"rank {rank} raised {took:.2f} s after the bad call: {message}"
 
     return case
 
@@ -212,8 +263,119 @@ def matching_calls_pass():
     assert g._failure is None, g._failure
 
 
+def next_call_raises():
+    """Every rank returned from a scatter whose roots disagree (each kept its own piece); the
+    very next call on the group, made at once, must raise (its tags carry the history, so it
+    cannot match), not compute: the watchdog names the scatter meanwhile."""
+    w = minipar.init()
+    if w.size < 2:
+        return
+    g = minipar.new_group(list(range(w.size)), name="next_call")
+    g.timeout = TIMEOUT
+    _scatter_src(g)
+    x = np.ones(4)
+    try:
+        minipar.all_reduce(x, group=g)
+    except MismatchError as error:
+        message = str(error)
+    else:
+        raise AssertionError(f"the call after the bad scatter returned {x}")
+    assert "called scatter(src=" in message and "(call #0 on group next_call;" in message, message
+
+
+def slow_peer_passes():
+    """A rank 2.5 s late: the others' waits ask it (it computes), again and again: no error."""
+    w = minipar.init()
+    g = minipar.new_group(list(range(w.size)), name="slow_peer")
+    g.timeout = TIMEOUT
+    x = np.full(4, float(g.rank))
+    if g.rank == g.size - 1:
+        time.sleep(2.5)
+    minipar.all_reduce(x, group=g)
+    assert (x == sum(range(g.size))).all(), x
+    y = np.full(3, 7.0 if g.rank == 0 else 0.0)
+    if g.rank == 0:
+        time.sleep(1.5)  # the others wait in a broadcast from a root that is late
+    minipar.broadcast(y, 0, group=g)
+    assert (y == 7.0).all(), y
+    minipar.barrier(group=g)
+    assert g._failure is None, g._failure
+
+
+def async_order_passes():
+    """Two groups called in different orders, legal because rank 0's first call is async: its
+    progress thread waits on g while its main thread calls h (the others, h first, then a 1.5 s
+    pause: rank 0's async call stalls and asks; nobody is stuck in every thread)."""
+    w = minipar.init()
+    if w.size < 2:
+        return
+    g = minipar.new_group(list(range(w.size)), name="order_g")
+    h = minipar.new_group(list(range(w.size)), name="order_h")
+    g.timeout = h.timeout = TIMEOUT
+    x, y = np.ones(4), np.ones(4)
+    if w.rank == 0:
+        work = minipar.all_reduce(x, group=g, async_op=True)
+        minipar.all_reduce(y, group=h)
+        work.wait()
+    else:
+        minipar.all_reduce(y, group=h)
+        time.sleep(1.5)
+        minipar.all_reduce(x, group=g)
+    assert (x == w.size).all() and (y == w.size).all(), (x, y)
+    minipar.barrier(group=g)
+    minipar.barrier(group=h)
+    assert g._failure is None and h._failure is None, (g._failure, h._failure)
+
+
+def p2p_timeout_says():
+    """Rank 0's recv from rank 1 times out while rank 1 waits in a broadcast on another group
+    whose root is rank 0: the timeout says so. Rank 1's broadcast asks rank 0 meanwhile and
+    finds it in a recv (point-to-point: no verdict); it completes once rank 0 joins."""
+    w = minipar.init()
+    if w.size < 2:
+        return
+    g = minipar.new_group(list(range(w.size)), name="p2p_recv")
+    other = minipar.new_group(list(range(w.size)), name="p2p_other")
+    g.timeout, other.timeout = 1.5, TIMEOUT
+    y = np.full(4, 5.0 if w.rank == 0 else 0.0)
+    message = ""
+    if w.rank == 0:
+        try:
+            g.recv(np.empty(4), 1, tag=3)  # rank 1 never sends it
+        except CommTimeoutError as error:
+            message = str(error)
+    minipar.broadcast(y, 0, group=other)
+    assert (y == 5.0).all(), y
+    assert other._failure is None, other._failure
+    if w.rank == 0:
+        want = "; rank 1 is waiting in broadcast(src=0, float64 x 4) (call #0 on group p2p_other)"
+        assert want in message, message
+        assert "timed out after 1.5 s waiting for recv of 32 bytes from rank 1 (tag 3)" in message
+
+
+def threads():
+    """minipar's own threads: the watchdog (one look every PERIOD = 0.1 s) and the progress
+    thread; the stalled-wait questions run on the waiting thread and the watchdog's."""
+    from minipar.comm import watchdog
+
+    w = minipar.init()
+    minipar.all_reduce(np.ones(2))
+    minipar.all_reduce(np.ones(2), async_op=True).wait()
+    names = sorted(t.name for t in threading.enumerate())
+    allowed = {"MainThread", "minipar-watchdog", "minipar-progress"}
+    assert set(names) <= allowed, names
+    assert watchdog.PERIOD == 0.1
+    if w.size > 1:
+        assert "minipar-watchdog" in names, names
+
+
 def cases(size):
     table = {"mismatch.count_is_loud": count_mismatch_is_loud}
     table.update({f"mismatch.{name}": mistake_is_loud(name) for name in MISTAKES})
     table["mismatch.matching_calls_pass"] = matching_calls_pass
+    table["mismatch.next_call_raises"] = next_call_raises
+    table["mismatch.slow_peer_passes"] = slow_peer_passes
+    table["mismatch.async_order_passes"] = async_order_passes
+    table["mismatch.p2p_timeout_says"] = p2p_timeout_says
+    table["mismatch.threads"] = threads
     return table

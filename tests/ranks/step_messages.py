@@ -5,34 +5,42 @@ ranks).
 For each layout every rank trains two steps of a small GPT on a DeviceMesh and records the
 second in minipar.trace(); its collective calls, counted by (group axis, collective, algorithm,
 steps), and its point-to-point messages must equal step_messages.signature for its pipeline
-stage: the calls and the message-steps the planner prices.
+stage: the calls and the message-steps the planner prices. With context and expert
+parallelism too: the cp group's ring messages or all-to-alls, the ep group's count all-gathers
+and all-to-alls, the experts' gradient all-reduce. A group serving two kinds (cp = 1: the
+gradients' dp x cp group is the dp group) is named by the first kind that made it, so both
+sides name a group by the first mesh kind with its ranks.
 """
 
+import dataclasses
 from collections import Counter
 
 import minipar
 from minipar import runtime
 from minipar.models.config import GPTConfig, RunSpec
+from minipar.parallel.mesh import GROUPS
 from minipar.planning import planner, step_messages
 
 CONFIG = GPTConfig(seq_len=16, hidden=32, n_layers=4, n_heads=4)
 SPEC = planner.ModelSpec(4, 32, 4, seq_len=16, global_batch=8, vocab=CONFIG.vocab_size)
+KIND = {"dp": "dp_cp"}  # the planner's axis -> the mesh's kind of group (the rest: the same)
 
 
-def traced_step(dp, tp, pp, m, fsdp):
+def traced_step(dp, tp, pp, m, fsdp, cp=1, variant="ring", ep=1, experts=0):
     """The ledger of the second training step on this rank, and the mesh."""
     from minipar.models import training  # torch: here, so collecting the tests stays light
     from minipar.models.data import Batches, dp_slice, load_tokens
-    from minipar.parallel import DeviceMesh
 
-    spec = RunSpec(dp, tp, pp, m, "1f1b", fsdp, steps=2, model=CONFIG)
-    mesh = DeviceMesh(dp, tp, pp)
+    config = dataclasses.replace(CONFIG, n_experts=experts)
+    spec = RunSpec(dp, tp, pp, m, "1f1b", fsdp, steps=2, model=config, cp=cp,
+                   cp_variant=variant, ep=ep)  # fmt: skip
+    mesh = training.mesh_for(spec)
     part = training.build_for_mesh(spec, mesh)
     opt = training.make_optimizer_for(part.parameters(), spec.lr)
     batches = Batches(load_tokens(), spec.batch_size, CONFIG.seq_len, spec.seed)
     rows = dp_slice(spec.batch_size, mesh.dp_rank, dp)
     for step in range(2):
-        inputs, targets = (t[rows] for t in batches.get(step))
+        inputs, targets = (part.shard_batch(t[rows]) for t in batches.get(step))
         with minipar.trace() as ledger:  # the same calls as training.train_on_mesh's loop
             opt.zero_grad(set_to_none=True)
             local = part.forward_backward(inputs, targets)
@@ -42,27 +50,44 @@ def traced_step(dp, tp, pp, m, fsdp):
     return ledger, mesh
 
 
-def counted(ledger) -> Counter:
+def first_kind(mesh, ranks) -> str:
+    """The first kind of mesh group (in the order the mesh builds them) with these ranks."""
+    return next(kind for kind in GROUPS if set(mesh.global_ranks(kind)) == set(ranks))
+
+
+def of_group(mesh, name: str) -> str:
+    """A ledger's group name, "cp[0, 2]", as the first mesh kind with its ranks."""
+    ranks = [int(r) for r in name.split("[")[1].rstrip("]").split(",")]
+    return first_kind(mesh, ranks)
+
+
+def counted(ledger, mesh) -> Counter:
     out = Counter()
     for call in ledger.calls:
-        out[call.group.split("[")[0], call.collective, call.algorithm, call.steps] += 1
+        out[of_group(mesh, call.group), call.collective, call.algorithm, call.steps] += 1
     for msg in ledger.messages:
         if msg.collective == "p2p":
-            out[msg.group.split("[")[0], msg.kind, "p2p", 1] += 1
+            out[of_group(mesh, msg.group), msg.kind, "p2p", 1] += 1
     return out
 
 
-def check(dp, tp, pp, m, fsdp=False):
+def check(dp, tp, pp, m, fsdp=False, cp=1, variant="ring", ep=1, experts=0):
     from minipar.collectives.window_buffer import shared_node  # numpy: collecting stays light
 
-    ledger, mesh = traced_step(dp, tp, pp, m, fsdp)
-    lay = planner.evaluate(SPEC, planner.CLUSTERS["cpu"], dp, tp, pp, 8 // dp // m)
+    ledger, mesh = traced_step(dp, tp, pp, m, fsdp, cp, variant, ep, experts)
+    spec = dataclasses.replace(SPEC, experts=experts)
+    lay = planner.evaluate(spec, planner.CLUSTERS["cpu"], dp, tp, pp, 8 // dp // m, cp=cp,
+                           ep=ep, cp_variant=variant)  # fmt: skip
     assert lay.microbatches == m
-    windows = dp > 1 and shared_node(mesh.dp_group, "the dp group") is not None  # one node
-    want = step_messages.signature(SPEC, lay, mesh.pp_rank, zero=3 if fsdp else 0,
-                                   windows=windows)  # fmt: skip
-    got = counted(ledger)
-    assert got == Counter(want), f"stage {mesh.pp_rank}: traced {dict(got)}, planner {want}"
+    # the dp group's buffers live in a shared window when its ranks share a node (one here)
+    windows = dp * cp > 1 and shared_node(mesh.dp_cp_group, "the dp group") is not None
+    want = Counter()
+    signature = step_messages.signature(spec, lay, mesh.pp_rank, zero=3 if fsdp else 0,
+                                        windows=windows)  # fmt: skip
+    for (axis, *rest), n in signature.items():
+        want[(first_kind(mesh, mesh.global_ranks(KIND.get(axis, axis))), *rest)] += n
+    got = counted(ledger, mesh)
+    assert got == want, f"stage {mesh.pp_rank}: traced {dict(got)}, planner {dict(want)}"
 
 
 def step_latency_measures():
@@ -83,5 +108,10 @@ def cases(size):
         "tp4": lambda: check(1, 4, 1, 1),
         "tp2_pp2_m2": lambda: check(1, 2, 2, 2),
         "dp2_pp2_fsdp": lambda: check(2, 1, 2, 2, fsdp=True),
+        "dp2_cp2_ring": lambda: check(2, 1, 1, 1, cp=2),
+        "cp2_tp2_ulysses": lambda: check(1, 2, 1, 1, cp=2, variant="ulysses"),
+        "cp2_pp2_m2_ring": lambda: check(1, 1, 2, 2, cp=2),
+        "dp4_ep2_moe": lambda: check(4, 1, 1, 1, ep=2, experts=4),
+        "dp2_cp2_ep2_moe": lambda: check(2, 1, 1, 1, cp=2, ep=2, experts=4),
         "step_latency": step_latency_measures,
     }

@@ -3,7 +3,9 @@
 Every rank builds the same dense module and inputs (same seed), the parallel layer takes its
 slice with `from_dense`, and both run forward and backward with the same upstream gradient:
 outputs, input gradients and every parameter gradient must match this rank's slice of the dense
-ones. Also: a transformer block (norms, attention, MLP, residuals), the communication each layer
+ones. Also: the vocabulary-parallel loss on logits of magnitude 100-1000 (where exp overflows
+without the global max subtracted) in float32, float16 and bfloat16 against F.cross_entropy,
+a transformer block (norms, attention, MLP, residuals), the communication each layer
 makes (trace ledger against minipar.cost's formulas), torch.distributed.tensor.parallel on the
 same weights (the MLP with and without sequence parallelism and the attention, at TP = 2; gloo
 brought up beside MPI in the same job), two TP groups side by side (4 ranks), and layouts that
@@ -196,7 +198,8 @@ def twin_case(kind, bias, sp):
 
 
 def subgroups():
-    """Two tensor-parallel groups side by side ({0, 1} and {2, 3}): layers use only their own."""
+    """Two tensor-parallel groups side by side ({0, 1} and {2, 3}): layers use only their own;
+    the embedding and the loss take the vocabulary slice of their group rank."""
     w = minipar.init()
     groups = [minipar.new_group([0, 1]), minipar.new_group([2, 3])]
     group = groups[w.rank // 2]
@@ -210,15 +213,18 @@ def subgroups():
             run_twins(dense, parallel, x, view, view, group=group, sp=sp)
         assert {c.group for c in t.calls} == {group.name}, {c.group for c in t.calls}
         check_param_grads(parallel, ParallelBlock.from_dense(grads_twin(dense), group, sp))
+    # the vocabulary slices follow the group's rank, not the world's
+    embedding(group)
+    cross_entropy_large_case(torch.float32, group)()
 
 
 # -- embedding and cross-entropy --------------------------------------------------------------
-def embedding():
-    r, p = me()
+def embedding(group=None):
+    r, p = me(group)
     torch.manual_seed(7)
     dense = nn.Embedding(VOCAB, H)
     ids = torch.randint(0, VOCAB, (B, S))
-    layer = VocabParallelEmbedding.from_dense(dense)
+    layer = VocabParallelEmbedding.from_dense(dense, group)
     assert layer.weight.shape == (VOCAB // p, H)
     yd, yp = dense(ids), layer(ids)
     dy = torch.randn_like(yd)
@@ -249,6 +255,40 @@ def cross_entropy_case(reduction):
         assert all(c.collective == "all_reduce" for c in t.calls), t.algorithms
         assert len(t.calls) == (2 if p > 1 else 0)
         check_traffic(t.calls, [("all_reduce", B * S * 4), ("all_reduce", 2 * B * S * 4)], p)
+
+    return case
+
+
+def cross_entropy_large_case(dtype, group=None):
+    """Logits of magnitude 100 to 1000 (exp overflows float32 past 88: only a max subtracted,
+    the same global one on every rank, keeps the sum finite and exact), given in `dtype`: loss
+    and logits gradient against F.cross_entropy of the same numbers in float32. The loss is
+    float32 on both sides (rtol RTOL); the gradient comes back in `dtype`, within one rounding
+    of it (float32: RTOL)."""
+
+    def case():
+        r, p = me(group)
+        torch.manual_seed(9)
+        scale = torch.logspace(2, 3, B * S).view(B, S, 1)  # 100 .. 1000, one per token
+        logits = (scale * torch.randn(B, S, VOCAB)).to(dtype)
+        target = torch.randint(0, VOCAB, (B, S))
+        target[0, :p] = torch.arange(p) * (VOCAB // p)  # targets on every rank's first row
+        full32 = logits.detach().float().clone().requires_grad_()
+        want = F.cross_entropy(full32.view(-1, VOCAB), target.view(-1), reduction="none")
+        dl = torch.rand_like(want)
+        (want * dl).sum().backward()
+        mine = piece(logits, -1, group).clone().requires_grad_()
+        got = vocab_parallel_cross_entropy(mine, target, group, reduction="none")
+        (got * dl.view_as(got)).sum().backward()
+        bad = int((~torch.isfinite(got)).sum())
+        assert not bad, f"{dtype}: {bad} of {got.numel()} losses inf or nan"
+        close(got.float().view_as(want), want, f"{dtype} loss")
+        assert got.dtype == torch.float32, f"{dtype} logits: the loss is {got.dtype}"
+        assert mine.grad.dtype == dtype, mine.grad.dtype
+        expected = piece(full32.grad, -1, group)
+        err = (mine.grad.float() - expected).abs().max().item()
+        tol = RTOL if dtype == torch.float32 else torch.finfo(dtype).eps
+        assert err <= tol * expected.abs().max().item(), f"{dtype} gradient: max error {err:.3g}"
 
     return case
 
@@ -375,7 +415,8 @@ def attention_against_torch():
 
 # -- layouts that cannot split -----------------------------------------------------------------
 def bad_layouts():
-    """ValueError naming the dimension, its size and the group size, before any message."""
+    """ValueError naming the dimension, its size and the group size, before any message (a
+    vocabulary does not divide either: it is padded, tests/ranks/vocab_padding.py)."""
     _, p = me()
     odd = 2 * 3 * 4 + 1  # divides by none of 2, 3, 4
     attempts = [
@@ -383,7 +424,6 @@ def bad_layouts():
         (lambda: RowParallelLinear(odd, H), f"in_features has size {odd}"),
         (lambda: ParallelSelfAttention(odd, odd), f"num_heads has size {odd}"),
         (lambda: ParallelMLP(H, odd), f"out_features has size {odd}"),
-        (lambda: VocabParallelEmbedding(odd, H), f"num_embeddings (the vocabulary) has size {odd}"),
         (
             lambda: scatter_to_sequence_parallel_region(torch.randn(B, odd, H)),
             f"dimension 1 of the input has size {odd}",
@@ -415,6 +455,8 @@ def cases(size):
     table["embedding"] = embedding
     for reduction in ("mean", "sum", "none"):
         table[f"cross_entropy.{reduction}"] = cross_entropy_case(reduction)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        table[f"cross_entropy.large.{str(dtype)[6:]}"] = cross_entropy_large_case(dtype)
     table["ledger.tp"] = ledger_case(False)
     table["ledger.sp"] = ledger_case(True)
     if size > 1:

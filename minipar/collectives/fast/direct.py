@@ -66,6 +66,7 @@ def failed(comm, error, recv, send, tag: int, sendbuf, dst, recvbuf, src) -> Non
     """Raise `error` (MPI's truncation said as MessageSizeError) after abandoning the step's
     requests still in flight: their buffers are kept alive, as MPI may still touch them."""
     abandon(_wrap(comm, recv, send, tag, sendbuf, dst, recvbuf, src))
+    comm._told = True  # the program sees this group fail (comm/ending.py)
     if recvbuf is not None and isinstance(error, module().Exception):
         raise_if_truncated(error, comm, src, tag, recvbuf.nbytes)
     raise error

@@ -58,8 +58,8 @@ def log(call, path: str, step: int, peer_bytes) -> None:
     for q, (got, gave) in enumerate(peer_bytes):
         if q != call.rank:
             args = (call.comm, call.collective, call.algorithm, call.seq, step)
-            ledger.record(*args, "recv", q, got, path)
-            ledger.record(*args, "send", q, gave, path)
+            ledger.record(*args, "recv", q, got, path=path)
+            ledger.record(*args, "send", q, gave, path=path)
 
 
 def chunk_bytes(blocks, p: int, size: int) -> list[int]:

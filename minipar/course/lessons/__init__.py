@@ -111,6 +111,26 @@ LESSONS = [
         "a tiny GPT on a 3D mesh",
         "minipar.course.lessons.l08_putting_it_together",
     ),
+    LessonInfo(
+        "09",
+        "09_context_parallel",
+        "Long sequences: context parallelism",
+        4,
+        "ring attention's K/V bytes, the causal work per rank, memory / cp, ring vs Ulysses",
+        "minipar.course.lessons.l09_context_parallel",
+        ("forget-rescale", "naive-split"),
+        min_ranks=2,
+    ),
+    LessonInfo(
+        "10",
+        "10_mixture_of_experts",
+        "Mixture of experts: expert parallelism",
+        2,
+        "an MoE layer's all-to-alls against an all-reduce, imbalance, aux loss, capacity drops",
+        "minipar.course.lessons.l10_mixture_of_experts",
+        ("no-counts", "wrong-group"),
+        min_ranks=2,
+    ),
 ]
 
 

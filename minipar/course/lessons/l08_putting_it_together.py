@@ -12,7 +12,10 @@ NVLink and on InfiniBand, which is why TP stays inside a node and PP goes across
 planner's table for this machine and for a cluster.
 
 The end (not with --quick) trains the tiny GPT on the lesson's own mesh, checks its losses
-against the dense run and sets its step time beside the planner's.
+against the dense run and sets its step time beside the planner's; then one step with each
+recomputation policy (none, selective, full): the same loss, the bytes autograd kept per block
+against minipar's formula (models/memory.py), the step time, and a trace of every rank
+(comm/chrome_trace.py) to open in Perfetto.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import numpy as np
 import minipar
 from minipar import cost, launcher
 from minipar.course.lessons.page import Page, fmt_bytes, fmt_time
-from minipar.models import training
+from minipar.models import memory, training
 from minipar.parallel.mesh import TRAFFIC, DeviceMesh, render
 from minipar.planning import plan_table, planner
 
@@ -237,6 +240,52 @@ def measured_run_section(page: Page, mesh: DeviceMesh, microbatches: int) -> Non
     page.check(worst <= 1e-4, "every step's loss equals the dense run's (float32, within 1e-4)")
 
 
+def recompute_section(page: Page, mesh: DeviceMesh, microbatches: int) -> None:
+    """One step of the tiny GPT per recomputation policy on the lesson's mesh, traced: the same
+    loss, the bytes each block kept per micro-batch measured against the formula, the step
+    time; the full run's trace written for Perfetto."""
+    import os
+    import tempfile
+
+    layout = f"dp={mesh.dp} x tp={mesh.tp} x pp={mesh.pp}"
+    page.measurement(f"recomputation on {layout}: one step each, memory and time")
+    if page.quick:
+        page.say("Skipped with --quick (it loads torch on every rank): run without --quick.")
+        return
+    micro = TINY.global_batch // mesh.dp // microbatches
+    rows, losses = [], {}
+    folder = tempfile.mkdtemp(prefix="minipar-l08-") if page.rank == 0 else None
+    path = os.path.join(page.gather(folder)[0], "trace.json")
+    for policy in ("none", "selective", "full"):
+        spec = training.RunSpec(mesh.dp, mesh.tp, mesh.pp, microbatches, "1f1b", steps=2,
+                                recompute=policy)  # fmt: skip
+        times = []
+        with minipar.trace() as t:
+            t.align()
+            step_losses, part, _ = training.train_on_mesh(
+                spec, mesh, lambda step, loss, s, times=times: times.append(s)
+            )
+        if policy == "full":
+            t.save(path)  # collective: rank 0 writes every rank's part
+        kept = memory.per_layer(part.memory, microbatches)
+        measured = page.gather(max(kept.values()) if kept else 0)
+        slowest = max(ts[-1] for ts in page.gather(times))
+        want = memory.layer_bytes(TINY_CONFIG, micro, mesh.tp, policy)
+        losses[policy] = step_losses
+        rows.append((policy, fmt_bytes(max(measured)), fmt_bytes(want), fmt_time(slowest)))
+        page.check(abs(max(measured) - want) <= 0.1 * want, f"{policy}: within 10% of the formula")
+    page.table(None, ["recompute", "kept per block>", "formula>", "second step>"], rows,
+               caption=f"per block and micro-batch of {micro} sequences, float32; the formula: "
+               "minipar/models/memory.py")  # fmt: skip
+    page.check(losses["selective"] == losses["none"] == losses["full"],
+               "the same loss with and without recomputation (bitwise)")  # fmt: skip
+    if page.rank == 0:
+        page.say(f"The full run's timeline: {path}, for ui.perfetto.dev (one process per rank).")
+
+
+TINY_CONFIG = training.RunSpec().model  # minipar train's default GPT, as a GPTConfig
+
+
 def main(argv=None) -> int:
     page = Page("08", "Putting it together: DP x TP x PP", argv=argv)
     dp, tp, pp = default_layout(page.size)
@@ -247,11 +296,14 @@ def main(argv=None) -> int:
     placement_section(page)
     planner_section(page)
     measured_run_section(page, mesh, microbatches)
+    recompute_section(page, mesh, microbatches)
     page.try_this(
         [
             "minipar lesson 08 -n 4: which layout does it pick, and what changes in the traffic?",
             "minipar plan --model 70b --nodes 4 --zero 1 --all: why is each rejected layout out?",
             "minipar plan --model 7b --gpus 16 --micro-batch 1: watch the bubble shrink with m.",
+            "minipar train --dp 2 --pp 2 --microbatches 4 --steps 2 --trace t.json: open t.json "
+            "in ui.perfetto.dev; where does the all-reduce run, where is the bubble?",
         ]
     )
     return page.finish()

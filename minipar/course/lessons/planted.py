@@ -138,3 +138,66 @@ def all_reduce_gradients_every_name(model) -> None:
         minipar.all_reduce(param.grad, algorithm="ring")
     for param in model.parameters():
         param.grad.div_(p)
+
+
+def moe_forward_without_counts(moe, x):
+    """Lesson 10, `no-counts`: an MoE forward that skips the count exchange. BUG: a rank cannot
+    know how many rows the others will send it (that depends on their routers), so this one
+    guesses "as many as I send each of them", expert by expert. The guess holds only for a
+    perfectly symmetric routing; otherwise a receive buffer is the wrong size and minipar's
+    transport refuses the message on both ends (other transports write past the buffer or
+    hang). The fix is the one all-gather of the counts before any token moves."""
+    # here, not at the top of the file: torch loads only when used
+    from minipar.parallel.expert import dispatch, exchange
+
+    flat = x.reshape(-1, moe.hidden)
+    routing = moe.router(flat)
+    plan = dispatch.plan(routing.experts, routing.kept, moe.n_experts, moe.ep)
+    guessed = plan.counts[moe.first : moe.first + moe.n_local].repeat(moe.ep, 1)  # per source
+    received = exchange.all_to_all(flat[plan.tokens], plan.splits, plan.splits, moe.group)
+    perm, per_expert = dispatch.regroup(guessed)
+    out = moe.experts(received[perm], per_expert.tolist())
+    back = exchange.all_to_all(out[dispatch.inverse_permutation(perm)], plan.splits,
+                               plan.splits, moe.group)  # fmt: skip
+    return dispatch.combine(back, plan, routing.weights).reshape(x.shape)
+
+
+def sync_expert_grads_over_token_group(module, mesh) -> None:
+    """Lesson 10, `wrong-group`: the experts' gradient sum over the expert-parallel group, the
+    ranks that exchange tokens. BUG: those ranks hold *different* experts (that is the point of
+    expert parallelism), so summing over them mixes experts, or, with one expert copy per
+    group, sums nothing at all; the copies of the *same* expert, on the ranks of the other
+    expert-parallel groups (mesh.expert_dp_group), never meet. Nothing crashes: only a
+    comparison with the dense twin's gradients shows it."""
+    # here, not at the top of the file: torch loads only when used
+    from minipar.parallel.expert import sync_expert_grads
+
+    sync_expert_grads(module, group=mesh.ep_group, divide_by=mesh.dp)
+
+
+def merge_without_rescale(out_a, lse_a, out_b, lse_b):
+    """Lesson 09, `forget-rescale`: the online-softmax merge of two key blocks, weighing each by
+    exp(lse) directly. BUG: exact on paper, but exp(lse) overflows float32 once a score passes
+    about 88: inf / inf is NaN. Ordinary random inputs (scores of a few units) pass every test;
+    only inputs with large scores catch it. The fix: subtract the running maximum m =
+    max(lse_a, lse_b) before exponentiating, so both weights lie in (0, 1]."""
+    # here, not at the top of the file: torch loads only when used
+    import torch
+
+    wa, wb = torch.exp(lse_a), torch.exp(lse_b)
+    total = wa + wb
+    out = (wa / total).unsqueeze(-1) * out_a + (wb / total).unsqueeze(-1) * out_b
+    return out, torch.log(total)
+
+
+def shard_sequence_naive(x, dim: int, group=None):
+    """Lesson 09, `naive-split`: this rank's contiguous block of the sequence, used for causal
+    ring attention. BUG: under a causal mask query i needs keys 0..i, so rank r's queries need
+    the blocks of ranks 0..r: rank cp - 1 does cp times the work of rank 0, and every ring step
+    waits for it. Every value is still right, so a check against dense attention passes; only
+    the work counted per rank shows it. The fix: the load-balanced layout
+    (shard_sequence(x, dim, group, causal=True): chunks r and 2cp - 1 - r)."""
+    # here, not at the top of the file: torch loads only when used
+    from minipar.parallel.context import shard_sequence
+
+    return shard_sequence(x, dim, group, causal=False)

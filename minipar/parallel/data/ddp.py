@@ -31,6 +31,13 @@ Buckets fill in reverse registration order (backward meets the last layers first
 strictly in bucket order, so every rank issues the same collectives in the same order even when
 hooks fire in different orders or some parameters get no gradient on some ranks.
 
+Expert parameters (marked `expert_parallel = True`, minipar.parallel.expert) are left alone:
+not broadcast (each rank holds its own experts), not bucketed, not averaged. Their gradient
+already covers every token its expert-parallel group routed to it, and the ranks holding the
+same experts sum them with minipar.parallel.expert.sync_expert_grads over their own group;
+averaging them over dp would mix different experts' gradients (Megatron-LM and DeepSpeed keep
+the experts' gradients apart from the dense ones in the same way).
+
 A forward with grad enabled outside no_sync() arms the next backward's synchronisation (torch
 DDP decides at forward time too); one synchronised backward per such forward.
 
@@ -49,6 +56,7 @@ from torch import nn
 
 from minipar import collectives, cost, runtime
 from minipar.collectives.reduce_op import ReduceOp
+from minipar.comm import ledger
 
 
 def structure(module: nn.Module) -> list[tuple]:
@@ -98,6 +106,11 @@ def broadcast_tensors(tensors, comm, src: int = 0) -> None:
             for t in group:
                 t.copy_(flat[offset : offset + t.numel()].view_as(t))
                 offset += t.numel()
+
+
+def is_expert(param) -> bool:
+    """A parameter of an expert-parallel layer: reduced by the expert sync, not by DDP."""
+    return getattr(param, "expert_parallel", False)
 
 
 class Bucket:
@@ -197,8 +210,9 @@ class DistributedDataParallel(nn.Module):
         self.comm = runtime.resolve(group)
         self.bucket_cap_mb, self.algorithm = bucket_cap_mb, algorithm
         check_same_structure(self.comm, structure(module))
-        broadcast_tensors(list(module.parameters()) + list(module.buffers()), self.comm)
-        trainable = [p for p in module.parameters() if p.requires_grad]  # tied: listed once
+        shared = [p for p in module.parameters() if not is_expert(p)]  # tied: listed once
+        broadcast_tensors(shared + list(module.buffers()), self.comm)
+        trainable = [p for p in shared if p.requires_grad]
         self.buckets = make_buckets(trainable[::-1], int(bucket_cap_mb * 2**20))
         place_buckets(self.buckets, self.comm)
         self._where = {}  # id(param) -> (bucket, position)
@@ -245,10 +259,12 @@ class DistributedDataParallel(nn.Module):
             self._launch(self.buckets[self._next])
 
     def _launch(self, bucket: Bucket) -> None:
-        algorithm = reduction_algorithm(self.algorithm, bucket.numel * bucket.dtype.itemsize)
-        bucket.work = collectives.all_reduce(
-            bucket.buffer, ReduceOp.AVG, self.comm, algorithm, async_op=True
-        )
+        nbytes = bucket.numel * bucket.dtype.itemsize
+        algorithm = reduction_algorithm(self.algorithm, nbytes)
+        with ledger.span(f"launch bucket {bucket.index}", "ddp", bytes=nbytes):  # for a trace
+            bucket.work = collectives.all_reduce(
+                bucket.buffer, ReduceOp.AVG, self.comm, algorithm, async_op=True
+            )
         self._next += 1
 
     def _end_of_backward(self) -> None:
@@ -286,7 +302,8 @@ class DistributedDataParallel(nn.Module):
                 k += 1
         self._launch_ready()
         for bucket in self.buckets:
-            bucket.work.wait()  # blocked, not polling: the progress thread has the core
+            with ledger.span(f"wait bucket {bucket.index}", "ddp"):  # for a trace
+                bucket.work.wait()  # blocked, not polling: the progress thread has the core
         if len(self._where):  # which parameters some rank has a gradient for (once the buckets
             collectives.all_reduce(used, ReduceOp.MAX, self.comm)  # are done: ranks in step)
         k = 0

@@ -37,6 +37,8 @@ from torch import nn
 
 from minipar import collectives, runtime
 from minipar.collectives.reduce_op import ReduceOp
+from minipar.comm import ledger
+from minipar.parallel import activation_memory
 from minipar.parallel.data.ddp import (
     broadcast_tensors,
     check_same_structure,
@@ -91,6 +93,7 @@ class _Gather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
+        ctx.unit.end_span()  # the unit's backward is done: its gradients are complete
         ctx.unit.reduce_scatter(grads, ctx.unit.hand_over())
         return None, None
 
@@ -115,6 +118,16 @@ class Unit:
         self.shard = nn.Parameter(flat[start : start + self.block].clone())
         self.full, self.slots = None, []  # the gathered vector, and the slots it took
         self.pending = []  # (work, reduced block) of in-flight reduce-scatters
+        self.span = None  # a trace's open span of this unit's forward or backward
+
+    def begin_span(self, phase: str) -> None:
+        self.end_span()
+        self.span = ledger.open_span(f"{phase} {self.name}", "fsdp")  # None: no trace open
+
+    def end_span(self) -> None:
+        if self.span is not None:
+            self.span.close()
+            self.span = None
 
     def gather(self, dtype=None) -> torch.Tensor:
         """All-gather the blocks, in compute_dtype (or `dtype`), into a free slot of the
@@ -272,6 +285,7 @@ class FullyShardedDataParallel(nn.Module):
 
     def _pre_hook(self, unit: Unit):
         def hook(_module, _args):
+            unit.begin_span("forward")
             unit.bind(_Gather.apply(unit.shard, unit))
 
         return hook
@@ -279,6 +293,7 @@ class FullyShardedDataParallel(nn.Module):
     def _post_hook(self, unit: Unit):
         def hook(_module, _args, _output):
             unit.release()
+            unit.end_span()
 
         return hook
 
@@ -292,7 +307,8 @@ class FullyShardedDataParallel(nn.Module):
                 object.__setattr__(mod, attr, value)
         if cast is not None:
             args = [a.to(cast) if torch.is_tensor(a) and a.is_floating_point() else a for a in args]
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+        # saved-tensor hooks that the activation counter sees through (what stays in memory)
+        with activation_memory.hooks(self._pack, self._unpack):
             return self.module(*args, **kwargs)
 
     def _pack(self, t: torch.Tensor):
@@ -311,7 +327,10 @@ class FullyShardedDataParallel(nn.Module):
         if torch.is_tensor(packed):
             return packed
         unit, offset, shape, stride = packed
-        full = unit.full if unit.full is not None else unit.gather()
+        if unit.full is None:  # the unit's backward begins: gather its weights again
+            unit.begin_span("backward")
+            unit.gather()
+        full = unit.full
         return full.as_strided(shape, stride, full.storage_offset() + offset)
 
     def _queue_finish(self) -> None:

@@ -27,8 +27,11 @@ from minipar import collectives, runtime
 
 
 def partition(sizes: list[int], world: int) -> list[int]:
-    """Owner rank of each parameter: largest first, each to the rank with the fewest elements so
-    far (ties to the lowest rank). Deterministic, so every rank computes the same answer."""
+    """Owner rank of each parameter: largest first (equal sizes in index order), each to the
+    rank with the fewest elements so far (ties to the lowest rank). Deterministic, so every rank
+    computes the same answer. The most-loaded rank then holds at most the least-loaded one's
+    elements plus the smallest parameter of its own shard (its last: when it came, that rank
+    was the least loaded)."""
     load, owner = [0] * world, [0] * len(sizes)
     for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
         r = min(range(world), key=lambda q: (load[q], q))

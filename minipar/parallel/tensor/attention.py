@@ -19,7 +19,7 @@ from torch import nn
 
 from minipar.parallel.tensor import operators as ops
 from minipar.parallel.tensor import plan
-from minipar.parallel.tensor.dense import DenseSelfAttention, causal_attention
+from minipar.parallel.tensor.dense import AttentionCore, DenseSelfAttention
 from minipar.parallel.tensor.linear import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -48,6 +48,7 @@ class ParallelSelfAttention(nn.Module):
         self.qkv = ColumnParallelLinear(
             hidden_size, 3 * hidden_size, bias, group=group, sequence_parallel=sequence_parallel
         )
+        self.core = AttentionCore()  # causal attention on this rank's heads
         self.proj = RowParallelLinear(
             hidden_size, hidden_size, bias, group=group, sequence_parallel=sequence_parallel
         )
@@ -57,8 +58,13 @@ class ParallelSelfAttention(nn.Module):
         b, s, _ = qkv.shape
         q, k, v = qkv.split(self.local_heads * self.head_dim, dim=-1)
         q, k, v = (t.view(b, s, self.local_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        out = causal_attention(q, k, v).transpose(1, 2).reshape(b, s, -1)
+        out = self.attend(q, k, v).transpose(1, 2).reshape(b, s, -1)
         return self.proj(out)
+
+    def attend(self, q, k, v):
+        """Causal attention of this rank's heads, (b, local_heads, s, head_dim) each; context
+        parallelism overrides it (minipar.parallel.context.attention)."""
+        return self.core(q, k, v)
 
     @classmethod
     def from_dense(cls, dense: DenseSelfAttention, group=None, sequence_parallel: bool = False):

@@ -9,9 +9,10 @@ block of q, of k and of v.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 
 class DenseMLP(nn.Module):
@@ -28,8 +29,28 @@ class DenseMLP(nn.Module):
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal scaled dot-product attention on (batch, heads, seq, head_dim) tensors."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    """Causal scaled dot-product attention on (batch, heads, seq, head_dim) tensors, written out:
+    scores q k^T / sqrt(head_dim), -inf above the diagonal, softmax over each row, times v.
+
+    What autograd keeps for backward: q, k and v (views of the qkv projection's output) and the
+    softmax's (batch, heads, seq, seq) output, a s^2 b values for a heads: the term of
+    Korthikanti et al.'s activation formula that selective recomputation drops
+    (minipar/parallel/recompute.py). torch's fused scaled_dot_product_attention computes the
+    same thing without ever storing the s x s matrix (FlashAttention recomputes it, block by
+    block, in backward: selective recomputation inside one kernel); written out, the trade
+    can be seen and measured."""
+    s = q.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (b, a, s, s)
+    above = torch.full((s, s), float("-inf"), dtype=scores.dtype, device=scores.device).triu(1)
+    return (scores + above).softmax(dim=-1) @ v  # adding a constant keeps nothing for backward
+
+
+class AttentionCore(nn.Module):
+    """causal_attention as a module (no parameters): the part of attention between the qkv and
+    the output projections, the unit that selective recomputation recomputes."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return causal_attention(q, k, v)
 
 
 class DenseSelfAttention(nn.Module):
@@ -43,11 +64,12 @@ class DenseSelfAttention(nn.Module):
         self.hidden_size, self.num_heads = hidden_size, num_heads
         self.head_dim = hidden_size // num_heads
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size, bias=bias)
+        self.core = AttentionCore()
         self.proj = nn.Linear(hidden_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         q, k, v = self.qkv(x).split(self.hidden_size, dim=-1)
         q, k, v = (t.view(b, s, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        out = causal_attention(q, k, v).transpose(1, 2).reshape(b, s, self.hidden_size)
+        out = self.core(q, k, v).transpose(1, 2).reshape(b, s, self.hidden_size)
         return self.proj(out)

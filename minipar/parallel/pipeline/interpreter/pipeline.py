@@ -27,7 +27,9 @@ from __future__ import annotations
 import time
 
 from minipar import runtime
+from minipar.comm import ledger
 from minipar.comm.base import wait_all
+from minipar.parallel import activation_memory
 from minipar.parallel.pipeline import schedules as S
 from minipar.parallel.pipeline.interpreter import plan
 
@@ -58,7 +60,9 @@ class Pipeline:
         self._shapes = {}  # (inputs spec, targets spec) -> every stage's input spec
         self.events = []  # last step: (instruction, start, end) in perf_counter seconds
         self.peak_in_flight = 0  # last step: most micro-batch activations held at once
-        self.peak_activation_bytes = 0  # last step: their bytes (autograd's saved tensors)
+        self.peak_activation_bytes = 0  # last step: their bytes (autograd's saved tensors,
+        # measured by parallel/activation_memory.py)
+        self.unit_bytes = {}  # last step: (micro-batch, chunk) -> the bytes its forward kept
 
     def parameters(self):
         for chunk in self.chunks:
@@ -77,18 +81,25 @@ class Pipeline:
         run = _Step(self, self._shapes[key], inputs, targets)
         for ins in self.program:
             start = time.perf_counter()
-            run.execute(ins)
+            with ledger.span(_label(ins, self.virtual_stages), "pipeline"):  # for a trace
+                run.execute(ins)
             if isinstance(ins, S.COMPUTE):
                 self.events.append((ins, start, time.perf_counter()))
             if on_instruction is not None:
                 on_instruction(ins)
         wait_all([req for req, _ in run.sends], self.comm.timeout, "pipeline step: finishing sends")
         self.peak_in_flight, self.peak_activation_bytes = run.peak, run.peak_bytes
+        self.unit_bytes = run.unit_bytes
         if self.rank != self.p - 1:
             return None
         import torch
 
         return torch.stack(run.losses).mean()
+
+
+def _label(ins, v: int) -> str:
+    """An instruction's name on a timeline: "Forward 3" (micro-batch 3), "Forward 3.1" (chunk 1)."""
+    return f"{type(ins).__name__} {ins.mb}" + (f".{ins.chunk}" if v > 1 else "")
 
 
 def _device(chunks):
@@ -127,9 +138,10 @@ class _Step:
         self.targets = targets.chunk(m) if pipe.rank == pipe.p - 1 else None
         self.stash, self.received, self.grads = {}, {}, {}
         self.sends, self.losses = [], []
-        self.held, self.peak, self.peak_bytes = {}, 0, 0
+        self.held, self.peak, self.peak_bytes, self.unit_bytes = {}, 0, 0, {}
         self.params = [[q for q in c.parameters() if q.requires_grad] for c in pipe.chunks]
-        self.param_ptrs = {q.data_ptr() for ps in self.params for q in ps}
+        keys = activation_memory.storage_key
+        self.param_keys = {keys(q) for c in pipe.chunks for q in c.parameters()}
 
     def execute(self, ins) -> None:
         getattr(self, type(ins).__name__)(ins)
@@ -176,13 +188,13 @@ class _Step:
 
     # -- compute ----------------------------------------------------------------------------
     def Forward(self, ins) -> None:  # noqa: N802
-        torch, unit, stage = self.torch, (ins.mb, ins.chunk), self._stage(ins)
+        unit, stage = (ins.mb, ins.chunk), self._stage(ins)
         given = self.received.pop(unit) if stage > 0 else self.inputs[ins.mb]
         x = given.detach()
         if x.is_floating_point() and (stage > 0 or given.requires_grad):
             x.requires_grad_()  # its gradient goes back a stage (the first: see the docstring)
-        saved = {}
-        with torch.autograd.graph.saved_tensors_hooks(self._pack(saved), lambda t: t):
+        # the micro-batch's saved activations (weights are not), released as backward runs
+        with activation_memory.ActivationMemory(exclude=self.param_keys) as saved:
             y = self.pipe.chunks[ins.chunk](x)
             out = y
             if stage == self.last:
@@ -190,17 +202,9 @@ class _Step:
                 self.losses.append(loss.detach())
                 out = loss / self.pipe.n_microbatches  # so the m backwards sum to the mean's
         self.stash[unit] = [x, out, y]
-        self.held[unit] = sum(saved.values())
+        self.held[unit], self.unit_bytes[unit] = saved, saved.live
         self.peak = max(self.peak, len(self.held))
-        self.peak_bytes = max(self.peak_bytes, sum(self.held.values()))
-
-    def _pack(self, saved: dict):
-        def pack(t):
-            if t.data_ptr() not in self.param_ptrs:  # weights are not activations
-                saved[t.data_ptr(), tuple(t.shape)] = t.numel() * t.element_size()
-            return t
-
-        return pack
+        self.peak_bytes = max(self.peak_bytes, sum(c.live for c in self.held.values()))
 
     def _objective(self, ins):
         """A scalar whose gradient with respect to the chunk's output is the received gradient:

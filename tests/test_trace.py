@@ -1,0 +1,110 @@
+"""The timeline: Chrome trace-event JSON from the ledgers (minipar/comm/chrome_trace.py).
+
+- `minipar run -n 3 --trace DIR`: every rank writes its part, merged into DIR/trace.json: valid
+  against the format's field rules, one process per rank, as many message events per rank as
+  that rank's ledger holds, a collective's span with its algorithm, group and bytes;
+- the validator fails what it must (a flow arriving before it left, an unpaired flow, a missing
+  field, slices that overlap without nesting): its silence means something;
+- the merge orders every message even when a rank's measured clock offset is off;
+- nothing is recorded while no trace is open (the ledger's hot path stays a test of a list).
+
+A real consumer: Perfetto's Python package (pip install perfetto) reads traces through
+trace_processor_shell, a binary it downloads on first use; on a machine without a network that
+download fails, so the document is checked against the published field rules instead.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from minipar.comm import chrome_trace, ledger
+from minipar.state import process
+
+SCRIPT = """
+import numpy as np, minipar
+w = minipar.init()
+x = np.ones(999, dtype=np.float32)  # 3 equal chunks
+minipar.all_reduce(x, algorithm="ring")
+if w.rank == 0:
+    minipar.send(np.ones(10), dst=1)
+if w.rank == 1:
+    minipar.recv(np.ones(10), src=0)
+minipar.finalize()
+"""
+
+
+def test_run_trace_merges_every_rank(tmp_path):
+    script, folder = tmp_path / "job.py", tmp_path / "tr"
+    script.write_text(SCRIPT)
+    done = subprocess.run(
+        [sys.executable, "-m", "minipar", "run", "-n", "3", "--trace", str(folder), str(script)],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "trace of every rank" in done.stderr, done.stderr
+    doc = json.loads((folder / "trace.json").read_text())
+    assert chrome_trace.validate(doc) == []
+    events = doc["traceEvents"]
+    assert {e["pid"] for e in events} == {0, 1, 2}
+    for rank in range(3):
+        part = json.loads((folder / f"rank{rank}.json").read_text())
+        mine = [e for e in events if e.get("cat") == "message" and e["pid"] == rank]
+        assert len(mine) == len(part["messages"]) > 0, rank
+    ring = [e for e in events if e["ph"] == "X" and e["name"] == "all_reduce"]
+    assert len(ring) == 3 and all(e["args"]["algorithm"] == "ring" for e in ring)
+    assert all(e["args"]["bytes_sent"] == 2 * 2 * 999 * 4 // 3 for e in ring)  # 2(p-1)/p n
+    flows = [e for e in events if e["ph"] == "s"]
+    assert len(flows) == 3 * 4 + 1  # ring: 2(p-1) messages per rank; one send of the user's
+
+
+def flow(ident, ts, ph, pid=0):
+    return {"ph": ph, "id": ident, "name": "message", "cat": "message", "ts": ts, "pid": pid,
+            "tid": 0}  # fmt: skip
+
+
+def test_validator_catches_bad_documents():
+    span = {"ph": "X", "name": "a", "ts": 0, "dur": 10, "pid": 0, "tid": 0}
+    good = {"traceEvents": [span, {**span, "pid": 1}, flow(1, 2, "s"), flow(1, 5, "f", 1)]}
+    assert chrome_trace.validate(good) == []
+    backwards = {"traceEvents": [span, {**span, "pid": 1}, flow(1, 5, "s"), flow(1, 2, "f", 1)]}
+    assert any("before it left" in p for p in chrome_trace.validate(backwards))
+    unpaired = {"traceEvents": [span, flow(1, 2, "s")]}
+    assert any("not one s and one f" in p for p in chrome_trace.validate(unpaired))
+    no_ts = {"traceEvents": [{k: v for k, v in span.items() if k != "ts"}]}
+    assert any("ts missing" in p for p in chrome_trace.validate(no_ts))
+    overlap = {"traceEvents": [span, {**span, "ts": 5}]}
+    assert any("overlaps" in p for p in chrome_trace.validate(overlap))
+    outside = {"traceEvents": [span, flow(1, 20, "s"), flow(1, 30, "f")]}
+    assert any("inside no slice" in p for p in chrome_trace.validate(outside))
+
+
+def part(rank, offset, messages, spans):
+    return {"rank": rank, "offset": offset, "error": 1e-3, "groups": {"world": [0, 1]},
+            "threads": [[7, "MainThread"]], "calls": [], "messages": messages,
+            "spans": spans, "counters": []}  # fmt: skip
+
+
+def test_merge_orders_messages_despite_a_wrong_offset():
+    """Rank 1's clock reads 1 s behind and its measured offset missed 3 ms of it: the merge
+    moves it forward just enough that its receive ends after rank 0's send began."""
+    send = ["world", 0, "p2p", -1, "send", 1, 8, 5, 10.000, 7, None, None, None]
+    recv = ["world", 1, "p2p", -1, "recv", 0, 8, 5, 8.999, 7, 9.0005, 7, None]  # its own clock
+    spans0 = [["Send", "p2p", 9.999, 10.001, 7, {}]]
+    spans1 = [["Recv", "p2p", 8.998, 9.001, 7, {}]]
+    doc = chrome_trace.merge([part(0, 0.0, [send], spans0), part(1, 0.997, [recv], spans1)])
+    assert chrome_trace.validate(doc) == []
+    assert abs(doc["otherData"]["clock_correction_s"] - 0.0025) < 1e-6
+
+
+def test_nothing_is_recorded_without_a_trace():
+    assert not process.traces
+    assert ledger.span("x") is ledger.span("y")  # one shared do-nothing context
+    assert ledger.open_span("x") is None
+    assert ledger.record(None, "p2p", "p2p", -1, 0, "send", 1, 8) is None
+    with ledger.trace() as t:
+        with ledger.span("x", "test", k=1):
+            ledger.counter("c", 3)
+    assert [(s.name, s.cat, s.args) for s in t.spans] == [("x", "test", {"k": 1})]
+    assert t.counters[0][1:] == ("c", 3)
+    assert not os.environ.get("MINIPAR_TRACE_DIR")
