@@ -262,9 +262,14 @@ def running(comm, seq: int):
 def arrived(request) -> None:
     """A traced receive completed: its clock notes when (and, from any rank, from whom)."""
     clock = request.traced
-    clock.done, clock.done_thread = now(), _thread()
+    done(clock)
     if clock.peer is None:
         clock.peer = request.peer
+
+
+def done(clock: Clock) -> None:
+    """A receive's clock notes that it completed, now (a window read: collectives/fast/)."""
+    clock.done, clock.done_thread = now(), _thread()
 
 
 @contextlib.contextmanager

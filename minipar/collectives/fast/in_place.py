@@ -45,7 +45,7 @@ def all_reduce(node, call, x, op, place) -> None:
     theirs = [x if q == node.rank else view(window.segments[q], x, n, offset // size)
               for q in range(p)]  # fmt: skip
     blocks = list(windows.pieces(n, max(p, shm.BLOCK_BYTES // size)))
-    windows.log_all_reduce(call, PATH, 0, blocks, p, size)
+    received = windows.log_all_reduce(call, PATH, 0, blocks, p, size)
     base, lag, ring_edges = node.blocks, shm.LAG, layout.bounds(n, p)
     node.publish(READY, base + len(blocks))
     for j in range(len(blocks) + lag):
@@ -54,6 +54,7 @@ def all_reduce(node, call, x, op, place) -> None:
         if 0 <= j - lag < len(blocks):
             _gather_block(node, call, theirs, blocks[j - lag], base + j - lag + 1)
     node.blocks = base + len(blocks)
+    windows.read(received)
     node.end_in_place(call.context)
 
 
@@ -100,7 +101,7 @@ def all_gather(node, call, out, inp, place) -> None:
     theirs = [view(window.segments[q], out, p * n, offset // size) for q in range(p)]
     copy_in = address(out) + r * n * size != address(inp)
     blocks = list(windows.pieces(n, shm.BLOCK_BYTES // size))
-    windows.log(call, PATH, 0, [(n * size, n * size)] * p)
+    received = windows.log(call, PATH, 0, [(n * size, n * size)] * p)
     base = node.blocks
     for j in range(len(blocks) + shm.LAG):
         if j < len(blocks):
@@ -114,6 +115,7 @@ def all_gather(node, call, out, inp, place) -> None:
             for q in node.peers():
                 buffers.copy_(out[q * n + lo : q * n + hi], theirs[q][q * n + lo : q * n + hi])
     node.blocks = base + len(blocks)
+    windows.read(received)
     node.end_in_place(call.context)
 
 
@@ -127,7 +129,7 @@ def reduce_scatter(node, call, out, inp, op, place) -> None:
     theirs = [view(window.segments[q], inp, p * n, offset // size) for q in range(p)]
     theirs[r] = inp
     blocks = list(windows.pieces(n, max(1, shm.BLOCK_BYTES // (size * p))))
-    windows.log(call, PATH, 0, [(n * size, n * size)] * p)
+    received = windows.log(call, PATH, 0, [(n * size, n * size)] * p)
     aliased = p > 2 and buffers.overlaps(out, inp)  # out is my block: fold through scratch
     node.publish(READY, node.blocks + len(blocks))
     for j, (lo, hi) in enumerate(blocks):
@@ -143,6 +145,7 @@ def reduce_scatter(node, call, out, inp, op, place) -> None:
 
         ring_fold(out[lo:hi], value, r, p, op, partial_first=True)
     node.blocks += len(blocks)
+    windows.read(received)
     node.end_in_place(call.context)
 
 

@@ -50,16 +50,26 @@ def call_code(collective: str, like) -> int:
     return zlib.crc32(f"{collective}:{buffers.dtype_name(like)}".encode())
 
 
-def log(call, path: str, step: int, peer_bytes) -> None:
+def log(call, path: str, step: int, peer_bytes) -> list:
     """Record in the open traces, for each peer q, a message of peer_bytes[q][0] bytes from q
-    (what I read of q's data) and one of peer_bytes[q][1] to q (what q reads of mine)."""
+    (what I read of q's data) and one of peer_bytes[q][1] to q (what q reads of mine); the
+    receives, for `read` to note when they are done (none when no trace is open)."""
     if not process.traces:
-        return
+        return []
+    received = []
     for q, (got, gave) in enumerate(peer_bytes):
         if q != call.rank:
             args = (call.comm, call.collective, call.algorithm, call.seq, step)
-            ledger.record(*args, "recv", q, got, path=path)
+            received.append(ledger.record(*args, "recv", q, got, path=path))
             ledger.record(*args, "send", q, gave, path=path)
+    return received
+
+
+def read(received) -> None:
+    """The peers' data is read: the receives `log` recorded are done now (so a trace's arrow
+    ends after the peer published, not when the call began)."""
+    for message in received:
+        ledger.done(message.clock)
 
 
 def chunk_bytes(blocks, p: int, size: int) -> list[int]:
@@ -72,13 +82,15 @@ def chunk_bytes(blocks, p: int, size: int) -> list[int]:
     return total
 
 
-def log_all_reduce(call, path: str, step: int, blocks, p: int, size: int) -> None:
+def log_all_reduce(call, path: str, step: int, blocks, p: int, size: int) -> list:
     """An all-reduce round in the trace: step: what I reduce (my chunk of each peer's data) and
     what they reduce of mine; step + 1: their final chunks to me, mine to them."""
-    if process.traces:
-        chunks, r = chunk_bytes(blocks, p, size), call.rank
-        log(call, path, step, [(chunks[r], chunks[q]) for q in range(p)])
-        log(call, path, step + 1, [(chunks[q], chunks[r]) for q in range(p)])
+    if not process.traces:
+        return []
+    chunks, r = chunk_bytes(blocks, p, size), call.rank
+    return log(call, path, step, [(chunks[r], chunks[q]) for q in range(p)]) + log(
+        call, path, step + 1, [(chunks[q], chunks[r]) for q in range(p)]
+    )
 
 
 def pieces(total: int, per_piece: int):
@@ -104,7 +116,7 @@ def all_reduce(node, call, x, op) -> None:
         piece = x[a:b]
         seg = node.begin((b - a) * size, code, call.context)
         blocks = list(pieces(b - a, max(p, shm.BLOCK_BYTES // size)))
-        log_all_reduce(call, "shm", 2 * i, blocks, p, size)
+        received = log_all_reduce(call, "shm", 2 * i, blocks, p, size)
         base = node.blocks
         lag = shm.LAG
         for j in range(len(blocks) + 2 * lag):
@@ -116,6 +128,7 @@ def all_reduce(node, call, x, op) -> None:
             if 0 <= j - 2 * lag < len(blocks):
                 _gather_block(node, call, piece, blocks[j - 2 * lag], base + j - 2 * lag + 1)
         node.blocks = base + len(blocks)
+        read(received)
         node.publish(DONE)
 
 
@@ -187,7 +200,7 @@ def all_gather(node, call, out, inp) -> None:
     code = call_code("all_gather", inp)
     for i, (a, b) in enumerate(pieces(n, _capacity(node) // size)):
         seg = node.begin((b - a) * size, code, call.context)
-        log(call, "shm", i, [((b - a) * size, (b - a) * size)] * node.size)
+        received = log(call, "shm", i, [((b - a) * size, (b - a) * size)] * node.size)
         blocks = list(pieces(b - a, shm.BLOCK_BYTES // size))
         base = node.blocks
         for j in range(len(blocks) + shm.LAG):
@@ -203,6 +216,7 @@ def all_gather(node, call, out, inp) -> None:
                     peer = view(node.segments[q], inp, hi - lo, lo)
                     buffers.copy_(out[q * n + a + lo : q * n + a + hi], peer)
         node.blocks = base + len(blocks)
+        read(received)
         node.publish(DONE)
 
 
@@ -215,7 +229,7 @@ def reduce_scatter(node, call, out, inp, op) -> None:
     for i, (a, b) in enumerate(pieces(n, _capacity(node) // (size * p))):
         m = b - a  # my segment holds block q's elements [a, b) at q*m
         seg = node.begin(p * m * size, code, call.context)
-        log(call, "shm", i, [(m * size, m * size)] * p)
+        received = log(call, "shm", i, [(m * size, m * size)] * p)
         blocks = list(pieces(m, max(1, shm.BLOCK_BYTES // (size * p))))
         base = node.blocks
         for j in range(len(blocks) + shm.LAG):
@@ -230,6 +244,7 @@ def reduce_scatter(node, call, out, inp, op) -> None:
                 node.wait_all(READY, call.context, base + j - shm.LAG + 1)
                 _reduce_mine(node, seg, out, inp, op, (a + lo, a + hi), r * m + lo)
         node.blocks = base + len(blocks)
+        read(received)
         node.publish(DONE)
 
 
