@@ -40,6 +40,7 @@ _LAZY = {
     "barrier": "minipar.collectives.api",
     "algorithms": "minipar.collectives.api",
     "register_algorithm": "minipar.collectives.api",
+    "empty": "minipar.collectives.window_buffer",
     "Work": "minipar.collectives.work",
     # torch.distributed parity: point-to-point, object and list collectives, set-up
     "send": "minipar.collectives.p2p",

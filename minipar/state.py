@@ -31,7 +31,11 @@ it in one place (runtime/world.py). Each field is filled by the layer that owns 
 
 This module imports nothing: every layer may read it, and only the owner of a field writes it.
 Caches (a plan per call shape, auto's answers, a node's windows) stay beside the code that
-fills them and are named as caches; they hold nothing that outlives a world.
+fills them and are named as caches; they hold nothing that outlives a world. Not here either,
+on purpose: a group's shared-memory node (comm/shm.py) and the windows that `minipar.empty`'s
+buffers live in (comm/shm_buffers.py) are kept on the group's communicator, because they belong
+to that group (a buffer is read in place only by collectives on it), every rank holds the same
+list in the same order, and they go when the group does.
 """
 
 from __future__ import annotations

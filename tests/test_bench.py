@@ -127,7 +127,8 @@ def test_two_rank_run(tmp_path):
     """One short job: every key, positive times, busbw = algbw x factor, the fit stored."""
     out, png, link = tmp_path / "out.json", tmp_path / "bw.png", tmp_path / "link.json"
     argv = [sys.executable, "-m", "minipar", "bench", "all_reduce,all_gather,reduce_scatter",
-            "-n", "2", "--sizes", "8,64KiB", "--algorithms", "ring,recursive_doubling,auto",
+            "-n", "2", "--sizes", "8,128KiB",
+            "--algorithms", "ring,recursive_doubling,auto,ring+window",
             "--against", "mpi,torch", "--iters", "3", "--warmup", "1", "--json", str(out),
             "--plot", str(png), "--fit", "--fit-path", str(link), "--timeout", "120"]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=140)
@@ -138,7 +139,11 @@ def test_two_rank_run(tmp_path):
     for collective in ("all_reduce", "all_gather", "reduce_scatter"):
         assert {(collective, "mpi", "native"), (collective, "torch", "native")} <= seen
         assert (collective, "minipar", "ring") in seen and (collective, "minipar", "auto") in seen
+        assert (collective, "minipar", "ring+window") in seen  # a buffer from minipar.empty
     assert ("all_reduce", "minipar", "recursive_doubling") in seen
+    owned = [r for r in rows if r["algorithm"] == "ring+window" and r["nbytes"] > 64 << 10]
+    assert owned and all(r.get("chosen") == "ring@shm" for r in owned), owned  # read in place
+    assert all(r["window_roofline_fraction"] > 0 for r in rows)  # the peers' read rates
     for r in rows:
         assert KEYS <= set(r), KEYS - set(r)
         assert r["world_size"] == 2 and r["dtype"] == "float32" and r["iters"] == 3
@@ -152,6 +157,67 @@ def test_two_rank_run(tmp_path):
     fitted = cost.load_link(str(link))
     assert 0 < fitted.alpha < 0.01 and 0 < fitted.beta < 1e-8 and 0 < fitted.gamma < 1e-8
     assert png.stat().st_size > 1000
+
+
+def test_window_roofline_and_the_window_buffer_row():
+    """A roof event with peer-read rates prices the window roofline; a "ring+window" row (a
+    buffer from minipar.empty) is priced in place and feeds the owned-buffer goals."""
+    n = 64 << 20
+    events = [
+        {"type": "header", "world_size": 2, "oversubscribed": False},
+        {"type": "roof", "collective": "all_reduce", "nbytes": n, "copy_Bps": 8e9,
+         "add_Bps": 8e9, "peer_copy_Bps": 4e9, "peer_add_Bps": 2e9},
+        {"type": "row", "collective": "all_reduce", "nbytes": n, "implementation": "minipar",
+         "algorithm": "ring+window", "chosen": "ring@shm", "times": [0.02, 0.01, 0.03]},
+    ]  # fmt: skip
+    (row,) = report.records(events, "float32", cost.SHARED_MEMORY)
+    private, window = n / 2 / 8e9 * 2, n / 2 / 2e9 + n / 2 / 4e9
+    assert row["roofline_fraction"] == pytest.approx(private / 0.02)
+    assert row["window_roofline_fraction"] == pytest.approx(window / 0.02)
+    assert row["predicted_s"] == pytest.approx(cost.predict_shm("all_reduce", n, 2, in_place=True))
+    assert cost.predict_shm("all_reduce", n, 2, in_place=True) < cost.predict_shm(
+        "all_reduce", n, 2
+    )  # no copy in
+    goals = {g[0]: g[1] for g in report.goals([row])}
+    assert goals["ring all_reduce, window buffer, 64 MiB: fraction of the window roofline"] == (
+        pytest.approx(window / 0.02)
+    )
+    fastest = {g[0]: g[1] for g in report.goals([row], basis="min")}
+    key = "ring all_reduce, window buffer, 64 MiB: fraction of the private roofline"
+    assert fastest[key] == pytest.approx(private / 0.01)
+
+
+def test_tensor_bytes_counts_shared_memory_once():
+    """bench ddp's memory: a gradient that is a view of its bucket is not counted twice."""
+    import torch
+
+    from minipar.bench import ddp
+
+    bucket = torch.zeros(100)
+    views = [bucket[:40], bucket[40:], bucket[10:20]]
+    assert ddp.tensor_bytes([bucket, *views, None]) == 400
+    assert ddp.tensor_bytes([torch.zeros(3), torch.zeros(5, dtype=torch.float64)]) == 52
+
+
+def test_strategy_tables_show_ratios_per_run(capsys):
+    """bench ddp / fsdp: min / median / max of minipar's step over torch's, each run's own;
+    bench pp: the same per schedule, against torch's 1F1B of the same run."""
+    from rich.console import Console
+
+    from minipar.bench import ddp, pipeline
+
+    console = Console(width=200)
+    data = {"times": {"compute only": [0.1, 0.1, 0.1], "minipar FSDP": [0.2, 0.3, 0.4],
+                      "torch FSDP": [0.4, 0.3, 0.2]}}  # fmt: skip
+    ddp.show_times(console, data, "t")
+    out = capsys.readouterr().out
+    assert "0.50x / 1.00x / 2.00x" in out and "200.0" in out  # ratios per run; exposed comm
+    rows = [{"p": 2, "schedule": s, "times": [t, t, t], "repeat": k}
+            for k, (ours, theirs) in enumerate([(0.03, 0.04), (0.05, 0.04)])
+            for s, t in (("1f1b", ours), ("torch 1F1B", theirs))]  # fmt: skip
+    pipeline.show(console, rows)
+    out = capsys.readouterr().out
+    assert "0.75x / 1.00x / 1.25x" in out and "2 runs" in out
 
 
 def test_bench_cp_and_moe_tables_and_json(tmp_path):

@@ -9,14 +9,17 @@ the part of the all-reduce that backward did not hide. Each figure is min / medi
 repeats of the slowest rank's step.
 
 Memory: after one AdamW step, the bytes of model state each rank holds (parameters, gradients,
-optimizer state, DDP buckets; FSDP's largest gathered unit at its peak) for DDP, DDP + ZeRO-1
-and FSDP, against the ZeRO paper's formulas with K = 8 (fp32 Adam moments): DDP (4+4+K) Psi
-plus buckets 4 Psi; ZeRO-1 (4+4) Psi + K Psi/N + buckets; FSDP (4+4+K) Psi/N + a full unit.
+optimizer state, DDP buckets, FSDP's slots; memory that two of them share counted once) for
+DDP, DDP + ZeRO-1 and FSDP, against the ZeRO paper's formulas with K = 8 (fp32 Adam moments):
+DDP (4+4+K) Psi (the gradients are views of the buckets, as torch's gradient_as_bucket_view);
+ZeRO-1 (4+4) Psi + K Psi/N; FSDP (4+4+K) Psi/N + its two slots of the largest unit (fp32), in
+the shared window (parallel/data/flat_buffers.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -60,7 +63,19 @@ def timed_steps(model, steps: int, sync=None) -> list[float]:
 
 
 def tensor_bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+    """Bytes of memory the tensors cover, each byte once (a gradient that is a view of a
+    bucket, and the bucket, count once)."""
+    spans = sorted(
+        (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+        for t in tensors
+        if t is not None and t.numel()
+    )
+    total, reach = 0, 0
+    for start, end in spans:
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 def memory(comm) -> dict:
@@ -82,8 +97,8 @@ def memory(comm) -> dict:
         if name == "fsdp":
             wrapped = FullyShardedDataParallel(model)
             opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
-            extra = max(4 * u.block * n for u in wrapped.units)  # one unit gathered at a time
-            formula = 4 * psi / n + extra
+            extra = list(wrapped.slots.slots)
+            formula = 4 * psi / n + tensor_bytes(extra)
         else:
             wrapped = DistributedDataParallel(model)
             cls = torch.optim.AdamW
@@ -91,16 +106,16 @@ def memory(comm) -> dict:
                 opt = cls(wrapped.parameters(), lr=1e-3)
             else:
                 opt = ZeroRedundancyOptimizer(wrapped.parameters(), cls, lr=1e-3)
-            extra = tensor_bytes(b.buffer for b in wrapped.buckets)
-            formula = (2 * psi + 2 * psi / (n if name == "zero1" else 1)) + psi
+            extra = [b.buffer for b in wrapped.buckets]  # the gradients are views of them
+            formula = 2 * psi + 2 * psi / (n if name == "zero1" else 1)
         wrapped(x).square().mean().backward()
         opt.step()
         inner = opt.optim.state.values() if name == "zero1" and opt.optim else ()
         state = inner if name == "zero1" else opt.state.values()
-        held = (
-            tensor_bytes(wrapped.parameters())
-            + tensor_bytes(p.grad for p in wrapped.parameters())
-            + tensor_bytes(v for s in state for v in s.values() if torch.is_tensor(v))
+        held = tensor_bytes(
+            list(wrapped.parameters())
+            + [p.grad for p in wrapped.parameters()]
+            + [v for s in state for v in s.values() if torch.is_tensor(v)]
             + extra
         )
         out[name] = {"measured": held, "formula": formula}
@@ -117,7 +132,7 @@ def ranks(out_path: str, repeat: int, steps: int) -> None:
 
     comm = minipar.init()
     init_from_mpi(MPI.COMM_WORLD)
-    results: dict = {}
+    load, results = list(os.getloadavg()), {}
 
     def record(name, times):
         results.setdefault(name, []).append(statistics.median(times))
@@ -132,49 +147,81 @@ def ranks(out_path: str, repeat: int, steps: int) -> None:
     mem = memory(comm)
     if comm.rank == 0:
         with open(out_path, "w") as f:
-            json.dump({"times": results, "memory": mem, "ranks": comm.size}, f)
+            json.dump({"times": results, "memory": mem, "ranks": comm.size, "load": load}, f)
     torch.distributed.destroy_process_group()
     minipar.finalize()
 
 
-def main(args) -> int:
+def run_job(args, module: str, what: str):
+    """Launch `python -m module OUT REPEAT STEPS` on args.ranks ranks; its JSON, or None (the
+    failure printed)."""
     import tempfile
 
     from rich.console import Console
-    from rich.table import Table
 
-    console = Console()
-    console.width = max(console.width, 110)
-    out = tempfile.mktemp(suffix=".json", prefix="minipar-bench-ddp-")
+    out = tempfile.mktemp(suffix=".json", prefix=f"minipar-bench-{what}-")
     repeat = max(1, args.repeat if args.repeat > 1 else 3)
-    argv = ["-m", "minipar.bench.ddp", out, str(repeat), "5"]
-    done = launch.run(args.ranks, argv, timeout=args.timeout, capture=True)
-    if done.returncode != 0:
-        console.print(f"[red]minipar bench ddp failed:[/]\n{(done.stderr or '')[-3000:]}")
-        return 1
+    done = launch.run(args.ranks, ["-m", module, out, str(repeat), "5"], timeout=args.timeout,
+                      capture=True)  # fmt: skip
+    if done.returncode != 0 or not os.path.exists(out):
+        Console().print(f"[red]minipar bench {what} failed:[/]\n{(done.stderr or '')[-3000:]}")
+        return None
     with open(out) as f:
         data = json.load(f)
-    table = Table(title=f"data-parallel step, {data['ranks']} ranks, 9.44M-param MLP (ms)")
-    for col in ("step", "min", "median", "max", "exposed comm (median)", "vs torch (median)"):
-        table.add_column(col, justify="right" if col != "step" else "left")
+    os.remove(out)
+    return data
+
+
+def show_times(console, data: dict, title: str) -> None:
+    """The step table: min / median / max over repeats of each repeat's median step, exposed
+    communication (step - compute only), and minipar's step over torch's (`minipar X` against
+    `torch X`) in each repeat: min / median / max of those ratios."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("step (ms)", "min", "median", "max", "exposed comm (median)",
+                "vs torch: min / median / max"):  # fmt: skip
+        table.add_column(col, justify="right" if col != "step (ms)" else "left")
     times = data["times"]
     floor = statistics.median(times["compute only"])
     for name, values in times.items():
         med = statistics.median(values)
-        other = name.replace("minipar", "torch")
-        ratio = (
-            f"{med / statistics.median(times[other]):.2f}x" if name.startswith("minipar") else ""
-        )
+        other = times.get(name.replace("minipar", "torch"))
+        ratio = ""
+        if name.startswith("minipar") and other:
+            ratios = [a / b for a, b in zip(values, other)]
+            ratio = " / ".join(f"{r:.2f}x" for r in (min(ratios), statistics.median(ratios),
+                                                      max(ratios)))  # fmt: skip
         exposed = f"{1e3 * (med - floor):.1f}" if name != "compute only" else ""
         row = [f"{1e3 * min(values):.1f}", f"{1e3 * med:.1f}", f"{1e3 * max(values):.1f}"]
         table.add_row(name, *row, exposed, ratio)
     console.print(table)
+
+
+def show_memory(console, data: dict) -> None:
+    from rich.table import Table
+
     mem = Table(title="model-state bytes per rank after one AdamW step (MiB)")
     for col in ("strategy", "measured", "formula"):
         mem.add_column(col, justify="right" if col != "strategy" else "left")
     for name, m in data["memory"].items():
-        mem.add_row(name, f"{m['measured'] / 2**20:.1f}", f"{m['formula'] / 2**20:.1f}")
+        formula = "" if m.get("formula") is None else f"{m['formula'] / 2**20:.1f}"
+        mem.add_row(name, f"{m['measured'] / 2**20:.1f}", formula)
     console.print(mem)
+
+
+def main(args) -> int:
+    from rich.console import Console
+
+    console = Console()
+    console.width = max(console.width, 110)
+    data = run_job(args, "minipar.bench.ddp", "ddp")
+    if data is None:
+        return 1
+    load = data.get("load")
+    title = f"data-parallel step, {data['ranks']} ranks, 9.44M-param MLP"
+    show_times(console, data, title + (f" (load {load[0]:.1f} at the start)" if load else ""))
+    show_memory(console, data)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(data, f, indent=1)

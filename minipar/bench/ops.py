@@ -5,12 +5,17 @@ function of no arguments that makes one call (or None when the implementation ca
 dtype, e.g. MPI has no bfloat16 reduction). Buffers start as zeros, so repeated in-place sums
 never overflow or turn into slow denormals. Every call is in place where the API allows it, as
 DDP uses all-reduce: minipar and torch are in place by design, MPI gets MPI_IN_PLACE.
+
+A minipar algorithm named with WINDOW's suffix ("ring+window") runs on buffers from
+`minipar.empty`, which live in the node's shared window: a buffer a user (or DDP, or FSDP) owns
+there, reduced where it lies.
 """
 
 from __future__ import annotations
 
 import minipar
 from minipar.bench.spec import ITEMSIZE
+from minipar.cost import roofline
 
 
 class Context:
@@ -53,6 +58,38 @@ def make(impl: str, collective: str, algorithm: str, nbytes: int, dtype: str, ct
 
 
 FLOOR_BYTES = 64 << 10  # the python floor row is about call overhead: small messages only
+WINDOW = "+window"  # "ring+window": the ring on buffers that live in the shared window
+
+
+def window_variants(collective: str) -> list[str]:
+    """The bench's rows of buffers in the window (the in-place schedules' collectives)."""
+    return ["ring" + WINDOW] if collective in ("all_reduce", "all_gather", "reduce_scatter") else []
+
+
+def base_algorithm(algorithm: str) -> str:
+    """The algorithm a cell passes to minipar ("ring+window" -> "ring")."""
+    return algorithm.removesuffix(WINDOW)
+
+
+def window_rates(ctx, nbytes: int, dtype: str, barrier, reduce_max):
+    """(copy, add) bytes/s of reading a peer's freshly written window buffer of nbytes
+    (cost.roofline.peer_rates; every rank reads its right neighbour's), or None when the group
+    cannot share memory. Collective."""
+    import numpy as np
+
+    # here, not at the top of the file: numpy loads only when used
+    from minipar.collectives.window_buffer import shared_node
+    from minipar.comm import shm_buffers
+
+    node = shared_node(ctx.comm, "bench: the window roofline")
+    np_dtype = _numpy_dtype(dtype)
+    if node is None or np_dtype is None:
+        return None
+    count = max(roofline.MIN_BYTES, nbytes) // np_dtype.itemsize
+    mine = minipar.empty(count, np_dtype, group=ctx.comm)
+    theirs = shm_buffers.twins(node, mine)[(ctx.rank + 1) % ctx.size].view(np_dtype)
+    scratch = np.zeros(count, np_dtype)
+    return roofline.peer_rates(mine, theirs, scratch, barrier, reduce_max)
 
 
 def probe_buffer(nbytes: int, dtype: str):
@@ -91,6 +128,9 @@ def _minipar(collective, algorithm, count, block, dtype, ctx):
     p, root = ctx.size, 0
     x = _buffer(count, dtype)
     small = _buffer(block, dtype)
+    if algorithm.endswith(WINDOW):  # the whole buffer in the window (all-gather: the output)
+        x = _window_buffer(count, dtype, ctx)
+        algorithm = base_algorithm(algorithm)
     alg = {"algorithm": algorithm}
     if collective == "all_reduce":
         return lambda: minipar.all_reduce(x, **alg)
@@ -111,6 +151,18 @@ def _minipar(collective, algorithm, count, block, dtype, ctx):
     if collective == "gather":
         return lambda: minipar.gather(small, blocks, root, **alg)
     raise ValueError(f"no benchmark for {collective!r}")
+
+
+def _window_buffer(count: int, dtype: str, ctx):
+    """Zeros in the node's shared window (minipar.empty), of the bench's kind."""
+    if _numpy_dtype(dtype) is not None:
+        x = minipar.empty(count, _numpy_dtype(dtype), group=ctx.comm)
+    else:
+        import torch
+
+        x = minipar.empty((count,), getattr(torch, dtype), group=ctx.comm)
+    x[:] = 0
+    return x
 
 
 def _mpi(collective, count, block, dtype, ctx):

@@ -1,6 +1,7 @@
 """`minipar bench pp`: pipeline schedules' step time beside torch.distributed.pipelining's.
 
     minipar bench pp                 # p = 2 and 4, m = 8, every schedule, GPipe/1F1B of torch
+    minipar bench pp --repeat 3      # each job three times: min / median / max over the runs
 
 One MPI job per pipeline size. In it every rank builds the same model (stages of Linear+ReLU),
 takes its stage, and times full training steps (forward, backward, gradients in place; no
@@ -9,7 +10,10 @@ torch.distributed.pipelining's ScheduleGPipe and Schedule1F1B over gloo on the s
 micro-batches. A step's time is the slowest rank's, each step starting at a barrier; a row
 reports min, median and max over the steps. Beside it: the bubble measured from the last step's
 timeline, the verifier's prediction with the measured mean cost of each instruction kind, and
-the textbook formula for equal stages.
+the textbook formula for equal stages. With --repeat R every job runs R times (p = 2, 4, 2, 4,
+...): the table then shows, per schedule, min / median / max over the runs of each run's median
+step, and of its ratio to torch's 1F1B in the same run; `--json` has one row per schedule and
+run (`repeat` numbers the run).
 """
 
 from __future__ import annotations
@@ -37,15 +41,19 @@ def main(args) -> int:
     if not console.is_terminal:
         console.width = max(console.width, 130)
     rows = []
-    for p in (2, 4):
-        out = os.path.join(tempfile.mkdtemp(prefix="minipar-bench-pp-"), "rows.json")
-        argv = ["-m", "minipar.bench.pipeline", out]
-        done = launcher.run(p, argv, timeout=args.timeout, capture=True)
-        if done.returncode or not os.path.exists(out):
-            console.print(f"[red]minipar bench pp: p={p} failed[/]\n{(done.stderr or '')[-3000:]}")
-            return 1
-        with open(out) as f:
-            rows += json.load(f)
+    for repeat in range(max(1, args.repeat)):
+        for p in (2, 4):
+            out = os.path.join(tempfile.mkdtemp(prefix="minipar-bench-pp-"), "rows.json")
+            argv = ["-m", "minipar.bench.pipeline", out]
+            done = launcher.run(p, argv, timeout=args.timeout, capture=True)
+            if done.returncode or not os.path.exists(out):
+                tail = (done.stderr or "")[-3000:]
+                console.print(f"[red]minipar bench pp: p={p} failed[/]\n{tail}")
+                return 1
+            with open(out) as f:
+                rows += [dict(r, repeat=repeat, load=os.getloadavg()[0]) for r in json.load(f)]
+            os.remove(out)
+            os.rmdir(os.path.dirname(out))
     show(console, rows)
     if args.json:
         with open(args.json, "w") as f:
@@ -55,24 +63,45 @@ def main(args) -> int:
 
 
 def show(console, rows) -> None:
+    """One line per (p, schedule): over the runs, min / median / max of each run's median step
+    and of its ratio to torch's 1F1B in the same run; the last run's bubbles."""
     from rich.table import Table
 
     cores = os.cpu_count() or 1
-    table = Table(title=f"pipeline step, m={M}, {WIDTH}-wide Linear stages, batch {BATCH}")
-    for col in ("p", "schedule", "step ms min", "median", "max", "vs torch 1F1B",
+    runs = 1 + max(r.get("repeat", 0) for r in rows)
+    loads = sorted({round(r["load"], 1) for r in rows if "load" in r})
+    table = Table(title=f"pipeline step, m={M}, {WIDTH}-wide Linear stages, batch {BATCH}, "
+                  f"{runs} run{'s' * (runs > 1)}" + (f", load {loads[0]}-{loads[-1]}" if loads
+                                                     else ""))  # fmt: skip
+    for col in ("p", "schedule", "step ms min", "median", "max", "vs torch 1F1B min / med / max",
                 "bubble measured", "predicted", "formula"):  # fmt: skip
         table.add_column(col, justify="right")
-    for r in rows:
-        ref = next(x for x in rows if x["p"] == r["p"] and x["schedule"] == "torch 1F1B")
-        ms = [f"{1e3 * t:.1f}" for t in r["times"]]
+    for (p, name), mine in _by_schedule(rows).items():
+        medians = [r["times"][1] for r in mine]
+        ratios = []
+        for r in mine:
+            ref = next(x for x in rows if x["p"] == p and x["schedule"] == "torch 1F1B"
+                       and x.get("repeat", 0) == r.get("repeat", 0))  # fmt: skip
+            ratios.append(r["times"][1] / ref["times"][1])
+        last = mine[-1]
         table.add_row(
-            str(r["p"]), r["schedule"], *ms, f"{r['times'][1] / ref['times'][1]:.2f}x",
-            *(f"{r[k]:.1%}" if r.get(k) is not None else "" for k in
+            str(p), name, *(f"{1e3 * t:.1f}" for t in (min(medians), statistics.median(medians),
+                                                        max(medians))),
+            " / ".join(f"{x:.2f}x" for x in (min(ratios), statistics.median(ratios), max(ratios))),
+            *(f"{last[k]:.1%}" if last.get(k) is not None else "" for k in
               ("measured", "predicted", "formula")),
         )  # fmt: skip
     console.print(table)
     if any(r["p"] > cores for r in rows):
         console.print(f"[yellow]p=4 on {cores} cores is oversubscribed: ranks take turns[/]")
+
+
+def _by_schedule(rows) -> dict:
+    """{(p, schedule): its rows, one per run, in run order}."""
+    out: dict = {}
+    for r in rows:
+        out.setdefault((r["p"], r["schedule"]), []).append(r)
+    return out
 
 
 # -- the ranks' side --------------------------------------------------------------------------

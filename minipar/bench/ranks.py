@@ -89,12 +89,23 @@ def one_size(out, timer, ctx, job, collective: str, nbytes: int) -> None:
     for (impl, algorithm), ts in times.items():
         extra = {}
         if impl == "minipar":  # what runs: auto's pick, and the transport it goes over
-            chosen = registry.pick(collective, algorithm, nbytes, ctx.size)[0]
+            base = ops.base_algorithm(algorithm)
+            chosen = registry.pick(collective, base, nbytes, ctx.size)[0]
             buf = ops.probe_buffer(nbytes, job["dtype"])
-            chosen = routing.choice(ctx.comm, collective, chosen, nbytes, buf)
+            place = _window_place(ctx, collective, nbytes) if base != algorithm else None
+            chosen = routing.choice(ctx.comm, collective, chosen, nbytes, buf, place)
             if chosen != algorithm:
                 extra["chosen"] = chosen
         out.emit("row", implementation=impl, algorithm=algorithm, times=ts, **where, **extra)
+
+
+def _window_place(ctx, collective: str, nbytes: int):
+    """For routing.choice, a stand-in for a window buffer's place (it only asks whether there
+    is one): the row's buffer lies in the window when the group shares memory, and the call
+    reads it in place above cost.SHM_MIN_BYTES."""
+    if nbytes <= cost.SHM_MIN_BYTES or not getattr(ctx.comm, "_shm_node", None):
+        return None
+    return collective
 
 
 def sweep(out, timer, ctx, job) -> None:
@@ -105,9 +116,11 @@ def sweep(out, timer, ctx, job) -> None:
             nbytes = spec.round_size(collective, size, p, itemsize)
             chunk = max(itemsize, nbytes // p)
             rates = roofline.kernel_rates(chunk, kernel_dtype, timer.barrier, timer.max_over_ranks)
+            peer = ops.window_rates(ctx, chunk, kernel_dtype, timer.barrier, timer.max_over_ranks)
             out.emit(
-                "roof", collective=collective, nbytes=nbytes, copy_Bps=rates[0], add_Bps=rates[1]
-            )
+                "roof", collective=collective, nbytes=nbytes, copy_Bps=rates[0], add_Bps=rates[1],
+                **({"peer_copy_Bps": peer[0], "peer_add_Bps": peer[1]} if peer else {}),
+            )  # fmt: skip
             one_size(out, timer, ctx, job, collective, nbytes)
 
 

@@ -62,8 +62,10 @@ def rows_table(console, rows: list[dict], collective: str) -> None:
         return
     p = mine[0]["world_size"]
     table = Table(title=f"{collective} on {p} ranks ({mine[0]['dtype']})", box=box.SIMPLE_HEAD)
-    for name in ("size", "implementation", "median", "min", "max", "algbw GB/s", "busbw GB/s",
-                 "x MPI", "x gloo", "model", "error", "roofline"):  # fmt: skip
+    windows = any(r.get("window_roofline_fraction") for r in mine)  # peers' reads measured
+    columns = ("size", "implementation", "median", "min", "max", "algbw GB/s", "busbw GB/s",
+               "x MPI", "x gloo", "model", "error", "roofline")  # fmt: skip
+    for name in columns + ("window roof",) * windows:
         table.add_column(name, justify="left" if name == "implementation" else "right")
     last = None
     for r in mine:
@@ -82,9 +84,19 @@ def rows_table(console, rows: list[dict], collective: str) -> None:
             _x(r.get("ratio_torch")),
             _t(r["predicted_s"]),
             _pct(r.get("prediction_error")),
-            "" if r["roofline_fraction"] is None else f"{100 * r['roofline_fraction']:.0f}%",
+            _frac(r["roofline_fraction"]),
+            *((_frac(r.get("window_roofline_fraction")),) if windows else ()),
         )
     console.print(table)
+    if windows:
+        console.print(
+            "[dim]roofline: the floor at private memory's copy and add rates; window roof: at the "
+            "rates of reading a peer's freshly written window buffer (cost/roofline.py)[/]"
+        )
+
+
+def _frac(value) -> str:
+    return "" if value is None else f"{100 * value:.0f}%"
 
 
 def fit_panel(console, measured: dict, rows: list[dict], link) -> None:

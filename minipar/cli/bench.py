@@ -14,7 +14,7 @@ import threading
 import time
 
 from minipar import cost, launcher
-from minipar.bench import context, ddp, fit, moe, pipeline, plot, ranks, report, spec, tp
+from minipar.bench import context, ddp, fit, fsdp, moe, ops, pipeline, plot, ranks, report, spec, tp
 
 EPILOG = """\
 examples:
@@ -26,6 +26,8 @@ examples:
   minipar bench tp                    tensor-parallel MLP and attention against torch's
   minipar bench pp                    pipeline schedules against torch.distributed.pipelining
   minipar bench ddp --repeat 5        DDP step vs torch DDP; DDP/ZeRO-1/FSDP memory per rank
+  minipar bench fsdp -n 4             FSDP step vs torch's FSDP2 (fully_shard); memory per rank
+  minipar bench all_reduce --algorithms ring,ring+window   a buffer in the shared window
   minipar bench cp --json cp.json     ring and Ulysses attention on 2 ranks vs dense on one
   minipar bench moe -n 4              the MoE layer at ep = 4 vs every expert local
 
@@ -43,7 +45,8 @@ def configure(parser) -> None:
         "collective",
         nargs="?",
         default="all_reduce",
-        help=f"one of {', '.join(spec.COLLECTIVES)}, a comma list, or 'all' (default all_reduce)",
+        help=f"one of {', '.join(spec.COLLECTIVES)}, a comma list, or 'all' (default all_reduce); "
+        "or a strategy's step: ddp, fsdp, tp, pp",
     )
     add("-n", "--ranks", type=int, default=2, help="number of ranks (default 2)")
     add("--sizes", default="8B:64MiB", help="START:END[:xF] or a list (default 8B:64MiB)")
@@ -85,7 +88,7 @@ def job_spec(args) -> dict:
             raise ValueError(f"--against takes mpi and/or torch, got {impl!r}")
     algorithms = {}
     for c in collectives:
-        known = registry.algorithms(c) + routing.bench_variants(c)
+        known = registry.algorithms(c) + routing.bench_variants(c) + ops.window_variants(c)
         wanted = known if args.algorithms == "all" else args.algorithms.split(",")
         algorithms[c] = [a for a in wanted if a in known]
         if args.algorithms != "all" and not algorithms[c] and len(collectives) == 1:
@@ -202,6 +205,8 @@ def main(args) -> int:
 
     if args.collective == "ddp":  # a training step, not a collective: its own module
         return ddp.main(args)
+    if args.collective == "fsdp":  # the sharded step against torch's FSDP2: bench/fsdp.py
+        return fsdp.main(args)
 
     if args.collective == "tp":  # tensor-parallel layers, not a collective: bench/tp.py
         return tp.main(args)

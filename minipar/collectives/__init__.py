@@ -9,8 +9,9 @@ double_tree.py, barrier.py; layout.py and workspace.py the chunk arithmetic and 
 they share; reduce_op.py what `op=` means. api.py is the public, torch.distributed-like surface
 (check the arguments, pick the algorithm, run it), registry.py the table of algorithms and
 `auto`'s choice, call.py one call in flight, work.py async calls; p2p.py, objects.py and
-lists.py torch.distributed's point-to-point, object and list forms. fast/ holds the shortcuts
-that give the same results sooner (a student can read past it).
+lists.py torch.distributed's point-to-point, object and list forms; window_buffer.py hands out
+buffers that live in the node's shared window (`empty`). fast/ holds the shortcuts that give the
+same results sooner (a student can read past it).
 """
 
 from minipar.collectives.api import (
@@ -36,6 +37,7 @@ from minipar.collectives.objects import (
 )
 from minipar.collectives.p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from minipar.collectives.reduce_op import ReduceOp
+from minipar.collectives.window_buffer import empty, in_window
 from minipar.collectives.work import Work
 
 __all__ = [
@@ -53,8 +55,10 @@ __all__ = [
     "batch_isend_irecv",
     "broadcast",
     "broadcast_object_list",
+    "empty",
     "gather",
     "gather_object",
+    "in_window",
     "irecv",
     "isend",
     "recv",

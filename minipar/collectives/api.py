@@ -96,8 +96,11 @@ def run_call(
     call alike on every rank: it means pairwise, whose messages do not depend on the sizes."""
     if uneven and algorithm == "auto":
         algorithm = "pairwise"
+    place = fast.window_of(comm, collective, nbytes, args)  # a buffer from minipar.empty
+    if place is not None and algorithm == "auto":
+        algorithm = "ring"  # whose order the in-place schedule keeps, fast paths on or off
     name, fn = registry.pick(collective, algorithm, nbytes, comm.size)  # the cost model's choice
-    name, fn = fast.route(comm, collective, name, fn, nbytes, args[0] if args else None)
+    name, fn = fast.route(comm, collective, name, fn, nbytes, args[0] if args else None, place)
     if process.debug:  # the fingerprint is built only here, off the hot path
         _check_same_call(comm, (collective, name, *(_fp(*fingerprint) if fingerprint else ())))
     if fingerprint:  # the call's signature (comm/signature.py), inline: every call comes here

@@ -15,6 +15,7 @@ do ranks that disagree about a call, or about any call before it.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import weakref
 
@@ -41,6 +42,19 @@ HISTORY_MULTIPLIER = 2531
 # (the launcher sets MINIPAR_OVERSUBSCRIBED=1) spinning only steals the core from the peer we
 # wait for, so yield at once
 SPIN_SECONDS = 0.0 if os.environ.get("MINIPAR_OVERSUBSCRIBED") == "1" else 2e-3
+# a collective on the progress thread (collectives/work.py) runs beside its caller's own work
+# (DDP's backward, on the same cores): spinning there takes the core from that work, so its
+# waits sleep at once, this long at least (the kernel wakes it some tens of us later)
+BACKGROUND_NAP = 2e-5
+
+
+def patience() -> tuple[float, float]:
+    """(seconds to spin, shortest nap after that) for a wait on the calling thread: the
+    progress thread naps at once, any other spins SPIN_SECONDS, then yields (a nap of 0)."""
+    progress = process.progress
+    if progress is not None and threading.current_thread() is progress.thread:
+        return 0.0, BACKGROUND_NAP
+    return SPIN_SECONDS, 0.0
 
 
 def env_timeout() -> float:
@@ -194,6 +208,7 @@ def _wait(requests, timeout: float, context) -> None:
     blocking = [r for r in pending if r.blocking]
     pending = [r for r in pending if not r.blocking]
     comm = requests[0].comm
+    spin, nap = patience()
     stall = None  # once the wait lasts: the transport's look at what the peers are doing
     try:
         while pending:
@@ -206,12 +221,12 @@ def _wait(requests, timeout: float, context) -> None:
             elapsed = time.monotonic() - start
             if elapsed > timeout:
                 raise _timeout(pending[0], timeout, context, stall)
-            if elapsed > SPIN_SECONDS:  # a long stall polls less, leaving the core to the others
+            if elapsed > spin:  # a long stall polls less, leaving the core to the others
                 if stall is not None:
                     stall.poll(pending, elapsed)  # may ask the peers, and fail the group
                 elif elapsed > STALL_AFTER:
                     stall = comm._stall(pending) or _NO_STALL
-                time.sleep(0 if elapsed < 0.05 else 1e-4 if elapsed < 0.5 else 1e-3)
+                time.sleep(max(nap, 0 if elapsed < 0.05 else 1e-4 if elapsed < 0.5 else 1e-3))
     finally:
         if stall is not None:
             stall.close()

@@ -58,7 +58,10 @@ class Message:
     peer: int  # the other rank, in the group's numbering
     nbytes: int
     # how the bytes crossed: "host" (CPU memory), or for a CUDA buffer on MPI "direct"
-    # (CUDA-aware), "staged" (one pinned-host copy each way) or "staged-pipelined" (chunked)
+    # (CUDA-aware), "staged" (one pinned-host copy each way) or "staged-pipelined" (chunked);
+    # inside a node's shared windows (collectives/fast/windows.py) "shm" (copied into the
+    # sender's segment, read there by the receiver) or "shm-in-place" (read by the receiver
+    # straight out of the sender's own buffer, which lives in a window: comm/shm_buffers.py)
     path: str = "host"
     tag: int = -1  # a point-to-point message's tag (a collective's messages: its seq says which)
     clock: Clock | None = field(default=None, compare=False, repr=False)
@@ -259,9 +262,14 @@ def running(comm, seq: int):
 def arrived(request) -> None:
     """A traced receive completed: its clock notes when (and, from any rank, from whom)."""
     clock = request.traced
-    clock.done, clock.done_thread = now(), _thread()
+    done(clock)
     if clock.peer is None:
         clock.peer = request.peer
+
+
+def done(clock: Clock) -> None:
+    """A receive's clock notes that it completed, now (a window read: collectives/fast/)."""
+    clock.done, clock.done_thread = now(), _thread()
 
 
 @contextlib.contextmanager
@@ -287,14 +295,14 @@ def begin_call(comm, collective: str, algorithm: str, seq: int) -> None:
             ledger.groups[comm.name] = list(comm.global_ranks)
 
 
-def record(comm, collective, algorithm, seq, step, kind, peer, nbytes, tag=-1):
+def record(comm, collective, algorithm, seq, step, kind, peer, nbytes, tag=-1, path="host"):
     """Note a message in every open trace; the Message (None when none is open): a receive's
     caller hands its clock to the request (`request.traced`), which notes its completion."""
     if not process.traces:
         return None
     clock = Clock(now(), _thread())
     message = Message(
-        comm.name, comm.rank, collective, algorithm, seq, step, kind, peer, nbytes, "host", tag,
+        comm.name, comm.rank, collective, algorithm, seq, step, kind, peer, nbytes, path, tag,
         clock,
     )  # fmt: skip
     for ledger in process.traces:

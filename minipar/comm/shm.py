@@ -14,11 +14,17 @@ Synchronisation: each segment starts with a header of counters that only its own
 `DONE`: I have finished reading your segments for round k). A round goes in blocks of about
 BLOCK_BYTES, pipelined, so that what one rank has just written is still in the shared cache when
 its peer reads it (MPI's small bounce cells enjoy the same; a whole 32 MiB chunk would not).
-A waiting rank polls a peer's counter, spins
-briefly, then yields the core with `time.sleep` (at once when ranks outnumber cores), so it
-never holds the core the peer needs. Every wait is bounded by the group's timeout and names the
-collective, the peer and what it waited for. `MPI_Win_sync` orders the data before the counter
-(a memory barrier on weakly ordered CPUs; nearly free on x86).
+A waiting rank polls a peer's counter, spins briefly, then yields the core with `time.sleep`
+(at once when ranks outnumber cores, or on the progress thread, whose caller computes
+meanwhile), so it never holds the core the peer needs. Every wait is bounded by the group's
+timeout and names the collective, the peer and what it waited for. `MPI_Win_sync` orders the
+data before the counter (a memory barrier on weakly ordered CPUs; nearly free on x86).
+
+A buffer that lives in a window of its own (comm/shm_buffers.py: minipar.empty, DDP's buckets,
+FSDP's slots) takes rounds of its own (`begin_in_place` / `end_in_place`): nothing is copied
+in, the header also names the window and the offset (peers whose twins lie elsewhere raise
+MismatchError), and the round ends only when every peer has finished reading, so the caller may
+write into its buffer as soon as the call returns.
 
 A `SharedNode` belongs to one group (`node_of(comm)`); calls on it run one at a time, in the
 order the caller issued them (a ticket taken in the caller's thread), so an async call on the
@@ -33,12 +39,15 @@ import time
 
 import numpy as np
 
-from minipar.comm.base import SPIN_SECONDS, wait_all
+from minipar.comm.base import patience, wait_all
 from minipar.comm.mpi_requests import module
 from minipar.errors import CommTimeoutError, MismatchError
 
 HEADER = 4096  # bytes before the data: a page, so the data is page-aligned
-READY, REDUCED, DONE, CODE, NBYTES = range(5)  # header slots (int64 each)
+# header slots (int64 each): the three counters, then what this round is (checked by every peer
+# before it reads: the call's code and size, and for a buffer that lives in a window of its own,
+# that window's serial number and the buffer's byte offset in it; -1 and 0 for a staged round)
+READY, REDUCED, DONE, CODE, NBYTES, WINDOW, OFFSET = range(7)
 MAX_SEGMENT = int(os.environ.get("MINIPAR_SHM_BYTES", 64 << 20))  # data bytes per rank, at most
 BLOCK_BYTES = int(os.environ.get("MINIPAR_SHM_BLOCK", 1 << 20))  # a pipeline block, all chunks
 LAG = int(os.environ.get("MINIPAR_SHM_LAG", 8))  # blocks between publishing and reading them
@@ -78,6 +87,8 @@ class SharedNode:
         self.win, self.capacity, self.round = None, 0, 0
         self.blocks = 0  # blocks finished in earlier rounds: READY and REDUCED count blocks
         self.segments, self.headers = [], []
+        self.buffers = []  # comm/shm_buffers.py: the windows buffers live in, in allocation order
+        self.windows_made = 0  # their serial numbers (the same on every rank)
         self._order = threading.Condition()
         self._issued = self._turn = 0
 
@@ -114,8 +125,27 @@ class SharedNode:
         if nbytes > self.capacity or self.win is None:
             self._grow(nbytes, what)
         head = self.headers[self.rank]
-        head[CODE], head[NBYTES] = code, nbytes
+        head[CODE], head[NBYTES], head[WINDOW], head[OFFSET] = code, nbytes, -1, 0
         return self.segments[self.rank]
+
+    def begin_in_place(self, window: int, offset: int, nbytes: int, code: int, what) -> None:
+        """Start a round on a buffer that already lies in window `window` (its serial number)
+        at byte `offset` on every rank: nothing is copied in, the peers read it where it is.
+        The counters are the staged rounds' (the first such round maps a small staging window
+        for them); `end_in_place` closes the round."""
+        self.round += 1
+        for q in self.peers():
+            self.wait(q, DONE, self.round - 1, what)
+        if self.win is None:
+            self._grow(0, what)
+        head = self.headers[self.rank]
+        head[CODE], head[NBYTES], head[WINDOW], head[OFFSET] = code, nbytes, window, offset
+
+    def end_in_place(self, what) -> None:
+        """I finished reading the peers' buffers; return once they finished reading mine: the
+        caller may write into its buffer as soon as this returns."""
+        self.publish(DONE)
+        self.wait_all(DONE, what)
 
     def publish(self, slot: int, value: int | None = None) -> None:
         """Set my counter `slot` (to this round, or to a block number): the data it stands for
@@ -140,16 +170,17 @@ class SharedNode:
         self.win.Sync()  # read the data only after seeing the counter
         if slot == READY:
             mine = self.headers[self.rank]
-            if head[CODE] != mine[CODE] or head[NBYTES] != mine[NBYTES]:
+            if any(head[s] != mine[s] for s in (CODE, NBYTES, WINDOW, OFFSET)):
                 raise MismatchError(
                     f"{what() if callable(what) else what}: rank {q} of group {self.comm.name} "
-                    f"published {int(head[NBYTES])} bytes for call code {int(head[CODE])}, this "
-                    f"rank {int(mine[NBYTES])} bytes for code {int(mine[CODE])}; every rank must "
-                    "make the same collective calls in the same order with matching sizes"
+                    f"published {_round(head)}, this rank {_round(mine)}; every rank must make "
+                    "the same collective calls in the same order with matching sizes (and a "
+                    "buffer from minipar.empty on every rank, or on none)"
                 )
 
     def _poll(self, head, slot, k, q, what) -> None:
         start, timeout = time.monotonic(), self.comm.timeout
+        spin, nap = patience()  # the progress thread naps at once: comm/base.py
         while head[slot] < k:
             failure = getattr(self.comm, "_failure", None)  # the MPI watchdog saw a mismatch
             if failure is not None:
@@ -161,8 +192,8 @@ class SharedNode:
                     f"{where}: timed out after {timeout:g} s waiting for rank {q} to "
                     f"{WAITS[slot]} (shared-memory round {k}) on group {self.comm.name}"
                 )
-            if elapsed > SPIN_SECONDS:  # yield: the peer may need this very core
-                time.sleep(0 if elapsed < 0.05 else 1e-4)
+            if elapsed > spin:  # yield: the peer, or our caller, may need this very core
+                time.sleep(max(nap, 0 if elapsed < 0.05 else 1e-4))
 
     # -- the window ----------------------------------------------------------------------
     def _grow(self, nbytes: int, what) -> None:
@@ -199,6 +230,14 @@ class SharedNode:
                 )
             time.sleep(0)
         self.win.Sync()
+
+
+def _round(head) -> str:
+    """What a header says its round is, for a mismatch's message."""
+    where = "staged"
+    if head[WINDOW] >= 0:
+        where = f"in window buffer #{int(head[WINDOW])} at byte {int(head[OFFSET])}"
+    return f"{int(head[NBYTES])} bytes for call code {int(head[CODE])} ({where})"
 
 
 def describe(comm) -> str:

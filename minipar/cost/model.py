@@ -174,22 +174,29 @@ def crossover(collective: str, small: str, large: str, world_size: int, link=Non
 SHM_MIN_BYTES = 64 << 10  # `auto` keeps smaller messages on MPI: latency, not copies, rules
 
 
-def shm_traffic(collective: str, nbytes: float, p: int) -> Traffic:
+def shm_traffic(collective: str, nbytes: float, p: int, in_place: bool = False) -> Traffic:
     """Waits, bytes copied through the windows and bytes reduced by one rank of the single-copy
-    schedules (collectives/shm_direct.py); bytes_sent counts copies, priced at the link's beta."""
+    schedules (collectives/fast/windows.py; with in_place, of a buffer that lives in the window
+    already: fast/in_place.py, nothing copied in); bytes_sent counts copies, priced at beta."""
     N, c = nbytes, (p - 1) / p * nbytes
     table = {
         "all_reduce": (3, c + N / p + c, c),  # publish p-1 chunks, my result, copy p-1 out
         "all_gather": (2, N / p + N, 0),  # publish my block; my block and p-1 others out
         "reduce_scatter": (2, c, c),  # publish p-1 blocks; reduce mine from p copies
     }
+    if in_place:
+        table = {
+            "all_reduce": (4, c, c),  # reduce my chunk where it lies, copy p-1 chunks out
+            "all_gather": (3, N / p + c, 0),  # my block into place, p-1 others out
+            "reduce_scatter": (3, 0, c),  # reduce my block from the p buffers
+        }
     steps, copied, reduced = table[collective]
     return Traffic(steps, copied, reduced)
 
 
-def predict_shm(collective: str, nbytes: float, p: int, link=None) -> float:
+def predict_shm(collective: str, nbytes: float, p: int, link=None, in_place=False) -> float:
     link = link or shm_link()
-    t = shm_traffic(collective, nbytes, p)
+    t = shm_traffic(collective, nbytes, p, in_place)
     return t.steps * link.alpha + t.bytes_sent * link.beta + t.bytes_reduced * link.gamma
 
 

@@ -19,6 +19,13 @@ more of the result itself, but a byte it reduces costs p-1 adds, and an add move
 than a copy, so the even split is cheapest. Nothing is assumed about latency: the floor is
 bandwidth only, so small messages reach a tiny fraction of it.
 
+Inside one node's shared windows (comm/shm.py) the copy and the reduction read memory that
+another core has just written, and that is slower than private memory (the line is fetched from
+the writer's cache): `peer_rates` measures it, the rate at which one rank copies or adds in a
+buffer its peer wrote a moment ago, every rank at once. The same floor priced at those rates is
+the least time a single-copy schedule over windows can take on this machine (a buffer that
+lives in the window, `minipar.empty`, does exactly that work: collectives/fast/in_place.py).
+
 The other collectives, the same way (n as in minipar.cost: the whole buffer):
     reduce_scatter  (p-1)/p * n / add_rate           each output block = p blocks added
     reduce          as all_reduce                    the root needs all of it, reduced
@@ -81,6 +88,33 @@ def kernel_rates(nbytes: int, dtype, barrier, reduce_max, min_seconds: float = 0
             for _ in range(max(5, min(200, int(min_seconds / max(first, 1e-9)))))
         ]
         rates[name] = a.nbytes / max(reduce_max(min(times)), 1e-9)
+    return rates["copy"], rates["add"]
+
+
+def peer_rates(mine, theirs, scratch, barrier, reduce_max, min_seconds: float = 0.05):
+    """(copy_rate, add_rate) in bytes/s of reading `theirs`, a peer's buffer in a shared window
+    that the peer has just written: before each repetition every rank writes its own buffer
+    `mine` (its peers' `theirs`), lines up at `barrier()`, then copies `theirs` into the private
+    `scratch` (copy) or adds it into `scratch` (add). Arrays of one dtype and length; every rank
+    at once, the fastest repetition (the slowest rank's time, `reduce_max`), as kernel_rates."""
+    import numpy as np
+
+    kernels = {"copy": lambda: np.copyto(scratch, theirs), "add": lambda: np.add(scratch, theirs,
+               out=scratch)}  # fmt: skip
+    rates, turn = {}, [0]
+
+    def fresh():
+        barrier()  # nobody still reads my buffer
+        turn[0] += 1
+        mine.fill(turn[0] % 7)  # the peer reads what was just written: a write pass
+        barrier()
+
+    for name, kernel in kernels.items():
+        kernel()  # touch the pages once
+        first = reduce_max(_timed(kernel, fresh))
+        count = max(5, min(50, int(min_seconds / max(first, 1e-9))))  # two barriers each
+        times = [_timed(kernel, fresh) for _ in range(count)]
+        rates[name] = theirs.nbytes / max(reduce_max(min(times)), 1e-9)
     return rates["copy"], rates["add"]
 
 

@@ -32,7 +32,11 @@ tokens, hidden h), read off the code that sends:
   backward needs none) and 1 reduce-scatter of the unit's weights instead of the gradient
   all-reduce.
 Each collective runs the algorithm `auto` picks for its size (minipar.cost on the default
-link, as on the ranks), in cost.traffic's steps; a point-to-point message is one step.
+link, as on the ranks), in cost.traffic's steps; a point-to-point message is one step. DDP's
+buckets and FSDP's reduce-scatters above 64 KiB take the ring (parallel/data/ddp.py
+`reduction_algorithm`), and with `windows` (the dp group's ranks share a node over MPI, fast
+paths on: their buffers live in a shared window) every DDP bucket and FSDP vector above 64 KiB
+is reduced or gathered in place, "ring@shm", in 2 steps (all-reduce) or 1 (the ledger's).
 
 The critical path (what `message_steps` counts): a pipeline runs m + P - 1 slots, each as long
 as the busiest stage's micro-batch, so the busiest stage's tp (and cp, ep) steps per
@@ -52,6 +56,7 @@ from minipar import cost
 AXES = ("tp", "pp", "dp", "cp", "ep", "expert_dp")
 P2P = ("send", "recv")
 BUCKET_BYTES = 25 << 20  # DistributedDataParallel's default bucket_cap_mb
+WINDOW_STEPS = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # in place: fast/in_place
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,18 @@ class Calls:
     what: str
     traced: bool = True  # False: outside minipar's ledger (mpi4py's control plane)
     algorithm: str | None = None  # what runs, when `auto` does not decide it by size alone
+
+
+def flat_algorithm(collective: str, nbytes: float, windows: bool) -> str | None:
+    """What a DDP bucket's all-reduce or an FSDP vector's all-gather or reduce-scatter runs:
+    above cost.SHM_MIN_BYTES the ring (the reductions ask for it; a window vector's all-gather
+    under auto takes it too), in place when the buffers live in a window; below, None: auto's
+    pick."""
+    if nbytes <= cost.SHM_MIN_BYTES:
+        return None
+    if windows:
+        return "ring@shm"
+    return None if collective == "all_gather" else "ring"
 
 
 def moe_blocks(model, pp: int, stage: int) -> int:
@@ -109,8 +126,11 @@ def group_sizes(lay) -> dict:
     return {"tp": lay.tp, "pp": lay.pp, "dp": dp, "cp": cp, "ep": ep, "expert_dp": dp // ep}
 
 
-def calls(model, lay, stage: int, value_bytes: int = 4, zero: int = 0) -> list[Calls]:
-    """The collectives and messages of one step on a rank of pipeline stage `stage`."""
+def calls(
+    model, lay, stage: int, value_bytes: int = 4, zero: int = 0, windows=False
+) -> list[Calls]:
+    """The collectives and messages of one step on a rank of pipeline stage `stage` (windows:
+    the dp group's buffers live in a shared window; see the module)."""
     cp = getattr(lay, "cp", 1)
     m, P, tokens = lay.microbatches, lay.pp, lay.micro_batch * model.seq_len // cp
     first, last, out = stage == 0, stage == P - 1, []
@@ -135,11 +155,18 @@ def calls(model, lay, stage: int, value_bytes: int = 4, zero: int = 0) -> list[C
             units = model.layers // P + first + last
             unit = params / units * 4
             gathers = (2 * units - first) * m  # the embedding's backward needs no weights
-            out.append(Calls("dp", "all_gather", unit, gathers, "FSDP: weights"))
-            out.append(Calls("dp", "reduce_scatter", unit, units * m, "FSDP: gradients"))
+            for collective, count, what in (
+                ("all_gather", gathers, "FSDP: weights"),
+                ("reduce_scatter", units * m, "FSDP: gradients"),
+            ):
+                algorithm = flat_algorithm(collective, unit, windows)
+                out.append(Calls("dp", collective, unit, count, what, algorithm=algorithm))
         else:
             buckets = math.ceil(params * 4 / BUCKET_BYTES)
-            out.append(Calls("dp", "all_reduce", params * 4 / buckets, buckets, "DDP: gradients"))
+            bucket = params * 4 / buckets
+            algorithm = flat_algorithm("all_reduce", bucket, windows)
+            out.append(Calls("dp", "all_reduce", bucket, buckets, "DDP: gradients",
+                             algorithm=algorithm))  # fmt: skip
             out.append(Calls("dp", "all_reduce", tensors, 1, "DDP: used map"))
         out.append(Calls("dp", "all_reduce", 8, 1, "the loss"))
     return out
@@ -205,15 +232,17 @@ def steps_of(call: Calls, p: int) -> int:
         return (p - 1).bit_length()
 
     name = call.algorithm or algorithm(call.collective, call.nbytes, p)
+    if name.endswith("@shm"):
+        return WINDOW_STEPS[call.collective]
     return cost.traffic(call.collective, name, call.nbytes, p).steps
 
 
-def signature(model, lay, stage: int, value_bytes: int = 4, zero: int = 0) -> dict:
+def signature(model, lay, stage: int, value_bytes: int = 4, zero: int = 0, windows=False) -> dict:
     """{(axis, collective, algorithm, steps): calls} of a stage's step, the traced calls only:
     what a ledger of the same step holds (tests compare the two)."""
     sizes = group_sizes(lay)
     out: dict = {}
-    for c in calls(model, lay, stage, value_bytes, zero):
+    for c in calls(model, lay, stage, value_bytes, zero, windows):
         if c.traced:
             p = sizes[c.axis]
             name = c.algorithm or algorithm(c.collective, c.nbytes, p)
@@ -222,7 +251,7 @@ def signature(model, lay, stage: int, value_bytes: int = 4, zero: int = 0) -> di
     return out
 
 
-def message_steps(model, lay, zero: int = 0, value_bytes: int = 4) -> dict:
+def message_steps(model, lay, zero: int = 0, value_bytes: int = 4, windows=False) -> dict:
     """Message-steps on a step's critical path, per axis (see the module's docstring): "tp",
     "pp", "dp", and "cp", "ep", "expert_dp" for a layout that has them."""
     sizes = group_sizes(lay)
@@ -232,7 +261,7 @@ def message_steps(model, lay, zero: int = 0, value_bytes: int = 4) -> dict:
     seen = set()
     for stage in range(P):
         per_axis = {axis: 0.0 for axis in AXES}
-        for c in calls(model, lay, stage, value_bytes, zero):
+        for c in calls(model, lay, stage, value_bytes, zero, windows):
             seen.add(c.axis)
             if c.axis == "pp":
                 continue

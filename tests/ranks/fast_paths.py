@@ -9,7 +9,10 @@ when on and really not when off (else the comparison would prove nothing).
   for every collective (its send / recv / sendrecv steps; posted isends take the plain path);
 - the windows (the ring's all-reduce, all-gather and reduce-scatter inside a node, when the cost
   model prices them cheaper): with a window link that always wins, the trace shows "ring@shm"
-  on and "ring" off, and the bits agree, for SUM, MIN, MAX and PRODUCT with signed zeros.
+  on and "ring" off, and the bits agree, for SUM, MIN, MAX and PRODUCT with signed zeros;
+- in place (a buffer from minipar.empty, which lives in the window): `auto` runs the ring either
+  way; on, the trace shows "ring@shm" and every message read in place ("shm-in-place"), off,
+  "ring" over MPI messages, and the bits agree, for the same ops.
 Inputs are random floats (so a different order of operations shows in the last bits), with
 +0.0 and -0.0 sprinkled in (MIN and MAX of the two depend on the operands' order).
 """
@@ -241,6 +244,42 @@ def windows_case():
                 same_bits(on_out, off_out, what)
 
 
+def in_place_case():
+    w = world()
+    p, r = w.size, w.rank
+    n = p * (cost.SHM_MIN_BYTES // 4 + 3)
+    x, out, big = (minipar.empty(k, np.float32) for k in (n, n, n))  # allocated with it on
+    runs = {
+        "all_reduce": lambda v, op: (minipar.all_reduce(_fill(x, v), op=op), x)[1],
+        "all_gather": lambda v, op: (minipar.all_gather_into_tensor(out, v[: n // p]), out)[1],
+        "reduce_scatter": lambda v, op: _reduce_scatter_into(_fill(big, v), p, op),
+    }
+    for collective, run in runs.items():
+        for op in ("sum", "min", "max", "product"):
+            got = []
+            for on in (True, False):
+                with fast_paths(on), minipar.trace() as t:
+                    result = run(data(n, np.float32, 5 * r + 3), op).copy()
+                got.append((result, t.algorithms, set(t.paths())))
+            (on_out, on_algs, on_paths), (off_out, off_algs, off_paths) = got
+            what = f"in place {collective} {op} on {p} ranks"
+            if p > 1:
+                assert on_algs == ["ring@shm"] and on_paths == {"shm-in-place"}, (what, on_paths)
+                assert off_algs == ["ring"] and "shm-in-place" not in off_paths, (what, off_algs)
+            same_bits(on_out, off_out, what)
+
+
+def _fill(buf, values):
+    buf[:] = values
+    return buf
+
+
+def _reduce_scatter_into(inp, p, op):
+    out = np.empty(len(inp) // p, inp.dtype)
+    minipar.reduce_scatter_tensor(out, inp, op=op)
+    return out
+
+
 def _reduce_scatter_op(x, p, op):
     out = np.empty(len(x) // p, x.dtype)
     minipar.reduce_scatter_tensor(out, x, op=op, algorithm="ring")
@@ -264,5 +303,6 @@ def cases(size):
         "lean": lean_case,
         "direct_steps": direct_case,
         "windows": windows_case,
+        "in_place": in_place_case,
         "switch": switch_case,
     }

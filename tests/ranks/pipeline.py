@@ -149,7 +149,9 @@ def bubble(schedule):
             pipe = Pipeline(chunks if v > 1 else chunks[0], n_microbatches=m, schedule=schedule,
                             loss_fn=lambda out, target: (out - target).pow(2).mean(),
                             virtual_stages=v)  # fmt: skip
-            pipe.step(torch.ones(16, 4), torch.zeros(16, 4))
+            # inputs that require grad: the first stage's B does the input-gradient path too,
+            # so every stage's B is the same work (the formula's equal stages)
+            pipe.step(torch.ones(16, 4, requires_grad=True), torch.zeros(16, 4))
             measured.append(Timeline.gather(pipe).bubble_fraction)  # the same on every rank
             if abs(measured[-1] - predicted) < 0.05:
                 return

@@ -72,13 +72,18 @@ def counted(ledger, mesh) -> Counter:
 
 
 def check(dp, tp, pp, m, fsdp=False, cp=1, variant="ring", ep=1, experts=0):
+    from minipar.collectives.window_buffer import shared_node  # numpy: collecting stays light
+
     ledger, mesh = traced_step(dp, tp, pp, m, fsdp, cp, variant, ep, experts)
     spec = dataclasses.replace(SPEC, experts=experts)
     lay = planner.evaluate(spec, planner.CLUSTERS["cpu"], dp, tp, pp, 8 // dp // m, cp=cp,
                            ep=ep, cp_variant=variant)  # fmt: skip
     assert lay.microbatches == m
+    # the dp group's buffers live in a shared window when its ranks share a node (one here)
+    windows = dp * cp > 1 and shared_node(mesh.dp_cp_group, "the dp group") is not None
     want = Counter()
-    signature = step_messages.signature(spec, lay, mesh.pp_rank, zero=3 if fsdp else 0)
+    signature = step_messages.signature(spec, lay, mesh.pp_rank, zero=3 if fsdp else 0,
+                                        windows=windows)  # fmt: skip
     for (axis, *rest), n in signature.items():
         want[(first_kind(mesh, mesh.global_ranks(KIND.get(axis, axis))), *rest)] += n
     got = counted(ledger, mesh)

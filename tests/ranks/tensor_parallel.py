@@ -25,6 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import minipar
+from minipar.parallel import recompute
 from minipar.parallel.tensor import (
     ColumnParallelLinear,
     DenseMLP,
@@ -193,6 +194,37 @@ def twin_case(kind, bias, sp):
         parallel = build[1].from_dense(dense, sequence_parallel=sp)
         run_twins(dense, parallel, x, seq if sp else full, seq if sp else full, sp=sp)
         check_param_grads(parallel, build[1].from_dense(grads_twin(dense), sequence_parallel=sp))
+
+    return case
+
+
+def recompute_case(sp):
+    """A tensor-parallel block (with sequence parallelism or not) under full and selective
+    recomputation: the output and every gradient bitwise those of the run without it (the same
+    kernels in the same order); full recomputation runs the block's collectives again in
+    backward (each forward all-reduce or all-gather once more), selective none."""
+
+    def case():
+        x, runs = inputs(), {}
+        for policy in recompute.POLICIES:
+            torch.manual_seed(11)
+            block = ParallelBlock.from_dense(DenseBlock(), sequence_parallel=sp)
+            recompute.apply(block, policy, blocks=(ParallelBlock,))
+            xp = (seq if sp else full)(x).clone().requires_grad_()
+            with minipar.trace() as t:
+                y = block(xp)
+                forward_calls = len(t.calls)
+                (y * y).sum().backward()
+            if sp:
+                sync_sequence_parallel_grads(block)
+            grads = [q.grad.clone() for q in block.parameters()] + [xp.grad]
+            runs[policy] = (y.detach(), grads, forward_calls, len(t.calls))
+        y0, g0, forward, total = runs["none"]
+        for policy, (y, grads, f, n) in runs.items():
+            assert torch.equal(y, y0), (policy, sp, "output")
+            assert all(torch.equal(a, b) for a, b in zip(grads, g0)), (policy, sp, "gradients")
+            extra = forward if policy == "full" else 0  # the forward's collectives, again
+            assert (f, n) == (forward, total + extra), (policy, sp, f, n, forward, total)
 
     return case
 
@@ -459,6 +491,8 @@ def cases(size):
         table[f"cross_entropy.large.{str(dtype)[6:]}"] = cross_entropy_large_case(dtype)
     table["ledger.tp"] = ledger_case(False)
     table["ledger.sp"] = ledger_case(True)
+    table["recompute.tp"] = recompute_case(False)
+    table["recompute.sp"] = recompute_case(True)
     if size > 1:
         table["bad_layouts"] = bad_layouts
     if size == 4:

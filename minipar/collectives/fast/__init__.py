@@ -12,6 +12,8 @@ where its result is bitwise the plain one's:
     routing.py  inside one node, the bandwidth algorithms of all-reduce, all-gather and
     windows.py  reduce-scatter run over shared windows (comm/shm.py), one copy a hop, when the
                 cost model prices that cheaper (or when asked: "ring@shm", MINIPAR_TRANSPORT)
+    in_place.py and a buffer that lives in a window (minipar.empty: DDP's buckets, FSDP's
+                flat vectors) is reduced where it lies, with no copy at all
 
 The switch: `minipar.init(fast_paths=False)` or MINIPAR_FAST_PATHS=0 turns all three off
 (`process.fast_paths`, minipar.state), so every call takes the path the algorithm files show;
@@ -30,10 +32,16 @@ def all_reduce(comm, tensor, op, algorithm) -> bool:
     return process.fast_paths and lean.all_reduce(comm, tensor, op, algorithm)
 
 
-def route(comm, collective: str, name: str, fn, nbytes: int, buf):
+def window_of(comm, collective: str, nbytes: int, args):
+    """Where this call's buffer lies when it lives in a shared window (minipar.empty), else
+    None; asked with the fast paths on or off (routing.py)."""
+    return routing.window_of(comm, collective, nbytes, args)
+
+
+def route(comm, collective: str, name: str, fn, nbytes: int, buf, place=None):
     """(name, function) that run this call: the algorithm as picked, or its schedule over
-    shared windows (routing.py)."""
-    return routing.route(comm, collective, name, fn, nbytes, buf)
+    shared windows, staged or, for a buffer at `place`, in place (routing.py)."""
+    return routing.route(comm, collective, name, fn, nbytes, buf, place)
 
 
 def direct_steps(comm) -> bool:

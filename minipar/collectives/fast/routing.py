@@ -16,7 +16,12 @@ Overrides, the same on every rank:
 - one call: `algorithm="ring@shm"` or `"ring@mpi"` (any algorithm name, then @transport).
 
 The trace shows the choice: a call that went through the windows is recorded with algorithm
-"<name>@shm" (and sends no messages).
+"<name>@shm", and its messages (what each peer read) with path "shm".
+
+A buffer that lives in a window already (`minipar.empty`, DDP's buckets, FSDP's flat vectors:
+comm/shm_buffers.py) is reduced where it lies, with no copy in (in_place.py; path
+"shm-in-place"): `window_of` finds it, from the buffer alone and with the fast paths on or off,
+and for it `auto` means the ring (collectives/api.py), so the switch changes no bits.
 """
 
 from __future__ import annotations
@@ -25,9 +30,9 @@ import os
 
 from minipar import cost
 from minipar.collectives import registry
-from minipar.collectives.fast import windows
+from minipar.collectives.fast import in_place, windows
 from minipar.collectives.registry import split
-from minipar.comm import buffers, shm
+from minipar.comm import buffers, shm, shm_buffers
 from minipar.state import process
 
 ENV = "MINIPAR_TRANSPORT"
@@ -37,6 +42,32 @@ ROUTED = {  # the windows reduce in the ring's order (windows.py): the ring alon
     "all_gather": ("ring",),
     "reduce_scatter": ("ring",),
 }
+
+
+WINDOW_ARG = {"all_reduce": 0, "all_gather": 0, "reduce_scatter": 1}  # the buffer read in place
+
+
+def window_of(comm, collective: str, nbytes: int, args):
+    """(window, byte offset) of this call's buffer (all-reduce: x, all-gather: the output,
+    reduce-scatter: the input) when it lives in a window of the group's node and can be
+    reduced there in place; else None (the common case costs two attribute reads). Messages
+    of at most cost.SHM_MIN_BYTES are left to the plain path (the lean path's regime)."""
+    node = getattr(comm, "_shm_node", None)
+    at = WINDOW_ARG.get(collective)
+    if not node or not node.buffers or at is None or nbytes <= cost.SHM_MIN_BYTES:
+        return None
+    buf = args[at]
+    if buffers.is_cuda(buf):
+        return None
+    place = shm_buffers.find(node, buf)
+    if place is None or place[1] % buffers.itemsize(buf):
+        return None
+    if collective != "all_reduce":  # the other buffer may only overlap it as my own block
+        small = args[1 - at]
+        block = shm_buffers.address(buf) + comm.rank * buffers.nbytes(small)
+        if buffers.overlaps(small, buf) and shm_buffers.address(small) != block:
+            return None
+    return place
 
 
 def bench_variants(collective: str) -> list[str]:
@@ -71,13 +102,19 @@ def requested() -> str:
     return value
 
 
-def route(comm, collective: str, name: str, fn, nbytes: int, buf):
+def route(comm, collective: str, name: str, fn, nbytes: int, buf, place=None):
     """(name, function) that run this call: fn over the group's transport, or the single-copy
     schedule over shared windows. Decided from what every rank shares (the collective, the
-    algorithm, the size, the environment), so all ranks decide alike; the first call that may
-    use the windows probes the node, collectively. With the fast paths off (minipar.state's
-    `process.fast_paths`) only an explicit request takes them: "ring@shm", MINIPAR_TRANSPORT=shm."""
+    algorithm, the size, the environment; `place`, window_of's answer, is the same on every rank
+    when every rank passes its twin of a window buffer), so all ranks decide alike; the first
+    call that may use the windows probes the node, collectively. With the fast paths off
+    (minipar.state's `process.fast_paths`) only an explicit request takes them: "ring@shm",
+    MINIPAR_TRANSPORT=shm."""
     raw = env_raw()
+    if place is not None:
+        found = _in_place(comm, collective, name, place)
+        if found is not None:
+            return found
     if (
         type(name) is str
         and name in registry.BUILTIN.get(collective, ())
@@ -101,9 +138,37 @@ def route(comm, collective: str, name: str, fn, nbytes: int, buf):
     return f"{base}@shm", run
 
 
-def choice(comm, collective: str, name: str, nbytes: int, buf) -> str:
+def _in_place(comm, collective: str, name, place):
+    """(name, function) of the in-place schedule (in_place.py) for a buffer at `place`, or None
+    to route the call as any other: MINIPAR_TRANSPORT=mpi or "@mpi" keep it on MPI; with the
+    fast paths off only an explicit request takes the windows; `auto` takes the ring there."""
+    if not isinstance(name, str) or not _in_place_name(collective, name):
+        return None  # (a user's own function runs as written)
+    base = split(name)[0]
+    node, schedule = comm._shm_node, in_place.SCHEDULES[collective]
+    ticket = node.ticket()
+
+    def run(call, *args):
+        node.run(ticket, call.context(), lambda: schedule(node, call, *args, place))
+
+    run.__name__ = f"{base}@shm"
+    return f"{base}@shm", run
+
+
+def choice(comm, collective: str, name: str, nbytes: int, buf, place=None) -> str:
     """The name `route` would give this call (for the bench's "auto → ..." column)."""
+    if place is not None and isinstance(name, str) and _in_place_name(collective, name):
+        return f"{split(name)[0]}@shm"
     return f"{split(name)[0]}@shm" if _node_for(comm, collective, name, nbytes, buf) else name
+
+
+def _in_place_name(collective: str, name: str) -> bool:
+    """Whether a call named `name` on a window buffer takes the in-place schedule."""
+    base, forced = split(name)
+    mode = forced or requested()
+    if mode == "mpi" or (mode == "auto" and not process.fast_paths):
+        return False
+    return base in (ROUTED[collective] if mode == "auto" else registry.BUILTIN[collective])
 
 
 def _node_for(comm, collective, name, nbytes, buf):

@@ -6,15 +6,26 @@
 
 Roughly:
     construction: compare structure (names, shapes, dtypes) -> broadcast params and buffers
-    backward:     a parameter's gradient is final -> copy it into its bucket
+                  -> the buckets' flat buffers, in the node's shared window when there is one
+    backward:     a parameter's gradient is final -> copy it into its bucket, and the
+                  gradient becomes a view of the bucket (torch's gradient_as_bucket_view)
                   bucket full, and every earlier bucket launched -> all_reduce(AVG, async)
-    end of backward (or finish_gradient_synchronization()): launch the rest, wait, write back
+    end of backward (or finish_gradient_synchronization()): launch the rest, wait: the
+                  averages are in the buckets, so in the gradients, with no copy out
 
 What moves: each step all-reduces every gradient once, Psi bytes in total, so a ring moves
 2 (p-1)/p Psi bytes per rank in 2 (p-1) steps per bucket; plus one byte per parameter (the
 `used` map, so a parameter no rank touched keeps grad None, as in torch DDP). Buckets of
 `bucket_cap_mb` trade latency (few large messages) against overlap (the first bucket can start
 while most of backward is still to run); `bucket_cap_mb=0` all-reduces each parameter alone.
+
+Where the buckets live: on a group whose ranks share one node over MPI (with the fast paths
+on), all the CPU buckets sit in one buffer from `collectives.empty`, in the node's shared
+window (comm/shm_buffers.py), and the all-reduce reads the peers' buckets where they lie, with
+no copy in (collectives/fast/in_place.py; the trace's path "shm-in-place"). Elsewhere (over
+the torch transport, across nodes, fast paths off) the buffer is private and the all-reduce
+goes over messages. Either way `auto` means the ring for a bucket above 64 KiB
+(`reduction_algorithm`), so the two give bitwise the same gradients.
 
 Buckets fill in reverse registration order (backward meets the last layers first) and launch
 strictly in bucket order, so every rank issues the same collectives in the same order even when
@@ -43,7 +54,7 @@ import contextlib
 import torch
 from torch import nn
 
-from minipar import collectives, runtime
+from minipar import collectives, cost, runtime
 from minipar.collectives.reduce_op import ReduceOp
 from minipar.comm import ledger
 
@@ -103,7 +114,8 @@ def is_expert(param) -> bool:
 
 
 class Bucket:
-    """Gradients of a few parameters in one flat buffer, all-reduced together."""
+    """Gradients of a few parameters in one flat buffer, all-reduced together; once the buffer
+    is placed (`place_buckets`), `views[i]` is parameter i's gradient as a view of it."""
 
     def __init__(self, params: list[nn.Parameter], index: int):
         self.params, self.index = params, index
@@ -111,9 +123,15 @@ class Bucket:
         for p in params:
             self.offsets.append(n)
             n += p.numel()
-        self.buffer = torch.zeros(n, dtype=params[0].dtype, device=params[0].device)
+        self.numel, self.dtype, self.device = n, params[0].dtype, params[0].device
+        self.buffer, self.views = None, []
         self.ready: set[int] = set()  # positions (in self.params) whose gradient is in
         self.work = None
+
+    def place(self, buffer: torch.Tensor) -> None:
+        """The bucket's flat buffer (zeroed), and each parameter's view of it."""
+        self.buffer = buffer.zero_()
+        self.views = [self.slot(i) for i in range(len(self.params))]
 
     def slot(self, i: int) -> torch.Tensor:
         p = self.params[i]
@@ -125,7 +143,8 @@ class Bucket:
 
 def make_buckets(params: list[nn.Parameter], cap_bytes: int) -> list[Bucket]:
     """Group `params` (already in reverse registration order) into buckets of at most
-    `cap_bytes` (at least one parameter each), one dtype and device per bucket."""
+    `cap_bytes` (at least one parameter each), one dtype and device per bucket; their buffers
+    are placed later (`place_buckets`)."""
     buckets, current, size = [], [], 0
     for p in params:
         nbytes = p.numel() * p.element_size()
@@ -138,6 +157,36 @@ def make_buckets(params: list[nn.Parameter], cap_bytes: int) -> list[Bucket]:
     if current:
         buckets.append(Bucket(current, len(buckets)))
     return buckets
+
+
+ALIGN = 64  # bytes between buckets that share one window: each starts on a cache line
+
+
+def place_buckets(buckets: list[Bucket], comm) -> None:
+    """Give every bucket its buffer. CPU buckets share one `collectives.empty` allocation (one
+    collective call): in the node's shared window when the group's ranks share memory, so the
+    all-reduce reads the peers' buckets where they lie; else private memory. GPU buckets are
+    plain tensors on their device."""
+    on_cpu = [b for b in buckets if b.device.type == "cpu"]
+    for b in buckets:
+        if b.device.type != "cpu":
+            b.place(torch.empty(b.numel, dtype=b.dtype, device=b.device))
+    starts, total = [], 0
+    for b in on_cpu:
+        starts.append(total)
+        total += -(-b.numel * b.dtype.itemsize // ALIGN) * ALIGN
+    if on_cpu:
+        raw = collectives.empty((total,), torch.uint8, group=comm)
+        for b, start in zip(on_cpu, starts):
+            b.place(raw[start : start + b.numel * b.dtype.itemsize].view(b.dtype))
+
+
+def reduction_algorithm(algorithm, nbytes: int):
+    """What a strategy's reduction of a flat buffer of nbytes runs: `auto` means the ring above
+    cost.SHM_MIN_BYTES (the bandwidth algorithm, as torch DDP's gloo and NCCL use, and the order
+    the windows' in-place schedule keeps: so a bucket in the shared window and a private one
+    give the same bits), and the cost model's choice below."""
+    return "ring" if algorithm == "auto" and nbytes > cost.SHM_MIN_BYTES else algorithm
 
 
 class DistributedDataParallel(nn.Module):
@@ -165,6 +214,7 @@ class DistributedDataParallel(nn.Module):
         broadcast_tensors(shared + list(module.buffers()), self.comm)
         trainable = [p for p in shared if p.requires_grad]
         self.buckets = make_buckets(trainable[::-1], int(bucket_cap_mb * 2**20))
+        place_buckets(self.buckets, self.comm)
         self._where = {}  # id(param) -> (bucket, position)
         for bucket in self.buckets:
             for i, p in enumerate(bucket.params):
@@ -200,7 +250,7 @@ class DistributedDataParallel(nn.Module):
         bucket, i = self._where[id(param)]
         if bucket.work is not None or i in bucket.ready:
             return
-        bucket.slot(i).copy_(param.grad)
+        _into_bucket(param, bucket.views[i])
         bucket.ready.add(i)
         self._launch_ready()
 
@@ -209,10 +259,11 @@ class DistributedDataParallel(nn.Module):
             self._launch(self.buckets[self._next])
 
     def _launch(self, bucket: Bucket) -> None:
-        nbytes = bucket.buffer.numel() * bucket.buffer.element_size()
+        nbytes = bucket.numel * bucket.dtype.itemsize
+        algorithm = reduction_algorithm(self.algorithm, nbytes)
         with ledger.span(f"launch bucket {bucket.index}", "ddp", bytes=nbytes):  # for a trace
             bucket.work = collectives.all_reduce(
-                bucket.buffer, ReduceOp.AVG, self.comm, self.algorithm, async_op=True
+                bucket.buffer, ReduceOp.AVG, self.comm, algorithm, async_op=True
             )
         self._next += 1
 
@@ -229,8 +280,9 @@ class DistributedDataParallel(nn.Module):
 
     def finish_gradient_synchronization(self) -> None:
         """Launch the buckets still waiting (parameters without a gradient this step count as
-        their current .grad, or zeros), wait for every bucket and write the averages back.
-        Idempotent: a no-op when no synchronised forward/backward is pending."""
+        their current .grad, or zeros), wait for every bucket; the averages are in the buckets,
+        and every gradient some rank has is a view of its bucket. Idempotent: a no-op when no
+        synchronised forward/backward is pending."""
         if not self._armed:
             return
         self._armed = False
@@ -239,9 +291,9 @@ class DistributedDataParallel(nn.Module):
             for i, p in enumerate(bucket.params):
                 if i not in bucket.ready:
                     if p.grad is None:
-                        bucket.slot(i).zero_()
+                        bucket.views[i].zero_()
                     else:
-                        bucket.slot(i).copy_(p.grad)
+                        _into_bucket(p, bucket.views[i])
                     bucket.ready.add(i)
         k = 0
         for bucket in self.buckets:
@@ -249,18 +301,31 @@ class DistributedDataParallel(nn.Module):
                 used[k] = p.grad is not None
                 k += 1
         self._launch_ready()
-        if len(self._where):  # which parameters some rank has a gradient for
-            collectives.all_reduce(used, ReduceOp.MAX, self.comm)
-        k = 0
         for bucket in self.buckets:
             with ledger.span(f"wait bucket {bucket.index}", "ddp"):  # for a trace
-                bucket.work.wait()
+                bucket.work.wait()  # blocked, not polling: the progress thread has the core
+        if len(self._where):  # which parameters some rank has a gradient for (once the buckets
+            collectives.all_reduce(used, ReduceOp.MAX, self.comm)  # are done: ranks in step)
+        k = 0
+        for bucket in self.buckets:
             for i, p in enumerate(bucket.params):
-                if used[k]:
-                    if p.grad is None:
-                        p.grad = bucket.slot(i).clone()
-                    else:
-                        p.grad.copy_(bucket.slot(i))
+                if used[k] and not _is_view(p.grad, bucket.views[i]):
+                    p.grad = bucket.views[i]
                 k += 1
             bucket.work, bucket.ready = None, set()
         self._next = 0
+
+
+def _is_view(grad, view) -> bool:
+    return grad is not None and grad.data_ptr() == view.data_ptr()
+
+
+def _into_bucket(param: nn.Parameter, view: torch.Tensor) -> None:
+    """param's gradient into its slot of the bucket, and the gradient becomes that view, as
+    torch DDP's gradient_as_bucket_view: the average lands in .grad with no copy out, and the
+    next backward that accumulates (no set-to-None between) writes into the bucket itself. A
+    gradient that is the view already is in place: nothing to copy."""
+    grad = param.grad
+    if not _is_view(grad, view):
+        view.copy_(grad)
+        param.grad = view

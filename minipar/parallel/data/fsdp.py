@@ -8,10 +8,16 @@ are all sharded; a unit's full parameters exist only while the unit computes.
 Roughly, per sharding unit (a module chosen by `shard_modules`):
     construction: its parameters -> one flat fp32 vector, padded to a multiple of p;
                   rank r keeps block r (an nn.Parameter: what the optimizer steps)
-    forward:      all-gather the blocks (cast to compute_dtype) -> views as the module's
-                  weights -> run -> drop the full vector
-    backward:     a saved weight is needed -> all-gather again; when the unit's gradient is
-                  complete -> reduce-scatter it in fp32 (averaged) -> rank r's block gradient
+    forward:      my block (cast to compute_dtype) into a free slot -> all-gather the
+                  others into it -> views as the module's weights -> run -> give the slot back
+    backward:     a saved weight is needed -> all-gather again; when the unit's gradients are
+                  complete -> one flat fp32 vector in a gradient slot -> reduce-scatter it
+                  (averaged) -> rank r's block gradient
+
+Where the vectors live: a few slots of the largest unit's size (flat_buffers.py), in the node's
+shared window when the group's ranks share one over MPI (fast paths on), so the all-gather and
+the reduce-scatter read the peers' slots where they lie (collectives/fast/in_place.py); private
+memory elsewhere, with the same bits (the reduce-scatter takes the ring either way).
 
 What moves per step for Psi parameter bytes: all-gather (p-1)/p Psi twice and reduce-scatter
 (p-1)/p Psi: 3 (p-1)/p Psi per rank, 1.5x DDP's 2 (p-1)/p Psi (the ZeRO paper's count).
@@ -33,7 +39,15 @@ from minipar import collectives, runtime
 from minipar.collectives.reduce_op import ReduceOp
 from minipar.comm import ledger
 from minipar.parallel import activation_memory
-from minipar.parallel.data.ddp import broadcast_tensors, check_same_structure, structure
+from minipar.parallel.data.ddp import (
+    broadcast_tensors,
+    check_same_structure,
+    reduction_algorithm,
+    structure,
+)
+from minipar.parallel.data.flat_buffers import Slots
+
+SLOTS = 2  # gathered or gradient vectors in the window at once: see flat_buffers.py
 
 
 def _check_compute_dtype(dtype) -> None:
@@ -67,18 +81,20 @@ def _innermost(mname: str, units: list[str]):
 
 
 class _Gather(torch.autograd.Function):
-    """shard -> full vector (all-gather); the full gradient -> its block (reduce-scatter)."""
+    """shard -> the unit's parameters, as views of its gathered full vector (all-gather); their
+    gradients -> one flat vector -> its block (reduce-scatter). One output per parameter, so
+    each gradient is copied once into the flat vector (no full-size zeros per parameter)."""
 
     @staticmethod
     def forward(ctx, shard, unit):
         ctx.unit = unit
-        return unit.gather()
+        ctx.set_materialize_grads(False)  # a parameter without a gradient: None, not zeros
+        return unit.views(unit.gather())
 
     @staticmethod
-    def backward(ctx, grad):
-        ctx.unit.end_span()  # the unit's backward is done: its gradient is complete
-        ctx.unit.release()
-        ctx.unit.reduce_scatter(grad)
+    def backward(ctx, *grads):
+        ctx.unit.end_span()  # the unit's backward is done: its gradients are complete
+        ctx.unit.reduce_scatter(grads, ctx.unit.hand_over())
         return None, None
 
 
@@ -100,7 +116,7 @@ class Unit:
             offset += p.numel()
         start = comm.rank * self.block
         self.shard = nn.Parameter(flat[start : start + self.block].clone())
-        self.full = None
+        self.full, self.slots = None, []  # the gathered vector, and the slots it took
         self.pending = []  # (work, reduced block) of in-flight reduce-scatters
         self.span = None  # a trace's open span of this unit's forward or backward
 
@@ -114,35 +130,74 @@ class Unit:
             self.span = None
 
     def gather(self, dtype=None) -> torch.Tensor:
-        """All-gather the blocks, in compute_dtype (or `dtype`): a new padded full vector."""
+        """All-gather the blocks, in compute_dtype (or `dtype`), into a free slot of the
+        owner's (flat_buffers.py): my block is cast straight into its place in the vector, and
+        the peers' blocks are read out of their slots where they lie (or arrive as messages)."""
         dtype = dtype or self.owner.compute_dtype or torch.float32
-        block = self.shard.detach().to(dtype)
-        full = torch.empty(self.block * self.owner.comm.size, dtype=dtype, device=block.device)
-        collectives.all_gather_into_tensor(full, block.contiguous(), group=self.owner.comm)
+        comm = self.owner.comm
+        slot, full = self.owner.slots.take(self.block * comm.size, dtype)
+        self.slots.append(slot)
+        mine = full[comm.rank * self.block : (comm.rank + 1) * self.block]
+        mine.copy_(self.shard.detach())
+        collectives.all_gather_into_tensor(full, mine, group=comm)
         self.full = full
         return full
 
-    def bind(self, full: torch.Tensor) -> None:
-        """The module's weights become views of `full` (autograd flows back to it)."""
-        for offset, shape, where, _ in self.layout:
-            view = full[offset : offset + shape.numel()].view(shape)
+    def views(self, full: torch.Tensor) -> tuple:
+        """The unit's parameters as views of `full`, in layout order."""
+        return tuple(full[o : o + shape.numel()].view(shape) for o, shape, _, _ in self.layout)
+
+    def bind(self, views) -> None:
+        """The module's weights become the views (autograd flows back through _Gather)."""
+        for (_, _, where, _), view in zip(self.layout, views):
             for mod, attr in where:
                 object.__setattr__(mod, attr, view)
 
+    def forget(self) -> None:
+        """Drop the gathered vector and give its slots back."""
+        for slot in self.slots:
+            self.owner.slots.give(slot)
+        self.full, self.slots = None, []
+
     def release(self) -> None:
-        self.full = None
+        self.forget()
+        self._unbind()
+
+    def hand_over(self):
+        """Backward is done with the parameters: drop them, and return the slot they were
+        gathered into (kept: the gradients go there), or None."""
+        last = self.slots.pop() if self.slots else None
+        self.forget()
+        self._unbind()
+        return last
+
+    def _unbind(self) -> None:
         for _, _, where, _ in self.layout:
             for mod, attr in where:
                 object.__setattr__(mod, attr, None)
 
-    def reduce_scatter(self, grad: torch.Tensor) -> None:
-        """Average the full gradient over the group in fp32; this rank keeps its block."""
+    def reduce_scatter(self, grads, slot=None) -> None:
+        """Average the unit's gradients over the group in fp32; this rank keeps its block. The
+        gradients go into one flat vector (zeros where a parameter has none, and in the
+        padding), in `slot` (where the parameters were gathered) or the next free one,
+        reduce-scattered with the ring above 64 KiB (the bits of a window slot and a private
+        vector agree: ddp.reduction_algorithm)."""
         self.owner._queue_finish()
-        grad = grad.to(torch.float32).contiguous()
-        out = torch.empty(self.block, dtype=torch.float32, device=grad.device)
+        comm, slots = self.owner.comm, self.owner.slots
+        slot, flat = slots.reuse(slot, self.block * comm.size, torch.float32)
+        for (offset, shape, _, _), grad in zip(self.layout, grads):
+            part = flat[offset : offset + shape.numel()]
+            if grad is None:
+                part.zero_()
+            else:
+                part.copy_(grad.reshape(-1))
+        flat[self.numel :].zero_()
+        out = torch.empty(self.block, dtype=torch.float32, device=flat.device)
+        algorithm = reduction_algorithm("auto", flat.numel() * 4)
         work = collectives.reduce_scatter_tensor(
-            out, grad, ReduceOp.AVG, group=self.owner.comm, async_op=True
+            out, flat, ReduceOp.AVG, group=comm, algorithm=algorithm, async_op=True
         )
+        slots.hold(slot, work)
         self.pending.append((work, out))
 
     def finish(self) -> None:
@@ -213,10 +268,20 @@ class FullyShardedDataParallel(nn.Module):
                 self.register_parameter(f"shard_{len(self.units) - 1}", unit.shard)
                 modules[u].register_forward_pre_hook(self._pre_hook(unit))
                 modules[u].register_forward_hook(self._post_hook(unit))
+        self._make_slots(module)
         for i, (p, _) in enumerate(self.replicated):
             self.register_parameter(f"replicated_{i}", p)
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(lambda _p: self._queue_finish())
+
+    def _make_slots(self, module: nn.Module) -> None:
+        """The slots the units' full vectors and gradients take in turn (flat_buffers.py): in the
+        node's shared window when the group's ranks share one (collective), each the largest
+        unit's size in fp32 (gradients are fp32; parameters in compute_dtype or fp32)."""
+        largest = max((u.block * self.comm.size for u in self.units), default=0)
+        device = next((u.shard.device for u in self.units), torch.device("cpu"))
+        width = max(4, (self.compute_dtype or torch.float32).itemsize)
+        self.slots = Slots(largest * width, SLOTS, self.comm, device)
 
     def _pre_hook(self, unit: Unit):
         def hook(_module, _args):
@@ -247,11 +312,15 @@ class FullyShardedDataParallel(nn.Module):
             return self.module(*args, **kwargs)
 
     def _pack(self, t: torch.Tensor):
-        """A saved view of a unit's full vector becomes a token (the vector can be freed)."""
-        ptr = t.untyped_storage().data_ptr()
+        """A saved view of a unit's full vector becomes a token (the vector can be freed): the
+        unit and where in its vector the view starts (the next gather may use another slot)."""
+        ptr = t.data_ptr()
         for unit in self.units:
-            if unit.full is not None and unit.full.untyped_storage().data_ptr() == ptr:
-                return (unit, t.storage_offset(), t.shape, t.stride())
+            full = unit.full
+            if full is not None and t.dtype == full.dtype:
+                start = full.data_ptr()
+                if start <= ptr < start + full.numel() * full.element_size():
+                    return (unit, t.storage_offset() - full.storage_offset(), t.shape, t.stride())
         return t
 
     def _unpack(self, packed):
@@ -262,7 +331,7 @@ class FullyShardedDataParallel(nn.Module):
             unit.begin_span("backward")
             unit.gather()
         full = unit.full
-        return full.as_strided(shape, stride, offset)
+        return full.as_strided(shape, stride, full.storage_offset() + offset)
 
     def _queue_finish(self) -> None:
         if not self._callback_queued:
@@ -281,7 +350,8 @@ class FullyShardedDataParallel(nn.Module):
         self._armed -= 1
         for unit in self.units:
             unit.finish()
-            unit.full = None
+            unit.forget()
+        self.slots.drain()
         trainable = [p for p, _ in self.replicated if p.requires_grad]
         if trainable:
             self._all_reduce_replicated(trainable)
@@ -308,9 +378,9 @@ class FullyShardedDataParallel(nn.Module):
         out = {}
         for unit in self.units:
             full = unit.gather(torch.float32)
-            unit.full = None
             for offset, shape, _, name in unit.layout:
                 out[name] = full[offset : offset + shape.numel()].view(shape).clone()
+            unit.forget()
         for p, _ in self.replicated:
             out[self.names[id(p)]] = p.detach().clone()
         order = list(self.names.values())

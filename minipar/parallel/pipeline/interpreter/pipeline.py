@@ -14,7 +14,10 @@ the group's timeout.
 
 Gradients: each micro-batch's loss is divided by m before its backward, so the parameters'
 .grad after a step equals one full-batch backward of the mean loss (grads accumulate, as with
-loss.backward(): zero them between steps). Backward starts from the scalar sum(output * grad)
+loss.backward(): zero them between steps). The first stage's inputs are data: its backward makes
+no gradient for them (torch's pipelining skips it too), unless they require grad; then it makes
+one and drops it, so that its B costs what every other stage's does (the equal stages of the
+bubble formulas, which the tests time). Backward starts from the scalar sum(output * grad)
 (see _Step._objective). For zb-h1, B is torch.autograd.grad of it with respect to the stage
 input (retain_graph=True) and W, later, with respect to the parameters.
 """
@@ -186,9 +189,10 @@ class _Step:
     # -- compute ----------------------------------------------------------------------------
     def Forward(self, ins) -> None:  # noqa: N802
         unit, stage = (ins.mb, ins.chunk), self._stage(ins)
-        x = self.received.pop(unit) if stage > 0 else self.inputs[ins.mb]
-        if x.is_floating_point():  # the first stage too: every stage's B does the same work
-            x = x.detach().requires_grad_()
+        given = self.received.pop(unit) if stage > 0 else self.inputs[ins.mb]
+        x = given.detach()
+        if x.is_floating_point() and (stage > 0 or given.requires_grad):
+            x.requires_grad_()  # its gradient goes back a stage (the first: see the docstring)
         # the micro-batch's saved activations (weights are not), released as backward runs
         with activation_memory.ActivationMemory(exclude=self.param_keys) as saved:
             y = self.pipe.chunks[ins.chunk](x)
