@@ -110,11 +110,12 @@ def test_dead_rank_fails_its_case_only(monkeypatch, mode, backend):
 
 @pytest.mark.parametrize("backend", ["mpi", "torch"])
 def test_state_does_not_leak_between_cases_or_batches(monkeypatch, backend):
-    """leaves_state changes env, cwd, trace, debug, timeout, dtype, grad mode and generators and
-    makes a group; sees_clean_state finds all of it undone. Then two batches of
-    harness_groups.py on the same job: the second finds no algorithm the first registered, and
-    its groups fit (MPI: 1,500 of 2,048 communicators) or find the first batch's sockets closed
-    (gloo) only because the first batch's groups were freed."""
+    """leaves_state changes env, cwd, trace, debug, timeout, dtype, grad mode and generators,
+    minipar's process state, and makes a group; sees_clean_state finds all of it undone. Then
+    two batches of harness_groups.py on the same job: the second finds no algorithm the first
+    registered, and its groups fit (MPI: 1,500 of 2,048 communicators) or find the first
+    batch's sockets closed (gloo), and its window buffers map no more shared memory, only
+    because the first batch's groups were freed, with their windows."""
     run_pool_suite(monkeypatch, "", backend=backend)
     launches = harness.pool().launches
     suite = ranks_suite("harness_groups.py")
@@ -122,13 +123,14 @@ def test_state_does_not_leak_between_cases_or_batches(monkeypatch, backend):
     assert harness.pool().launches == launches, "the batches ran on the same job"
     for result in (first, second):
         result.check("many_groups")
+        result.check("window_buffers")
         result.check("registers_an_algorithm")
     for rank in (0, 1):
-        before, after = (
-            int(result.ranks[rank]["many_groups"]["output"].split()[-1])
-            for result in (first, second)
-        )
-        assert after <= before, f"rank {rank}: {before} descriptors open, then {after}"
+        for case, what in (("many_groups", "descriptors open"), ("window_buffers", "mappings")):
+            before, after = (
+                int(result.ranks[rank][case]["output"].split()[-1]) for result in (first, second)
+            )
+            assert after <= before, f"rank {rank}: {before} {what}, then {after}"
 
 
 class Interrupted(Exception):

@@ -5,15 +5,19 @@ frees none by itself; a gloo group keeps its sockets open. A job that serves a w
 session must give them back. `GroupTracker` wraps the world communicator class's `split`
 (through which `minipar.new_group` and every `group.split` go) and remembers each group
 weakly, with what frees it: the MPI communicator or torch's process group, and (noted after
-every case) the shared-memory window and node communicator its shm transport mapped.
+every case) the shared-memory window and node communicator its shm transport mapped, and the
+windows its buffers from `minipar.empty` live in (comm/shm_buffers.py: DDP's buckets, FSDP's
+slots; minipar frees those only at the node's next allocation, which a dropped group never
+makes).
 
 A suite may keep a group from one case to the next (a module-level cache), so groups are freed
 when the suite's batch ends: the server drops the suite and the helper modules it imported, the
 garbage collector runs, and every group whose object is gone is freed. Freeing a window is
 collective, so the ranks first agree over the harness's control group: a group is freed when
 every member has let go of it, in the order the groups were made (the same on every member),
-its window only when every member still knows it. A group still held (by a helper's cache, or
-by a request abandoned after a timeout, which may still write into its buffers) is kept.
+its windows only when every member still knows the same ones. A group still held (by a
+helper's cache, or by a request abandoned after a timeout, which may still write into its
+buffers) is kept.
 """
 
 from __future__ import annotations
@@ -35,16 +39,29 @@ class Tracked:
         self.mpi = getattr(group, "mpi", None)  # mpi4py's communicator (the MPI transport)
         self.torch_group = getattr(group, "group", None)  # torch's process group (gloo)
         self.window = self.node_comm = None
+        self.buffers: list = []  # shm_buffers.Window objects on the group's node
 
     def note_window(self) -> None:
         node = getattr(self.ref(), "_shm_node", None)
         if node:
             self.window, self.node_comm = node.win, node.mpi
+            self.buffers = list(node.buffers)
+
+    def windows(self) -> tuple | None:
+        """What this rank would free collectively (compared with the other members first):
+        None for no window, else the buffer windows' serial numbers."""
+        if self.window is None and not self.buffers:
+            return None
+        return tuple(buffer.serial for buffer in self.buffers)
 
     def free(self, window: bool) -> None:
-        if window and self.window:  # (a window minipar freed itself, growing it, is null)
-            self.window.Unlock_all()
-            self.window.Free()
+        if window:
+            for buffer in self.buffers:  # in allocation order, as on every member
+                if buffer.win:  # (one minipar freed itself, at an allocation, is null)
+                    buffer.free()
+            if self.window:  # (a window minipar freed itself, growing it, is null)
+                self.window.Unlock_all()
+                self.window.Free()
         if self.node_comm is not None:
             self.node_comm.Free()
         if self.mpi is not None:
@@ -87,13 +104,14 @@ class GroupTracker:
         with _watchdog_paused(mpi, lambda: [control, *(e.ref() for e in self.tracked)]):
             self.after_case()
             gc.collect()
-            gone = {e.key: e.window is not None for e in self.tracked if e.ref() is None}
+            gone = {e.key: (e.windows(),) for e in self.tracked if e.ref() is None}
             everyone = control.allgather_object(gone, "the harness freeing the cases' groups")
             freeing, kept = [], []
             for entry in self.tracked:
                 views = [everyone[m].get(entry.key) for m in entry.members]
                 if entry.ref() is None and None not in views:
-                    freeing.append((entry, all(views)))
+                    same = all(view == views[0] for view in views) and views[0][0] is not None
+                    freeing.append((entry, same))
                 else:
                     kept.append(entry)
             self.tracked = kept
