@@ -25,7 +25,8 @@ After every case, on every rank:
   messages for a mismatch in a later one, and the end-of-job comparison (finalize() when the
   job quits) finds the ranks in step.
 - a default group that cannot be trusted any more (a mismatch the watchdog reported, a control
-  call abandoned inside MPI, async work that never finished, shared windows out of step, minipar
+  call abandoned inside MPI, async work that never finished, shared windows or the windows of
+  its `minipar.empty` buffers out of step, minipar
   not restartable) fails the case and has the pool start a fresh job for the remaining cases.
 
 After every batch (one suite): the suite and the helper modules it imported are dropped, the
@@ -112,7 +113,7 @@ class Isolation:
         """Reset this rank, then compare notes with the others: {"error", "rebuild"}."""
         problems = self._reset()
         world = self.world
-        mine = {"ok": ok, "problems": problems, "shm": _shm_round(world),
+        mine = {"ok": ok, "problems": problems, "shm": _shm_state(world),
                 "world": None if world is None else account(world)}  # fmt: skip
         notes = self.control.allgather_object(mine, "the harness comparing notes after a case")
         return self._verdict(notes)
@@ -139,7 +140,8 @@ class Isolation:
                 rebuild = True
         if len({note["shm"] for note in notes}) > 1:
             rounds = {r: n["shm"] for r, n in enumerate(notes)}
-            errors.append(f"the default group's shared-memory rounds differ: {rounds}")
+            errors.append("the default group's shared-memory rounds, or the windows its buffers "
+                          f"live in, differ (round, windows made): {rounds}")  # fmt: skip
             rebuild = True
         accounts = [note["world"] for note in notes]
         if self.world is not None and None not in accounts:
@@ -281,9 +283,11 @@ def _inside(path, folder: str) -> bool:
     return bool(path) and os.path.abspath(path).startswith(os.path.abspath(folder) + os.sep)
 
 
-def _shm_round(world):
+def _shm_state(world):
+    """(rounds, windows made for buffers) of the default group's shared-memory node: both
+    count collective steps (an in-place round names its window by serial number)."""
     node = getattr(world, "_shm_node", None)
-    return node.round if node else None
+    return (node.round, node.windows_made) if node else None
 
 
 def _unusable(world, control) -> list[str]:
