@@ -12,8 +12,9 @@ world size and transport (and launch environment) serves every suite of the pyte
     pool.py       the pytest side of the pool: jobs started on first use, cases sent in batches,
                   a hung or dead rank named and its job replaced, all closed at session end
     server.py     the rank side: a warm rank's loop over batches
-    isolation.py  what a case may not leave for the next (state reset, call counters compared)
-    groups.py     the groups a batch made, freed when it ends
+    isolation.py  what a case may not leave for the next (minipar's process state reset; the
+                  default group's calls, history and splits compared)
+    groups.py     the groups a batch made, freed when it ends (their windows too)
     case.py       one case on one rank: its output captured, its traceback, its time
     wire.py       the messages between pytest and the ranks
     worker.py     one launch per suite instead (MINIPAR_TEST_POOL=0)
