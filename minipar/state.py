@@ -27,6 +27,7 @@ it in one place (runtime/world.py). Each field is filled by the layer that owns 
 | explaining        | the grader's open step-by-step recordings      | course/stepdiff.py    |
 | links             | the cost model's links, {"mpi": .., "shm": ..} | cost/links.py         |
 | abandoned         | requests given up on, kept with their buffers  | comm/base.py          |
+| test_pool         | the test harness's warm rank jobs (pytest's)   | testing/harness.py    |
 
 This module imports nothing: every layer may read it, and only the owner of a field writes it.
 Caches (a plan per call shape, auto's answers, a node's windows) stay beside the code that
@@ -67,6 +68,7 @@ class ProcessState:
         self.explaining: list = []
         self.links: dict = {}
         self.abandoned: list = []
+        self.test_pool = None
 
     def __repr__(self) -> str:
         world = "none" if self.world is None else f"{self.world.name} of {self.world.size}"

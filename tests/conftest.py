@@ -40,6 +40,27 @@ def pytest_configure(config):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     config.addinivalue_line("markers", "slow: long-running (extended runs only)")
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped, with why, without)")
+    config.addinivalue_line(
+        "markers",
+        "own_job: launches its own job (fault injection, the launcher, the CLI, init itself, "
+        "torchrun) instead of running on the harness's warm pool",
+    )
+
+
+def pytest_runtest_setup(item):
+    """With MINIPAR_TEST_LAUNCH_LOG=PATH, each test that launches a job of its own adds a line
+    to PATH ("own NODEID"), beside the harness's lines for the jobs it starts (pool, suite)."""
+    path = os.environ.get("MINIPAR_TEST_LAUNCH_LOG")
+    if path and item.get_closest_marker("own_job") is not None:
+        with open(path, "a") as f:
+            f.write(f"own {item.nodeid}\n")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """End the harness's warm jobs (minipar.testing.pool) with the session."""
+    from minipar.testing import harness
+
+    harness.close()
 
 
 # -- the exercises' grader: which tree the exercise tests import (tests/test_exercises.py) ------

@@ -159,6 +159,7 @@ def test_no_command_prints_help(capsys):
 # -- run --------------------------------------------------------------------------------------
 
 
+@pytest.mark.own_job
 def test_run_two_ranks_exit_zero_and_both_ranks_speak(tmp_path):
     path = script(
         tmp_path,
@@ -179,6 +180,7 @@ def test_run_two_ranks_exit_zero_and_both_ranks_speak(tmp_path):
     assert "rank 1 of 2 got 0 argv ['-n', '7', '--flag']" in done.stdout
 
 
+@pytest.mark.own_job
 def test_run_module_on_four_ranks():
     done = minipar("run", "-n", "4", "-m", "minipar.course.demos.smoke")
     assert done.returncode == 0, done.stderr
@@ -186,6 +188,7 @@ def test_run_module_on_four_ranks():
     assert facts["size"] == 4 and facts["ring_ok"] and facts["all_reduce_ok"]
 
 
+@pytest.mark.own_job
 def test_failing_rank_gives_nonzero_exit_quickly(tmp_path):
     path = script(
         tmp_path,
@@ -206,6 +209,7 @@ def test_failing_rank_gives_nonzero_exit_quickly(tmp_path):
     assert "job exited with status" in done.stderr
 
 
+@pytest.mark.own_job
 def test_timeout_kills_a_hung_job(tmp_path):
     path = script(tmp_path, "import time\ntime.sleep(120)\n")
     start = time.monotonic()
@@ -242,6 +246,7 @@ def test_run_dry_run_prints_mpiexec_line(capsys):
 # -- doctor -----------------------------------------------------------------------------------
 
 
+@pytest.mark.own_job
 def test_doctor_json_says_minipar_can_run():
     done = minipar("doctor", "--json")
     assert done.returncode == 0, done.stdout + done.stderr

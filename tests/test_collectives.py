@@ -1,10 +1,12 @@
 """Every collective x algorithm on real ranks.
 
 - collectives.py on MPI, 1-8 ranks: against numpy, identical on every rank, the trace ledger
-  against minipar.cost's formulas, sub-groups, collectives in flight, async progress, memory;
+  against minipar.cost's formulas, sub-groups, collectives in flight, async progress, memory
+  (every dtype up to 4 ranks, a spread of them above);
 - collectives_refs.py: against MPI's own collectives and torch.distributed (gloo) in the same job;
 - collectives_torch.py: the same matrix over minipar's torch.distributed transport (spawn + gloo).
-MINIPAR_EXTENDED=1 widens the world sizes (4-7 on MPI, all on torch) and dtypes.
+MINIPAR_EXTENDED=1 widens the references' world sizes (2-8), the torch transport's (1-8) and
+the dtypes above 4 ranks.
 """
 
 import os
@@ -20,9 +22,7 @@ REFS = ranks_suite("collectives_refs.py")
 OVER_TORCH = ranks_suite("collectives_torch.py")
 
 
-@pytest.mark.parametrize(
-    "size,name", harness.params(MATRIX, range(1, 9) if EXTENDED else [1, 2, 3, 8])
-)
+@pytest.mark.parametrize("size,name", harness.params(MATRIX, range(1, 9)))
 def test_matrix_mpi(size, name):
     harness.run_suite(MATRIX, size, "mpi").check(name)
 

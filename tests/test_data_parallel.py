@@ -1,10 +1,9 @@
 """DDP, ZeRO-1 and FSDP (minipar.parallel) on real ranks: against single-process training,
 torch's DDP and ZeroRedundancyOptimizer over gloo, the trace ledger, and bad inputs.
 
-- data_parallel.py on MPI, 1, 2 and 4 ranks (one launch per world size; 3, 5, 6 with
-  MINIPAR_EXTENDED=1);
+- data_parallel.py on MPI, 1, 2, 3 and 4 ranks (5 and 6 too with MINIPAR_EXTENDED=1);
 - data_parallel_torch.py: a few of the same cases over the torch.distributed transport.
-MINIPAR_EXTENDED=1 widens the world sizes.
+MINIPAR_EXTENDED=1 widens the world sizes (the torch transport's to 2 and 3).
 """
 
 import os
@@ -17,9 +16,10 @@ from minipar.testing import harness
 EXTENDED = os.environ.get("MINIPAR_EXTENDED") == "1"
 SUITE = ranks_suite("data_parallel.py")
 OVER_TORCH = ranks_suite("data_parallel_torch.py")
+SIZES = range(1, 7) if EXTENDED else [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("size,name", harness.params(SUITE, range(1, 7) if EXTENDED else [1, 2, 4]))
+@pytest.mark.parametrize("size,name", harness.params(SUITE, SIZES))
 def test_data_parallel_mpi(size, name):
     harness.run_suite(SUITE, size, "mpi").check(name)
 

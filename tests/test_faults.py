@@ -24,6 +24,7 @@ INJECT = os.path.join(ROOT, "tests", "faults", "inject.py")
 TIMEOUT = 3  # MINIPAR_TIMEOUT inside the jobs: how long a rank waits for a peer
 SLACK = 20  # seconds beyond TIMEOUT a job may take to end after its fault (abort, teardown)
 JOB_LIMIT = 150  # the hard limit: no job can outlive it, whatever goes wrong
+pytestmark = pytest.mark.own_job  # the faults end their jobs: each needs one of its own
 EXTENDED = os.environ.get("MINIPAR_EXTENDED") == "1"
 
 # (transport, mode, debug, ranks): what each job must show. "rc": exact exit status or "nonzero";

@@ -118,6 +118,7 @@ def _grade(tmp_path, *args):
     return done, (json.loads(out.read_text()) if out.exists() else [])
 
 
+@pytest.mark.own_job
 def test_grade_fresh_exercises_all_not_started(tmp_path):
     """The untouched exercises fail, and only with NotImplementedError: every test of every
     exercise is reported as not started, with its hint."""
@@ -132,6 +133,7 @@ def test_grade_fresh_exercises_all_not_started(tmp_path):
     assert "not started" in done.stdout
 
 
+@pytest.mark.own_job
 def test_grade_solutions_passes(tmp_path):
     """`minipar grade --solutions` through the same machinery (lesson 04: one process, fast;
     the multi-rank solutions are graded by test_exercises.py in every run)."""

@@ -75,6 +75,7 @@ def test_grader_names_the_planted_mistake(planted_run, mistake):
     planted_run.check(mistake)
 
 
+@pytest.mark.own_job
 def test_grade_explains_a_planted_exercise_for_gradescope(tmp_path):
     """End to end: `minipar grade NAME --impl DIR --format gradescope` on recursive doubling
     without its reduction (3 launches: 1, 2 and 4 ranks)."""

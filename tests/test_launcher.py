@@ -53,6 +53,7 @@ print("unfinished last line of rank", r, end="")
 """
 
 
+@pytest.mark.own_job
 def test_run_python_script_whole_lines_tags_and_a_wide_table(tmp_path):
     """`minipar run -n 3 --tag-output python job.py ARGS`: the mpiexec habit; every line whole
     and tagged with the rank that printed it; rank 0's 8-column table not cut (no terminal)."""
@@ -81,6 +82,7 @@ def test_run_python_script_whole_lines_tags_and_a_wide_table(tmp_path):
         assert f"cell {c} of a wide table" in done.stdout
 
 
+@pytest.mark.own_job
 def test_run_any_executable_module_and_env_tagging(tmp_path):
     env = dict(os.environ, MINIPAR_TAG_OUTPUT="1")
     done = minipar("run", "-n", "2", "echo", "hello", env=env)
@@ -241,6 +243,7 @@ print("LEFT", sum(ours(p) for p in os.listdir("/proc") if p.isdigit()))
 """
 
 
+@pytest.mark.own_job
 def test_launch_runs_a_main_function_on_ranks_and_reports_the_failing_rank(tmp_path):
     """launch(fn): fn's results in rank order, minipar initialised before fn (one that never
     calls init, one whose init_process_group takes the world over or replaces it), a failing

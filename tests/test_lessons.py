@@ -74,6 +74,7 @@ def run(number, *, lab=None):
     return done.returncode, done.stdout + done.stderr
 
 
+@pytest.mark.own_job
 @pytest.mark.parametrize("number", [entry.number for entry in READY])
 def test_lesson_runs_quick(number):
     status, out = run(number)
@@ -84,6 +85,7 @@ def test_lesson_runs_quick(number):
     assert out.count("Lesson ") == 1, "only rank 0 prints"
 
 
+@pytest.mark.own_job
 @pytest.mark.parametrize("number,lab", list(LABS))
 def test_break_it_lab_catches_the_bug(number, lab):
     status, out = run(number, lab=lab)

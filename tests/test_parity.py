@@ -40,6 +40,7 @@ def test_parity_torch_transport(size, name):
     harness.run_suite(SUITE, size, "torch").check(name)
 
 
+@pytest.mark.own_job
 def test_init_and_destroy_process_group():
     """ "mpi", then "gloo" brought up over MPI, then "gloo" with init_method / rank /
     world_size, each torn down by destroy_process_group, in one 2-rank job."""
@@ -115,6 +116,7 @@ def compare_records(ours, ref, sgd_rtol: float = 0.0) -> None:
             equal(mine[what], theirs[what], f"rank {rank} {what}", rtol)
 
 
+@pytest.mark.own_job  # torch.multiprocessing starts the ranks
 def test_tutorial_programs_under_torch_multiprocessing(tmp_path, monkeypatch):
     """The tutorial's template (2 torch.multiprocessing.Process, gloo rendezvous at MASTER_ADDR /
     MASTER_PORT) with torch.distributed, then with `import minipar as dist`: every program's
@@ -130,6 +132,7 @@ def test_tutorial_programs_under_torch_multiprocessing(tmp_path, monkeypatch):
     assert len(ours[0]) == 15 and ours[0]["group_all_reduce"].item() == 2.0, ours[0]
 
 
+@pytest.mark.own_job  # init_process_group's MPI recipe
 def test_tutorial_programs_under_its_mpi_recipe(tmp_path, monkeypatch):
     """mpiexec -n 4 and the tutorial's `init_process(0, 0, run, backend='mpi')` with minipar,
     against torch.distributed in the same layout (gloo at MPI's rank and size: torch's wheels

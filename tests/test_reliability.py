@@ -57,6 +57,7 @@ def run_python(code: str, **env) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.own_job
 def test_before_init_and_after_finalize():
     done = run_python(
         """
@@ -90,6 +91,7 @@ def test_before_init_and_after_finalize():
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr
 
 
+@pytest.mark.own_job
 def test_bad_settings():
     done = run_python(
         """
@@ -115,6 +117,7 @@ def test_bad_settings():
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr
 
 
+@pytest.mark.own_job
 def test_debug_from_environment():
     done = run_python(
         """

@@ -1,18 +1,15 @@
-"""The single-copy shared-memory transport on real ranks (tests/ranks/shm.py): one launch per
-world size, 2 and 3 (odd; 4 too with MINIPAR_EXTENDED=1), every case checked on its own."""
-
-import os
+"""The single-copy shared-memory transport on real ranks (tests/ranks/shm.py): 2, 3 (odd) and 4
+ranks, every case checked on its own (MINIPAR_EXTENDED=1: every dtype, see the suite)."""
 
 import pytest
 from conftest import ranks_suite
 
 from minipar.testing import harness
 
-EXTENDED = os.environ.get("MINIPAR_EXTENDED") == "1"
 SUITE = ranks_suite("shm.py")
 
 
-@pytest.mark.parametrize("size,name", harness.params(SUITE, [2, 3, 4] if EXTENDED else [2, 3]))
+@pytest.mark.parametrize("size,name", harness.params(SUITE, [2, 3, 4]))
 def test_shm(size, name):
     harness.run_suite(SUITE, size, "mpi").check(name)
 

@@ -6,8 +6,10 @@ import re
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
+pytestmark = pytest.mark.own_job  # a script of its own under `minipar run`
 SOAK = os.path.join(ROOT, "scripts", "soak.py")
 
 

@@ -18,6 +18,7 @@ SCRIPT = os.path.join(ROOT, "tests", "faults", "strategies.py")
 TIMEOUT = 3  # MINIPAR_TIMEOUT inside the jobs
 SLACK = 25  # seconds beyond TIMEOUT a job may take to end after its fault (abort, teardown)
 JOB_LIMIT = 150
+pytestmark = pytest.mark.own_job  # the faults end their jobs: each needs one of its own
 
 # (transport, strategy, exit instead of raise): fragments the output must hold
 EXPECT = {

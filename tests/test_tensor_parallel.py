@@ -1,8 +1,7 @@
 """Tensor parallelism (minipar.parallel.tensor) on real ranks: every layer against its dense
-twin at TP = 1, 2, 4 on MPI (and 3 with MINIPAR_EXTENDED=1), a spread of cases over the
-torch.distributed transport, and torch.distributed.tensor.parallel on the same weights (see
-tests/ranks/tensor_parallel.py for the cases and the tolerance). One launch per world size and
-transport.
+twin at TP = 1, 2, 3, 4 on MPI, a spread of cases over the torch.distributed transport (2
+ranks; 3 and 4 too with MINIPAR_EXTENDED=1), and torch.distributed.tensor.parallel on the same
+weights (see tests/ranks/tensor_parallel.py for the cases and the tolerance).
 """
 
 import os
@@ -17,9 +16,7 @@ SUITE = ranks_suite("tensor_parallel.py")
 OVER_TORCH = ranks_suite("tensor_parallel_torch.py")
 
 
-@pytest.mark.parametrize(
-    "size,name", harness.params(SUITE, [1, 2, 3, 4] if EXTENDED else [1, 2, 4])
-)
+@pytest.mark.parametrize("size,name", harness.params(SUITE, [1, 2, 3, 4]))
 def test_tensor_parallel_mpi(size, name):
     harness.run_suite(SUITE, size, "mpi").check(name)
 

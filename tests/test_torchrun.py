@@ -5,9 +5,12 @@ import os
 import shutil
 import sys
 
+import pytest
 from conftest import ROOT
 
 from minipar import launcher
+
+pytestmark = pytest.mark.own_job  # torchrun starts the ranks itself
 
 
 def test_torchrun_two_ranks():

@@ -12,6 +12,7 @@ import pytest
 from minipar.cli import tour
 
 
+@pytest.mark.own_job
 def test_quick_tour_runs_every_core_step():
     start = time.monotonic()
     cmd = [sys.executable, "-m", "minipar", "tour", "--quick", "--no-lessons"]

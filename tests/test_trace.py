@@ -18,6 +18,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from minipar.comm import chrome_trace, ledger
 from minipar.state import process
 
@@ -34,6 +36,7 @@ minipar.finalize()
 """
 
 
+@pytest.mark.own_job  # `minipar run --trace`
 def test_run_trace_merges_every_rank(tmp_path):
     script, folder = tmp_path / "job.py", tmp_path / "tr"
     script.write_text(SCRIPT)

@@ -29,6 +29,7 @@ def minipar_cli(*argv, timeout=240):
     )
 
 
+@pytest.mark.own_job
 def test_pipeline_run_matches_dense_and_resumes_on_another_layout(tmp_path):
     """pp=2 (2 ranks, 1F1B over 2 micro-batches) for 3 steps, checked by --check; its checkpoint
     resumed on one process for 2 more: all 5 losses are the uninterrupted dense run's (every
@@ -60,6 +61,7 @@ def test_pipeline_run_matches_dense_and_resumes_on_another_layout(tmp_path):
     assert losses[0] + losses[1] == pytest.approx(reference, rel=1e-4), (losses, reference)
 
 
+@pytest.mark.own_job
 def test_wrong_layout_fails_on_every_rank():
     argv = ["-m", "minipar.cli.train", "--dp", "2", "--tp", "2", "--steps", "1", *SMALL]
     done = launcher.run(2, argv, timeout=120, capture=True)
@@ -107,6 +109,7 @@ def test_moe_layout_validation(changes, message):
         GPTConfig(n_experts=2, top_k=3)
 
 
+@pytest.mark.own_job  # `minipar train`
 def test_moe_run_matches_dense_and_shows_the_load(tmp_path):
     """`minipar train --moe --experts 4 --ep 2 --check`: 2 ranks (dp = ep = 2), each holding 2
     of block 1's 4 experts; --check compares the first step's gradients, every loss and the
@@ -128,6 +131,7 @@ def test_options_travel_to_the_ranks():
     assert vars(again) == {**vars(args), "timeout": None}
 
 
+@pytest.mark.own_job  # `minipar train`
 def test_recompute_and_trace_through_the_command(tmp_path):
     """dp=2 x pp=2 with full recomputation, checked by --check; --trace writes valid trace-event
     JSON of the 4 ranks and its PNG; the summary's activation table has the three columns."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -113,24 +114,28 @@ def cell_count(job: dict) -> int:
 
 
 def launch_job(job: dict, n: int, timeout: float, progress=None) -> tuple[list[dict], object]:
-    """Run the ranks; returns (the events rank 0 wrote, the CompletedProcess)."""
+    """Run the ranks; returns (the events rank 0 wrote, the CompletedProcess). The job's
+    temporary folder is removed once they are read."""
     folder = tempfile.mkdtemp(prefix="minipar-bench-")
     spec_path, out_path = os.path.join(folder, "job.json"), os.path.join(folder, "out.jsonl")
-    with open(spec_path, "w") as f:
-        json.dump(job, f)
-    open(out_path, "w").close()
-    os.environ.setdefault("MINIPAR_TIMEOUT", "120")
-    done = []
-    argv = ["-m", "minipar.bench.ranks", spec_path, out_path]
-    worker = threading.Thread(
-        target=lambda: done.append(launcher.run(n, argv, timeout=timeout, capture=True))
-    )
-    worker.start()
-    while worker.is_alive():
-        worker.join(0.2)
-        if progress is not None:
-            progress(_read(out_path))
-    return _read(out_path), done[0]
+    try:
+        with open(spec_path, "w") as f:
+            json.dump(job, f)
+        open(out_path, "w").close()
+        os.environ.setdefault("MINIPAR_TIMEOUT", "120")
+        done = []
+        argv = ["-m", "minipar.bench.ranks", spec_path, out_path]
+        worker = threading.Thread(
+            target=lambda: done.append(launcher.run(n, argv, timeout=timeout, capture=True))
+        )
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.2)
+            if progress is not None:
+                progress(_read(out_path))
+        return _read(out_path), done[0]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _read(path: str) -> list[dict]:

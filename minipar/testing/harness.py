@@ -1,4 +1,4 @@
-"""The pytest side of multi-rank tests: launch a suite once, check its cases one by one.
+"""The pytest side of multi-rank tests: run a suite once, check its cases one by one.
 
     SUITE = "tests/ranks/transport.py"
 
@@ -6,25 +6,39 @@
     def test_transport(size, name):
         harness.run_suite(SUITE, size).check(name)
 
-A case that raised on any rank fails with every failing rank's traceback; a case with no result
-(the job crashed or hit its timeout) fails with the end of the job's stderr. Nothing can hang:
-every wait inside the ranks has MINIPAR_TIMEOUT (default here 10 s) and the whole job a deadline.
+`run_suite` runs every case of the suite on `size` ranks once (cached) and `check` raises for
+one case: with every failing rank's traceback and what it printed, or, for ranks that gave no
+result (they hung or died), why, with their output. Nothing can hang: every wait inside the
+ranks has MINIPAR_TIMEOUT (default here 10 s), every case a limit (testing/pool.py), and the
+whole suite `timeout`.
+
+The cases run on the warm pool (testing/pool.py): one job per world size and transport serves
+every suite of the pytest session. MINIPAR_TEST_POOL=0 launches one job per suite instead
+(testing/worker.py), as before the pool. MINIPAR_TEST_LAUNCH_LOG=PATH appends a line per job
+started (either way) to PATH, to count them.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import glob
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
 
 from minipar import launcher
+from minipar.state import process
+from minipar.testing import case
+from minipar.testing import pool as warm
+from minipar.testing.pool import CASE_TIMEOUT
 from minipar.testing.worker import load_suite
 
-CASE_TIMEOUT = "10"  # seconds any single wait may take inside a test job
+POOL_ENV = "MINIPAR_TEST_POOL"
+LAUNCH_LOG_ENV = "MINIPAR_TEST_LAUNCH_LOG"
 
 
 @functools.cache
@@ -37,9 +51,13 @@ def params(suite: str, sizes) -> list[tuple[int, str]]:
 
 
 class SuiteResult:
-    def __init__(self, suite, size, backend, ranks, returncode, stderr, seconds):
+    """Every rank's result of every case ({rank: {name: {"ok", "error", "output", "seconds"}}})
+    and, for a case some ranks gave no result for, why (`notes`)."""
+
+    def __init__(self, suite, size, backend, ranks, returncode, stderr, seconds, notes=None):
         self.suite, self.size, self.backend = suite, size, backend
         self.ranks, self.returncode, self.stderr, self.seconds = ranks, returncode, stderr, seconds
+        self.notes = notes or {}
 
     def check(self, name: str) -> None:
         failures, missing = [], []
@@ -48,47 +66,119 @@ class SuiteResult:
             if result is None:
                 missing.append(rank)
             elif not result["ok"]:
-                failures.append(f"--- rank {rank} ---\n{result['error']}")
+                output = result.get("output") or ""
+                shown = f"--- rank {rank} output ---\n{output}" if output.strip() else ""
+                failures.append(f"--- rank {rank} ---\n{result['error']}{shown}")
         where = f"{os.path.basename(self.suite)} [{name}] on {self.size} ranks ({self.backend})"
         if failures:
             raise AssertionError(f"{where} failed:\n" + "\n".join(failures))
         if missing:
-            tail = self.stderr[-4000:]
-            raise AssertionError(
-                f"{where}: no result from ranks {missing} (job exit {self.returncode} after "
-                f"{self.seconds:.1f} s)\n--- stderr ---\n{tail}"
+            why = self.notes.get(name) or (
+                f"job exit {self.returncode} after {self.seconds:.1f} s\n--- stderr ---\n"
+                f"{self.stderr[-4000:]}"
             )
+            raise AssertionError(f"{where}: no result from ranks {missing}: {why}")
 
 
 @functools.cache
 def run_suite(suite: str, size: int, backend: str = "mpi", timeout: float | None = None):
-    """Launch `suite` on `size` ranks once (cached) and collect every rank's results."""
+    """Run every case of `suite` on `size` ranks once (cached) and collect every rank's results.
+    `timeout`: seconds the whole suite may take (default from its number of cases)."""
     names = case_names(suite, size)
     if timeout is None:
         timeout = min(60 + 3 * len(names) + 2 * size, 850)  # below pytest's own 900 s
+    if os.environ.get(POOL_ENV, "1") == "0":
+        return launch_suite(suite, size, backend, timeout)
+    start = time.monotonic()
+    limit = float(getattr(load_suite(suite), "CASE_LIMIT", 0)) or None
+    settings = {"timeout": os.environ.get("MINIPAR_TIMEOUT") or CASE_TIMEOUT}
+    the_pool = pool()
+    launched = the_pool.launches
+    results, notes, returncode, log = the_pool.run(
+        os.path.abspath(suite), size, backend, names, timeout,
+        limit or warm.CASE_LIMIT, settings,
+    )  # fmt: skip
+    for _ in range(the_pool.launches - launched):
+        _log_launch("pool", suite, size, backend)
+    ranks = {rank: {} for rank in range(size)}
+    for name, by_rank in results.items():
+        for rank, result in by_rank.items():
+            ranks[rank][name] = result
+    return SuiteResult(
+        suite, size, backend, ranks, returncode, log, time.monotonic() - start, notes
+    )
+
+
+# -- the warm pool of this process (testing/pool.py; kept as process.test_pool) -------------
+def pool() -> warm.Pool:
+    """This process's warm pool, made on first use (and closed at exit, or by close())."""
+    if process.test_pool is None:
+        process.test_pool = warm.Pool()
+        atexit.register(close)
+    return process.test_pool
+
+
+def close() -> list:
+    """End every warm job (pytest's session end, see tests/conftest.py; and at exit); each
+    job's exit status, as Pool.close gives them."""
+    the_pool, process.test_pool = process.test_pool, None
+    return the_pool.close() if the_pool is not None else []
+
+
+# -- one launch per suite (MINIPAR_TEST_POOL=0; and what the pool replaced) -----------------
+def launch_suite(suite: str, size: int, backend: str, timeout: float) -> SuiteResult:
+    """Launch `suite` on `size` ranks for this call alone; its folder is removed afterwards."""
     outdir = tempfile.mkdtemp(prefix="minipar-test-")
     argv = ["-m", "minipar.testing.worker", suite, outdir]
     env_timeout = os.environ.get("MINIPAR_TIMEOUT")
     os.environ["MINIPAR_TIMEOUT"] = env_timeout or CASE_TIMEOUT
     start = time.monotonic()
+    _log_launch("suite", suite, size, backend)
     try:
         if backend == "mpi":
             done = launcher.run(size, argv, timeout=timeout, capture=True)
         else:
             done = _spawn(argv + ["--backend", "torch", "--size", str(size)], timeout)
+        ranks, notes = _read_results(outdir, size, case_names(suite, size), done)
     finally:
         if env_timeout is None:
             del os.environ["MINIPAR_TIMEOUT"]
+        shutil.rmtree(outdir, ignore_errors=True)
+    return SuiteResult(
+        suite, size, backend, ranks, done.returncode, done.stderr or "",
+        time.monotonic() - start, notes,
+    )  # fmt: skip
+
+
+def _read_results(outdir: str, size: int, names, done):
+    """Every rank's results, and for each case some ranks never finished, why: the job's exit,
+    its stderr and what those ranks printed last."""
     ranks = {}
     for path in glob.glob(os.path.join(outdir, "rank*.json")):
         with open(path) as f:
             ranks[int(os.path.basename(path)[4:-5])] = json.load(f)
-    return SuiteResult(
-        suite, size, backend, ranks, done.returncode, done.stderr or "", time.monotonic() - start
-    )
+    tail = (done.stderr or "")[-4000:]
+    notes = {}
+    for name in names:
+        missing = [r for r in range(size) if name not in ranks.get(r, {})]
+        if missing:
+            outputs = "".join(
+                f"\n--- rank {r} output (its last case) ---\n"
+                + case.read_tail(os.path.join(outdir, f"rank{r}.out"), 6000)
+                for r in missing
+            )
+            notes[name] = f"job exit {done.returncode}\n--- stderr ---\n{tail}{outputs}"
+    return ranks, notes
 
 
 def _spawn(argv, timeout):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.setdefault("MINIPAR_OVERSUBSCRIBED", "1")
     return launcher.run_command([sys.executable, *argv], env, timeout, capture=True)
+
+
+def _log_launch(kind: str, suite: str, size: int, backend: str) -> None:
+    path = os.environ.get(LAUNCH_LOG_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{kind} {backend} {size} {os.path.basename(suite)}\n")

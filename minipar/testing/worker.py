@@ -1,9 +1,12 @@
-"""Runs a suite's cases on one rank and writes the results as JSON (see minipar.testing).
+"""One launch per suite: runs a suite's cases on one rank and writes the results as JSON.
 
     python -m minipar.testing.worker SUITE.py OUTDIR [--backend mpi|torch] [--size N] [--only NAME]
 
-With --backend torch it starts N processes with torch.multiprocessing.spawn, brings up a gloo
-process group in each, and runs the same cases over minipar's torch.distributed transport.
+What `harness.run_suite` launches with MINIPAR_TEST_POOL=0 (the warm pool's rank side is
+testing/server.py). Each rank writes OUTDIR/rankR.json after every case, and its output goes to
+OUTDIR/rankR.out (testing/case.py), which the harness reads for a rank that died. With --backend
+torch it starts N processes with torch.multiprocessing.spawn, brings up a gloo process group in
+each, and runs the same cases over minipar's torch.distributed transport.
 """
 
 from __future__ import annotations
@@ -14,16 +17,17 @@ import json
 import os
 import socket
 import sys
-import time
-import traceback
 
 import minipar
+from minipar.testing import case, isolation
 
 
 def load_suite(path: str):
     spec = importlib.util.spec_from_file_location(f"suite_{abs(hash(path))}", path)
     module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # the suite's helpers import each other by name
     spec.loader.exec_module(module)
     return module
 
@@ -35,16 +39,11 @@ def run_cases(path: str, outdir: str, backend: str, only=None) -> None:
     control = comm.split(list(range(comm.size)), name="harness")
     cases = load_suite(path).cases(comm.size)
     results, out = {}, os.path.join(outdir, f"rank{comm.rank}.json")
+    capture = case.Capture(os.path.join(outdir, f"rank{comm.rank}.out"))
     for name, fn in cases.items():
         if only and name not in only:
             continue
-        start = time.perf_counter()
-        try:
-            fn()
-            results[name] = {"ok": True}
-        except BaseException:  # noqa: BLE001  (report everything, keep going)
-            results[name] = {"ok": False, "error": traceback.format_exc()}
-        results[name]["seconds"] = round(time.perf_counter() - start, 4)
+        results[name] = case.run(fn, capture)
         _realign(comm, control, results[name]["ok"])
         with open(out + ".tmp", "w") as f:
             json.dump(results, f)
@@ -54,12 +53,14 @@ def run_cases(path: str, outdir: str, backend: str, only=None) -> None:
 
 
 def _realign(comm, control, ok: bool) -> None:
-    """After a case failed on some rank, put every rank's collective sequence number (and so its
-    message tags) back in step, so that one failure does not make every later case time out."""
+    """After a case failed on some rank, put every rank's account of the default group (calls,
+    their history, groups split: what tags and group ids carry) back in step, so that one
+    failure does not make every later case time out (testing/isolation.py)."""
     control.timeout = 3 * comm.timeout + 5  # the others may still be waiting out a timeout
-    seen = control.allgather_object((ok, comm._seq, comm._history))
-    if not all(flag for flag, _, _ in seen):
-        _, comm._seq, comm._history = max(seen, key=lambda s: s[1])  # the tags carry both
+    seen = control.allgather_object((ok, isolation.account(comm)))
+    accounts = [account for _, account in seen]
+    if not all(flag for flag, _ in seen) and isolation.compare(accounts) is not None:
+        isolation.realign(comm, max(accounts, key=lambda account: account["seq"]))
 
 
 def _spawned(rank: int, size: int, port: int, path: str, outdir: str, only) -> None:
