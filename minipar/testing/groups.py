@@ -92,6 +92,10 @@ class GroupTracker:
         self._made[ident] = self._made.get(ident, 0) + 1
         self.tracked.append(Tracked(group, (*ident, self._made[ident])))
 
+    def alive(self) -> list:
+        """The tracked groups some case still holds."""
+        return [group for group in (e.ref() for e in self.tracked) if group is not None]
+
     def after_case(self) -> None:
         """Note the windows the live groups mapped (a group may die before the batch ends)."""
         for entry in self.tracked:
@@ -101,7 +105,7 @@ class GroupTracker:
         """Free every group no member holds any more (collective over `control`, all the job's
         ranks); returns how many this rank freed."""
         mpi = any(entry.mpi is not None for entry in self.tracked)
-        with _watchdog_paused(mpi, lambda: [control, *(e.ref() for e in self.tracked)]):
+        with watchdog_paused(mpi, lambda: [control, *self.alive()]):
             self.after_case()
             gc.collect()
             gone = {e.key: (e.windows(),) for e in self.tracked if e.ref() is None}
@@ -120,7 +124,7 @@ class GroupTracker:
         return len(freeing)
 
 
-class _watchdog_paused:  # noqa: N801  (a context manager)
+class watchdog_paused:  # noqa: N801  (a context manager)
     """No watchdog thread while groups are found unused and freed: between two looks it holds
     the groups it watched last, and MPI must not free a communicator another thread is using.
     Then a new one watches the default group and `alive()`, the groups still alive."""

@@ -34,6 +34,7 @@ import traceback
 
 import minipar
 from minipar.testing import case, wire
+from minipar.testing.groups import watchdog_paused
 from minipar.testing.isolation import Isolation
 from minipar.testing.worker import load_suite
 
@@ -49,8 +50,10 @@ def serve(backend: str, address: str, folder: str) -> None:
     conn = wire.connect(address)
     conn.send({"op": "hello", "rank": comm.rank, "pid": os.getpid(),
                "token": os.environ.get(wire.TOKEN_ENV, "")})  # fmt: skip
+    idle = backend == "mpi"  # between batches no watchdog looks (warm ranks cost no CPU)
     while True:
-        request = conn.receive()
+        with watchdog_paused(idle, lambda: [control, *isolation.groups.alive()]):
+            request = conn.receive()
         if request is None:  # the pytest process is gone: so is this job
             if comm.rank == 0:
                 shutil.rmtree(folder, ignore_errors=True)
