@@ -50,7 +50,7 @@ CASE_TIMEOUT = "10"  # seconds any single wait may take inside a test job (MINIP
 CASE_LIMIT = 300.0  # seconds a case may run before it counts as hung (minipar's waits time
 # out long before: this catches a rank stuck outside them; generous for a loaded machine)
 START_LIMIT = 300.0  # seconds a job may take to start (ranks importing torch, oversubscribed)
-WARM_RANKS = int(os.environ.get("MINIPAR_TEST_POOL_RANKS", 36))  # 1 + 2 + ... + 8: all warm
+WARM_RANKS = int(os.environ.get("MINIPAR_TEST_POOL_RANKS", 48))  # 1 + ... + 8 and torch jobs
 DUMP_WAIT = 1.0  # seconds a hung rank has to print its stacks after SIGUSR1
 
 # MINIPAR_* variables minipar reads when a rank starts (at import, at init, when the default
