@@ -211,15 +211,21 @@ def show_memory(console, data: dict) -> None:
 
 
 def main(args) -> int:
+    return report(args, "minipar.bench.ddp", "ddp", "data-parallel step")
+
+
+def report(args, module: str, kind: str, what: str) -> int:
+    """Run `module`'s job (bench ddp's or bench fsdp's), print its step times and memory under
+    a title starting with `what`, and write --json; the exit status."""
     from rich.console import Console
 
     console = Console()
     console.width = max(console.width, 110)
-    data = run_job(args, "minipar.bench.ddp", "ddp")
+    data = run_job(args, module, kind)
     if data is None:
         return 1
     load = data.get("load")
-    title = f"data-parallel step, {data['ranks']} ranks, 9.44M-param MLP"
+    title = f"{what}, {data['ranks']} ranks, 9.44M-param MLP"
     show_times(console, data, title + (f" (load {load[0]:.1f} at the start)" if load else ""))
     show_memory(console, data)
     if args.json:

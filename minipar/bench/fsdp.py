@@ -109,24 +109,8 @@ def ranks(out_path: str, repeat: int, steps: int) -> None:
 
 
 def main(args) -> int:
-    from rich.console import Console
-
-    console = Console()
-    console.width = max(console.width, 110)
-    data = ddp.run_job(args, "minipar.bench.fsdp", "fsdp")
-    if data is None:
-        return 1
-    load = data.get("load")
-    title = (
-        f"fully sharded step, {data['ranks']} ranks, 9.44M-param MLP, torch FSDP = FSDP2 "
-        "(fully_shard, gloo)" + (f" (load {load[0]:.1f} at the start)" if load else "")
-    )
-    ddp.show_times(console, data, title)
-    ddp.show_memory(console, data)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=1)
-    return 0
+    what = "fully sharded step (torch FSDP = FSDP2: fully_shard, gloo)"
+    return ddp.report(args, "minipar.bench.fsdp", "fsdp", what)
 
 
 if __name__ == "__main__":
