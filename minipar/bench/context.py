@@ -29,6 +29,7 @@ import sys
 
 import minipar
 from minipar import launcher
+from minipar.bench import job
 from minipar.bench.timing import Timer
 
 BATCH, HEADS, SEQ, HEAD_DIM = 1, 8, 1024, 64
@@ -154,24 +155,16 @@ def main(args) -> int:
     """The command side (for minipar/cli/bench.py): launch the job, print the table (and
     --json: the rows)."""
     import os
-    import tempfile
 
     # here, not at the top of the file: rich loads only when used
     from minipar.term import Console
 
     console = Console()
-    out = os.path.join(tempfile.mkdtemp(prefix="minipar-bench-cp-"), "times.json")
     iters = args.iters or 20
     os.environ.setdefault("MINIPAR_TIMEOUT", "120")
-    argv = ["-m", "minipar.bench.context", out, str(iters)]
-    done = launcher.run(args.ranks, argv, timeout=args.timeout, capture=True)
-    if not os.path.exists(out):
-        console.print(f"[red]minipar bench cp: the job failed[/]\n{(done.stderr or '')[-4000:]}")
+    result = job.run_json(args.ranks, "minipar.bench.context", [iters], args.timeout, "cp")
+    if result is None:
         return 1
-    with open(out) as f:
-        result = json.load(f)
-    os.remove(out)
-    os.rmdir(os.path.dirname(out))
     show(console, result, iters, args.ranks, args.json)
     return 0
 

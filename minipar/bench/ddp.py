@@ -25,7 +25,7 @@ import sys
 import time
 
 import minipar
-from minipar import launch
+from minipar.bench import job
 
 WIDTHS = (1024, 2048, 2048, 1024, 1024)  # 9.44M parameters
 BATCH = 32
@@ -155,21 +155,8 @@ def ranks(out_path: str, repeat: int, steps: int) -> None:
 def run_job(args, module: str, what: str):
     """Launch `python -m module OUT REPEAT STEPS` on args.ranks ranks; its JSON, or None (the
     failure printed)."""
-    import tempfile
-
-    from rich.console import Console
-
-    out = tempfile.mktemp(suffix=".json", prefix=f"minipar-bench-{what}-")
     repeat = max(1, args.repeat if args.repeat > 1 else 3)
-    done = launch.run(args.ranks, ["-m", module, out, str(repeat), "5"], timeout=args.timeout,
-                      capture=True)  # fmt: skip
-    if done.returncode != 0 or not os.path.exists(out):
-        Console().print(f"[red]minipar bench {what} failed:[/]\n{(done.stderr or '')[-3000:]}")
-        return None
-    with open(out) as f:
-        data = json.load(f)
-    os.remove(out)
-    return data
+    return job.run_json(args.ranks, module, [repeat, 5], args.timeout, what)
 
 
 def show_times(console, data: dict, title: str) -> None:

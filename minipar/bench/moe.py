@@ -23,6 +23,7 @@ import sys
 
 import minipar
 from minipar import launcher
+from minipar.bench import job
 from minipar.bench.timing import Timer
 
 TOKENS, HIDDEN, FFN, EXPERTS, TOP_K = 256, 512, 2048, 8, 2
@@ -127,25 +128,16 @@ def summary(times: dict) -> list[dict]:
 def main(args) -> int:
     """The command side (for minipar/cli/bench.py): launch the job, print the table."""
     import os
-    import tempfile
 
     # here, not at the top of the file: rich loads only when used
     from minipar.term import Console
 
     console = Console()
-    out = os.path.join(tempfile.mkdtemp(prefix="minipar-bench-moe-"), "times.json")
     iters = args.iters or 20
     os.environ.setdefault("MINIPAR_TIMEOUT", "120")
-    done = launcher.run(
-        args.ranks, ["-m", "minipar.bench.moe", out, str(iters)], timeout=args.timeout, capture=True
-    )
-    if not os.path.exists(out):
-        console.print(f"[red]minipar bench moe: the job failed[/]\n{(done.stderr or '')[-4000:]}")
+    times = job.run_json(args.ranks, "minipar.bench.moe", [iters], args.timeout, "moe")
+    if times is None:
         return 1
-    with open(out) as f:
-        times = json.load(f)
-    os.remove(out)
-    os.rmdir(os.path.dirname(out))
     show(console, times, iters, args.ranks, args.json)
     return 0
 

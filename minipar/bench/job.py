@@ -1,0 +1,31 @@
+"""One strategy bench's job: launch `python -m module OUT ...` on some ranks, read the JSON its
+rank 0 wrote to OUT, and leave no folder behind (bench ddp, fsdp, cp, moe)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+from minipar import launcher
+
+
+def run_json(ranks: int, module: str, args: list, timeout, what: str):
+    """The job's JSON, or None with its failure printed (`minipar bench {what}`)."""
+    folder = tempfile.mkdtemp(prefix=f"minipar-bench-{what}-")
+    out = os.path.join(folder, "result.json")
+    try:
+        done = launcher.run(ranks, ["-m", module, out, *map(str, args)], timeout=timeout,
+                            capture=True)  # fmt: skip
+        if done.returncode != 0 or not os.path.exists(out):
+            # here, not at the top of the file: rich loads only when used
+            from minipar.term import Console
+
+            tail = (done.stderr or "")[-4000:]
+            Console().print(f"[red]minipar bench {what}: the job failed[/]\n{tail}")
+            return None
+        with open(out) as f:
+            return json.load(f)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
