@@ -58,32 +58,27 @@ def patience() -> tuple[float, float]:
 
 
 def env_timeout() -> float:
-    value = os.environ.get("MINIPAR_TIMEOUT")
-    if not value:
-        return DEFAULT_TIMEOUT
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ValueError(f"MINIPAR_TIMEOUT must be a number of seconds, got {value!r}") from None
-    if seconds <= 0:
-        raise ValueError(f"MINIPAR_TIMEOUT must be positive, got {value!r}")
-    return seconds
+    """MINIPAR_TIMEOUT: seconds any wait may take (default DEFAULT_TIMEOUT)."""
+    return env_seconds("MINIPAR_TIMEOUT", DEFAULT_TIMEOUT)
 
 
 def env_mismatch_after() -> float:
     """MINIPAR_MISMATCH_AFTER: seconds a collective call waits before it asks its peers which
     call they are in (comm/stall.py); default 1."""
-    value = os.environ.get("MINIPAR_MISMATCH_AFTER")
+    return env_seconds("MINIPAR_MISMATCH_AFTER", DEFAULT_MISMATCH_AFTER)
+
+
+def env_seconds(name: str, default: float) -> float:
+    """The positive number of seconds in environment variable `name` (default when unset)."""
+    value = os.environ.get(name)
     if not value:
-        return DEFAULT_MISMATCH_AFTER
+        return default
     try:
         seconds = float(value)
     except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise ValueError(
-            f"MINIPAR_MISMATCH_AFTER must be a positive number of seconds, got {value!r}"
-        )
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}") from None
+    if not seconds > 0:  # also NaN
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
     return seconds
 
 

@@ -109,6 +109,14 @@ class _Kept:
             counter._release(key)
 
 
+def saved_bytes(fn) -> int:
+    """The most bytes autograd kept for backward while fn() ran (distinct storages, counted
+    once; parameters included: none are passed here)."""
+    with ActivationMemory() as mem:
+        fn()
+    return mem.peak
+
+
 def keep(t):
     """t counted by every open counter for as long as the returned object lives (t itself when
     no counter is open or none counts it); `unwrap` gives the tensor back."""

@@ -31,6 +31,7 @@ import torch
 from torch.nn import functional as F
 
 import minipar
+from minipar.parallel.activation_memory import saved_bytes
 from minipar.parallel.context import (
     ContextStats,
     ring,
@@ -224,19 +225,6 @@ def ulysses_ledger(causal):
 
 
 # -- memory ------------------------------------------------------------------------------------
-def saved_bytes(fn) -> int:
-    """Bytes of the distinct storages autograd saves for backward while fn() runs."""
-    seen = {}
-
-    def pack(t):
-        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return sum(seen.values())
-
-
 def memory_case(variant, causal):
     """Saved activations per rank = dense attention's on the full sequence / cp: q, k, v, out
     (batch, heads, S/cp, head_dim) and lse (batch, heads, S/cp). Ulysses' causal reordering

@@ -22,6 +22,7 @@ from torch.nn import functional as F
 import minipar
 from minipar.course.lessons import planted
 from minipar.course.lessons.page import Page, fmt_bytes
+from minipar.parallel.activation_memory import saved_bytes
 from minipar.parallel.context import (
     ContextStats,
     online_softmax,
@@ -235,19 +236,6 @@ def work_section(page: Page) -> None:
     page.check(len({s[True] for s in seen}) == 1, "load-balanced: every rank the same work")
 
 
-def saved(fn) -> int:
-    """Bytes of the distinct storages autograd saves for backward while fn() runs."""
-    seen = {}
-
-    def pack(t):
-        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return sum(seen.values())
-
-
 def memory_section(page: Page) -> None:
     cp = page.size
     page.prediction(f"the activations attention saves per rank (q, k, v, out, lse), cp = {cp}")
@@ -258,10 +246,10 @@ def memory_section(page: Page) -> None:
     )
     q, k, v, _ = inputs(seed=2)
     full = [t.clone().requires_grad_() for t in (q, k, v)]
-    dense = saved(lambda: F.scaled_dot_product_attention(*full, is_causal=True))
+    dense = saved_bytes(lambda: F.scaled_dot_product_attention(*full, is_causal=True))
     shards = [shard_sequence(t, 2, causal=True).requires_grad_() for t in (q, k, v)]
     measured = {
-        name: saved(lambda fn=fn: fn(*shards, causal=True)) for name, fn in VARIANTS.items()
+        name: saved_bytes(lambda fn=fn: fn(*shards, causal=True)) for name, fn in VARIANTS.items()
     }
     seen = page.gather(measured)
     rows = [("dense (one rank)", f"{saved_bytes_predicted(1):,}", f"{dense:,}")]
