@@ -248,7 +248,8 @@ def test_run_dry_run_prints_mpiexec_line(capsys):
 
 @pytest.mark.own_job
 def test_doctor_json_says_minipar_can_run():
-    done = minipar("doctor", "--json")
+    # the smoke job's own limit well inside the test's, so a slow host reports, not hangs
+    done = minipar("doctor", "--json", "--timeout", "60", timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
     checks = {c["name"]: c for c in report["checks"]}

@@ -147,7 +147,10 @@ def run_command(cmd, env, timeout: float | None = None, capture: bool = False):
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # a process outside the group still holds a pipe
+            out, err = "", ""
         err = (err or "") + f"\nminipar: job killed after {timeout:g} s (timeout)\n"
         return subprocess.CompletedProcess(cmd, 124, out, err)
     except KeyboardInterrupt:
