@@ -138,7 +138,7 @@ def link_latency(comm, t: float, rounds: int = 6) -> float:
     already waiting (as a pipeline stage waits), measured on the same pipeline communicator."""
     r, p, samples = comm.rank, comm.size, []
     for k in range(rounds):
-        for parity in (0, 1):  # pairs (0,1),(2,3) then (1,2),(3,4): every boundary, both ways
+        for parity in (0, 1):  # pairs (0,1),(2,3),... then (1,2),(3,4),...: every boundary
             lo = r - (r - parity) % 2
             if lo < 0 or lo + 1 >= p:
                 continue
@@ -177,10 +177,8 @@ def bubble(schedule):
         t = 0.015 if schedule in ("gpipe", "1f1b") else 0.03
         predicted = V.predicted_bubble(schedule, p, m, v)
         program = S.program(schedule, p, m, v)
-        equal = {"Forward": 1.0, "Backward": 2.0, "BackwardInput": 1.0, "BackwardWeight": 1.0}
-        if schedule == "zb-h1":
-            equal = {"Forward": 1.0, "BackwardInput": 1.0, "BackwardWeight": 1.0}
-        assert V.verify(program, costs=equal).bubble_fraction == pytest.approx(predicted)
+        # verify's default costs are the formula's equal stages (B = 2F; zb-h1: F = b = w)
+        assert V.verify(program).bubble_fraction == pytest.approx(predicted)
         chunks = [SleepStage(t) for _ in range(v)]
         pipe = Pipeline(chunks if v > 1 else chunks[0], n_microbatches=m, schedule=schedule,
                         loss_fn=lambda out, target: (out - target).pow(2).mean(),
