@@ -319,30 +319,29 @@ def init_from_env(backend: str | None = None, timeout: float = 300.0) -> None:
 def init_from_mpi(mpi_comm, backend: str = "gloo", timeout: float = 300.0) -> None:
     """Start torch.distributed inside an MPI job, one torch rank per MPI rank, same numbering.
 
-    Rank 0 picks a free TCP port and tells the others over MPI; the address is MASTER_ADDR if
-    set, 127.0.0.1 when every rank is on one host, else rank 0's host name. With
-    backend="nccl" each rank must own a GPU (rank modulo the local GPU count).
+    Rank 0 opens the rendezvous store on a port the kernel picks and tells the others its
+    number over MPI (opened and held, so no other process can take it in between); the others
+    join it at MASTER_ADDR if set, 127.0.0.1 when every rank is on one host, else rank 0's host
+    name. With backend="nccl" each rank must own a GPU (rank modulo the local GPU count).
     """
     import torch
 
     dist = torch_dist()
+    wait = datetime.timedelta(seconds=timeout)
     hosts = mpi_comm.allgather(socket.gethostname())
-    port = None
-    if mpi_comm.Get_rank() == 0:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-    port = mpi_comm.bcast(port, root=0)
+    rank = mpi_comm.Get_rank()
+    store = None
+    if rank == 0:
+        store = dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=wait)
+    port = mpi_comm.bcast(store.port if store else None, root=0)
     addr = os.environ.get("MASTER_ADDR") or ("127.0.0.1" if len(set(hosts)) == 1 else hosts[0])
+    if rank != 0:
+        store = dist.TCPStore(addr, port, is_master=False, timeout=wait)
     if backend == "nccl":
-        torch.cuda.set_device(mpi_comm.Get_rank() % torch.cuda.device_count())
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     atexit.register(_destroy)  # before MPI finalizes (atexit runs last-registered first)
     dist.init_process_group(
-        backend,
-        init_method=f"tcp://{addr}:{port}",
-        rank=mpi_comm.Get_rank(),
-        world_size=mpi_comm.Get_size(),
-        timeout=datetime.timedelta(seconds=timeout),
+        backend, store=store, rank=rank, world_size=mpi_comm.Get_size(), timeout=wait
     )
 
 

@@ -125,14 +125,8 @@ def _warm() -> None:
         pass
 
 
-def _spawned(rank: int, size: int, port: int, address: str, folder: str) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
-    )
+def _spawned(rank: int, address: str, folder: str) -> None:
     serve("torch", address, folder)
-    dist.destroy_process_group()
 
 
 def main(argv=None) -> None:
@@ -145,14 +139,9 @@ def main(argv=None) -> None:
     if args.backend == "mpi":
         serve("mpi", args.address, args.folder)
         return
-    import socket
+    from minipar.testing import spawn
 
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_spawned, args=(args.size, port, args.address, args.folder), nprocs=args.size)
+    spawn.spawn(_spawned, (args.address, args.folder), args.size)
 
 
 if __name__ == "__main__":

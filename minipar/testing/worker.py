@@ -15,7 +15,6 @@ import argparse
 import importlib.util
 import json
 import os
-import socket
 import sys
 
 import minipar
@@ -63,16 +62,8 @@ def _realign(comm, control, ok: bool) -> None:
         isolation.realign(comm, max(accounts, key=lambda account: account["seq"]))
 
 
-def _spawned(rank: int, size: int, port: int, path: str, outdir: str, only) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
-    )
-    try:
-        run_cases(path, outdir, "torch", only)
-    finally:
-        dist.destroy_process_group()
+def _spawned(rank: int, path: str, outdir: str, only) -> None:
+    run_cases(path, outdir, "torch", only)
 
 
 def main(argv=None) -> None:
@@ -86,12 +77,9 @@ def main(argv=None) -> None:
     if args.backend == "mpi":
         run_cases(args.suite, args.outdir, "mpi", args.only)
         return
-    import torch.multiprocessing as mp
+    from minipar.testing import spawn
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_spawned, args=(args.size, port, args.suite, args.outdir, args.only), nprocs=args.size)
+    spawn.spawn(_spawned, (args.suite, args.outdir, args.only), args.size)
 
 
 if __name__ == "__main__":

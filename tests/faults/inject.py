@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import time
 
@@ -150,14 +149,8 @@ def main(mode: str) -> None:
     minipar.finalize()
 
 
-def _spawned(rank: int, size: int, port: int, mode: str) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
-    )
+def _spawned(rank: int, mode: str) -> None:
     main(mode)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
@@ -171,9 +164,6 @@ if __name__ == "__main__":
     if args.torch is None:
         main(args.mode)
     else:
-        import torch.multiprocessing as mp
+        from minipar.testing import spawn
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        mp.spawn(_spawned, args=(args.torch, port, args.mode), nprocs=args.torch)
+        spawn.spawn(_spawned, (args.mode,), args.torch)

@@ -14,7 +14,6 @@ micro-batch 2, while stage 0 sends). Add --exit for sys.exit(3) instead of an ex
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 import time
 
@@ -121,14 +120,8 @@ def main(strategy: str, exit_instead: bool) -> None:
     minipar.finalize()
 
 
-def _spawned(rank: int, size: int, port: int, strategy: str, exit_instead: bool) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
-    )
+def _spawned(rank: int, strategy: str, exit_instead: bool) -> None:
     main(strategy, exit_instead)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
@@ -140,9 +133,6 @@ if __name__ == "__main__":
     if args.torch is None:
         main(args.strategy, args.exit)
     else:
-        import torch.multiprocessing as mp
+        from minipar.testing import spawn
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        mp.spawn(_spawned, args=(args.torch, port, args.strategy, args.exit), nprocs=args.torch)
+        spawn.spawn(_spawned, (args.strategy, args.exit), args.torch)

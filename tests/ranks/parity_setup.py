@@ -49,12 +49,6 @@ def main():
     from mpi4py import MPI
 
     rank = MPI.COMM_WORLD.Get_rank()
-    port = None
-    if rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = MPI.COMM_WORLD.bcast(port)
     dist.destroy_process_group(dist.new_group([1, 0]))  # frees the MPI communicator
     dist.destroy_process_group()
     assert not dist.is_initialized()
@@ -67,6 +61,12 @@ def main():
     dist.destroy_process_group()
     assert not dist.is_initialized() and not tdist.is_initialized()
 
+    port = None
+    if rank == 0:  # picked just before the init that binds it, so the race for it is short
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = MPI.COMM_WORLD.bcast(port)
     dist.init_process_group(
         backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2
     )
