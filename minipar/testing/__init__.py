@@ -18,4 +18,5 @@ world size and transport (and launch environment) serves every suite of the pyte
     case.py       one case on one rank: its output captured, its traceback, its time
     wire.py       the messages between pytest and the ranks
     worker.py     one launch per suite instead (MINIPAR_TEST_POOL=0)
+    spawn.py      N gloo ranks from one process (--backend torch), the rendezvous port held
 """

@@ -33,7 +33,7 @@ import sys
 import traceback
 
 import minipar
-from minipar.testing import case, wire
+from minipar.testing import case, spawn, wire
 from minipar.testing.groups import watchdog_paused
 from minipar.testing.isolation import Isolation
 from minipar.testing.worker import load_suite
@@ -139,8 +139,6 @@ def main(argv=None) -> None:
     if args.backend == "mpi":
         serve("mpi", args.address, args.folder)
         return
-    from minipar.testing import spawn
-
     spawn.spawn(_spawned, (args.address, args.folder), args.size)
 
 

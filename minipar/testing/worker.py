@@ -18,7 +18,7 @@ import os
 import sys
 
 import minipar
-from minipar.testing import case, isolation
+from minipar.testing import case, isolation, spawn
 
 
 def load_suite(path: str):
@@ -77,8 +77,6 @@ def main(argv=None) -> None:
     if args.backend == "mpi":
         run_cases(args.suite, args.outdir, "mpi", args.only)
         return
-    from minipar.testing import spawn
-
     spawn.spawn(_spawned, (args.suite, args.outdir, args.only), args.size)
 
 
