@@ -137,7 +137,8 @@ def run(
     root: Path | None = None,
     verbose: bool = False,
 ) -> list[Result]:
-    """Run the exercise tests against `impl` in this process; the results, one per test."""
+    """Run the exercise tests against `impl` in this process; the results, one per test (the
+    collector sees them only here: no xdist workers)."""
     import pytest
 
     root = root or exercises.repo_root()
@@ -147,7 +148,7 @@ def run(
     folder = exercises.tree(impl)
     if not folder.is_dir():
         raise FileNotFoundError(f"no folder {folder}")
-    args = [str(tests), f"--impl={folder}", "-p", "no:cacheprovider"]
+    args = [str(tests), f"--impl={folder}", "-p", "no:cacheprovider", "-p", "no:xdist"]
     if not verbose:  # the report is ours; pytest's own output only with --verbose
         args += ["-o", "addopts=", "-p", "no:terminal"]
     if lesson:  # a lesson number (03), or an exercise's name (ex03_ring_allreduce)
