@@ -1,18 +1,40 @@
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 
 import pytest
 
+from minipar.launcher import stop
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# torch's, not minipar's: torchrun's folder, the compile cache, a spawned rank's error record
+TORCH_LEFTOVERS = ("torchelastic_", "torchinductor_", "pytorch-errorfile-")
 
 
 def run_job(argv, minipar_timeout: float | None, limit: float):
     """Run a job that is meant to fail, as a session of its own, with MINIPAR_TIMEOUT set (None:
     minipar's default timeout): only past `limit` seconds is its process group killed (rc 124),
-    so the launcher's own clean-up is what is tested. Returns (rc, output, start, end, pid)."""
+    so the launcher's own clean-up is what is tested. Returns (rc, output, start, end, pid).
+    The job's TMPDIR is a folder of its own: anything minipar leaves there fails the test
+    (torch's own files excepted: TORCH_LEFTOVERS), and the folder is removed."""
+    scratch = tempfile.mkdtemp(prefix="minipar-job-")
+    try:
+        done = _run_job(argv, minipar_timeout, limit, scratch)
+        left = [name for name in os.listdir(scratch) if not name.startswith(TORCH_LEFTOVERS)]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    assert not left, f"{argv}: left in its TMPDIR: {left}\n{done[1][-2000:]}"
+    return done
+
+
+def _run_job(argv, minipar_timeout, limit, scratch):
     env = dict(os.environ, MINIPAR_TIMEOUT=str(minipar_timeout), OMP_NUM_THREADS="1")
+    env["TMPDIR"] = scratch
     if minipar_timeout is None:
         del env["MINIPAR_TIMEOUT"]
     for default in ("MINIPAR_DEBUG", "MINIPAR_MISMATCH_AFTER"):
@@ -25,7 +47,7 @@ def run_job(argv, minipar_timeout: float | None, limit: float):
     try:
         output, _ = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        stop.signal_pid(-proc.pid, signal.SIGKILL)  # the test fails: no grace for it
         output, _ = proc.communicate()
         return 124, output, start, time.time(), proc.pid
     return proc.returncode, output, start, time.time(), proc.pid
@@ -56,11 +78,17 @@ def pytest_runtest_setup(item):
             f.write(f"own {item.nodeid}\n")
 
 
+SESSION_BEGAN = time.time()
+
+
 def pytest_sessionfinish(session, exitstatus):
-    """End the harness's warm jobs (minipar.testing.pool) with the session."""
+    """End the harness's warm jobs (minipar.testing.pool) with the session, then remove the
+    topology files of hydra's aborted jobs (fault tests abort on purpose) that the launcher
+    could not while the pool's proxies ran."""
     from minipar.testing import harness
 
     harness.close()
+    stop.remove_hydra_leftovers(SESSION_BEGAN)
 
 
 # -- the exercises' grader: which tree the exercise tests import (tests/test_exercises.py) ------

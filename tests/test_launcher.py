@@ -310,3 +310,21 @@ def test_exercises_generate_without_hints(tmp_path, capsys):
     ns = cli.build_parser("exercises").parse_args(["exercises", "--generate", "--no-hints"])
     assert ns.generate and ns.no_hints
     assert "--generate --no-hints" in help_of("exercises", capsys)
+
+
+def test_hydra_leftovers_removed_only_when_no_proxy_runs(tmp_path, monkeypatch):
+    """An aborted MPICH job leaves /tmp/hydra_hwloc_xmlfile_*: the files written since the job
+    began go once no hydra proxy runs (a live job's file stays, and so do older ones)."""
+    from minipar.launcher import stop
+
+    old, new = tmp_path / "hydra_hwloc_xmlfile_old", tmp_path / "hydra_hwloc_xmlfile_new"
+    for path in (old, new):
+        path.write_text("<topology/>")
+    began = time.time()
+    os.utime(old, (began - 60, began - 60))
+    monkeypatch.setattr(stop, "HYDRA_TOPOLOGY", str(tmp_path / "hydra_hwloc_xmlfile_*"))
+    monkeypatch.setattr(stop, "_hydra_proxy_running", lambda: True)
+    assert stop.remove_hydra_leftovers(began) == [] and new.exists()
+    monkeypatch.setattr(stop, "_hydra_proxy_running", lambda: False)
+    assert stop.remove_hydra_leftovers(began) == [str(new)]
+    assert old.exists() and not new.exists()

@@ -35,7 +35,7 @@ def test_reliability_torch(size, name):
     harness.run_suite(ALL_TORCH, size, "torch").check(name)
 
 
-@pytest.mark.parametrize("size,name", harness.params(MISMATCH, [2, 3, 4]))
+@pytest.mark.parametrize("size,name", harness.params(MISMATCH, [2, 4]))  # 3: in ALL_MPI
 def test_mismatch_is_loud_mpi(size, name):
     harness.run_suite(MISMATCH, size, "mpi").check(name)
 

@@ -13,10 +13,11 @@ from minipar import launcher
 pytestmark = pytest.mark.own_job  # torchrun starts the ranks itself
 
 
-def test_torchrun_two_ranks():
+def test_torchrun_two_ranks(tmp_path):
     torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
     script = os.path.join(ROOT, "tests", "scripts", "torchrun_allreduce.py")
     env = dict(os.environ, OMP_NUM_THREADS="1", MINIPAR_OVERSUBSCRIBED="1")
+    env["TMPDIR"] = str(tmp_path)  # torchrun leaves its torchelastic_* folder there
     for var in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
         env.pop(var, None)
     cmd = [torchrun, "--standalone", "--nproc_per_node", "2", script]

@@ -16,8 +16,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 from minipar.comm import mpisetup
+from minipar.launcher import stop
 from minipar.launcher.relay import Relay, tag_from_env
 
 
@@ -113,6 +115,7 @@ def run(n: int, argv: list[str], timeout: float | None = None, capture: bool = F
 
 def run_relayed(cmd, env, relay, timeout: float | None = None):
     """Run cmd (built with this relay), forwarding the ranks' whole lines as they come."""
+    began = time.time()
     try:
         proc = subprocess.Popen(
             cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -127,26 +130,31 @@ def run_relayed(cmd, env, relay, timeout: float | None = None):
         raise
     if status == 124 and timeout is not None:
         sys.stderr.write(f"minipar: job killed after {timeout:g} s (timeout)\n")
+    if status != 0:  # an aborted or killed job leaves hydra's file behind
+        stop.remove_hydra_leftovers(began)
     return subprocess.CompletedProcess(cmd, status)
 
 
 def _killpg(proc) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    stop.stop(proc)
 
 
 def run_command(cmd, env, timeout: float | None = None, capture: bool = False):
     """Run cmd in its own process group, so a timeout or Ctrl-C kills every process it started."""
     kwargs = {"env": env, "start_new_session": True, "text": True}
+    began = time.time()
     if capture:
         kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc = subprocess.Popen(cmd, **kwargs)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        stop.signal_pid(-proc.pid, signal.SIGTERM)  # hydra, asked, cleans up after itself
+        try:
+            out, err = proc.communicate(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
+        stop.signal_pid(-proc.pid, signal.SIGKILL)
         try:
             out, err = proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:  # a process outside the group still holds a pipe
@@ -154,11 +162,10 @@ def run_command(cmd, env, timeout: float | None = None, capture: bool = False):
         err = (err or "") + f"\nminipar: job killed after {timeout:g} s (timeout)\n"
         return subprocess.CompletedProcess(cmd, 124, out, err)
     except KeyboardInterrupt:
-        os.killpg(proc.pid, signal.SIGKILL)
+        stop.stop(proc)
         raise
-    finally:
-        try:  # leave no orphans behind, even when the launcher itself exited cleanly
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    finally:  # leave no orphans behind, even when the launcher itself exited cleanly
+        stop.signal_pid(-proc.pid, signal.SIGKILL)
+        if proc.returncode != 0:  # an aborted or killed job leaves hydra's file behind
+            stop.remove_hydra_leftovers(began)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+from minipar.launcher import stop
+
 RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 DRAIN_SECONDS = 2.0  # after the job ends: how long to wait for its last bytes
 
@@ -85,8 +87,7 @@ class Relay:
         try:
             while proc.poll() is None:
                 if deadline is not None and time.monotonic() > deadline:
-                    _kill(proc)
-                    proc.wait()
+                    stop.stop(proc)
                     status = 124
                     break
                 self._read(sel, 0.1)

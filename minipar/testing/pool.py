@@ -44,6 +44,7 @@ import tempfile
 import time
 
 from minipar import launcher
+from minipar.launcher import stop
 from minipar.testing import case, wire
 
 CASE_TIMEOUT = "10"  # seconds any single wait may take inside a test job (MINIPAR_TIMEOUT)
@@ -422,11 +423,7 @@ class Job:
         """SIGKILL the job: its process group, and each rank (MPICH's hydra starts every rank
         in a session of its own, so the group alone would leave them to hydra's proxies)."""
         self.usable = False
-        if self.proc.poll() is None:
-            for pid in self.pids.values():
-                _kill(pid)
-            _kill(-self.proc.pid)
-        self.proc.wait()
+        stop.stop(self.proc, ranks=self.pids.values())
 
     def close(self, grace: float = 10.0) -> None:
         """Ask the ranks to leave, wait a little, then kill what is left; remove the folder."""
@@ -442,13 +439,6 @@ class Job:
         self.selector.close()
         self.log.close()
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _result(message: dict) -> dict:
