@@ -420,8 +420,9 @@ class Job:
                 pass
 
     def kill(self) -> None:
-        """SIGKILL the job: its process group, and each rank (MPICH's hydra starts every rank
-        in a session of its own, so the group alone would leave them to hydra's proxies)."""
+        """End the job (launcher/stop.py: SIGTERM, then SIGKILL): its process group, and each
+        rank (MPICH's hydra starts every rank in a session of its own, so the group alone would
+        leave them to hydra's proxies)."""
         self.usable = False
         stop.stop(self.proc, ranks=self.pids.values())
 
