@@ -74,6 +74,7 @@ def free_port() -> str:
 
 def tutorial_env(monkeypatch):
     monkeypatch.setenv("TUTORIAL_PORT", free_port())
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
 
 
 def port_taken(output: str) -> bool:
@@ -99,7 +100,6 @@ def run_tutorial(monkeypatch, start, argv, tries: int = 3):
             return rc, output
         monkeypatch.setenv("TUTORIAL_PORT", free_port())
     return rc, output
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
 
 
 def records(folder, dist: str, n: int) -> list[dict]:
