@@ -126,17 +126,13 @@ def run_relayed(cmd, env, relay, timeout: float | None = None):
     try:
         status = relay.pump(proc, timeout)
     except KeyboardInterrupt:
-        _killpg(proc)
+        stop.stop(proc)
         raise
     if status == 124 and timeout is not None:
         sys.stderr.write(f"minipar: job killed after {timeout:g} s (timeout)\n")
     if status != 0:  # an aborted or killed job leaves hydra's file behind
         stop.remove_hydra_leftovers(began)
     return subprocess.CompletedProcess(cmd, status)
-
-
-def _killpg(proc) -> None:
-    stop.stop(proc)
 
 
 def run_command(cmd, env, timeout: float | None = None, capture: bool = False):
@@ -149,12 +145,7 @@ def run_command(cmd, env, timeout: float | None = None, capture: bool = False):
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        stop.signal_pid(-proc.pid, signal.SIGTERM)  # hydra, asked, cleans up after itself
-        try:
-            out, err = proc.communicate(timeout=2)
-        except subprocess.TimeoutExpired:
-            pass
-        stop.signal_pid(-proc.pid, signal.SIGKILL)
+        stop.stop(proc)  # what the job wrote before it ended stays in the pipes
         try:
             out, err = proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:  # a process outside the group still holds a pipe

@@ -91,7 +91,7 @@ class Relay:
                     status = 124
                     break
                 self._read(sel, 0.1)
-            _kill(proc)  # no rank (or a rank's child) outlives the job
+            stop.signal_pid(-proc.pid, signal.SIGKILL)  # no rank (or its child) outlives the job
             for fd in self.keep:
                 os.close(fd)
             self.keep = []
@@ -172,13 +172,6 @@ def _silence(stream) -> None:
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
     except (AttributeError, OSError, ValueError):
-        pass
-
-
-def _kill(proc) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
         pass
 
 
