@@ -1,14 +1,19 @@
-"""The lessons: each runs (quick) under the launcher and prints its key lines; each break-it lab
-catches its planted bug; every number a lesson's text states is computed by its module."""
+"""The lessons: each runs (quick) and prints its key lines on rank 0 only; each break-it lab
+catches its planted bug; every number a lesson's text states is computed by its module. The
+lessons run on warm ranks (tests/ranks/lessons.py); lesson 01 and the labs that break their
+group on purpose go through `minipar lesson` itself, on ranks of their own."""
 
 import importlib
 import subprocess
 import sys
 
 import pytest
+from conftest import ranks_suite
 
 from minipar.cli import lesson
 from minipar.course.lessons import LESSONS, find
+from minipar.testing import harness
+from minipar.testing.worker import load_suite
 
 READY = [entry for entry in LESSONS if lesson.exists(entry)]
 KEY_LINES = {
@@ -64,31 +69,58 @@ LABS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def wide_output(monkeypatch):
+SUITE = ranks_suite("lessons.py")  # every lesson and lab but those below, on warm ranks
+OWN_JOB_LABS = load_suite(SUITE).OWN_JOB  # labs that leave their group failed on purpose
+LAUNCHED = load_suite(SUITE).LAUNCHER  # quick runs through `minipar lesson` itself
+
+
+def outputs(number, name):
+    """Every rank's output of a case of the lessons suite, on the lesson's own ranks."""
+    result = harness.run_suite(SUITE, find(number).ranks, "mpi")
+    result.check(name)
+    return [result.ranks[rank][name]["output"] for rank in sorted(result.ranks)]
+
+
+def run(monkeypatch, number, *, lab=None):
+    """`minipar lesson NN --quick [--break LAB]`, as a student types it."""
     monkeypatch.setenv("COLUMNS", "120")  # rank 0's tables, unwrapped, so lines can be matched
-
-
-def run(number, *, lab=None):
     done = lesson.run_lesson(number, quick=True, lab=lab, timeout=120, capture=True)
     return done.returncode, done.stdout + done.stderr
 
 
-@pytest.mark.own_job
-@pytest.mark.parametrize("number", [entry.number for entry in READY])
-def test_lesson_runs_quick(number):
-    status, out = run(number)
-    assert status == 0, out[-3000:]
+def check_quick(number, out):
     for line in KEY_LINES[number]:
         assert line in out, f"lesson {number}: {line!r} missing from:\n{out[-3000:]}"
     assert "FAIL" not in out
     assert out.count("Lesson ") == 1, "only rank 0 prints"
 
 
+@pytest.mark.parametrize("number", [e.number for e in READY if e.number not in LAUNCHED])
+def test_lesson_runs_quick(number):
+    rank0, *others = outputs(number, f"quick.{number}")
+    check_quick(number, rank0)
+    loud = [rank for rank, out in enumerate(others, start=1) if out.strip()]
+    assert not loud, f"only rank 0 prints; ranks {loud} did: {others[loud[0] - 1][-2000:]}"
+
+
 @pytest.mark.own_job
-@pytest.mark.parametrize("number,lab", list(LABS))
+@pytest.mark.parametrize("number", sorted(LAUNCHED))
+def test_lesson_command_runs_quick(monkeypatch, number):
+    status, out = run(monkeypatch, number)
+    assert status == 0, out[-3000:]
+    check_quick(number, out)
+
+
+@pytest.mark.parametrize("number,lab", [key for key in LABS if key not in OWN_JOB_LABS])
 def test_break_it_lab_catches_the_bug(number, lab):
-    status, out = run(number, lab=lab)
+    rank0 = outputs(number, f"lab.{number}.{lab}")[0]
+    assert LABS[(number, lab)] in rank0, rank0[-3000:]
+
+
+@pytest.mark.own_job
+@pytest.mark.parametrize("number,lab", sorted(OWN_JOB_LABS))
+def test_break_it_lab_under_the_command(monkeypatch, number, lab):
+    status, out = run(monkeypatch, number, lab=lab)
     assert status == 0, out[-3000:]
     assert LABS[(number, lab)] in out, out[-3000:]
 

@@ -26,7 +26,9 @@ from minipar.comm import buffers, signature
 from minipar.comm.base import Communicator, NonMember, Request, check_ranks, wait_all
 from minipar.errors import CommTimeoutError, MessageSizeError, MismatchError
 
-EXPLAIN_WAIT = 2.0  # seconds a timed-out rank waits to hear what its peer was doing
+# seconds a timed-out rank waits to hear what its peer was doing; never more than the group's
+# timeout: a peer stuck with us times out within about that, and a short timeout asks to fail fast
+EXPLAIN_WAIT = 2.0
 
 
 def torch_dist():
@@ -178,7 +180,8 @@ class TorchCommunicator(Communicator):
         store.set(self._store_key(self.rank), pickle.dumps(mine))
         store.set(_rank_key(self.global_ranks[self.rank]), pickle.dumps(mine))
         since = mine[2] - self.timeout - 5
-        theirs = _read_recent(store, self._store_key(request.peer), since)
+        wait = min(EXPLAIN_WAIT, self.timeout)
+        theirs = _read_recent(store, self._store_key(request.peer), since, wait)
         peer = request.peer
         if theirs is None:
             elsewhere = _read_recent(store, _rank_key(self.global_ranks[peer]), since, 0.0)
@@ -190,7 +193,7 @@ class TorchCommunicator(Communicator):
                 return MismatchError(f"{text} (found at the timeout: gloo has no probe)")
             return CommTimeoutError(
                 f"{error}; rank {peer} is not stuck in a minipar call on this group "
-                f"(it did not say within {EXPLAIN_WAIT:g} s: busy elsewhere, or gone)"
+                f"(it did not say within {wait:g} s: busy elsewhere, or gone)"
             )
         found = signature.first_difference(mine[5], theirs[5])
         if found is not None:
@@ -288,7 +291,7 @@ def _store():
         return None
 
 
-def _read_recent(store, key: str, since: float, wait: float = EXPLAIN_WAIT):
+def _read_recent(store, key: str, since: float, wait: float):
     """The (seq, signature, time, group id, group name, recent calls) a peer wrote under `key`
     after `since`, waiting up to `wait` seconds for it; None if it never came."""
     deadline = time.monotonic() + wait

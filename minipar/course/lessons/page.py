@@ -32,6 +32,7 @@ class Page:
         parser.add_argument("--break", dest="lab", choices=list(breaks) or None, default=None)
         self.args = parser.parse_args(sys.argv[1:] if argv is None else argv)
         self.quick, self.lab = self.args.quick, self.args.lab
+        self.started = not minipar.is_initialized()  # finish() ends only what the page began
         self.comm = minipar.init()
         self.rank, self.size = self.comm.rank, self.comm.size
         self.console = Console(quiet=self.rank != 0, highlight=False)
@@ -98,7 +99,8 @@ class Page:
         status = 0 if not self.failures and self.enough else 1
         if self.failures:
             self.say(f"\n[bold red]{len(self.failures)} check(s) failed.[/]")
-        minipar.finalize()
+        if self.started:  # a program that started minipar itself (a test's ranks) keeps it
+            minipar.finalize()
         return status
 
 
