@@ -70,8 +70,9 @@ LABS = {
 
 
 SUITE = ranks_suite("lessons.py")  # every lesson and lab but those below, on warm ranks
-OWN_JOB_LABS = load_suite(SUITE).OWN_JOB  # labs that leave their group failed on purpose
-LAUNCHED = load_suite(SUITE).LAUNCHER  # quick runs through `minipar lesson` itself
+_SUITE = load_suite(SUITE)
+OWN_JOB_LABS = _SUITE.OWN_JOB  # labs that leave their group failed on purpose
+LAUNCHED = _SUITE.LAUNCHER  # quick runs through `minipar lesson` itself
 
 
 def outputs(number, name):
