@@ -1,6 +1,7 @@
 """A rank that raises in the middle of a DDP, FSDP, tensor-parallel or pipeline step
 ends the whole job non-zero within seconds, with that rank's traceback, on the MPI transport
-(`minipar run`) and on torch.distributed (gloo, torch.multiprocessing.spawn). The jobs are in
+(`minipar run`) and on torch.distributed (gloo, ranks forked by torch.multiprocessing:
+tests/faults/inject.py covers the spawned ones). The jobs are in
 tests/faults/strategies.py; they start together on a few threads, and each test checks one.
 """
 

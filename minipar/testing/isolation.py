@@ -255,9 +255,9 @@ class _Saved:
             os.chdir(self.cwd)
         sys.stdout, sys.stderr = self.streams
         _seed(SEED)
-        if self.torch is not None:
-            torch = sys.modules["torch"]
-            dtype, grad = self.torch
+        torch = sys.modules.get("torch")
+        if torch is not None:  # imported by the case itself (a light job): torch's defaults
+            dtype, grad = self.torch or (torch.float32, True)
             torch.set_default_dtype(dtype)
             torch.set_grad_enabled(grad)
 

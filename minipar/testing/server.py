@@ -2,9 +2,9 @@
 
     python -m minipar.testing.server HOST:PORT FOLDER [--backend mpi|torch] [--size N]
 
-Under mpiexec every rank runs `serve`; with --backend torch this process spawns N ranks
-(torch.multiprocessing.spawn) that bring up gloo and run it. Each rank imports torch and
-minipar once, starts minipar, makes the harness's own control group (not minipar's default
+Under mpiexec every rank runs `serve`; with --backend torch this process imports torch, then
+forks N ranks (testing/spawn.py) that bring up gloo and run it. Each rank has torch and
+minipar imported once, starts minipar, makes the harness's own control group (not minipar's default
 group, which a failed case may leave out of step), connects to the pytest process and says
 hello. Then, until told to quit:
 
@@ -139,7 +139,8 @@ def main(argv=None) -> None:
     if args.backend == "mpi":
         serve("mpi", args.address, args.folder)
         return
-    spawn.spawn(_spawned, (args.address, args.folder), args.size)
+    _warm()  # once, here: the ranks are forked from this process with torch already loaded
+    spawn.spawn(_spawned, (args.address, args.folder), args.size, fork=True)
 
 
 if __name__ == "__main__":

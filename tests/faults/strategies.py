@@ -133,6 +133,7 @@ if __name__ == "__main__":
     if args.torch is None:
         main(args.strategy, args.exit)
     else:
+        import minipar.parallel  # noqa: F401  (once, here: the ranks are forked with it loaded)
         from minipar.testing import spawn
 
-        spawn.spawn(_spawned, (args.strategy, args.exit), args.torch)
+        spawn.spawn(_spawned, (args.strategy, args.exit), args.torch, fork=True)
