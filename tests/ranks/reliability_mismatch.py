@@ -20,9 +20,9 @@ match, and the watchdog (minipar/comm/watchdog.py) names both calls. The cases:
   (at once, before any watchdog look) raises instead of computing.
 - `mismatch.matching_calls_pass`, `mismatch.slow_peer_passes`, `mismatch.async_order_passes`:
   ranks that agree, with numpy on some ranks and torch on others, async calls in flight, a rank
-  far ahead, a rank 2.5 s late (its peers ask it, twice and more), calls on two groups in
-  different orders where one is async (legal: the async one waits on its own thread), raise
-  nothing.
+  far ahead, a rank 1.2 s late (4 x the suite's mismatch_after, ASK_AFTER: its peers ask it,
+  twice and more), calls on two groups in different orders where one is async (legal: the
+  async one waits on its own thread), raise nothing.
 - `mismatch.p2p_timeout_says`: a recv that times out says what its peer is doing (stuck in a
   broadcast on another group); the peer's own wait, asking, does not mistake the recv for a
   mismatch.
@@ -42,7 +42,11 @@ from minipar.errors import CommTimeoutError, MessageSizeError, MismatchError
 
 TIMEOUT = 5.0  # a group's timeout: a mismatch the watchdog missed shows as a CommTimeoutError
 LIMIT = 1.0  # seconds from the last rank's bad call to every rank's MismatchError (foreign tag)
-ASKED_LIMIT = 2.0  # the same, for mistakes no message shows (a stalled wait asks, mismatch_after=1)
+ASKED_LIMIT = 2.0  # the same, for mistakes no message shows (a stalled wait asks, ASK_AFTER)
+# the suite's mismatch_after: a wait asks its peers after 0.3 s instead of minipar's default 1 s,
+# the same mechanism sooner, so that the cases that wait for a question (or past one) wait less
+ASK_AFTER = 0.3
+LATE = 4 * ASK_AFTER  # how late the slow peer is: its peers ask it, and ask it again
 
 
 def call(collective, algorithm, group, block):
@@ -96,7 +100,7 @@ def combos():
 
 
 def count_mismatch_is_loud():
-    w = minipar.init()
+    w = minipar.init(mismatch_after=ASK_AFTER)
     if w.size < 2:
         return
     groups = []
@@ -200,7 +204,7 @@ def mistake_is_loud(name):
     make, fragments = MISTAKES[name]
 
     def case():
-        w = minipar.init()
+        w = minipar.init(mismatch_after=ASK_AFTER)
         if w.size < 2:
             return
         limit = LIMITS.get(name, LIMIT)
@@ -239,7 +243,7 @@ def mistake_is_loud(name):
 def matching_calls_pass():
     """Agreeing ranks raise nothing: numpy here and torch there, async calls in flight (the
     watchdog sees their messages arrive before their receives are posted), rank 0 far ahead."""
-    w = minipar.init()
+    w = minipar.init(mismatch_after=ASK_AFTER)
     g = minipar.new_group(list(range(w.size)), name="agreeing")
     g.timeout = TIMEOUT
     p, r = g.size, g.rank
@@ -267,7 +271,7 @@ def next_call_raises():
     """Every rank returned from a scatter whose roots disagree (each kept its own piece); the
     very next call on the group, made at once, must raise (its tags carry the history, so it
     cannot match), not compute: the watchdog names the scatter meanwhile."""
-    w = minipar.init()
+    w = minipar.init(mismatch_after=ASK_AFTER)
     if w.size < 2:
         return
     g = minipar.new_group(list(range(w.size)), name="next_call")
@@ -284,20 +288,20 @@ def next_call_raises():
 
 
 def slow_peer_passes():
-    """A rank 2.5 s late: the others' waits ask it (it computes), again and again: no error."""
-    w = minipar.init()
+    """A rank LATE s late: the others' waits ask it (it computes), again and again: no error."""
+    w = minipar.init(mismatch_after=ASK_AFTER)
     if w.size < 2:
         return  # no one to be late for
     g = minipar.new_group(list(range(w.size)), name="slow_peer")
     g.timeout = TIMEOUT
     x = np.full(4, float(g.rank))
     if g.rank == g.size - 1:
-        time.sleep(2.5)
+        time.sleep(LATE)
     minipar.all_reduce(x, group=g)
     assert (x == sum(range(g.size))).all(), x
     y = np.full(3, 7.0 if g.rank == 0 else 0.0)
     if g.rank == 0:
-        time.sleep(1.5)  # the others wait in a broadcast from a root that is late
+        time.sleep(2 * ASK_AFTER)  # the others wait in a broadcast from a root that is late
     minipar.broadcast(y, 0, group=g)
     assert (y == 7.0).all(), y
     minipar.barrier(group=g)
@@ -306,9 +310,9 @@ def slow_peer_passes():
 
 def async_order_passes():
     """Two groups called in different orders, legal because rank 0's first call is async: its
-    progress thread waits on g while its main thread calls h (the others, h first, then a 1.5 s
-    pause: rank 0's async call stalls and asks; nobody is stuck in every thread)."""
-    w = minipar.init()
+    progress thread waits on g while its main thread calls h (the others, h first, then a pause of
+    2 x ASK_AFTER: rank 0's async call stalls and asks; nobody is stuck in every thread)."""
+    w = minipar.init(mismatch_after=ASK_AFTER)
     if w.size < 2:
         return
     g = minipar.new_group(list(range(w.size)), name="order_g")
@@ -321,7 +325,7 @@ def async_order_passes():
         work.wait()
     else:
         minipar.all_reduce(y, group=h)
-        time.sleep(1.5)
+        time.sleep(2 * ASK_AFTER)
         minipar.all_reduce(x, group=g)
     assert (x == w.size).all() and (y == w.size).all(), (x, y)
     minipar.barrier(group=g)
@@ -333,12 +337,12 @@ def p2p_timeout_says():
     """Rank 0's recv from rank 1 times out while rank 1 waits in a broadcast on another group
     whose root is rank 0: the timeout says so. Rank 1's broadcast asks rank 0 meanwhile and
     finds it in a recv (point-to-point: no verdict); it completes once rank 0 joins."""
-    w = minipar.init()
+    w = minipar.init(mismatch_after=ASK_AFTER)
     if w.size < 2:
         return
     g = minipar.new_group(list(range(w.size)), name="p2p_recv")
     other = minipar.new_group(list(range(w.size)), name="p2p_other")
-    g.timeout, other.timeout = 1.5, TIMEOUT
+    g.timeout, other.timeout = 3 * ASK_AFTER, TIMEOUT  # rank 1 asks before rank 0 times out
     y = np.full(4, 5.0 if w.rank == 0 else 0.0)
     message = ""
     if w.rank == 0:
@@ -352,7 +356,8 @@ def p2p_timeout_says():
     if w.rank == 0:
         want = "; rank 1 is waiting in broadcast(src=0, float64 x 4) (call #0 on group p2p_other)"
         assert want in message, message
-        assert "timed out after 1.5 s waiting for recv of 32 bytes from rank 1 (tag 3)" in message
+        waited = f"timed out after {3 * ASK_AFTER:g} s waiting for recv of 32 bytes from rank 1"
+        assert f"{waited} (tag 3)" in message, message
 
 
 def threads():
@@ -360,7 +365,7 @@ def threads():
     thread; the stalled-wait questions run on the waiting thread and the watchdog's."""
     from minipar.comm import watchdog
 
-    w = minipar.init()
+    w = minipar.init(mismatch_after=ASK_AFTER)
     minipar.all_reduce(np.ones(2))
     minipar.all_reduce(np.ones(2), async_op=True).wait()
     names = sorted(t.name for t in threading.enumerate())
