@@ -49,6 +49,11 @@ ASK_AFTER = 0.3
 LATE = 4 * ASK_AFTER  # how late the slow peer is: its peers ask it, and ask it again
 
 
+def world():
+    """The default group, with the suite's mismatch_after (the harness resets it after a case)."""
+    return minipar.init(mismatch_after=ASK_AFTER)
+
+
 def call(collective, algorithm, group, block):
     """One call with `block` elements per rank's block (the last rank passes a bigger one)."""
     p, r = group.size, group.rank
@@ -100,7 +105,7 @@ def combos():
 
 
 def count_mismatch_is_loud():
-    w = minipar.init(mismatch_after=ASK_AFTER)
+    w = world()
     if w.size < 2:
         return
     groups = []
@@ -204,7 +209,7 @@ def mistake_is_loud(name):
     make, fragments = MISTAKES[name]
 
     def case():
-        w = minipar.init(mismatch_after=ASK_AFTER)
+        w = world()
         if w.size < 2:
             return
         limit = LIMITS.get(name, LIMIT)
@@ -243,7 +248,7 @@ def mistake_is_loud(name):
 def matching_calls_pass():
     """Agreeing ranks raise nothing: numpy here and torch there, async calls in flight (the
     watchdog sees their messages arrive before their receives are posted), rank 0 far ahead."""
-    w = minipar.init(mismatch_after=ASK_AFTER)
+    w = world()
     g = minipar.new_group(list(range(w.size)), name="agreeing")
     g.timeout = TIMEOUT
     p, r = g.size, g.rank
@@ -271,7 +276,7 @@ def next_call_raises():
     """Every rank returned from a scatter whose roots disagree (each kept its own piece); the
     very next call on the group, made at once, must raise (its tags carry the history, so it
     cannot match), not compute: the watchdog names the scatter meanwhile."""
-    w = minipar.init(mismatch_after=ASK_AFTER)
+    w = world()
     if w.size < 2:
         return
     g = minipar.new_group(list(range(w.size)), name="next_call")
@@ -289,7 +294,7 @@ def next_call_raises():
 
 def slow_peer_passes():
     """A rank LATE s late: the others' waits ask it (it computes), again and again: no error."""
-    w = minipar.init(mismatch_after=ASK_AFTER)
+    w = world()
     if w.size < 2:
         return  # no one to be late for
     g = minipar.new_group(list(range(w.size)), name="slow_peer")
@@ -312,7 +317,7 @@ def async_order_passes():
     """Two groups called in different orders, legal because rank 0's first call is async: its
     progress thread waits on g while its main thread calls h (the others, h first, then a pause of
     2 x ASK_AFTER: rank 0's async call stalls and asks; nobody is stuck in every thread)."""
-    w = minipar.init(mismatch_after=ASK_AFTER)
+    w = world()
     if w.size < 2:
         return
     g = minipar.new_group(list(range(w.size)), name="order_g")
@@ -337,7 +342,7 @@ def p2p_timeout_says():
     """Rank 0's recv from rank 1 times out while rank 1 waits in a broadcast on another group
     whose root is rank 0: the timeout says so. Rank 1's broadcast asks rank 0 meanwhile and
     finds it in a recv (point-to-point: no verdict); it completes once rank 0 joins."""
-    w = minipar.init(mismatch_after=ASK_AFTER)
+    w = world()
     if w.size < 2:
         return
     g = minipar.new_group(list(range(w.size)), name="p2p_recv")
@@ -365,7 +370,7 @@ def threads():
     thread; the stalled-wait questions run on the waiting thread and the watchdog's."""
     from minipar.comm import watchdog
 
-    w = minipar.init(mismatch_after=ASK_AFTER)
+    w = world()
     minipar.all_reduce(np.ones(2))
     minipar.all_reduce(np.ones(2), async_op=True).wait()
     names = sorted(t.name for t in threading.enumerate())
