@@ -200,9 +200,12 @@ def test_a_job_that_served_failures_ends_cleanly(monkeypatch):
             assert all(r["ok"] for r in results[must_pass].values()), results[must_pass]
             assert not all(r["ok"] for r in results[names[0 if suite == SUITE else 3]].values())
         assert own.launches == 1
+        for job in own.jobs.values():  # it can serve another batch, so quitting is its end
+            assert job.usable, job.log_tail() + job.outputs(range(job.size))
     finally:
+        jobs = list(own.jobs.values())
         statuses = own.close()
-    assert statuses == [(2, "mpi", 0)], statuses
+    assert statuses == [(2, "mpi", 0)], (statuses, [job.last_words for job in jobs])
 
 
 def test_failing_case_shows_its_output(monkeypatch, launch_mode):

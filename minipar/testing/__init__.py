@@ -6,7 +6,8 @@ initialised) and raise to fail. `harness.run_suite` runs a suite's cases once pe
 transport) and caches every rank's results; each pytest test then checks one case.
 
 Starting ranks costs seconds (each imports torch), so the cases run on a warm pool: one job per
-world size and transport (and launch environment) serves every suite of the pytest session.
+world size and transport (and launch environment) serves every suite of the pytest session,
+and its ranks are forked from a process that imported torch once (zygote.py).
 
     harness.py    the pytest API: params, run_suite, check
     pool.py       the pytest side of the pool: jobs started on first use, cases sent in batches,
@@ -19,4 +20,6 @@ world size and transport (and launch environment) serves every suite of the pyte
     wire.py       the messages between pytest and the ranks
     worker.py     one launch per suite instead (MINIPAR_TEST_POOL=0)
     spawn.py      N gloo ranks from one process (--backend torch), the rendezvous port held
+    zygote.py     the fork server: each rank mpiexec starts is forked, warm, from one process
+                  that has imported torch (the stand-in mpiexec starts passes it everything)
 """

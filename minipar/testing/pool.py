@@ -45,7 +45,7 @@ import time
 
 from minipar import launcher
 from minipar.launcher import stop
-from minipar.testing import case, wire
+from minipar.testing import case, wire, zygote
 
 CASE_TIMEOUT = "10"  # seconds any single wait may take inside a test job (MINIPAR_TIMEOUT)
 CASE_LIMIT = 300.0  # seconds a case may run before it counts as hung (minipar's waits time
@@ -71,6 +71,8 @@ LAUNCH_ENV = (
     "MINIPAR_SMOKE",
     "MINIPAR_TRAIN_RANK",
     "MINIPAR_TRACE_DIR",
+    zygote.ZYGOTE_ENV,
+    "OMP_NUM_THREADS",  # torch's threads, fixed when a rank starts
 )
 # read on every call, or set again for every batch (testing/isolation.py): safe per batch
 PER_BATCH_ENV = (
@@ -86,8 +88,10 @@ class Pool:
     def __init__(self):
         self.jobs: dict = {}  # key -> Job, least recently used first
         self.failed: dict = {}  # key -> the last job that did not start, and how many did not
-        self.sessions: list[int] = []  # every job's process group (its session), in order
+        self.sessions: list[int] = []  # every job's process group (its session), in order;
+        # the fork server's too (zygote.py): everything the pool started, to check none outlives it
         self.ranks: list[int] = []  # every rank's process id
+        self.zygote: zygote.Server | None = None  # forks the ranks, torch loaded (zygote.py)
 
     def run(self, suite, size, backend, names, timeout, case_limit, settings):
         """Run the cases `names` of `suite`; ({name: {rank: result}}, {name: why some ranks
@@ -132,7 +136,7 @@ class Pool:
         if job is None:
             while self.jobs and sum(j.size for j in self.jobs.values()) + size > WARM_RANKS:
                 self._close(self._to_close())
-            job = Job(size, backend)
+            job = Job(size, backend, self._fork_server())
             self.sessions.append(job.proc.pid)
             self.ranks.extend(job.pids.values())
             if job.error is not None:
@@ -142,6 +146,16 @@ class Pool:
         self.jobs[key] = job  # most recently used last
         return job
 
+    def _fork_server(self):
+        """The fork server that starts this session's ranks warm (started on first use), or
+        None: MINIPAR_TEST_ZYGOTE=0, or it could not start (the ranks then start cold)."""
+        if not zygote.enabled():
+            return None
+        if self.zygote is None:
+            self.zygote = zygote.Server(launch_environ())
+            self.sessions.append(self.zygote.proc.pid)
+        return self.zygote if self.zygote.ready(START_LIMIT) else None
+
     def _to_close(self) -> Job:
         """The largest job, the least recently used of those: the small world sizes serve most
         suites, the large ones few (and hold the most memory)."""
@@ -150,7 +164,8 @@ class Pool:
 
     @property
     def launches(self) -> int:
-        return len(self.sessions)
+        """Jobs started (the fork server is not one)."""
+        return len(self.sessions) - (self.zygote is not None)
 
     def _close(self, job) -> None:
         for key, other in list(self.jobs.items()):
@@ -168,19 +183,22 @@ class Pool:
             job.ask_to_quit()
         for job in jobs:
             job.close()
+        if self.zygote is not None:
+            self.zygote.close()
         return [(job.size, job.backend, job.proc.returncode) for job in jobs]
 
 
 class Job:
     """One warm job of `size` ranks; `error` says why it did not start, if it did not."""
 
-    def __init__(self, size: int, backend: str):
-        self.size, self.backend = size, backend
+    def __init__(self, size: int, backend: str, fork_server=None):
+        self.size, self.backend, self.fork_server = size, backend, fork_server
         self.folder = tempfile.mkdtemp(prefix="minipar-pool-")
         self.log = open(os.path.join(self.folder, "job.log"), "w+")
         self.conns: dict[int, wire.Connection] = {}
         self.pids: dict[int, int] = {}
         self.usable, self.error, self.returncode = True, None, None
+        self.last_words = ""  # why the job did not end well, once closed (close())
         self.env = launch_environ()
         self.selector = selectors.DefaultSelector()
         self._inbox: dict[int, list] = {r: [] for r in range(size)}
@@ -194,6 +212,8 @@ class Job:
         address = f"127.0.0.1:{listener.getsockname()[1]}"
         argv = ["-m", "minipar.testing.server", address, self.folder,
                 "--backend", self.backend, "--size", str(self.size)]  # fmt: skip
+        if self.fork_server is not None:
+            argv = self.fork_server.wrap(argv)
         if self.backend == "mpi":
             cmd, env = launcher.command(self.size, argv)
         else:
@@ -427,14 +447,23 @@ class Job:
         stop.stop(self.proc, ranks=self.pids.values())
 
     def close(self, grace: float = 10.0) -> None:
-        """Ask the ranks to leave, wait a little, then kill what is left; remove the folder."""
+        """Ask the ranks to leave, wait a little, then kill what is left; remove the folder.
+        A job that did not end well keeps the end of its log and the ranks' output (with
+        their stacks, if they did not leave in time) in `last_words`."""
+        late = False
         if self.proc.poll() is None and self.usable:
             self.ask_to_quit()
             try:
                 self.proc.wait(grace)
             except subprocess.TimeoutExpired:
-                pass
+                late = True
+                self.dump_stacks(range(self.size))
         self.kill()
+        if self.proc.returncode != 0:
+            self.last_words = (
+                f"{'still running after' if late else 'ended within'} {grace:g} "
+                f"s of quit\n{self.log_tail()}{self.outputs(range(self.size))}"
+            )
         for conn in self.conns.values():
             conn.close()
         self.selector.close()

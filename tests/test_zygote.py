@@ -1,0 +1,174 @@
+"""The pool's fork server (minipar.testing.zygote): the warm jobs' ranks are forked from one
+process that has torch loaded, and each rank still looks like a rank that mpiexec started
+itself, to its case, to mpiexec, and to the pool. The stand-in that mpiexec starts ends as its
+rank ends, passes it the launcher's signals and descriptors, and takes it along when it dies."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from conftest import ranks_suite
+
+from minipar import launcher
+from minipar.testing import harness, zygote
+
+SUITE = ranks_suite("harness_zygote.py")
+SCRIPT = textwrap.dedent("""
+    import os, signal, sys, time
+    print(f"rank process {os.getpid()} says {sys.argv[1:]}", flush=True)
+    rank = int(os.environ.get("PMI_RANK", "0"))
+    # without mpiexec, the client's stdin reaches the rank (hydra gives other ranks a pipe
+    # that never ends)
+    line = "" if "PMI_RANK" in os.environ else sys.stdin.readline()
+    how = os.environ.get("HOW", "exit0")
+    if how == "sleep":
+        time.sleep(60)
+    if how.startswith("exit") and rank == int(os.environ.get("WHO", "0")):
+        sys.exit(int(how[4:]))
+    if how == "raise" and rank == 0:
+        raise RuntimeError("planted: " + line.strip())
+    if how == "sigterm" and rank == 0:
+        os.kill(os.getpid(), signal.SIGTERM)
+""")
+
+
+def ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def said(result, rank: int) -> dict:
+    words = result.ranks[rank]["rank_is_itself"]["output"].split()
+    return {words[i]: int(words[i + 1]) for i in range(0, len(words) - 1, 2)}
+
+
+@pytest.fixture(scope="module")
+def server():
+    """One fork server for this file's tests; closing it must end the ranks it still has
+    (`left`: a test's ranks still sleeping) and leave nothing behind."""
+    started = zygote.Server(dict(os.environ))
+    started.left = []
+    assert started.ready(120), started.error
+    yield started
+    started.close()
+    assert started.proc.returncode is not None and not os.path.exists(started.folder)
+    for client, rank in started.left:
+        assert gone(rank), f"rank {rank} outlived the server"
+        client.wait(10)  # its client ends when the server does
+
+
+@pytest.fixture(scope="module")
+def script(tmp_path_factory):
+    path = tmp_path_factory.mktemp("zygote") / "rank.py"
+    path.write_text(SCRIPT)
+    return str(path)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs Linux /proc")
+def test_pool_ranks_are_forked_by_the_server():
+    result = harness.run_suite.__wrapped__(SUITE, 2, "mpi")
+    result.check("rank_is_itself")
+    result.check("torch_as_launched")
+    the_pool = harness.pool()
+    for rank in (0, 1):
+        seen = said(result, rank)
+        assert seen["rank"] == rank and seen["size"] == 2, seen
+        assert seen["ppid"] == the_pool.zygote.proc.pid, (seen, the_pool.zygote.proc.pid)
+        assert seen["pid"] in the_pool.ranks  # the pool kills and asks the rank itself
+
+
+def test_a_rank_has_the_threads_its_job_asked_for(monkeypatch):
+    """The server imported torch with one thread; a job launched with two gets two (torch
+    fixes its count at import, so OMP_NUM_THREADS is a launch variable: a job of its own)."""
+    harness.run_suite(SUITE, 2, "mpi").check("torch_as_launched")  # the server, started
+    assert harness.pool().zygote is not None  # with the session's one thread
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    harness.run_suite.__wrapped__(SUITE, 2, "mpi").check("torch_as_launched")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs Linux /proc")
+def test_without_the_server_ranks_start_cold(monkeypatch):
+    monkeypatch.setenv(zygote.ZYGOTE_ENV, "0")
+    result = harness.run_suite.__wrapped__(SUITE, 2, "mpi")
+    result.check("rank_is_itself")
+    server = harness.pool().zygote
+    for rank in (0, 1):
+        seen = said(result, rank)
+        assert server is None or seen["ppid"] != server.proc.pid, seen
+
+
+@pytest.mark.parametrize(
+    "how,rc", [("exit0", 0), ("exit3", 3), ("raise", 1), ("sigterm", -signal.SIGTERM)]
+)
+def test_client_ends_as_its_rank_ends(server, script, how, rc):
+    """Without mpiexec: the client's argv, environment and standard streams reach the rank,
+    and the client exits with the rank's status, or dies of the rank's signal."""
+    done = subprocess.run(
+        [sys.executable, *server.wrap([script, "a", "b"])], input="hello\n", text=True,
+        capture_output=True, env=dict(os.environ, HOW=how), timeout=60,
+    )  # fmt: skip
+    assert done.returncode == rc, (done.returncode, done.stdout, done.stderr)
+    assert "says ['a', 'b']" in done.stdout, done.stdout
+    assert "starting cold" not in done.stderr, done.stderr
+    if how == "raise":
+        assert "RuntimeError: planted: hello" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("who", [0, 1])
+def test_mpiexec_sees_the_status_it_would_see(server, script, who):
+    """Under mpiexec, a job whose rank `who` exits 3 ends with the same status as the same job
+    started cold; a job that ends well ends 0 (hydra kills a rank whose output has closed
+    before its process ends: the client keeps the descriptors until it exits)."""
+    env = dict(os.environ, HOW="exit3", WHO=str(who))
+    statuses = []
+    for argv in ([script], server.wrap([script])):
+        cmd, job_env = launcher.command(2, argv)
+        job_env.update(env)
+        statuses.append(run(cmd, job_env))
+    cold, warm = statuses
+    assert warm.returncode == cold.returncode != 0, (cold, warm)
+    cmd, job_env = launcher.command(2, server.wrap([script]))
+    done = run(cmd, job_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("says") == 2, done.stdout
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs Linux /proc")
+def test_a_dead_client_takes_its_rank_along(server, script):
+    """SIGKILL reaches the client, not the rank (another process): the server kills the rank;
+    and closing the server ends every rank it still has (the fixture's end checks it)."""
+    ranks = []
+    for _ in range(2):
+        client = subprocess.Popen(
+            [sys.executable, *server.wrap([script])], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True, env=dict(os.environ, HOW="sleep"),
+        )  # fmt: skip
+        ranks.append((client, int(client.stdout.readline().split()[2])))
+    client, rank = ranks[0]
+    assert ppid(rank) == server.proc.pid
+    client.kill()
+    client.wait()
+    assert gone(rank), f"rank {rank} outlived its client"
+    server.left.append(ranks[1])
+
+
+def run(cmd, env):
+    return subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+
+
+def gone(pid: int, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in "ZX":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
