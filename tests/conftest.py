@@ -2,9 +2,11 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 
+import lanes
 import pytest
 
 from minipar.launcher import stop
@@ -60,6 +62,11 @@ def ranks_suite(name: str) -> str:
 
 def pytest_configure(config):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # The suite starts some 300 Python processes (ranks, launchers, CLIs); with bytecode caching
+    # off each one compiles minipar from source again (~0.2 s of a core): they may cache it,
+    # in the __pycache__ folders Python keeps beside the sources (git ignores them)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False  # and so may pytest's rewritten test modules
     config.addinivalue_line("markers", "slow: long-running (extended runs only)")
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped, with why, without)")
     config.addinivalue_line(
@@ -100,6 +107,21 @@ def pytest_addoption(parser):
         default="solutions",
         help="the exercise tests run against 'solutions' (default), 'exercises', or a folder",
     )
+    parser.addoption(
+        "--lanes",
+        default="on",
+        choices=["on", "off"],
+        help="with xdist's workers (-n 2): the waiting files on one worker, the rest on the "
+        "other (tests/lanes.py); off: xdist's own scheduling",
+    )
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's workers take the suite in two lanes (tests/lanes.py)."""
+    if config.getoption("lanes") == "on":
+        return lanes.scheduler(config, log)
+    return None
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,54 @@
+"""Two lanes for pytest-xdist's two workers (pyproject's addopts: -n 2): the suite's files that
+mostly wait run on one worker, every other file on the other, each lane in collection order.
+
+On two cores, two multi-rank jobs at once cost more than one after the other (16 oversubscribed
+ranks pass each message far slower than 8: the 8-rank GPT meshes took 277 s beside another
+job, 55 s alone), so the busy files keep one worker to themselves. But about a third of a
+serial run's core-seconds are idle: cases that wait out a timeout or a hung rank on purpose,
+small jobs that sleep between messages. The WAITING files (measured: both cores at most ~2/3
+busy while they run) fill those gaps beside the busy lane instead of after it.
+
+Each worker has its own warm pool of jobs (minipar.testing.pool), started from its own fork
+server, so the lanes share no job. `pytest -n 0` runs everything in one process, in order;
+`--lanes=off` gives xdist's own load scheduling back.
+"""
+
+from __future__ import annotations
+
+import os
+
+WAITING = {  # file -> why it waits
+    "test_reliability.py": "timeouts and mismatches found by waiting (0.25-1.2 s each)",
+    "test_harness.py": "the pool's self-tests: hung cases, killed jobs, their limits",
+    "test_pipeline.py": "bubbles measured against the clock, small jobs",
+    "test_cli.py": "timeouts of hung jobs, launcher start-ups",
+    "test_grading.py": "planted mistakes that time out",
+    "test_grade.py": "the grader's own pytest and pool",
+    "test_soak.py": "mismatches asked after 0.3 s",
+    "test_layers.py": "fresh interpreters importing one layer each",
+    "test_shm.py": "window waits on 2-4 ranks",
+    "test_mpisetup.py": "doctor's and init's refusals",
+    "test_units.py": "",
+    "test_cost.py": "",
+    "test_models.py": "",
+    "test_recompute.py": "",
+    "test_cuda.py": "skipped without a GPU",
+}
+BUSY, WAITS = "busy", "waiting"
+
+
+def lane(nodeid: str) -> str:
+    """The lane of a test, from its file's name."""
+    return WAITS if os.path.basename(nodeid.split("::", 1)[0]) in WAITING else BUSY
+
+
+def scheduler(config, log):
+    """xdist's scheduling by scope, the scope being the lane: each worker gets one lane whole
+    (a third worker would get nothing and stop)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LaneScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return lane(nodeid)
+
+    return LaneScheduling(config, log)
