@@ -42,6 +42,11 @@ HISTORY_MULTIPLIER = 2531
 # (the launcher sets MINIPAR_OVERSUBSCRIBED=1) spinning only steals the core from the peer we
 # wait for, so yield at once
 SPIN_SECONDS = 0.0 if os.environ.get("MINIPAR_OVERSUBSCRIBED") == "1" else 2e-3
+# when ranks share cores, a wait past its first millisecond naps a tenth of the time it has
+# waited so far (at most 1 ms): each wake-up takes the core from a rank with work to do (on 2
+# cores, 8 ranks' wake-ups were a quarter of a GPT step's time), and a message is taken at
+# most about 10% later than it came
+BACKOFF_AFTER, BACKOFF = 1e-3, 0.1
 # a collective on the progress thread (collectives/work.py) runs beside its caller's own work
 # (DDP's backward, on the same cores): spinning there takes the core from that work, so its
 # waits sleep at once, this long at least (the kernel wakes it some tens of us later)
@@ -55,6 +60,14 @@ def patience() -> tuple[float, float]:
     if progress is not None and threading.current_thread() is progress.thread:
         return 0.0, BACKGROUND_NAP
     return SPIN_SECONDS, 0.0
+
+
+def pause(elapsed: float, nap: float) -> float:
+    """Seconds to nap before the next poll of a wait that has lasted `elapsed` seconds, past
+    its spin (`nap`: patience()'s shortest; 0 is a yield of the core)."""
+    if SPIN_SECONDS == 0.0:  # oversubscribed: back off
+        return max(nap, 0.0 if elapsed < BACKOFF_AFTER else min(BACKOFF * elapsed, 1e-3))
+    return max(nap, 0.0 if elapsed < 0.05 else 1e-4 if elapsed < 0.5 else 1e-3)
 
 
 def env_timeout() -> float:
@@ -221,7 +234,7 @@ def _wait(requests, timeout: float, context) -> None:
                     stall.poll(pending, elapsed)  # may ask the peers, and fail the group
                 elif elapsed > STALL_AFTER:
                     stall = comm._stall(pending) or _NO_STALL
-                time.sleep(max(nap, 0 if elapsed < 0.05 else 1e-4 if elapsed < 0.5 else 1e-3))
+                time.sleep(pause(elapsed, nap))
     finally:
         if stall is not None:
             stall.close()

@@ -39,7 +39,7 @@ import time
 
 import numpy as np
 
-from minipar.comm.base import patience, wait_all
+from minipar.comm.base import patience, pause, wait_all
 from minipar.comm.mpi_requests import module
 from minipar.errors import CommTimeoutError, MismatchError
 
@@ -193,7 +193,7 @@ class SharedNode:
                     f"{WAITS[slot]} (shared-memory round {k}) on group {self.comm.name}"
                 )
             if elapsed > spin:  # yield: the peer, or our caller, may need this very core
-                time.sleep(max(nap, 0 if elapsed < 0.05 else 1e-4))
+                time.sleep(pause(elapsed, nap))
 
     # -- the window ----------------------------------------------------------------------
     def _grow(self, nbytes: int, what) -> None:
