@@ -13,6 +13,7 @@ standard bound for summing p terms in any order: |error| <= (p - 1) * eps * sum(
 more eps for AVG's division), eps being the dtype's unit roundoff.
 """
 
+import functools
 import hashlib
 import os
 
@@ -35,7 +36,13 @@ def world():
 
 # -- inputs and references ---------------------------------------------------------------------
 def values(rank, count, dtype, op, salt=0):
-    """float64 values that are exact in `dtype` when exactness matters."""
+    """float64 values that are exact in `dtype` when exactness matters (a fresh copy: every
+    algorithm's case of a dtype draws the same ones, so they are drawn once a batch)."""
+    return _drawn(rank, count, dtype, op, salt).copy()
+
+
+@functools.cache
+def _drawn(rank, count, dtype, op, salt):
     rng = np.random.default_rng(1000 * rank + 7 * count + salt)
     if dtype == "bool":
         return rng.integers(0, 2, count).astype(np.float64)
