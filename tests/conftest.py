@@ -60,13 +60,25 @@ def ranks_suite(name: str) -> str:
     return os.path.join(ROOT, "tests", "ranks", name)
 
 
+def bytecode_cache(config) -> None:
+    """The suite starts some 300 Python processes (ranks, launchers, CLIs); with bytecode
+    caching off (PYTHONDONTWRITEBYTECODE) each one compiles minipar from source again (~0.2 s of
+    a core). So the session caches bytecode in a folder of its own (PYTHONPYCACHEPREFIX, which
+    xdist's workers and every process they start inherit), removed at the end: nothing is left
+    beside the sources. A PYTHONPYCACHEPREFIX of the caller's is used, and kept."""
+    prefix = os.environ.get("PYTHONPYCACHEPREFIX")
+    if not prefix:
+        prefix = tempfile.mkdtemp(prefix="minipar-pycache-")
+        os.environ["PYTHONPYCACHEPREFIX"] = prefix
+        config.add_cleanup(lambda: shutil.rmtree(prefix, ignore_errors=True))
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.pycache_prefix = prefix  # this process's imports from now on, and pytest's rewritten
+    sys.dont_write_bytecode = False  # test modules
+
+
 def pytest_configure(config):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    # The suite starts some 300 Python processes (ranks, launchers, CLIs); with bytecode caching
-    # off each one compiles minipar from source again (~0.2 s of a core): they may cache it,
-    # in the __pycache__ folders Python keeps beside the sources (git ignores them)
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    sys.dont_write_bytecode = False  # and so may pytest's rewritten test modules
+    bytecode_cache(config)
     config.addinivalue_line("markers", "slow: long-running (extended runs only)")
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped, with why, without)")
     config.addinivalue_line(

@@ -33,6 +33,8 @@ WAITING = {  # file -> why it waits
     "test_models.py": "",
     "test_recompute.py": "",
     "test_cuda.py": "skipped without a GPU",
+    "test_faults.py": "jobs that end by timing out or asking a stalled peer (3 s limits)",
+    "test_strategy_faults.py": "strategies' jobs that time out on a planted fault",
 }
 BUSY, WAITS = "busy", "waiting"
 

@@ -10,6 +10,7 @@ chunk (see comm/staging.py and comm/mpi_staged.py).
 from __future__ import annotations
 
 import itertools
+import os
 import pickle
 import sys
 import time
@@ -170,11 +171,14 @@ class MPICommunicator(Communicator):
 
     def abort(self, code: int = 1) -> None:
         """MPI_Abort kills every rank at once, and mpiexec may drop output it has not forwarded
-        yet: flush, give the forwarder a moment to deliver this rank's last words, then abort."""
+        yet: flush, give the forwarder a moment to deliver this rank's last words, then abort.
+        Never returns: MPICH's MPI_Abort returns once it has told mpiexec, which kills the
+        ranks a moment later; this rank must not run on (and report a result) meanwhile."""
         sys.stdout.flush()
         sys.stderr.flush()
         time.sleep(ABORT_GRACE)
         self.mpi.Abort(code)
+        os._exit(code)
 
 
 def world_tag_ub() -> int:
