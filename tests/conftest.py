@@ -128,6 +128,27 @@ def pytest_addoption(parser):
     )
 
 
+WORKERS = 2  # xdist's workers for the whole suite: one per lane (tests/lanes.py)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """The whole suite (`python -m pytest`, no path named) runs on two xdist workers, in two
+    lanes; a file or test named runs in this process, as do -n 0, --pdb and -p no:xdist (and
+    everything where pytest-xdist is not installed). Before xdist's own hook reads the option."""
+    option = config.option
+    named = getattr(config, "args_source", None) == pytest.Config.ArgsSource.ARGS
+    if (
+        getattr(option, "numprocesses", 0) is None  # xdist is here, and -n not given
+        and not getattr(option, "tx", None)
+        and getattr(option, "dist", "no") == "no"
+        and not hasattr(config, "workerinput")  # (a worker itself)
+        and not option.usepdb
+        and not named
+    ):
+        option.numprocesses = WORKERS
+
+
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """xdist's workers take the suite in two lanes (tests/lanes.py)."""

@@ -1,4 +1,4 @@
-"""Two lanes for pytest-xdist's two workers (pyproject's addopts: -n 2): the suite's files that
+"""Two lanes for pytest-xdist's two workers (conftest's WORKERS, the whole suite): the files that
 mostly wait run on one worker, every other file on the other, each lane in collection order.
 
 On two cores, two multi-rank jobs at once cost more than one after the other (16 oversubscribed

@@ -148,9 +148,7 @@ def run(
     folder = exercises.tree(impl)
     if not folder.is_dir():
         raise FileNotFoundError(f"no folder {folder}")
-    # addopts emptied: the project's -n 2 (xdist's workers) is blocked here
-    args = [str(tests), f"--impl={folder}", "-p", "no:cacheprovider", "-p", "no:xdist",
-            "-o", "addopts=-ra"]  # fmt: skip
+    args = [str(tests), f"--impl={folder}", "-p", "no:cacheprovider", "-p", "no:xdist"]
     if not verbose:  # the report is ours; pytest's own output only with --verbose
         args += ["-o", "addopts=", "-p", "no:terminal"]
     if lesson:  # a lesson number (03), or an exercise's name (ex03_ring_allreduce)
