@@ -71,6 +71,9 @@ def bytecode_cache(config) -> None:
         prefix = tempfile.mkdtemp(prefix="minipar-pycache-")
         os.environ["PYTHONPYCACHEPREFIX"] = prefix
         config.add_cleanup(lambda: shutil.rmtree(prefix, ignore_errors=True))
+        # and torch._dynamo's compile cache, which it makes when imported (an optimizer's
+        # first step imports it): there too, not in $TMPDIR/torchinductor_$USER
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(prefix, "torchinductor"))
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.pycache_prefix = prefix  # this process's imports from now on, and pytest's rewritten
     sys.dont_write_bytecode = False  # test modules

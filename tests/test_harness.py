@@ -205,7 +205,7 @@ def test_a_job_that_served_failures_ends_cleanly(monkeypatch):
     finally:
         jobs = list(own.jobs.values())
         statuses = own.close()
-    assert statuses == [(2, "mpi", 0)], (statuses, [job.last_words for job in jobs])
+    assert statuses == [(2, "mpi", 0)], f"{statuses}\n" + "\n".join(j.last_words for j in jobs)
 
 
 def test_failing_case_shows_its_output(monkeypatch, launch_mode):

@@ -40,6 +40,7 @@ from minipar import cost, launcher, runtime
 
 SMALL, LARGE_PER_STEP = 8, 32 << 10  # bytes: a whole small call; a large call's bytes per step
 SLEEP = 0.5  # seconds (at least) the other ranks sleep while rank 0 computes alone
+TRIES = 3  # measurements of the share, each with a longer sleep, before giving up
 
 
 def _block_seconds(x, group, calls: int, blocks: int, work=None) -> list[float]:
@@ -143,11 +144,24 @@ def compute_share(group=None, work=None, blocks: int = 3, repeat: int = 4) -> fl
     asleep, not polling; the fastest try) over their time when every rank runs them (the
     slowest rank, the median try). cores / ranks on an idle machine; less when other processes
     share the cores, or when the ranks' working sets crowd each other out of the caches."""
+    work, rank = work or matmul_work(), minipar.get_rank(group)
+    nap = _nap(group, work, rank, repeat)
+    for _ in range(TRIES):
+        alone, together = _alone_and_together(group, work, rank, repeat, blocks, nap)
+        if min(alone) < nap:
+            return min(1.0, min(alone) / statistics.median(together))
+        # the machine got slower since _nap timed the work: rank 0 was not alone for all of
+        # it. Sleep longer and measure again (every rank has the same numbers: the same choice)
+        nap = 3 * min(alone)
+    raise RuntimeError(f"the work took {min(alone):.2f} s alone: too slow to measure")
+
+
+def _alone_and_together(group, work, rank: int, repeat: int, blocks: int, nap: float):
+    """`blocks` tries of `repeat` blocks of work: on rank 0 alone (the others sleep `nap`),
+    then on every rank; each try's time on the slowest rank."""
     import numpy as np
 
-    work, rank = work or matmul_work(), minipar.get_rank(group)
     worst, alone, together = np.zeros(1), [], []
-    nap = _nap(group, work, rank, repeat)
     for _ in range(blocks):
         for every in (False, True):
             minipar.barrier(group=group)
@@ -160,9 +174,7 @@ def compute_share(group=None, work=None, blocks: int = 3, repeat: int = 4) -> fl
             worst[0] = time.perf_counter() - start if every or rank == 0 else 0.0
             minipar.all_reduce(worst, op=minipar.ReduceOp.MAX, group=group)
             (together if every else alone).append(float(worst[0]))
-    if min(alone) >= nap:
-        raise RuntimeError(f"the work took {min(alone):.2f} s alone: too slow to measure")
-    return min(1.0, min(alone) / statistics.median(together))
+    return alone, together
 
 
 def _nap(group, work, rank: int, repeat: int) -> float:

@@ -132,12 +132,13 @@ def serve(folder: str) -> None:
                 if not os.read(sys.stdin.fileno(), 4096):
                     _kill_all(ranks)
                     return
-            else:  # a client's connection: readable only when it closed (the client died)
-                pid = key.data
+            elif ranks.get(key.data) is key.fileobj:  # a client's connection: readable
+                pid = key.data  # only when it closed (the client died)
                 selector.unregister(key.fileobj)
                 key.fileobj.close()
-                ranks.pop(pid, None)
+                del ranks[pid]
                 _signal(pid, signal.SIGKILL)
+            # (else: a connection _reap closed earlier in this round, its rank already ended)
 
 
 # What the ranks import, heaviest first: torch (~2 s of a core) and torch._dynamo, which

@@ -13,6 +13,7 @@ sides name a group by the first mesh kind with its ranks.
 """
 
 import dataclasses
+import time
 from collections import Counter
 
 import minipar
@@ -100,6 +101,24 @@ def step_latency_measures():
     assert all(s == seen[0] for s in seen), seen
 
 
+def compute_share_outlasts_a_slowdown():
+    """The machine slows down after compute_share timed its work (the first block fast, every
+    later one 0.15 s): rank 0's blocks outlast the others' sleep, so it measures again with a
+    longer sleep instead of failing or returning a share taken while not alone."""
+    from minipar.bench import step_latency
+
+    calls = []
+
+    def work():
+        calls.append(1)
+        time.sleep(0.15 if len(calls) > 1 else 0.0)
+
+    share = step_latency.compute_share(work=work, blocks=1)
+    assert 0.5 < share <= 1, share  # sleeping ranks share no core: about 1
+    if minipar.get_rank() == 0:  # the timing, the first try (4 blocks), then the second
+        assert len(calls) == 1 + 4 + 4 + 4 + 4, len(calls)
+
+
 def cases(size):
     if size != 4:
         return {}
@@ -114,4 +133,5 @@ def cases(size):
         "dp4_ep2_moe": lambda: check(4, 1, 1, 1, ep=2, experts=4),
         "dp2_cp2_ep2_moe": lambda: check(2, 1, 1, 1, cp=2, ep=2, experts=4),
         "step_latency": step_latency_measures,
+        "compute_share_outlasts_a_slowdown": compute_share_outlasts_a_slowdown,
     }
