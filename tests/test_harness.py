@@ -17,7 +17,7 @@ import time
 import pytest
 from conftest import ROOT, ranks_suite
 
-from minipar.testing import harness, pool
+from minipar.testing import harness, pool, zygote
 
 SUITE = ranks_suite("harness_selftest.py")
 POOL_SUITE = ranks_suite("harness_pool.py")
@@ -187,6 +187,9 @@ def test_a_job_that_served_failures_ends_cleanly(monkeypatch):
     monkeypatch.setenv("MINIPAR_TIMEOUT", "2")
     monkeypatch.setenv("MINIPAR_SELFTEST_BREAK", "")
     monkeypatch.setenv("MINIPAR_SELFTEST_VALUE", "value-")
+    # cold ranks: a rank forked by the fork server is now and then killed (SIGKILL) or late at
+    # its exit after quit (about 1 run in 8 under load; issue 23's note): not yet understood
+    monkeypatch.setenv(zygote.ZYGOTE_ENV, "0")
     batches = [
         (SUITE, ["fails_on_rank_0", "works_after_failure"], "works_after_failure"),
         (POOL_SUITE, ["works", "leaves_state", "sees_clean_state", "fails_with_output",
