@@ -85,6 +85,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running (extended runs only)")
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped, with why, without)")
     config.addinivalue_line(
+        "markers", "cold: an own_job test whose ranks must start cold (not forked warm)"
+    )
+    config.addinivalue_line(
         "markers",
         "own_job: launches its own job (fault injection, the launcher, the CLI, init itself, "
         "torchrun) instead of running on the harness's warm pool",
@@ -98,6 +101,23 @@ def pytest_runtest_setup(item):
     if path and item.get_closest_marker("own_job") is not None:
         with open(path, "a") as f:
             f.write(f"own {item.nodeid}\n")
+
+
+@pytest.fixture(autouse=True)
+def warm_own_jobs(request, monkeypatch):
+    """A test that launches its own job through minipar's launcher has its ranks forked from
+    the session's fork server (MINIPAR_FORK_SERVER, minipar.testing.zygote), torch already
+    imported, instead of each importing it (~2 s of a core per rank). Not with the marker
+    `cold` (a test of how ranks start), nor with MINIPAR_TEST_ZYGOTE=0."""
+    node = request.node
+    if node.get_closest_marker("own_job") is None or node.get_closest_marker("cold") is not None:
+        return
+    from minipar.launcher.mpiexec import FORK_SERVER_ENV
+    from minipar.testing import harness
+
+    server = harness.pool().fork_server()
+    if server is not None:
+        monkeypatch.setenv(FORK_SERVER_ENV, server.address)
 
 
 SESSION_BEGAN = time.time()

@@ -35,6 +35,8 @@ WAITING = {  # file -> why it waits
     "test_cuda.py": "skipped without a GPU",
     "test_faults.py": "jobs that end by timing out or asking a stalled peer (3 s limits)",
     "test_strategy_faults.py": "strategies' jobs that time out on a planted fault",
+    "test_torchrun.py": "torchrun's rendezvous and start-up",
+    "test_launcher.py": "launcher start-ups, jobs that fail on purpose",
 }
 BUSY, WAITS = "busy", "waiting"
 

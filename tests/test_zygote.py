@@ -118,6 +118,42 @@ def test_client_ends_as_its_rank_ends(server, script, how, rc):
         assert "RuntimeError: planted: hello" in done.stderr, done.stderr
 
 
+MINIPAR_RANK = textwrap.dedent("""
+    import sys, tempfile, time
+    import helper  # beside the script: sys.path[0] is the script's folder, as for `python rank.py`
+    import minipar, numpy as np
+    comm = minipar.init()
+    x = np.ones(3)
+    minipar.all_reduce(x)
+    minipar.finalize()
+    if comm.rank:  # rank 0 ends first: hydra must see it end as a rank that finished
+        time.sleep(0.5)
+    print(f"rank {comm.rank} ended with {x[0]:g} in {tempfile.gettempdir()} via {helper.NAME}")
+""")
+
+
+def test_launcher_forks_minipar_ranks_that_end_apart(server, tmp_path, monkeypatch):
+    """minipar's launcher with MINIPAR_FORK_SERVER (how the suite's own-job tests start their
+    ranks warm): a script's folder on sys.path, the job's TMPDIR, and a job whose ranks finish
+    at different times ending 0. A forked rank must tell the launcher it finished (MPICH's PMI
+    finalize, in the C library's exit handlers): otherwise hydra, seeing rank 0's connection
+    close, kills the ranks still running and the job ends with signal 9."""
+    folder = tmp_path / "program"
+    folder.mkdir()
+    (folder / "rank.py").write_text(MINIPAR_RANK)
+    (folder / "helper.py").write_text("NAME = 'the helper'\n")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setenv(launcher.mpiexec.FORK_SERVER_ENV, server.address)
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    for _ in range(3):
+        done = launcher.run(3, [str(folder / "rank.py")], timeout=120, capture=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+        for rank in range(3):
+            assert f"rank {rank} ended with 3 in {scratch} via the helper" in done.stdout
+        assert "starting cold" not in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("who", [0, 1])
 def test_mpiexec_sees_the_status_it_would_see(server, script, who):
     """Under mpiexec, a job whose rank `who` exits 3 ends with the same status as the same job

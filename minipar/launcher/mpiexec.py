@@ -74,9 +74,12 @@ def is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
-def command(n: int, argv: list[str], python: bool = True, relay=None) -> tuple[list[str], dict]:
+def command(
+    n: int, argv: list[str], python: bool = True, relay=None, warm: bool = True
+) -> tuple[list[str], dict]:
     """(the mpiexec command line, its environment) for n ranks running argv (python arguments,
-    or a whole program when python is False); with a relay, each rank's output goes through it."""
+    or a whole program when python is False); with a relay, each rank's output goes through it;
+    warm=False: never through MINIPAR_FORK_SERVER's fork server (see warm_start)."""
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"the number of ranks must be a positive integer, got {n!r}")
     env = dict(os.environ)
@@ -91,11 +94,28 @@ def command(n: int, argv: list[str], python: bool = True, relay=None) -> tuple[l
         env["MINIPAR_OVERSUBSCRIBED"] = "1"
         if openmpi:
             cmd.append("--oversubscribe")
-    program = [sys.executable, *argv] if python else list(argv)
+    program = (
+        [sys.executable, *(warm_start(env, argv) if warm else []), *argv] if python else list(argv)
+    )
     if relay is not None:
         program = relay.wrap(program)
         relay.environ(env)
     return cmd + program, env
+
+
+FORK_SERVER_ENV = "MINIPAR_FORK_SERVER"
+FORK_CLIENT = ["-m", "minipar.testing.zygote"]
+
+
+def warm_start(env: dict, argv: list[str]) -> list[str]:
+    """The python arguments that put a rank in front of argv: none, or with
+    MINIPAR_FORK_SERVER=SOCKET (the test suite's fork server, minipar.testing.zygote) a small
+    stand-in that has each rank forked from a process that imported torch once (~2 s of a core
+    saved per rank); the rank then runs argv as it would have."""
+    address = env.get(FORK_SERVER_ENV)
+    if not address or argv[:2] == FORK_CLIENT:  # (already wrapped)
+        return []
+    return [*FORK_CLIENT, address]
 
 
 def run(n: int, argv: list[str], timeout: float | None = None, capture: bool = False):

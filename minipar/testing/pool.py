@@ -81,6 +81,7 @@ PER_BATCH_ENV = (
     "MINIPAR_TRANSPORT",
     "MINIPAR_FAST_PATHS",
     "MINIPAR_MISMATCH_AFTER",
+    "MINIPAR_FORK_SERVER",  # read by the launcher in this process only, never by a rank
 )
 
 
@@ -136,7 +137,7 @@ class Pool:
         if job is None:
             while self.jobs and sum(j.size for j in self.jobs.values()) + size > WARM_RANKS:
                 self._close(self._to_close())
-            job = Job(size, backend, self._fork_server())
+            job = Job(size, backend, self.fork_server())
             self.sessions.append(job.proc.pid)
             self.ranks.extend(job.pids.values())
             if job.error is not None:
@@ -146,7 +147,7 @@ class Pool:
         self.jobs[key] = job  # most recently used last
         return job
 
-    def _fork_server(self):
+    def fork_server(self):
         """The fork server that starts this session's ranks warm (started on first use), or
         None: MINIPAR_TEST_ZYGOTE=0, or it could not start (the ranks then start cold)."""
         if not zygote.enabled():
@@ -215,7 +216,7 @@ class Job:
         if self.fork_server is not None:
             argv = self.fork_server.wrap(argv)
         if self.backend == "mpi":
-            cmd, env = launcher.command(self.size, argv)
+            cmd, env = launcher.command(self.size, argv, warm=False)  # (its own server)
         else:
             cmd, env = [sys.executable, *argv], dict(os.environ, PYTHONUNBUFFERED="1")
             env.setdefault("OMP_NUM_THREADS", "1")

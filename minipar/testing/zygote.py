@@ -30,6 +30,7 @@ test sets; minipar is not imported here, so every MINIPAR_* variable is read fre
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import selectors
@@ -237,7 +238,8 @@ def _become(request: dict, fds: list[int], conn, keep) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         _threads()
-        sys.path[:] = request["path"]
+        _fresh_temp()
+        sys.path[:] = _path(request["path"], request["argv"])
         sys.argv = list(request["argv"])
         code = _run(request["argv"])
     except SystemExit as end:
@@ -256,6 +258,19 @@ def _threads() -> None:
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if torch is not None and threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
+
+
+def _fresh_temp() -> None:
+    """tempfile remembers the folder it found first (in the server): the rank's TMPDIR counts."""
+    tempfile.tempdir = None
+
+
+def _path(path: list[str], argv: list[str]) -> list[str]:
+    """sys.path as the interpreter would make it for argv: the client's (its first entry the
+    working directory, as for -m), or for a script its folder first."""
+    if argv[0] == "-m" or not path:
+        return list(path)
+    return [os.path.dirname(os.path.abspath(argv[0])), *path[1:]]
 
 
 def _die_with_client(fd: int) -> None:
@@ -337,19 +352,60 @@ def _exit_code(code) -> int:
 
 
 def _leave(code: int) -> None:
-    """End as the interpreter would: atexit handlers (mpi4py finalizes MPI there), streams
-    flushed; then exit without the server's interpreter teardown."""
+    """End as the interpreter would: atexit handlers, streams flushed, MPI finalized; then exit
+    without the server's interpreter teardown."""
     import atexit
 
     try:
         atexit._run_exitfuncs()
+        _finalize_mpi()
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except Exception:  # noqa: BLE001
                 pass
+        _exit_c(code)
+
+
+def _exit_c(code: int) -> None:
+    """exit(3), not _exit(2): the C library's exit handlers and the shared libraries'
+    destructors run, as when an interpreter ends. MPICH tells its launcher the rank is done
+    there (PMI's finalize, after MPI_Finalize); a rank that skips it is, to hydra, a rank that
+    died, and hydra kills every rank still running."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).exit(code)
+    finally:
         os._exit(code)
+
+
+def _finalize_mpi() -> None:
+    """What mpi4py does as the interpreter ends (Py_AtExit, which os._exit skips): MPI_Finalize
+    if MPI is up. Without it the rank leaves without telling the launcher (PMI's finalize), and
+    hydra, seeing its connection close, kills every rank still running: a job that ended well
+    fails with signal 9, the more often the later the other ranks exit."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    try:
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            _free_requests(mpi)
+            mpi.Finalize()
+    except Exception:  # noqa: BLE001  (mpi4py ignores its failure there too)
+        pass
+
+
+def _free_requests(mpi) -> None:
+    """What the interpreter's teardown does before mpi4py finalizes: every request object
+    still alive (a program may keep the ones it gave up on, with their buffers: minipar's
+    process.abandoned) is deallocated, and mpi4py frees its MPI request. Left alive, they hold
+    COMM_WORLD, and MPICH's MPI_Finalize fails ("pending references"), skipping PMI's finalize."""
+    for obj in gc.get_objects():
+        if isinstance(obj, mpi.Request) and obj:  # (not MPI_REQUEST_NULL)
+            try:
+                obj.Free()
+            except Exception:  # noqa: BLE001
+                pass
 
 
 def _die_with_parent() -> None:
@@ -388,7 +444,10 @@ def _receive_request(sock) -> tuple[dict, list[int]]:
 
 # -- the client: what mpiexec starts --------------------------------------------------------------
 def client(address: str, argv: list[str]) -> None:
-    """Have the server fork this rank; wait for it and end as it ended. No server: run cold."""
+    """Have the server fork this rank; wait for it and end as it ended. No server, or
+    interpreter options the fork cannot honour (-c, -u, -X ...): run cold."""
+    if not argv or (argv[0].startswith("-") and argv[0] != "-m"):
+        _cold(argv)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(address)
@@ -402,7 +461,7 @@ def client(address: str, argv: list[str]) -> None:
         print(f"minipar.testing.zygote: no fork server at {address} ({error}); starting cold",
               file=sys.stderr, flush=True)  # fmt: skip
         sock.close()
-        sys.exit(_run(argv))
+        _cold(argv)
     for signum in FORWARDED:  # mpiexec's signals are for the rank
         signal.signal(signum, lambda signum, _frame: _signal(pid, signum))
     # the descriptors stay open here too, so that the launcher sees them close (output, PMI)
@@ -412,6 +471,13 @@ def client(address: str, argv: list[str]) -> None:
     if not line:  # the server died: the kernel killed the rank (PR_SET_PDEATHSIG)
         os._exit(1)
     _end_as(json.loads(line)["status"])
+
+
+def _cold(argv: list[str]) -> None:
+    """Become the interpreter running argv, as if the stand-in had never been."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, *argv])
 
 
 def _end_as(status: int) -> None:
