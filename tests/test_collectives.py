@@ -2,7 +2,7 @@
 
 - collectives.py on MPI, 1-8 ranks: against numpy, identical on every rank, the trace ledger
   against minipar.cost's formulas, sub-groups, collectives in flight, async progress, memory
-  (every dtype up to 4 ranks, a spread of them above);
+  (every dtype on 1, 2 and 4 ranks, a spread of them on 3 and above 4);
 - collectives_refs.py: against MPI's own collectives and torch.distributed (gloo) in the same job;
 - collectives_torch.py: the same matrix over minipar's torch.distributed transport (spawn + gloo).
 MINIPAR_EXTENDED=1 widens the references' world sizes (2-8), the torch transport's (1-8) and

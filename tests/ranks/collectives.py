@@ -157,9 +157,10 @@ def counts(p):
 
 
 def kinds_dtypes(size):
-    """Every dtype up to 4 ranks; above that (oversubscribed, slow) a spread of kinds and widths,
-    unless MINIPAR_EXTENDED=1 asks for everything."""
-    if size <= 4 or os.environ.get("MINIPAR_EXTENDED") == "1":
+    """Every dtype on 1, 2 and 4 ranks; on 3 (the odd ring, the remainder of the recursive
+    algorithms) and above 4 (oversubscribed, slow) a spread of kinds and widths, unless
+    MINIPAR_EXTENDED=1 asks for everything."""
+    if size in (1, 2, 4) or os.environ.get("MINIPAR_EXTENDED") == "1":
         return [("numpy", d) for d in NUMPY] + [("torch", d) for d in TORCH]
     spread = [("numpy", "float64"), ("torch", "bfloat16"), ("numpy", "int8")]
     if size == 8:
