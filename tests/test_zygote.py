@@ -208,3 +208,17 @@ def gone(pid: int, within: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+@pytest.mark.own_job
+def test_own_job_tests_start_their_ranks_warm():
+    """tests/conftest.py hands an own_job test the session's fork server (its launches fork
+    their ranks from it), and only while that test runs."""
+    server = harness.pool().fork_server()
+    if server is None:
+        pytest.skip("no fork server (MINIPAR_TEST_ZYGOTE=0)")
+    assert os.environ.get(launcher.mpiexec.FORK_SERVER_ENV) == server.address
+
+
+def test_other_tests_start_nothing_through_it():
+    assert launcher.mpiexec.FORK_SERVER_ENV not in os.environ

@@ -1,4 +1,5 @@
-"""Warm rank starts: one process that has imported torch forks every rank of the pool's jobs.
+"""Warm rank starts: one process that has imported torch forks every rank of the pool's jobs
+(and of the own-job tests' launches: minipar's launcher with MINIPAR_FORK_SERVER=FOLDER/sock).
 
     python -m minipar.testing.zygote serve FOLDER              # the fork server (Pool starts it)
     python -m minipar.testing.zygote FOLDER/sock -m MODULE ...  # what mpiexec starts, per rank
@@ -399,7 +400,9 @@ def _free_requests(mpi) -> None:
     """What the interpreter's teardown does before mpi4py finalizes: every request object
     still alive (a program may keep the ones it gave up on, with their buffers: minipar's
     process.abandoned) is deallocated, and mpi4py frees its MPI request. Left alive, they hold
-    COMM_WORLD, and MPICH's MPI_Finalize fails ("pending references"), skipping PMI's finalize."""
+    COMM_WORLD, and MPICH's MPI_Finalize fails ("pending references"), skipping PMI's finalize.
+    (It still fails now and then after a job's failed cases: tests/test_harness.py's clean end
+    starts its ranks cold.)"""
     for obj in gc.get_objects():
         if isinstance(obj, mpi.Request) and obj:  # (not MPI_REQUEST_NULL)
             try:
