@@ -111,6 +111,7 @@ def test_a_launcher_from_the_other_mpi_is_refused_on_every_rank(tmp_path, way):
     job = tmp_path / "job.py"
     job.write_text(textwrap.dedent(RANK_SCRIPT))
     consent = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    consent["TMPDIR"] = str(tmp_path)  # the session folder an aborted Open MPI job leaves
     if way.startswith("mpich"):
         cmd = [launcher.find_mpiexec(), "-n", "3", OPENMPI_PYTHON, str(job)]
         said = ["MPICH-style launcher", "for 3 processes", "Open MPI", "sees a world of 1"]
@@ -135,6 +136,7 @@ def test_open_mpi_as_root_runs_without_the_user_setting_anything(tmp_path):
     job = tmp_path / "job.py"
     job.write_text(RANK_SCRIPT)
     clean = {k: v for k, v in env().items() if not k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
+    clean["TMPDIR"] = str(tmp_path)  # Open MPI's session folder: in the test's own
     cmd = [OPENMPI_PYTHON, "-m", "minipar", "run", "-n", "2", str(job)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=clean)
     assert done.returncode == 0, done.stdout + done.stderr
