@@ -104,7 +104,6 @@ def command(
 
 
 FORK_SERVER_ENV = "MINIPAR_FORK_SERVER"
-FORK_CLIENT = ["-m", "minipar.testing.zygote"]
 
 
 def warm_start(env: dict, argv: list[str]) -> list[str]:
@@ -113,9 +112,7 @@ def warm_start(env: dict, argv: list[str]) -> list[str]:
     stand-in that has each rank forked from a process that imported torch once (~2 s of a core
     saved per rank); the rank then runs argv as it would have."""
     address = env.get(FORK_SERVER_ENV)
-    if not address or argv[:2] == FORK_CLIENT:  # (already wrapped)
-        return []
-    return [*FORK_CLIENT, address]
+    return ["-m", "minipar.testing.zygote", address] if address else []
 
 
 def run(n: int, argv: list[str], timeout: float | None = None, capture: bool = False):

@@ -156,11 +156,16 @@ def counts(p):
     return sorted({0, 1, max(p - 1, 1), 7, 1031})
 
 
+def extended() -> bool:
+    """MINIPAR_EXTENDED=1: every dtype and every case on every world size."""
+    return os.environ.get("MINIPAR_EXTENDED") == "1"
+
+
 def kinds_dtypes(size):
     """Every dtype on 1, 2 and 4 ranks; on 3 (the odd ring, the remainder of the recursive
     algorithms) and above 4 (oversubscribed, slow) a spread of kinds and widths, unless
     MINIPAR_EXTENDED=1 asks for everything."""
-    if size in (1, 2, 4) or os.environ.get("MINIPAR_EXTENDED") == "1":
+    if size in (1, 2, 4) or extended():
         return [("numpy", d) for d in NUMPY] + [("torch", d) for d in TORCH]
     spread = [("numpy", "float64"), ("torch", "bfloat16"), ("numpy", "int8")]
     if size == 8:
@@ -568,7 +573,7 @@ def cases(size):
     table["all_reduce.linear.left_to_right"] = left_to_right("linear")
     table["sub_groups"] = sub_groups_case
     table["in_flight"] = in_flight_case
-    if size <= 4 or os.environ.get("MINIPAR_EXTENDED") == "1":
+    if size <= 4 or extended():
         # 0.2-0.6 s up to 4 ranks; above, on 2 cores, 1-8 s of GIL hand-overs between each
         # rank's computing thread and its progress thread, whatever the ring's length
         table["async_progress"] = progress_case
