@@ -63,20 +63,37 @@ def ranks_suite(name: str) -> str:
 def bytecode_cache(config) -> None:
     """The suite starts some 300 Python processes (ranks, launchers, CLIs); with bytecode
     caching off (PYTHONDONTWRITEBYTECODE) each one compiles minipar from source again (~0.2 s of
-    a core). So the session caches bytecode in a folder of its own (PYTHONPYCACHEPREFIX, which
-    xdist's workers and every process they start inherit), removed at the end: nothing is left
-    beside the sources. A PYTHONPYCACHEPREFIX of the caller's is used, and kept."""
-    prefix = os.environ.get("PYTHONPYCACHEPREFIX")
-    if not prefix:
-        prefix = tempfile.mkdtemp(prefix="minipar-pycache-")
-        os.environ["PYTHONPYCACHEPREFIX"] = prefix
-        config.add_cleanup(lambda: shutil.rmtree(prefix, ignore_errors=True))
-        # and torch._dynamo's compile cache, which it makes when imported (an optimizer's
-        # first step imports it): there too, not in $TMPDIR/torchinductor_$USER
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(prefix, "torchinductor"))
+    a core). So the session turns caching back on; the __pycache__ folders it makes in the
+    checkout are removed at its end (nothing is left beside the sources). Not a cache folder
+    of the session's own (PYTHONPYCACHEPREFIX): Python then ignores the installed packages'
+    __pycache__, and the first import of torch in each xdist worker compiled ~1,500 modules
+    again (~8 s of a core each, before the first test). A PYTHONPYCACHEPREFIX of the caller's
+    is used, and kept. torch._dynamo's compile cache (made when an optimizer first steps) goes
+    to a folder of the session's, not $TMPDIR/torchinductor_$USER."""
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    sys.pycache_prefix = prefix  # this process's imports from now on, and pytest's rewritten
-    sys.dont_write_bytecode = False  # test modules
+    sys.dont_write_bytecode = False
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller cleans up
+        return
+    made = tempfile.mkdtemp(prefix="minipar-inductor-")
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", made)
+    config.add_cleanup(lambda: shutil.rmtree(made, ignore_errors=True))
+    if not os.environ.get("PYTHONPYCACHEPREFIX"):
+        before = set(pycaches(ROOT))
+        config.add_cleanup(lambda: remove_new_pycaches(before))
+
+
+def pycaches(top: str):
+    """The __pycache__ folders under `top` (hidden folders, the virtual environments, skipped)."""
+    for root, dirs, _ in os.walk(top):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        if os.path.basename(root) == "__pycache__":
+            dirs[:] = []
+            yield root
+
+
+def remove_new_pycaches(before: set) -> None:
+    for folder in set(pycaches(ROOT)) - before:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_configure(config):

@@ -81,6 +81,32 @@ def test_pool_ranks_are_forked_by_the_server():
         assert seen["pid"] in the_pool.ranks  # the pool kills and asks the rank itself
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs Linux /proc")
+@pytest.mark.own_job
+def test_a_pytest_inside_a_test_borrows_the_server(tmp_path):
+    """A process started with MINIPAR_FORK_SERVER (the grader's pytest, a harness self-test)
+    has its pool's ranks forked by that server: no server of its own (no torch import), and
+    it does not end the one it borrowed."""
+    server = harness.pool().fork_server()
+    script = textwrap.dedent(f"""
+        from minipar.testing import harness
+        result = harness.run_suite({SUITE!r}, 2, "mpi")
+        result.check("rank_is_itself")
+        print("ranks", *[result.ranks[r]["rank_is_itself"]["output"] for r in (0, 1)])
+        print("own server", harness.pool().zygote.proc is not None, harness.pool().launches)
+    """)  # fmt: skip
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    env[launcher.mpiexec.FORK_SERVER_ENV] = server.address
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"ppid {server.proc.pid} " in done.stdout, done.stdout  # both ranks' parent
+    assert done.stdout.count(f"ppid {server.proc.pid} ") == 2, done.stdout
+    assert "own server False 1" in done.stdout, done.stdout
+    assert server.proc.poll() is None and os.path.exists(server.address), "the server ended"
+    harness.run_suite.__wrapped__(SUITE, 2, "mpi").check("rank_is_itself")  # and still serves
+
+
 def test_a_rank_has_the_threads_its_job_asked_for(monkeypatch):
     """The server imported torch with one thread; a job launched with two gets two (torch
     fixes its count at import, so OMP_NUM_THREADS is a launch variable: a job of its own)."""

@@ -45,6 +45,7 @@ import time
 
 from minipar import launcher
 from minipar.launcher import stop
+from minipar.launcher.mpiexec import FORK_SERVER_ENV
 from minipar.testing import case, wire, zygote
 
 CASE_TIMEOUT = "10"  # seconds any single wait may take inside a test job (MINIPAR_TIMEOUT)
@@ -92,7 +93,8 @@ class Pool:
         self.sessions: list[int] = []  # every job's process group (its session), in order;
         # the fork server's too (zygote.py): everything the pool started, to check none outlives it
         self.ranks: list[int] = []  # every rank's process id
-        self.zygote: zygote.Server | None = None  # forks the ranks, torch loaded (zygote.py)
+        self.zygote: zygote.Server | zygote.Borrowed | None = None  # forks the ranks, torch
+        # loaded (zygote.py): this process's own, or a parent's (MINIPAR_FORK_SERVER)
 
     def run(self, suite, size, backend, names, timeout, case_limit, settings):
         """Run the cases `names` of `suite`; ({name: {rank: result}}, {name: why some ranks
@@ -148,13 +150,18 @@ class Pool:
         return job
 
     def fork_server(self):
-        """The fork server that starts this session's ranks warm (started on first use), or
-        None: MINIPAR_TEST_ZYGOTE=0, or it could not start (the ranks then start cold)."""
+        """The fork server that starts this session's ranks warm (started on first use; or the
+        one MINIPAR_FORK_SERVER names, a parent pytest's), or None: MINIPAR_TEST_ZYGOTE=0, or
+        it could not start (the ranks then start cold)."""
         if not zygote.enabled():
             return None
         if self.zygote is None:
-            self.zygote = zygote.Server(launch_environ())
-            self.sessions.append(self.zygote.proc.pid)
+            parent = os.environ.get(FORK_SERVER_ENV)
+            if parent and os.path.exists(parent):  # a pytest inside a test: the test's server
+                self.zygote = zygote.Borrowed(parent)
+            else:
+                self.zygote = zygote.Server(launch_environ())
+                self.sessions.append(self.zygote.proc.pid)
         return self.zygote if self.zygote.ready(START_LIMIT) else None
 
     def _to_close(self) -> Job:
@@ -166,7 +173,7 @@ class Pool:
     @property
     def launches(self) -> int:
         """Jobs started (the fork server is not one)."""
-        return len(self.sessions) - (self.zygote is not None)
+        return len(self.sessions) - (getattr(self.zygote, "proc", None) is not None)
 
     def _close(self, job) -> None:
         for key, other in list(self.jobs.items()):
