@@ -1,8 +1,9 @@
 """Fault injection: a rank raises, exits, or calls something else in the middle of a job (see
 tests/faults/inject.py). The job must end non-zero, within the timeout of the fault, never hang,
 and its output must name the rank at fault, on both transports: MPI through `minipar run` (which
-must return the job's exit status) and torch.distributed (gloo) under torch.multiprocessing.spawn,
-plus one job under torchrun, where minipar's own excepthook ends the job.
+must return the job's exit status) and torch.distributed (gloo) under torch.multiprocessing
+(spawned, or forked: SPAWNED), plus one job under torchrun, where minipar's own excepthook ends
+the job.
 
 The jobs are independent, so a transport's jobs all start together on a few threads the first
 time a test asks for one of them; each test then checks one job.
@@ -163,6 +164,10 @@ LEAVING = ["[rank 1] minipar: this rank is leaving the job, but", "never receive
 OR_ELSE = {("mpi", "sys_exit", False, 2): LEAVING, ("mpi", "sys_exit", True, 3): LEAVING}
 
 
+SPAWNED = {("raise_mid", False)}  # torch jobs under torch.multiprocessing.spawn; the others'
+# ranks are forked (torch imported once, not once per rank): both end through ProcessContext
+
+
 def command(transport, mode, debug, ranks):
     flags = ["--debug"] if debug else []
     if transport in ("mpi", "shm"):  # through `minipar run`, which must hand back the job's status
@@ -171,6 +176,8 @@ def command(transport, mode, debug, ranks):
     if transport == "torchrun":
         run = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
         return [sys.executable, *run, INJECT, mode, *flags]
+    if (mode, debug) in SPAWNED:
+        flags.append("--spawn")
     return [sys.executable, INJECT, mode, "--torch", str(ranks), *flags]
 
 

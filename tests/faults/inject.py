@@ -2,7 +2,8 @@
 within the timeout, and its output must name the rank that misbehaved.
 
     MINIPAR_TIMEOUT=3 mpiexec -n 2 python tests/faults/inject.py MODE     # MPI transport
-    MINIPAR_TIMEOUT=3 python tests/faults/inject.py MODE --torch 2        # torch (gloo), spawned
+    MINIPAR_TIMEOUT=3 python tests/faults/inject.py MODE --torch 2        # torch (gloo), forked
+    MINIPAR_TIMEOUT=3 python tests/faults/inject.py MODE --torch 2 --spawn  # ... spawned
 
 Rank 1 is the faulty one. Modes:
   ok             nobody misbehaves: the control, it must exit 0
@@ -157,6 +158,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=MODES)
     parser.add_argument("--torch", type=int, metavar="N", help="spawn N ranks over gloo")
+    parser.add_argument("--spawn", action="store_true", help="fresh interpreters, not forks")
     parser.add_argument("--debug", action="store_true")
     args = parser.parse_args()
     if args.debug:
@@ -166,4 +168,6 @@ if __name__ == "__main__":
     else:
         from minipar.testing import spawn
 
-        spawn.spawn(_spawned, (args.mode,), args.torch)
+        # forked from this process (torch loaded once), or torch.multiprocessing.spawn's fresh
+        # interpreters (each imports torch again): both end through torch's ProcessContext
+        spawn.spawn(_spawned, (args.mode,), args.torch, fork=not args.spawn)
