@@ -74,9 +74,10 @@ def bytecode_cache(config) -> None:
     sys.dont_write_bytecode = False
     if hasattr(config, "workerinput"):  # an xdist worker: the controller cleans up
         return
-    made = tempfile.mkdtemp(prefix="minipar-inductor-")
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", made)
-    config.add_cleanup(lambda: shutil.rmtree(made, ignore_errors=True))
+    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        made = tempfile.mkdtemp(prefix="minipar-inductor-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = made
+        config.add_cleanup(lambda: shutil.rmtree(made, ignore_errors=True))
     if not os.environ.get("PYTHONPYCACHEPREFIX"):
         before = set(pycaches(ROOT))
         config.add_cleanup(lambda: remove_new_pycaches(before))

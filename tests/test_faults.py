@@ -5,7 +5,7 @@ must return the job's exit status) and torch.distributed (gloo) under torch.mult
 (spawned, or forked: SPAWNED), plus one job under torchrun, where minipar's own excepthook ends
 the job.
 
-The jobs are independent, so a transport's jobs all start together on a few threads the first
+The jobs are independent, so a transport's jobs run JOBS_AT_ONCE at a time on threads the first
 time a test asks for one of them; each test then checks one job.
 """
 

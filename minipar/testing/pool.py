@@ -173,7 +173,8 @@ class Pool:
     @property
     def launches(self) -> int:
         """Jobs started (the fork server is not one)."""
-        return len(self.sessions) - (getattr(self.zygote, "proc", None) is not None)
+        own_server = self.zygote is not None and self.zygote.proc is not None
+        return len(self.sessions) - own_server
 
     def _close(self, job) -> None:
         for key, other in list(self.jobs.items()):

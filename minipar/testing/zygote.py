@@ -109,8 +109,7 @@ class Borrowed:
     grader's, a harness self-test's): its ranks are forked there, this process starts no server
     of its own (a torch import saved) and does not end it."""
 
-    proc = None
-    error = None
+    proc = None  # not this process's to end
 
     def __init__(self, address: str):
         self.address = address

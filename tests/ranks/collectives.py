@@ -152,7 +152,7 @@ def valid_ops(dtype):
 INTS = ("int8", "int32", "int64", "uint8")
 
 
-def counts(p, kind="numpy", dtype="float64", op=ReduceOp.SUM):
+def counts(p, kind, dtype, op):
     """Element counts a reducing case calls with: empty, one, fewer than the ranks, odd, and
     1031 (prime: uneven chunks on every world size). Every count with SUM and with each kind's
     first dtype (numpy float64, torch float32) under every op; the other (dtype, op) pairs take
