@@ -36,7 +36,9 @@ def plan(sizes, aware: bool, dry_run: bool):
         runs.append((f"collectives vs CPU p={p}", "cuda.py", p, "mpi", {}))
         runs.append((f"collectives vs torch.distributed and math p={p}", "cuda_vs_torch.py", p,
                      "mpi", {}))  # fmt: skip
-        runs.append((f"DDP, FSDP, TP, PP steps p={p}", "cuda_strategies.py", p, "mpi", {}))
+        runs.append(
+            (f"DDP, FSDP, TP, PP, CP, EP, GPT mesh p={p}", "cuda_strategies.py", p, "mpi", {})
+        )
     # the pipelined staged path with chunks small enough that every message is cut up
     staged = {"MINIPAR_CUDA_AWARE": "0", "MINIPAR_STAGE_CHUNK": "4096"}
     if dry_run:  # CPU tensors through the same chunked code (plain copies for the stream's)

@@ -123,6 +123,23 @@ def twin_case(top_k, capacity_factor, uneven=False):
     return case
 
 
+def dense_dtype_case():
+    """MoE.from_dense keeps the dense model's dtype and device (float64 here; a GPU's in
+    cuda_strategies): router and experts float64, and the float64 forward of this rank's
+    tokens matches the dense one to float64 precision."""
+    r, p = me()
+    x, sizes = every_ranks_tokens(p)
+    x = x.double()
+    torch.manual_seed(7)
+    dense = DenseMoE(H, FFN, E, top_k=2).double()
+    moe = MoE.from_dense(dense)
+    for name, q in moe.named_parameters():
+        assert q.dtype == torch.float64, f"MoE.{name}: {q.dtype}, not float64"
+    y, want = moe(mine(x, sizes, r)), mine(dense(x, groups=sizes), sizes, r)
+    err = (y - want).abs().max().item()
+    assert y.dtype == torch.float64 and err < 1e-12, (y.dtype, err)
+
+
 # -- the ledger: bytes against the tokens routed off-rank -----------------------------------
 def off_rank(dense, x, sizes, r, p):
     """(copies of rank r's tokens kept and routed to another rank's experts, copies of the other
@@ -286,6 +303,7 @@ def cases(size):
     table["twin.k2.uneven_tokens"] = twin_case(2, 1.25, uneven=True)
     table["ledger.k2.dropless"] = ledger_case(2, None)
     table["local_tokens_stay"] = local_case
+    table["from_dense.float64"] = dense_dtype_case
     table["bad_config"] = bad_config
     table["bad_forward"] = bad_forward
     if size == 4:

@@ -34,6 +34,7 @@ from minipar.parallel.tensor import (
     ParallelSelfAttention,
     RowParallelLinear,
     VocabParallelEmbedding,
+    VocabParallelHead,
     mark_sequence_parallel,
     scatter_to_sequence_parallel_region,
     sync_sequence_parallel_grads,
@@ -248,6 +249,29 @@ def subgroups():
     # the vocabulary slices follow the group's rank, not the world's
     embedding(group)
     cross_entropy_large_case(torch.float32, group)()
+
+
+def dense_dtype_case():
+    """from_dense keeps the dense model's dtype and device (float64 here; a GPU's in
+    cuda_strategies): every shard of every layer is a float64 copy of its slice, and the
+    float64 forward matches the dense one to float64 precision."""
+    torch.manual_seed(5)
+    x = inputs().double()
+    ids = torch.randint(0, VOCAB, (B, S))
+    pairs = [
+        (nn.Linear(H, FFN).double(), ColumnParallelLinear, {"gather_output": True}),
+        (nn.Linear(H, VOCAB).double(), VocabParallelHead, {"gather_output": True}),
+        (DenseBlock().double(), ParallelBlock, {}),
+        (nn.Embedding(VOCAB, H).double(), VocabParallelEmbedding, {}),
+    ]
+    for dense, cls, kwargs in pairs:
+        layer = cls.from_dense(dense, **kwargs)
+        for name, q in layer.named_parameters():
+            assert q.dtype == torch.float64, f"{cls.__name__}.{name}: {q.dtype}, not float64"
+        arg = ids if cls is VocabParallelEmbedding else x
+        y, want = layer(arg), dense(arg)
+        err = (y - want).abs().max().item()
+        assert y.dtype == torch.float64 and err < 1e-12, (cls.__name__, y.dtype, err)
 
 
 # -- embedding and cross-entropy --------------------------------------------------------------
@@ -485,6 +509,7 @@ def cases(size):
         table[f"column.{b}.gather_output"] = column_case(bias, False, True)
         table[f"row.{b}.input_not_parallel"] = row_case(bias, False, False)
     table["embedding"] = embedding
+    table["from_dense.float64"] = dense_dtype_case
     for reduction in ("mean", "sum", "none"):
         table[f"cross_entropy.{reduction}"] = cross_entropy_case(reduction)
     for dtype in (torch.float32, torch.float16, torch.bfloat16):

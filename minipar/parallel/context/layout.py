@@ -123,5 +123,6 @@ def unshard_sequence(x: torch.Tensor, dim: int, group=None, causal: bool = False
     out = front.new_empty((cp * front.shape[0], *front.shape[1:]))
     collectives.all_gather_into_tensor(out, front, group=group)
     if causal:  # the gathered chunks are (0, 2cp-1), (1, 2cp-2), ...: sort them back
-        out = out.index_select(0, torch.argsort(gathered_order(cp, out.shape[0], causal)))
+        order = torch.argsort(gathered_order(cp, out.shape[0], causal)).to(out.device)
+        out = out.index_select(0, order)
     return out.movedim(0, dim).contiguous()

@@ -51,7 +51,7 @@ class Experts(nn.Module):
 
     def shard(self, first: int, n: int) -> Experts:
         """A new Experts holding copies of experts first .. first+n-1."""
-        part = Experts(n, self.hidden, self.ffn_hidden)
+        part = Experts(n, self.hidden, self.ffn_hidden).to(self.w1.device, self.w1.dtype)
         with torch.no_grad():
             for mine, full in zip(part.parameters(), self.parameters()):
                 mine.copy_(full[first : first + n])

@@ -96,8 +96,10 @@ class MoE(nn.Module):
             dense.capacity_factor,
             group,
         )
+        gate = dense.router.gate.weight
+        moe.to(device=gate.device, dtype=gate.dtype)  # where the dense model lives, its dtype
         with torch.no_grad():
-            moe.router.gate.weight.copy_(dense.router.gate.weight)
+            moe.router.gate.weight.copy_(gate)
         moe.experts = dense.experts.shard(moe.first, moe.n_local)
         return moe
 

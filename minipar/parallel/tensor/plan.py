@@ -121,7 +121,12 @@ def load_(
     p: int,
     multiple: int = VOCAB_MULTIPLE,
 ):
-    """Copy this rank's pieces of `dense`'s parameters (weight, bias) into `layer`'s."""
+    """Copy this rank's pieces of `dense`'s parameters (weight, bias) into `layer`'s, moving
+    `layer` first to the device and dtype of `dense` (a model built on a GPU, or in float64,
+    is sharded there, not back on the CPU in float32)."""
+    source = next(dense.parameters(), None)
+    if source is not None:
+        layer.to(device=source.device, dtype=source.dtype)
     with torch.no_grad():
         for name, param in layer.named_parameters(recurse=False):
             param.copy_(shard(getattr(dense, name), cut_of(style, name), rank, p, multiple))
