@@ -121,6 +121,17 @@ def test_run_parses_the_program_forms(tmp_path, capsys):
     assert "MINIPAR_TAG_OUTPUT" in text
 
 
+def test_the_relays_rank_side_loads_nothing_heavy():
+    """Every rank of `minipar run` starts as `python -m minipar.launcher relay ...` and then
+    becomes the program: that first interpreter must not load numpy, mpi4py or torch (it did,
+    through the notebook side: ~0.3 s of a core per rank, for nothing)."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "minipar.launcher"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode != 0 and "usage" in done.stderr, done.stderr[-500:]
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+    assert not loaded & {"numpy", "mpi4py", "torch", "minipar.runtime"}, sorted(loaded)
+
+
 def test_relay_tells_ranks_the_terminal_width_only_when_there_is_one():
     class Tty(io.StringIO):
         def isatty(self):

@@ -180,6 +180,19 @@ def test_launcher_forks_minipar_ranks_that_end_apart(server, tmp_path, monkeypat
         assert "starting cold" not in done.stderr, done.stderr
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs Linux /proc")
+def test_minipar_run_forks_its_python_ranks(server, tmp_path, monkeypatch):
+    """`minipar run script.py` (a whole command line starting with this Python) goes through
+    the fork server too: the fault-injection and command-line tests' jobs start warm."""
+    rank = tmp_path / "rank.py"
+    rank.write_text("import os, sys\nprint('parent', os.getppid(), 'torch' in sys.modules)\n")
+    monkeypatch.setenv(launcher.mpiexec.FORK_SERVER_ENV, server.address)
+    done = subprocess.run([sys.executable, "-m", "minipar", "run", "-n", "2", str(rank)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count(f"parent {server.proc.pid} True") == 2, done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("who", [0, 1])
 def test_mpiexec_sees_the_status_it_would_see(server, script, who):
     """Under mpiexec, a job whose rank `who` exits 3 ends with the same status as the same job

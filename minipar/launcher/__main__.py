@@ -10,13 +10,15 @@ has imported already.
 
 import sys
 
-from minipar.launcher import notebook, relay
-
 if __name__ == "__main__":
     what, rest = (sys.argv[1], sys.argv[2:]) if len(sys.argv) > 1 else ("", [])
-    if what == "relay":
+    if what == "relay":  # every rank of `minipar run` passes here: import nothing it does not use
+        from minipar.launcher import relay
+
         relay.rank_main(rest)
     elif what == "notebook" and len(rest) == 1:
+        from minipar.launcher import notebook
+
         sys.exit(notebook.rank_main(rest[0]))
     else:
         sys.exit("usage: python -m minipar.launcher relay FOLDER -- program ... | notebook FOLDER")

@@ -78,8 +78,9 @@ def command(
     n: int, argv: list[str], python: bool = True, relay=None, warm: bool = True
 ) -> tuple[list[str], dict]:
     """(the mpiexec command line, its environment) for n ranks running argv (python arguments,
-    or a whole program when python is False); with a relay, each rank's output goes through it;
-    warm=False: never through MINIPAR_FORK_SERVER's fork server (see warm_start)."""
+    or a whole program when python is False: one starting with this very Python counts as
+    python arguments); with a relay, each rank's output goes through it; warm=False: never
+    through MINIPAR_FORK_SERVER's fork server (see warm_start)."""
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"the number of ranks must be a positive integer, got {n!r}")
     env = dict(os.environ)
@@ -94,6 +95,8 @@ def command(
         env["MINIPAR_OVERSUBSCRIBED"] = "1"
         if openmpi:
             cmd.append("--oversubscribe")
+    if not python and argv[:1] == [sys.executable]:  # `minipar run script.py`: this Python
+        python, argv = True, list(argv[1:])
     program = (
         [sys.executable, *(warm_start(env, argv) if warm else []), *argv] if python else list(argv)
     )
