@@ -125,6 +125,14 @@ def ddp_messages_on_device():
     assert all(path == "host" and n <= flags for path, n in others), (others, on_device)
 
 
+def close(actual, expected, what):
+    """Within 1e-5 (1e-4 on a GPU) of the expected tensor's largest magnitude, on the device."""
+    assert actual.device == dev(), f"{what}: on {actual.device}, not {dev()}"
+    scale = expected.abs().max().item() or 1.0
+    err = (actual.detach() - expected.detach()).abs().max().item() if actual.numel() else 0.0
+    assert err <= rtol() * scale, f"{what}: max error {err:.3g} > {rtol()} x {scale:.3g}"
+
+
 def tensor_parallel():
     from minipar.parallel.tensor import DenseMLP, ParallelMLP
 
@@ -139,11 +147,8 @@ def tensor_parallel():
     yd, yp = dense(xd), parallel(xp)
     (yd * dy).sum().backward()
     (yp * dy).sum().backward()
-    for what, a, b in (("output", yp, yd), ("input grad", xp.grad, xd.grad)):
-        assert a.device == dev()
-        scale = b.abs().max().item() or 1.0
-        err = (a.detach() - b.detach()).abs().max().item()
-        assert err <= 1e-5 * scale * (10 if dev().type == "cuda" else 1), (what, err, scale)
+    close(yp, yd, "TP output")
+    close(xp.grad, xd.grad, "TP input gradient")
 
 
 def pipeline_parallel():
@@ -172,14 +177,6 @@ def pipeline_parallel():
                 where = f"PP {schedule} {name}"
                 torch.testing.assert_close(q.grad, r.grad, rtol=rtol(), atol=1e-6,
                                            msg=lambda m, w=where: f"{w}: {m}")  # fmt: skip
-
-
-def close(actual, expected, what):
-    """Within 1e-5 (1e-4 on a GPU) of the expected tensor's largest magnitude, on the device."""
-    assert actual.device == dev(), f"{what}: on {actual.device}, not {dev()}"
-    scale = expected.abs().max().item() or 1.0
-    err = (actual.detach() - expected.detach()).abs().max().item() if actual.numel() else 0.0
-    assert err <= rtol() * scale, f"{what}: max error {err:.3g} > {rtol()} x {scale:.3g}"
 
 
 def context_parallel():
