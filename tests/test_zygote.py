@@ -18,8 +18,9 @@ from minipar.testing import harness, zygote
 
 SUITE = ranks_suite("harness_zygote.py")
 SCRIPT = textwrap.dedent("""
-    import os, signal, sys, time
+    import gc, os, signal, sys, time
     print(f"rank process {os.getpid()} says {sys.argv[1:]}", flush=True)
+    print(f"frozen {gc.get_freeze_count()}", flush=True)
     rank = int(os.environ.get("PMI_RANK", "0"))
     # without mpiexec, the client's stdin reaches the rank (hydra gives other ranks a pipe
     # that never ends)
@@ -73,6 +74,7 @@ def test_pool_ranks_are_forked_by_the_server():
     result = harness.run_suite.__wrapped__(SUITE, 2, "mpi")
     result.check("rank_is_itself")
     result.check("torch_as_launched")
+    result.check("preloads_out_of_the_collectors_reach")
     the_pool = harness.pool()
     for rank in (0, 1):
         seen = said(result, rank)
@@ -140,6 +142,8 @@ def test_client_ends_as_its_rank_ends(server, script, how, rc):
     assert done.returncode == rc, (done.returncode, done.stdout, done.stderr)
     assert "says ['a', 'b']" in done.stdout, done.stdout
     assert "starting cold" not in done.stderr, done.stderr
+    frozen = int(done.stdout.split("frozen ")[1].split()[0])  # the server's preloads (_freeze)
+    assert frozen > 50_000, done.stdout
     if how == "raise":
         assert "RuntimeError: planted: hello" in done.stderr, done.stderr
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import gc
 import os
 import shutil
 import signal
@@ -50,6 +51,7 @@ def serve(backend: str, address: str, folder: str) -> None:
     conn = wire.connect(address)
     conn.send({"op": "hello", "rank": comm.rank, "pid": os.getpid(),
                "token": os.environ.get(wire.TOKEN_ENV, "")})  # fmt: skip
+    gc.freeze()  # what start-up made is kept: the collections after each batch skip it (zygote.py)
     idle = backend == "mpi"  # between batches no watchdog looks (warm ranks cost no CPU)
     while True:
         with watchdog_paused(idle, lambda: [control, *isolation.groups.alive()]):

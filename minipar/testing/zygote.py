@@ -128,6 +128,7 @@ def serve(folder: str) -> None:
     """Import what every rank needs, listen on FOLDER/sock (it appears once the server is
     ready), fork on request; end when stdin closes (the Pool is gone)."""
     _preload()
+    _freeze()
     _exit_shortcut()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(os.path.join(folder, "sock.new"))
@@ -179,6 +180,16 @@ def _preload() -> None:
             importlib.import_module(name)
         except ImportError:  # (torch is optional for a numpy-only job; so are the others)
             pass
+
+
+def _freeze() -> None:
+    """Move every object the preloads made to the collector's permanent generation (Python's
+    advice before forking): a rank's full collections (Python's own, the pool's after every
+    batch) then walk only what the rank made, not torch's ~400,000 objects, and do not write
+    to the pages it shares with this server. Measured: the pool's collection after a batch
+    0.22 -> 0.01 s of a core per rank, an 8-rank job's start 6.0 -> 3.5 core-seconds."""
+    gc.collect()
+    gc.freeze()
 
 
 _EXIT_CODE: list = [None]  # set by a rank as it leaves: the shortcut below ends it there
