@@ -39,5 +39,8 @@ def preloads_out_of_the_collectors_reach():
 
 
 def cases(size):
-    return {"rank_is_itself": rank_is_itself, "torch_as_launched": torch_as_launched,
-            "preloads_out_of_the_collectors_reach": preloads_out_of_the_collectors_reach}  # fmt: skip
+    return {
+        "rank_is_itself": rank_is_itself,
+        "torch_as_launched": torch_as_launched,
+        "preloads_out_of_the_collectors_reach": preloads_out_of_the_collectors_reach,
+    }
