@@ -244,17 +244,28 @@ def test_mistake(mode, ranks):
     where = f"minipar run -n {ranks} inject.py {mode} exited {rc} after {end - start:.1f} s"
     assert rc != 124, f"{where}: the job hung\n{output[-3000:]}"
     assert rc != 0, f"{where}\n{output[-3000:]}"
-    marks = [float(t) for t in re.findall(rf"\[fault\] rank \d+ {mode} at ([0-9.]+)", output)]
-    assert len(marks) == ranks, f"{where}: {len(marks)} ranks made the mistake\n{output[-3000:]}"
+    marked = {
+        int(r): float(t)
+        for r, t in re.findall(rf"\[fault\] rank (\d+) {mode} at ([0-9.]+)", output)
+    }
+    marks = list(marked.values())
+    # a rank still in the barrier before its mistake when the others' mistake failed the group
+    # (a peer it waits for descheduled on the shared cores) raises there, as it must: a failed
+    # group fails every wait on it. It names the same difference, found live
+    assert len(marks) >= min(2, ranks), (
+        f"{where}: {len(marks)} ranks made the mistake\n{output[-3000:]}"
+    )
     for r in range(ranks):
         said = next((v for k, v in SAYS.items() if mode.endswith(k)), "MismatchError: ")
+        if r not in marked:
+            said = "MismatchError: "
         lines = [
             line for line in output.splitlines() if f"[rank {r}] minipar.errors.{said}" in line
         ]
         assert lines, f"{where}: rank {r} did not say it\n{output[-3000:]}"
         missing = [f for f in MISTAKES[mode] if f not in lines[0]]
         assert not missing, f"{where}: {missing} not in rank {r}'s {lines[0]}"
-        if mode.endswith("_last"):
+        if mode.endswith("_last") or r not in marked:
             continue
         caught = re.search(rf"\[fault\] rank {r} MismatchError at ([0-9.]+)", output)
         took = float(caught.group(1)) - max(marks)
