@@ -39,8 +39,11 @@ from minipar.models import checkpoint, training
 from minipar.models.config import GPTConfig, RunSpec
 from minipar.parallel import DeviceMesh
 
-# 8 heads and 8 layers: tp and pp up to 8 divide; hidden 32, 16 positions keep 8 ranks on 2 cores
+# 8 heads and 8 layers: tp and pp up to 8 divide; hidden 32, 16 positions keep 8 ranks on 2 cores.
+# A layout that does not need 8 layers (pp <= 4; interleaved at pp = 2) trains SHORT's 4: half
+# the blocks, the same calls per block (measured: the cases 37.6 -> 26.3 s on 8 ranks)
 TINY = GPTConfig(seq_len=16, hidden=32, n_layers=8, n_heads=8)
+SHORT = dataclasses.replace(TINY, n_layers=4)
 STEPS = 2  # the second step starts from the first one's AdamW update: a wrong update shows
 LOSS_RTOL, LOSS_ATOL = 1e-4, 1e-5
 # AdamW moves every element by about lr whatever its gradient's size, so an element whose
@@ -65,7 +68,9 @@ def spec_for(
     """The run of a layout: m micro-batches per dp rank (batch 8 = dp x m x rows; default 2,
     accumulated one after the other when pp = 1, 1 at dp = 8)."""
     m = m or (2 if dp < 8 else 1)
-    model = dataclasses.replace(TINY, tied_head=tied, n_experts=experts)
+    chunks = 2 if schedule == "interleaved" else 1
+    base = SHORT if pp * chunks <= SHORT.n_layers else TINY
+    model = dataclasses.replace(base, tied_head=tied, n_experts=experts)
     return RunSpec(dp, tp, pp, m, schedule, fsdp, steps=steps, model=model, cp=cp,
                    cp_variant=variant, ep=ep)  # fmt: skip
 
