@@ -55,6 +55,16 @@ def _run_job(argv, minipar_timeout, limit, scratch):
     return proc.returncode, output, start, time.time(), proc.pid
 
 
+def warm_python(args) -> list[str]:
+    """`python ARGS` forked warm by the session's fork server (minipar.testing.zygote: torch
+    already imported, ~2 s of a core saved), or started cold where there is none: for commands
+    whose own start-up is not what the test checks (the CLI's training, grading, benchmark)."""
+    from minipar.testing import harness
+
+    server = harness.pool().fork_server()
+    return [sys.executable, *(server.wrap(list(args)) if server else args)]
+
+
 def ranks_suite(name: str) -> str:
     """Path of a rank-side suite in tests/ranks/."""
     return os.path.join(ROOT, "tests", "ranks", name)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
+from conftest import warm_python
 
 from minipar import cost
 from minipar.bench import fit, report, spec
@@ -126,7 +126,7 @@ def test_relative_slope_fits_a_line_and_weighs_sizes_alike():
 def test_two_rank_run(tmp_path):
     """One short job: every key, positive times, busbw = algbw x factor, the fit stored."""
     out, png, link = tmp_path / "out.json", tmp_path / "bw.png", tmp_path / "link.json"
-    argv = [sys.executable, "-m", "minipar", "bench", "all_reduce,all_gather,reduce_scatter",
+    argv = [*warm_python(["-m", "minipar"]), "bench", "all_reduce,all_gather,reduce_scatter",
             "-n", "2", "--sizes", "8,128KiB",
             "--algorithms", "ring,recursive_doubling,auto,ring+window",
             "--against", "mpi,torch", "--iters", "3", "--warmup", "1", "--json", str(out),

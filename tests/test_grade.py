@@ -3,9 +3,9 @@ reports every untouched exercise as not started (NotImplementedError, nothing el
 
 import json
 import subprocess
-import sys
 
 import pytest
+from conftest import warm_python
 
 from minipar.cli import grade
 from minipar.course import exercises
@@ -110,7 +110,7 @@ def test_classify_reads_the_harness_message():
 def _grade(tmp_path, *args):
     out = tmp_path / "results.json"
     done = subprocess.run(
-        [sys.executable, "-m", "minipar", "grade", *args, "--json", str(out)],
+        warm_python(["-m", "minipar", "grade", *args, "--json", str(out)]),
         capture_output=True,
         text=True,
         timeout=300,

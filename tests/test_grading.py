@@ -6,11 +6,10 @@ JUnit XML; the points table."""
 import json
 import os
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 
 import pytest
-from conftest import ranks_suite
+from conftest import ranks_suite, warm_python
 
 from minipar.cli import grade
 from minipar.course import exercises, gradebook, whose
@@ -82,7 +81,7 @@ def test_grade_explains_a_planted_exercise_for_gradescope(tmp_path):
     plant(tmp_path / "impl", "missing_reduction")
     out = tmp_path / "results.json"
     done = subprocess.run(
-        [sys.executable, "-m", "minipar", "grade", "ex03_recursive_doubling"]
+        warm_python(["-m", "minipar", "grade", "ex03_recursive_doubling"])
         + ["--impl", str(tmp_path / "impl"), "--format", "gradescope", "--json", str(out)],
         capture_output=True,
         text=True,

@@ -16,10 +16,9 @@ import os
 import pickle
 import re
 import socket
-import sys
 
 import pytest
-from conftest import ROOT, ranks_suite, run_job
+from conftest import ROOT, ranks_suite, run_job, warm_python
 
 from minipar import launcher
 from minipar.testing import harness
@@ -153,8 +152,8 @@ def test_tutorial_programs_under_torch_multiprocessing(tmp_path, monkeypatch):
     result equal bit for bit, SGD's losses and weights included (a sum of two gradients is the
     same in either order)."""
     tutorial_env(monkeypatch)
-    for dist in ("torch", "minipar"):
-        argv = [sys.executable, TUTORIAL, dist, str(tmp_path)]
+    for dist in ("torch", "minipar"):  # the parent forked warm (torch imported): its start-up
+        argv = warm_python([TUTORIAL, dist, str(tmp_path)])  # is not the tutorial's
         rc, output = run_tutorial(monkeypatch, own_processes, argv)
         assert rc == 0, f"{dist}: exit {rc}\n{output[-4000:]}"
     ours, ref = records(tmp_path, "minipar", 2), records(tmp_path, "torch", 2)

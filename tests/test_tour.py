@@ -8,6 +8,7 @@ import time
 import types
 
 import pytest
+from conftest import warm_python
 
 from minipar.cli import tour
 
@@ -15,7 +16,7 @@ from minipar.cli import tour
 @pytest.mark.own_job
 def test_quick_tour_runs_every_core_step():
     start = time.monotonic()
-    cmd = [sys.executable, "-m", "minipar", "tour", "--quick", "--no-lessons"]
+    cmd = warm_python(["-m", "minipar", "tour", "--quick", "--no-lessons"])
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     seconds = time.monotonic() - start
     out = done.stdout

@@ -5,9 +5,9 @@ with recomputation and a trace."""
 import json
 import os
 import subprocess
-import sys
 
 import pytest
+from conftest import warm_python
 
 from minipar import launcher
 from minipar.cli.train import _parser, to_argv
@@ -21,7 +21,7 @@ SMALL = ["--layers", "2", "--hidden", "32", "--heads", "4", "--seq", "32"]
 def minipar_cli(*argv, timeout=240):
     env = {**os.environ, "COLUMNS": "120"}
     return subprocess.run(
-        [sys.executable, "-m", "minipar", *argv],
+        warm_python(["-m", "minipar", *argv]),
         capture_output=True,
         text=True,
         timeout=timeout,
