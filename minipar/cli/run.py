@@ -87,9 +87,7 @@ def program(args) -> list[str]:
 
 def main(args) -> int:
     """`minipar run`: the job's output streams through as it happens; returns the job's status."""
-    from rich.console import Console
-
-    err = Console(stderr=True, highlight=False)
+    err = _Errors()
     tag = tag_from_env() if args.tag_output is None else args.tag_output
     relay = None if args.dry_run else Relay(max(args.n, 1), tag=tag)
     try:
@@ -119,6 +117,16 @@ def main(args) -> int:
     elif done.returncode != 0:
         err.print(f"[bold red]minipar run:[/] job exited with status {done.returncode}")
     return done.returncode
+
+
+class _Errors:
+    """rich's Console on stderr, made on the first message: `minipar run` starts every job, and
+    rich costs 70 ms of a core to import (a job that goes well says nothing here)."""
+
+    def print(self, *args, **kwargs) -> None:
+        from rich.console import Console  # here: a job that goes well never loads rich
+
+        Console(stderr=True, highlight=False).print(*args, **kwargs)
 
 
 def merge_trace(folder: str, err) -> None:

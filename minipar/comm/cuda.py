@@ -18,24 +18,9 @@ import functools
 import os
 
 from minipar.comm import buffers
+from minipar.comm.mpisetup import loaded_mpi_library  # (its home: no numpy for the launcher)
 
 MPIX_GPU_SUPPORT_CUDA = 0
-
-
-def loaded_mpi_library() -> str | None:
-    """The path of the libmpi shared object this process has loaded, from /proc/self/maps."""
-    import mpi4py.MPI  # noqa: F401  (loads libmpi)
-
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rsplit(" ", 1)[-1].strip()
-                name = os.path.basename(path)
-                if name.startswith(("libmpi.", "libmpi_abi.", "libmpich.")) and ".so" in name:
-                    return path
-    except OSError:
-        pass
-    return None
 
 
 @functools.cache

@@ -61,6 +61,22 @@ def _mpi_loaded() -> bool:
     return "mpi4py.MPI" in sys.modules
 
 
+def loaded_mpi_library() -> str | None:
+    """The path of the libmpi shared object this process has loaded, from /proc/self/maps."""
+    import mpi4py.MPI  # noqa: F401  (loads libmpi)
+
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rsplit(" ", 1)[-1].strip()
+                name = os.path.basename(path)
+                if name.startswith(("libmpi.", "libmpi_abi.", "libmpich.")) and ".so" in name:
+                    return path
+    except OSError:
+        pass
+    return None
+
+
 def flavor(version: str) -> str:
     """'openmpi', 'mpich' (MPICH and its derivatives) or 'other', from the library version."""
     version = version.lower()
@@ -74,9 +90,6 @@ def flavor(version: str) -> str:
 def library() -> dict:
     """What mpi4py loaded: vendor, version, flavor, the libmpi file, the mpiexec beside it."""
     MPI = load_mpi()
-    # here, not at the top of the file: numpy loads only when used
-    from minipar.comm.cuda import loaded_mpi_library
-
     vendor, version = MPI.get_vendor()
     text = MPI.Get_library_version().replace("\0", "").strip()
     path = loaded_mpi_library()
