@@ -121,14 +121,19 @@ def test_run_parses_the_program_forms(tmp_path, capsys):
     assert "MINIPAR_TAG_OUTPUT" in text
 
 
+def loaded_by(args: list[str], **kwargs):
+    """(the finished `python -X importtime ARGS`, the names of the modules it imported)."""
+    done = subprocess.run([sys.executable, "-X", "importtime", *args], capture_output=True,
+                          text=True, timeout=60, **kwargs)  # fmt: skip
+    return done, {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+
+
 def test_the_relays_rank_side_loads_nothing_heavy():
     """Every rank of `minipar run` starts as `python -m minipar.launcher relay ...` and then
     becomes the program: that first interpreter must not load numpy, mpi4py or torch (it did,
     through the notebook side: ~0.3 s of a core per rank, for nothing)."""
-    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "minipar.launcher"],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done, loaded = loaded_by(["-m", "minipar.launcher"])
     assert done.returncode != 0 and "usage" in done.stderr, done.stderr[-500:]
-    loaded = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
     assert not loaded & {"numpy", "mpi4py", "torch", "minipar.runtime"}, sorted(loaded)
 
 
@@ -137,12 +142,8 @@ def test_minipar_run_itself_loads_nothing_heavy(tmp_path):
     """`minipar run` starts every job (the suite's fault jobs: some 50): a job that goes well
     needs mpi4py (which MPI, which mpiexec) but not numpy (it loaded it finding libmpi's path
     through comm/cuda.py) nor rich (only for its error lines): 0.6 -> 0.35 s of a core."""
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "minipar", "run", "-n", "1", "--", "true"],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path,
-    )  # fmt: skip
+    done, loaded = loaded_by(["-m", "minipar", "run", "-n", "1", "--", "true"], cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    loaded = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
     assert "mpi4py.MPI" in loaded, sorted(loaded)  # (the check reads what it should)
     assert not loaded & {"numpy", "rich", "torch", "minipar.runtime"}, sorted(loaded)
 
