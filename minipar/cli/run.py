@@ -116,7 +116,7 @@ def main(args) -> int:
         with emulated(args.nodes, args.link or link.DEFAULT) as cluster:
             return _job(args, err, cluster)
     except (ValueError, EmulationError) as error:
-        err.print(f"[bold red]minipar run:[/] {error}", markup=False)
+        err.fail(str(error))
         return 2
     except Terminated as stopped:
         err.print(f"minipar run: signal {stopped.signum}, job killed, nodes removed")
@@ -157,6 +157,8 @@ def _job(args, err, cluster) -> int:
         err.print(f"[bold red]minipar run:[/] job killed after {args.timeout:g} s (--timeout)")
     elif done.returncode != 0:
         err.print(f"[bold red]minipar run:[/] job exited with status {done.returncode}")
+    if cluster is not None and done.returncode != 0:
+        err.print(f"minipar run: the emulated nodes were {cluster.describe(args.n)}")
     return done.returncode
 
 
@@ -167,7 +169,13 @@ class _Errors:
     def print(self, *args, **kwargs) -> None:
         from rich.console import Console  # here: a job that goes well never loads rich
 
-        Console(stderr=True, highlight=False).print(*args, **kwargs)
+        Console(stderr=True, highlight=False, soft_wrap=True).print(*args, **kwargs)
+
+    def fail(self, text: str) -> None:
+        """`minipar run: TEXT`, the prefix in red, the text as it is (no markup read in it)."""
+        from rich.markup import escape
+
+        self.print(f"[bold red]minipar run:[/] {escape(text)}")
 
 
 def merge_trace(folder: str, err) -> None:

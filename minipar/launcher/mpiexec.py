@@ -103,7 +103,7 @@ def command(
             env.setdefault(name, "1")
     if n > cores():
         env["MINIPAR_OVERSUBSCRIBED"] = "1"
-        if openmpi:
+        if openmpi and cluster is None:  # a node's slots are given: its ranks fit them
             cmd.append("--oversubscribe")
     flavor = "openmpi" if openmpi else "mpich"
     if cluster is not None:
@@ -121,6 +121,8 @@ def command(
     if relay is not None:
         program = relay.wrap(program)
         relay.environ(env)
+        if cluster is not None:
+            relay.hosts = {cluster.address(k): cluster.hostname(k) for k in range(cluster.n_nodes)}
     if cluster is not None:  # the launcher itself runs on node0
         return enter.argv_on_node(cluster.namespace(0), cluster.hostname(0), cmd + program), env
     return cmd + program, env
@@ -138,15 +140,16 @@ def warm_start(env: dict, argv: list[str]) -> list[str]:
     return ["-m", "minipar.testing.zygote", address] if address else []
 
 
-def run(n: int, argv: list[str], timeout: float | None = None, capture: bool = False):
-    """Run argv (python arguments) on n ranks; returns the CompletedProcess (exit 124 and the
-    whole job killed on timeout). Not captured, the ranks' output arrives in whole lines."""
+def run(n: int, argv: list[str], timeout: float | None = None, capture: bool = False, cluster=None):
+    """Run argv (python arguments) on n ranks (on an EmulatedCluster's nodes when given);
+    returns the CompletedProcess (exit 124 and the whole job killed on timeout). Not captured,
+    the ranks' output arrives in whole lines."""
     if capture:
-        cmd, env = command(n, argv)
+        cmd, env = command(n, argv, cluster=cluster)
         return run_command(cmd, env, timeout, capture)
     relay = Relay(n, tag=tag_from_env())
     try:
-        cmd, env = command(n, argv, relay=relay)
+        cmd, env = command(n, argv, relay=relay, cluster=cluster)
     except BaseException:
         relay.close()
         raise

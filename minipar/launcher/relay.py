@@ -13,6 +13,7 @@ launcher reads every FIFO, cuts the bytes into lines, and writes each whole line
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -45,6 +46,8 @@ class Relay:
         self.keep: list[int] = []  # our own write ends: a FIFO nobody opened yet is not at EOF
         self.pending: dict[int, bytes] = {}
         self.closed: set[str] = set()  # streams whose reader has gone (a closed pipe)
+        self.hosts: dict[str, str] = {}  # address -> node name, added to the launcher's lines
+        self.launcher_fds: set[int] = set()
         _enough_files(4 * n + 64)  # two FIFOs per rank, each opened twice here
         for rank in range(n):
             for stream in ("out", "err"):
@@ -81,6 +84,7 @@ class Relay:
             if pipe is not None:
                 os.set_blocking(pipe.fileno(), False)
                 self.readers[pipe.fileno()] = ("", stream)
+                self.launcher_fds.add(pipe.fileno())
                 sel.register(pipe.fileno(), selectors.EVENT_READ)
         deadline = None if timeout is None else time.monotonic() + timeout
         status = None
@@ -126,6 +130,8 @@ class Relay:
         """Whole lines, written in one call each (prefixed when tagging)."""
         tag, stream = self.readers[fd]
         text = data.decode("utf-8", errors="replace")
+        if self.hosts and fd in self.launcher_fds:
+            text = name_hosts(text, self.hosts)
         if tag:
             text = "".join(tag + line for line in text.splitlines(keepends=True))
         target = (self._out or sys.stdout) if stream == "out" else (self._err or sys.stderr)
@@ -146,6 +152,14 @@ class Relay:
                 pass
         self.keep = []
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def name_hosts(text: str, hosts: dict[str, str]) -> str:
+    """The launcher's lines with each emulated node's address followed by its name: hydra's
+    `RUNNING AT 10.200.0.2` reads `RUNNING AT 10.200.0.2 (node1)`."""
+    for address, name in hosts.items():
+        text = re.sub(re.escape(address) + r"(?!\d)", f"{address} ({name})", text)
+    return text
 
 
 def _enough_files(count: int) -> None:

@@ -52,7 +52,7 @@ def for_cluster(flavor: str, cluster, n: int) -> tuple[list[str], dict]:
     agent = write_stand_in(cluster.folder)
     env = {TABLE_ENV: cluster.table()}
     if flavor == "openmpi":
-        args = ["--host", hosts, "--prtemca", "plm_ssh_agent", agent,
+        args = ["--host", hosts, "--bind-to", "none", "--prtemca", "plm_ssh_agent", agent,
                 "--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp",
                 "--mca", "btl_tcp_if_include", INTERFACE]  # fmt: skip
         return args, env

@@ -93,6 +93,17 @@ class EmulatedCluster:
             f"{self.address(k)}={self.namespace(k)}={self.hostname(k)}" for k in range(self.n_nodes)
         )
 
+    def describe(self, n: int) -> str:
+        """'node0 10.200.0.1 ranks 0-1, node1 10.200.0.2 ranks 2-3' for a job of n ranks."""
+        from minipar.launcher.cluster.mpi_args import slots
+
+        parts, first = [], 0
+        for k, count in enumerate(slots(n, self.n_nodes)):
+            ranks = f"rank {first}" if count == 1 else f"ranks {first}-{first + count - 1}"
+            parts.append(f"{self.hostname(k)} {self.address(k)} {ranks}")
+            first += count
+        return ", ".join(parts)
+
     def __enter__(self):
         self.up()
         return self
