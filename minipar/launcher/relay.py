@@ -41,7 +41,8 @@ class Relay:
     def __init__(self, n: int, tag: bool = False, out=None, err=None):
         self.n, self.tag = n, tag
         self._out, self._err = out, err  # None: whatever sys.stdout/sys.stderr are at write time
-        self.folder = tempfile.mkdtemp(prefix="minipar-io-")
+        # the owner's pid in the name: a SIGKILLed launcher's pipes are found and removed later
+        self.folder = tempfile.mkdtemp(prefix=f"minipar-io-{os.getpid()}-")
         self.readers: dict[int, tuple[str, str]] = {}  # fd -> (line prefix, "out" or "err")
         self.keep: list[int] = []  # our own write ends: a FIFO nobody opened yet is not at EOF
         self.pending: dict[int, bytes] = {}

@@ -15,6 +15,7 @@ import numpy as np
 import minipar
 from minipar.collectives import api
 from minipar.errors import MiniparError
+from minipar.launcher.cluster import mpi_args
 
 DIGESTED = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "broadcast", "reduce")
 
@@ -51,8 +52,8 @@ def facts_case():
     if emulated():
         assert socket.gethostname() == f"node{node}", socket.gethostname()
         assert nodes.names[node] == f"node{node}"
-        per = comm.size // n_nodes  # consecutive ranks on a node (-n a multiple of --nodes here)
-        assert node == rank // per, (node, rank, per)
+        counts = mpi_args.slots(comm.size, n_nodes)  # consecutive ranks on a node, in blocks
+        assert node == next(k for k in range(n_nodes) if rank < sum(counts[: k + 1])), counts
         said = os.environ.get("MPI_LOCALRANKID") or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK")
         assert int(said) == minipar.local_rank(), (said, minipar.local_rank())
     else:

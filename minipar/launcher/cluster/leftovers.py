@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import tempfile
 
@@ -51,13 +52,19 @@ def stale() -> list[str]:
     return dead
 
 
+OWNED = re.compile(r"^minipar-(?:io-)?(\d+)-")  # a node's files, a job's pipes (relay.py)
+
+
 def stale_folders() -> list[str]:
+    """A dead job's folders in the temporary directory: its nodes' files, its ranks' pipes."""
     found = []
-    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{PREFIX}*-files-*")):
-        parts = os.path.basename(path).split("-")
-        if len(parts) > 2 and parts[1].isdigit():
-            if not owner_alive(int(parts[1]), os.stat(path).st_mtime):
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{PREFIX}*")):
+        owner = OWNED.match(os.path.basename(path))
+        try:
+            if owner and not owner_alive(int(owner.group(1)), os.stat(path).st_mtime):
                 found.append(path)
+        except OSError:
+            pass
     return found
 
 
