@@ -317,3 +317,21 @@ def test_3d_training_checks_across_two_nodes():
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=660,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def _where():
+    import socket
+
+    import minipar
+
+    return minipar.get_rank(), minipar.node_rank(), minipar.local_rank(), socket.gethostname()
+
+
+@emulation
+def test_launch_from_a_notebook_on_emulated_nodes():
+    import minipar
+
+    before = namespaces()
+    got = minipar.launch(_where, n=4, nodes=2, timeout=60)
+    assert got == [(0, 0, 0, "node0"), (1, 0, 1, "node0"), (2, 1, 0, "node1"), (3, 1, 1, "node1")]
+    assert namespaces() == before
