@@ -74,6 +74,7 @@ def link_bytes_case():
     x = np.ones(2 << 20, dtype=np.float32)
     minipar.barrier()
     before = eth0_bytes()
+    minipar.barrier()  # every rank read `before` first: a peer's first sends come after it
     with minipar.trace() as t:
         minipar.all_reduce(x, algorithm="ring")
     minipar.barrier()
@@ -99,6 +100,7 @@ def inside_node_case():
     x = np.ones(2 << 20, dtype=np.float32)
     minipar.barrier()
     before = eth0_bytes()
+    minipar.barrier()
     minipar.all_reduce(x, group=groups.intra, algorithm="ring")
     groups.intra.barrier()
     after = eth0_bytes()
