@@ -9,7 +9,8 @@
   `minipar run` and the next job's sweep), counted: namespaces, links, queues, folders;
 - the faults only a cluster has: a cable pulled mid-job, a whole node killed.
 MINIPAR_EXTENDED=1 (CI's cluster step) adds the collectives matrix on 2x2, 2x3 and 4x1 nodes,
-uneven nodes, 20 jobs of every ending, and 3D training with --check across 2 nodes.
+uneven nodes, the strategies' suites (DDP, FSDP, TP, PP, CP, EP, the mesh) on 2x2, 20 jobs of
+every ending, and 3D training with --check across 2 nodes.
 """
 
 import os
@@ -209,6 +210,21 @@ def test_uneven_nodes(size, nodes):
 def test_collectives_matrix_across_nodes(size, nodes):
     result = harness.run_suite(MATRIX, size, "mpi", nodes=nodes)
     for name in harness.case_names(MATRIX, size):
+        result.check(name)
+
+
+STRATEGIES = ["data_parallel.py", "tensor_parallel.py", "pipeline.py", "context.py", "expert.py",
+              "mesh.py"]  # fmt: skip
+
+
+@emulation
+@pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's cluster step)")
+@pytest.mark.parametrize("suite", STRATEGIES)
+def test_strategies_across_two_nodes(suite):
+    """DDP, ZeRO, FSDP, TP, PP, CP, EP and the mesh's suites on 2 nodes x 2 ranks."""
+    path = ranks_suite(suite)
+    result = harness.run_suite(path, 4, "mpi", nodes=2)
+    for name in harness.case_names(path, 4):
         result.check(name)
 
 
