@@ -229,18 +229,20 @@ def test_strategies_across_two_nodes(suite):
 
 
 # -- nothing left behind -------------------------------------------------------------------------
-def _census() -> dict:
-    """What jobs could leave: minipar namespaces, the machine's links and queues, the nodes'
-    folders, and processes that run in a namespace other than ours."""
+def _machine() -> dict:
+    """The machine's own links and queues (a job adds none: its links live in its namespaces)."""
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     qdiscs = subprocess.run(["tc", "qdisc"], capture_output=True, text=True).stdout
+    return {"links": len(links.splitlines()), "qdiscs": len(qdiscs.splitlines())}
+
+
+def _left_by(owner: int) -> list[str]:
+    """What the job whose `minipar run` had pid `owner` left: namespaces (their links and
+    queues with them), its nodes' folder, its ranks' pipes. Other jobs' are not counted: they
+    may run beside this test."""
     folders = [n for n in os.listdir(tempfile.gettempdir()) if leftovers.OWNED.match(n)]
-    return {
-        "namespaces": namespaces(),
-        "links": len(links.splitlines()),
-        "qdiscs": len(qdiscs.splitlines()),
-        "folders": folders,
-    }
+    mine = [n for n in folders if leftovers.OWNED.match(n).group(1) == str(owner)]
+    return [n for n in namespaces() if n.startswith(f"minipar-{owner}-")] + mine
 
 
 def _job(script: str, *args: str, timeout: float = 60) -> subprocess.Popen:
@@ -274,17 +276,18 @@ def _wait_for(proc, text: str, limit: float = 30) -> str:
     return seen
 
 
-def _ending(kind: str) -> None:
+def _ending(kind: str) -> int:
+    """One job that ends as `kind` says; the pid of its `minipar run`."""
     if kind == "ok":
         proc = _job("nodes_ok.py")
         out = _finish(proc, 60)
         assert proc.returncode == 0, out
-        return
+        return proc.pid
     if kind == "rank_fails":
         proc = _job("nodes_ok.py", "fail")
         out = _finish(proc, 60)
         assert proc.returncode != 0 and "rank 1 fails on purpose" in out, out
-        return
+        return proc.pid
     proc = _job("nodes_ok.py", "wait")
     _wait_for(proc, "ranks ready")
     sig = {"ctrl_c": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}[kind]
@@ -292,8 +295,9 @@ def _ending(kind: str) -> None:
     out = _finish(proc, 60)
     assert proc.returncode != 0, out
     if kind == "sigkill":  # nothing ran minipar's clean-up: the launcher and ranks live on
-        assert leftovers.stale(), "a SIGKILLed job's namespaces should be there to sweep"
+        assert _left_by(proc.pid), "a SIGKILLed job's namespaces should be there to sweep"
         leftovers.sweep()  # what the next `minipar run --nodes` (or minipar doctor) does
+    return proc.pid
 
 
 ENDINGS = ["ok", "rank_fails", "ctrl_c", "sigterm", "sigkill"]
@@ -302,10 +306,11 @@ ENDINGS = ["ok", "rank_fails", "ctrl_c", "sigterm", "sigkill"]
 @emulation
 @pytest.mark.parametrize("kind", ENDINGS)
 def test_nothing_is_left_behind(kind):
-    before = _census()
+    before = _machine()
     for _ in range(20 if EXTENDED else 1):
-        _ending(kind)
-    assert _census() == before
+        owner = _ending(kind)
+        assert _left_by(owner) == [], kind
+    assert _machine() == before
 
 
 # -- faults only a cluster has ------------------------------------------------------------------
