@@ -343,6 +343,17 @@ def test_a_killed_node_ends_the_job_at_once_and_is_named():
 
 @emulation
 @pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's cluster step)")
+def test_lesson_01_measures_the_link_between_nodes():
+    cmd = [sys.executable, "-m", "minipar", "lesson", "01", "--quick", "--nodes", "2"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "between nodes (rank 0 - 2)" in done.stdout
+    assert "PASS  the link between nodes is slower" in done.stdout
+
+
+@emulation
+@pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's cluster step)")
 def test_3d_training_checks_across_two_nodes():
     cmd = [sys.executable, "-m", "minipar", "run", "--nodes", "2", "-n", "8", "--timeout", "600",
            sys.executable, "-m", "minipar", "train", "--dp", "2", "--tp", "2", "--pp", "2",
