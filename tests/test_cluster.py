@@ -87,10 +87,12 @@ def test_stand_in_maps_hosts_to_namespaces():
     assert enter.lookup("node0", table) == ("ns-a", "node0")
     with pytest.raises(ValueError, match=r"'10.200.0.9'.*10.200.0.1, 10.200.0.2"):
         enter.lookup("10.200.0.9", table)
-    ssh = enter.words_on_node("ns-b", "node1", ["PATH=/x;export", "PATH;", "prted", "--a"])
+    ssh = enter.words_on_node("ns-b", "node1", "/h", ["PATH=/x;export", "PATH;", "prted", "--a"])
     assert ssh[:3] == ["nsenter", "--net=/run/netns/ns-b", "--"]
-    assert ssh[-1] == "hostname node1 && PATH=/x;export PATH; prted --a"  # ssh joins the words
-    exact = enter.argv_on_node("ns-a", "node0", ["mpiexec", "a b", "$HOME"])
+    assert ssh[-1] == (  # ssh joins the words; the node's hosts file, then its name
+        "mount --bind /h /etc/hosts && hostname node1 && PATH=/x;export PATH; prted --a"
+    )
+    exact = enter.argv_on_node("ns-a", "node0", "/h", ["mpiexec", "a b", "$HOME"])
     assert exact[-3:] == ["mpiexec", "a b", "$HOME"]  # the launcher's argv kept exact
 
 
@@ -101,7 +103,7 @@ def test_stand_in_refuses_an_unknown_host(monkeypatch, capsys):
 
 
 class _Cluster:  # enough of an EmulatedCluster for the launcher's arguments
-    n_nodes, hosts = 2, ["10.200.0.1", "10.200.0.2"]
+    n_nodes, hosts, hosts_file = 2, ["10.200.0.1", "10.200.0.2"], "/h"
 
     def __init__(self, folder):
         self.folder = folder

@@ -124,7 +124,8 @@ def command(
         if cluster is not None:
             relay.hosts = {cluster.address(k): cluster.hostname(k) for k in range(cluster.n_nodes)}
     if cluster is not None:  # the launcher itself runs on node0
-        return enter.argv_on_node(cluster.namespace(0), cluster.hostname(0), cmd + program), env
+        node0 = (cluster.namespace(0), cluster.hostname(0), cluster.hosts_file)
+        return enter.argv_on_node(*node0, cmd + program), env
     return cmd + program, env
 
 

@@ -51,6 +51,7 @@ def facts_case():
     assert minipar.local_world_size() == len(on_node)
     if emulated():
         assert socket.gethostname() == f"node{node}", socket.gethostname()
+        assert socket.gethostbyname("node0") == "10.200.0.1"  # node names resolve on a node
         assert nodes.names[node] == f"node{node}"
         counts = mpi_args.slots(comm.size, n_nodes)  # consecutive ranks on a node, in blocks
         assert node == next(k for k in range(n_nodes) if rank < sum(counts[: k + 1])), counts

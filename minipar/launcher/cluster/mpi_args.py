@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 
-from minipar.launcher.cluster.enter import TABLE_ENV
+from minipar.launcher.cluster.enter import HOSTS_ENV, TABLE_ENV
 
 INTERFACE = "eth0"
 
@@ -50,7 +50,7 @@ def for_cluster(flavor: str, cluster, n: int) -> tuple[list[str], dict]:
     """(launcher arguments, environment) for n ranks on an EmulatedCluster."""
     hosts = host_list(cluster.hosts, slots(n, cluster.n_nodes))
     agent = write_stand_in(cluster.folder)
-    env = {TABLE_ENV: cluster.table()}
+    env = {TABLE_ENV: cluster.table(), HOSTS_ENV: cluster.hosts_file}
     if flavor == "openmpi":
         args = ["--host", hosts, "--bind-to", "none", "--prtemca", "plm_ssh_agent", agent,
                 "--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp",

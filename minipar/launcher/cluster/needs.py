@@ -18,6 +18,7 @@ TOOLS = {
     "nsenter": "util-linux",
     "unshare": "util-linux",
     "hostname": "hostname (apt-get install hostname)",
+    "mount": "util-linux",
 }
 WITHOUT = "run on one node instead: minipar run -n 4 script.py (no --nodes)"
 

@@ -12,8 +12,10 @@ made it, JOB random, so two jobs never touch each other's and a dead owner's are
     minipar-OWNER-JOB-node1      eth0 (10.200.0.2/24), cabled to n1 ...
 
 A node's hostname (node0, ...) is set when a process enters it (enter.py: a UTS namespace of
-its own per launcher proxy), so nothing outside the job sees it. Each cable is shaped on both
-ends (eth0 out of the node, nK out of the switch) with link.py's token bucket. Nothing is in
+its own per launcher proxy), and the job's hosts file (node0 -> 10.200.0.1, ...) is bound over
+/etc/hosts in a mount namespace of the proxy's own, so nothing outside the job sees either.
+Each cable is shaped on both ends (eth0 out of the node, nK out of the switch) with link.py's
+token bucket. Nothing is in
 the machine's own namespace: no route, no address, so no byte can leave the job's switch.
 
 Removing a namespace removes its interfaces and queues; the processes still inside a node are
@@ -120,10 +122,22 @@ class EmulatedCluster:
             for k in range(self.n_nodes):
                 self._add_node(k)
             self.folder = tempfile.mkdtemp(prefix=f"{self.stem}files-")
+            self._write_hosts()
         except BaseException:
             self.down()
             raise
         self.timings["up"] = time.perf_counter() - began
+
+    @property
+    def hosts_file(self) -> str:
+        """The nodes' /etc/hosts (enter.py binds it there on each node): node names resolve."""
+        return os.path.join(self.folder or "", "hosts")
+
+    def _write_hosts(self) -> None:
+        lines = ["127.0.0.1 localhost"]
+        lines += [f"{self.address(k)} {self.hostname(k)}" for k in range(self.n_nodes)]
+        with open(self.hosts_file, "w") as f:
+            f.write("\n".join(lines) + "\n")
 
     def _add_namespace(self, name: str) -> None:
         run_ip(["ip", "netns", "add", name], "making an emulated node")
