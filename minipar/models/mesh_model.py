@@ -49,10 +49,10 @@ from minipar.models.parallel_gpt import (
     build_chunks,
     dense_named_parameters,
 )
-from minipar.parallel import activation_memory, recompute
+from minipar.parallel import activation_memory, recompute, replicas
 from minipar.parallel.context import shard_sequence
 from minipar.parallel.data import DistributedDataParallel, FullyShardedDataParallel
-from minipar.parallel.expert import MoE, sync_expert_grads
+from minipar.parallel.expert import MoE, expert_parameters, sync_expert_grads
 from minipar.parallel.pipeline import Pipeline
 from minipar.parallel.tensor import vocab_parallel_cross_entropy
 
@@ -273,7 +273,10 @@ def data_parallel(chunk, mesh, fsdp: bool):
     FullyShardedDataParallel with one sharding unit per block, embedding and head (all-gather
     of a unit's weights before it computes, forward and backward, reduce-scatter of its
     gradient: 3(p-1)/p of the bytes). Over dp_cp_group: with context parallelism each cp rank's
-    gradient covers its own tokens, reduced as the dp ranks' are. dp x cp = 1: the chunk."""
+    gradient covers its own tokens, reduced as the dp ranks' are. dp x cp = 1: the chunk.
+    The experts, which sync_grads sums over expert_dp_group, are marked as copied over it (for
+    the gradient norm: parallel/replicas.py), as DDP and FSDP mark what they average."""
+    replicas.mark_replicated(expert_parameters(chunk), mesh.expert_dp_group)
     if mesh.dp * mesh.cp == 1:
         return chunk
     if fsdp:

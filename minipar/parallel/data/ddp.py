@@ -36,7 +36,8 @@ not broadcast (each rank holds its own experts), not bucketed, not averaged. The
 already covers every token its expert-parallel group routed to it, and the ranks holding the
 same experts sum them with minipar.parallel.expert.sync_expert_grads over their own group;
 averaging them over dp would mix different experts' gradients (Megatron-LM and DeepSpeed keep
-the experts' gradients apart from the dense ones in the same way).
+the experts' gradients apart from the dense ones in the same way). The others are marked as
+copied over the group (minipar.parallel.replicas): the gradient norm counts them once.
 
 A forward with grad enabled outside no_sync() arms the next backward's synchronisation (torch
 DDP decides at forward time too); one synchronised backward per such forward.
@@ -57,6 +58,7 @@ from torch import nn
 from minipar import collectives, cost, runtime
 from minipar.collectives.reduce_op import ReduceOp
 from minipar.comm import ledger
+from minipar.parallel import replicas
 
 
 def structure(module: nn.Module) -> list[tuple]:
@@ -212,6 +214,7 @@ class DistributedDataParallel(nn.Module):
         check_same_structure(self.comm, structure(module))
         shared = [p for p in module.parameters() if not is_expert(p)]  # tied: listed once
         broadcast_tensors(shared + list(module.buffers()), self.comm)
+        replicas.mark_replicated(shared, self.comm)  # copies: the gradient norm counts one
         trainable = [p for p in shared if p.requires_grad]
         self.buckets = make_buckets(trainable[::-1], int(bucket_cap_mb * 2**20))
         place_buckets(self.buckets, self.comm)

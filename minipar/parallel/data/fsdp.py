@@ -38,7 +38,7 @@ from torch import nn
 from minipar import collectives, runtime
 from minipar.collectives.reduce_op import ReduceOp
 from minipar.comm import ledger
-from minipar.parallel import activation_memory
+from minipar.parallel import activation_memory, replicas
 from minipar.parallel.data.ddp import (
     broadcast_tensors,
     check_same_structure,
@@ -116,6 +116,10 @@ class Unit:
             offset += p.numel()
         start = comm.rank * self.block
         self.shard = nn.Parameter(flat[start : start + self.block].clone())
+        # the tensors' copies (a LayerNorm over tp) in the shard: for the gradient norm
+        marks = [(off, shape.numel(), replicas.replicated_over(p)) for (p, _), (off, shape, *_)
+                 in zip(params, self.layout)]  # fmt: skip
+        self.shard.replica_pieces = replicas.flat_pieces(marks, start, start + self.block)
         self.full, self.slots = None, []  # the gathered vector, and the slots it took
         self.pending = []  # (work, reduced block) of in-flight reduce-scatters
         self.span = None  # a trace's open span of this unit's forward or backward
@@ -271,6 +275,7 @@ class FullyShardedDataParallel(nn.Module):
         self._make_slots(module)
         for i, (p, _) in enumerate(self.replicated):
             self.register_parameter(f"replicated_{i}", p)
+            replicas.mark_replicated(p, self.comm)  # whole on every rank: counted once
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(lambda _p: self._queue_finish())
 
