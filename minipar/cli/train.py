@@ -85,6 +85,47 @@ def configure(parser) -> None:
     run.add_argument("--experts", type=int, default=4, help="experts per MoE block (default 4)")
     run.add_argument("--top-k", type=int, default=2, help="experts per token (default 2)")
     run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    prec = parser.add_argument_group("precision, clip and learning-rate schedule")
+    prec.add_argument(
+        "--dtype",
+        default="fp32",
+        choices=["fp32", "bf16", "fp16"],
+        help="compute dtype; weights, gradients, AdamW stay fp32 (default fp32)",
+    )
+    prec.add_argument(
+        "--reduce-dtype",
+        default="fp32",
+        choices=["fp32", "bf16"],
+        help="the data-parallel gradient all-reduce's dtype (default fp32)",
+    )
+    prec.add_argument(
+        "--clip",
+        type=float,
+        default=None,
+        metavar="MAX",
+        help="clip the whole model's gradient norm to MAX; reports it each step",
+    )
+    prec.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="linear learning-rate warm-up (default 0)",
+    )
+    prec.add_argument(
+        "--lr-schedule",
+        default="constant",
+        choices=["cosine", "linear", "constant"],
+        help="after the warm-up",
+    )
+    prec.add_argument("--min-lr", type=float, default=0.0, help="the decay's floor (default 0)")
+    prec.add_argument(
+        "--decay-steps",
+        type=int,
+        default=None,
+        metavar="STEP",
+        help="the step the decay reaches --min-lr (default: the run's end)",
+    )
     out = parser.add_argument_group("checks and output")
     out.add_argument("--check", action="store_true", help="compare with the dense run")
     out.add_argument("--plot", metavar="PNG", help="write the loss curve")
@@ -148,6 +189,13 @@ def spec_from_args(args):
         args.cp,
         args.cp_variant,
         args.ep,
+        dtype=args.dtype,
+        reduce_dtype=args.reduce_dtype,
+        clip=args.clip,
+        warmup=args.warmup,
+        lr_schedule=args.lr_schedule,
+        min_lr=args.min_lr,
+        decay_steps=args.decay_steps,
     )
 
 
@@ -211,16 +259,17 @@ def run_here(args) -> int:
         from minipar.models import checkpoint, training
 
         device = pick_device(args.device, comm.rank)
-        start_model, start, opt_state = None, 0, None
+        start_model, start, opt_state, scaler_state = None, 0, None, None
         if args.resume:  # the checkpoint's model, whatever the size options say
             record = checkpoint.read(args.resume)
-            start_model, start = checkpoint.load(args.resume)
+            start_model, start = checkpoint.load(args.resume)  # the schedule's step too
             opt_state = record.get("optimizer")
+            scaler_state = record["extra"].get("loss_scaler")
             spec = dataclasses.replace(spec, model=start_model.config)
             spec.validate()
         training.check_supported(spec, mesh)  # before the progress bar appears
         report = Reporter(spec, comm, active=comm.rank == 0)
-        grads = {}  # --check: the first step's gradients, gathered dense (collective)
+        grads, stats = {}, {}  # --check: the first step's gradients, gathered dense
 
         def keep_grads(step, part):
             if args.check and step == start:
@@ -230,12 +279,14 @@ def run_here(args) -> int:
             losses, model, opt = training.train_on_mesh(
                 spec,
                 mesh,
-                lambda s, loss, t: report.step(s, loss, t, memory_bytes(device)),
+                lambda s, loss, t: report.step(s, loss, t, memory_bytes(device), stats),
                 start_model,
                 start,
                 device,
                 opt_state,
                 keep_grads,
+                stats,
+                scaler_state,
             )
         report.activations = train_view.activation_report(spec, mesh, model, comm)  # collective
         state = training.dense_state(model, mesh)  # collective: every rank gathers
@@ -246,13 +297,18 @@ def run_here(args) -> int:
         minipar.finalize()
         return 2
     problems = (
-        check(spec, args, losses, state, grads, start) if args.check and comm.rank == 0 else []
+        check(spec, args, losses, state, grads, start, stats)
+        if args.check and comm.rank == 0
+        else []
     )
     status = max(comm.allgather_object(1 if problems else 0))
     if comm.rank == 0:
         report.summary(losses, problems if args.check else None)
         if args.save:
-            checkpoint.save(args.save, state, spec.model, start + spec.steps, optimizer)
+            checkpoint.save(
+                args.save, state, spec.model, start + spec.steps, optimizer,
+                loss_scaler=stats.get("scaler"),
+            )  # fmt: skip
         if args.plot:
             report.plot(args.plot, losses, start)
         if args.json:
@@ -261,20 +317,47 @@ def run_here(args) -> int:
     return status
 
 
-def check(spec, args, losses, state, grads, start) -> list[str]:
-    """The dense run on this process from the same start; the problems found (none: agreed):
-    the first step's gradients, then every loss and the final weights."""
+def check(spec, args, losses, state, grads, start, stats) -> list[str]:
+    """The dense run on this process from the same start, with the same precision policy,
+    clip and schedule; the problems found (none: agreed): the first step's gradients, the
+    gradient norm of every step, every loss and the final weights, within the precision's
+    bounds (training.tolerances)."""
     # here, not at the top of the file: torch and numpy load only when used
     from minipar.models import checkpoint, training
 
+    record = checkpoint.read(args.resume) if args.resume else {}
     model = checkpoint.load(args.resume)[0] if args.resume else None
-    opt_state = checkpoint.read(args.resume).get("optimizer") if args.resume else None
+    scaler_state = record.get("extra", {}).get("loss_scaler")
+    tol = training.tolerances(spec)
     t0 = time.perf_counter()
     dense_grads = training.dense_gradients(spec, model, start)
-    problems = [f"step {start}: {p}" for p in training.compare_gradients(grads, dense_grads)]
-    reference, dense, _ = training.train_dense(spec, None, model, start, opt_state)
+    found = training.compare_gradients(grads, dense_grads, tol["grad"])
+    problems = [f"step {start}: {p}" for p in found]
+    ref_stats = {}
+    reference, dense, _ = training.train_dense(
+        spec, None, model, start, record.get("optimizer"), ref_stats, scaler_state
+    )
     print(f"dense reference: {len(reference)} steps in {time.perf_counter() - t0:.1f} s")
-    return problems + training.compare(losses, reference, state, dense.state_dict())
+    seen = training.gaps(grads, dense_grads, stats, ref_stats, losses, reference)
+    print(
+        "largest differences (bound): "
+        + ", ".join(f"{k} {v:.2g} ({tol[k]:.2g})" for k, v in seen.items())
+    )
+    problems += training.compare_norms(stats, ref_stats, tol["norm"], start)
+    return problems + training.compare(
+        losses, reference, state, dense.state_dict(), tol["loss"], tol["loss_atol"],
+        tol["params"],
+    )  # fmt: skip
+
+
+def step_extras(stats) -> str:
+    """'  norm 1.234  lr 2.0e-04' (and 'skipped' for an fp16 overflow) of the last step."""
+    if not stats or not stats.get("lrs"):
+        return ""
+    norm = stats["norms"][-1]
+    text = f"  norm {norm:.4g}" if norm is not None else ""
+    text += f"  lr {stats['lrs'][-1]:.2e}"
+    return text + ("  skipped (fp16 overflow)" if stats["skipped"][-1] else "")
 
 
 def describe(spec) -> str:
@@ -341,14 +424,14 @@ class Reporter:
         if self.active:
             self.progress.stop()
 
-    def step(self, step: int, loss: float, seconds: float, memory: int) -> None:
+    def step(self, step: int, loss: float, seconds: float, memory: int, stats=None) -> None:
         # a small control-plane message (not a minipar collective): every rank's memory
         self.memory = self.comm.allgather_object(memory)
         self.times.append(seconds)
         if self.active:
             tokens = self.spec.tokens_per_step / seconds
             mem = f"{min(self.memory) / 2**20:.0f}-{max(self.memory) / 2**20:.0f} MiB/rank"
-            info = f"step {step}  loss {loss:.4f}  {tokens:,.0f} tok/s  {mem}"
+            info = f"step {step}  loss {loss:.4f}{step_extras(stats)}  {tokens:,.0f} tok/s  {mem}"
             self.progress.update(self.task, advance=1, info=info)
 
     def summary(self, losses, problems) -> None:

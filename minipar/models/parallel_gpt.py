@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from minipar.comm.base import wait_all
+from minipar.models import precision
 from minipar.models.gpt import GPT
 from minipar.models.sharding import VOCAB_MULTIPLE
 from minipar.parallel import replicas
@@ -131,13 +132,15 @@ class StageChunk(nn.Module):
         super().__init__()
         self.embed, self.head = embed, head
         self.blocks = nn.ModuleDict(blocks or {})
+        self.precision = "fp32"  # the run's compute dtype (models/precision.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.embed is not None:
-            x = self.embed(x)
-        for block in self.blocks.values():
-            x = block(x)
-        return self.head(x) if self.head is not None else x
+        with precision.autocast(self.precision, x.device.type):
+            if self.embed is not None:
+                x = self.embed(x)
+            for block in self.blocks.values():
+                x = block(x)
+            return self.head(x) if self.head is not None else x
 
 
 def check_layout(config, tp: int, pp: int, virtual_stages: int = 1) -> None:
