@@ -303,7 +303,7 @@ def run_here(args) -> int:
     )
     status = max(comm.allgather_object(1 if problems else 0))
     if comm.rank == 0:
-        report.summary(losses, problems if args.check else None)
+        report.summary(losses, problems if args.check else None, stats)
         if args.save:
             checkpoint.save(
                 args.save, state, spec.model, start + spec.steps, optimizer,
@@ -312,7 +312,7 @@ def run_here(args) -> int:
         if args.plot:
             report.plot(args.plot, losses, start)
         if args.json:
-            report.write_json(args.json, losses, problems if args.check else None)
+            report.write_json(args.json, losses, problems if args.check else None, stats)
     minipar.finalize()
     return status
 
@@ -358,6 +358,23 @@ def step_extras(stats) -> str:
     text = f"  norm {norm:.4g}" if norm is not None else ""
     text += f"  lr {stats['lrs'][-1]:.2e}"
     return text + ("  skipped (fp16 overflow)" if stats["skipped"][-1] else "")
+
+
+def training_rows(spec, stats: dict) -> list[tuple[str, str]]:
+    """The summary's rows for the precision, the gradient norm and the schedule."""
+    rows = [("precision", f"{spec.dtype} compute, fp32 weights, gradients and AdamW; "
+                          f"gradients reduced in {spec.reduce_dtype}")]  # fmt: skip
+    norms = [n for n in stats.get("norms") or [] if n is not None]
+    if norms:
+        rows.append(("grad norm", f"{norms[0]:.4g} -> {norms[-1]:.4g} (clip {spec.clip})"))
+    if stats.get("lrs"):
+        lrs = stats["lrs"]
+        rows.append(("lr", f"{lrs[0]:.2e} -> {lrs[-1]:.2e} ({spec.warmup} warm-up steps, "
+                           f"then {spec.lr_schedule})"))  # fmt: skip
+    if stats.get("scaler"):
+        skipped = sum(stats.get("skipped") or [])
+        rows.append(("loss scale", f"{stats['scaler']['scale']:g}, {skipped} step(s) skipped"))
+    return rows
 
 
 def describe(spec) -> str:
@@ -434,7 +451,7 @@ class Reporter:
             info = f"step {step}  loss {loss:.4f}{step_extras(stats)}  {tokens:,.0f} tok/s  {mem}"
             self.progress.update(self.task, advance=1, info=info)
 
-    def summary(self, losses, problems) -> None:
+    def summary(self, losses, problems, stats=None) -> None:
         import statistics
 
         from rich.table import Table
@@ -460,8 +477,9 @@ class Reporter:
                 f"{min(self.memory) / 2**20:.0f} - {max(self.memory) / 2**20:.0f} MiB per rank",
             ),
         ]
-        for block, stats in sorted(self.moe.items(), key=lambda kv: int(kv[0].split()[1])):
-            rows.append((f"MoE load, {block}", f"{stats.summary(s.ep)} (last step)"))
+        rows += training_rows(s, stats or {})
+        for block, load in sorted(self.moe.items(), key=lambda kv: int(kv[0].split()[1])):
+            rows.append((f"MoE load, {block}", f"{load.summary(s.ep)} (last step)"))
         if problems is not None:
             verdict = (
                 "[green]matches the dense run[/]"
@@ -475,7 +493,7 @@ class Reporter:
         if self.activations is not None:
             Console(highlight=False).print(train_view.activation_table(self.activations))
 
-    def write_json(self, path: str, losses, problems) -> None:
+    def write_json(self, path: str, losses, problems, stats=None) -> None:
         import json
 
         s = self.spec
@@ -495,6 +513,11 @@ class Reporter:
             "peak_memory_bytes": self.memory,
             "activations": self.activations,
             "check": problems,
+            "dtype": s.dtype,
+            "grad_norms": (stats or {}).get("norms"),
+            "lrs": (stats or {}).get("lrs"),
+            "skipped": (stats or {}).get("skipped"),
+            "loss_scaler": (stats or {}).get("scaler"),
         }
         with open(path, "w") as f:
             json.dump(record, f, indent=1)

@@ -7,7 +7,9 @@ dense, are the dense model's clipped ones.
 
 The planted mistakes each make that check fail (`problems` not empty, on the ranks that see
 it): a replicated parameter counted per tp rank, a stage's norm not summed across pp, experts
-counted per dp replica, the clip factor applied on one stage only.
+counted per dp replica, the clip factor applied on one stage only, the loss scale not undone
+before the clip (fp16). And fp16 training with the loss scaler against the dense twin (one
+rank's overflow skips the step on every rank), DDP's bf16 reduction at half the bytes.
 """
 
 import dataclasses
@@ -20,7 +22,8 @@ import minipar
 from minipar.models import mesh_model, training
 from minipar.models.config import GPTConfig, RunSpec
 from minipar.models.gpt import build_gpt
-from minipar.parallel import clip_grad, clip_grad_norm_, replicas
+from minipar.parallel import DistributedDataParallel, clip_grad, clip_grad_norm_, replicas
+from minipar.parallel.loss_scale import LossScaler
 
 TINY = GPTConfig(seq_len=16, hidden=32, n_layers=2, n_heads=4)
 NORM_RTOL = 1e-5
@@ -162,10 +165,90 @@ def norms_case():
     assert math.isnan(norm.item()) and all(q.grad.isnan().all() for q in part.parameters())
 
 
+FP16 = dataclasses.replace(
+    spec_of(1, 2, 2), dtype="fp16", clip=1.0, warmup=1, lr_schedule="cosine", steps=2
+)
+
+
+def fp16_problems(spec, unscale=None):
+    """fp16 with clip and schedule on the mesh (`unscale`: a planted training.unscale) against
+    the dense twin: the problems (every rank gets rank 0's list; the dense run on rank 0)."""
+    mesh = training.mesh_for(spec)
+    stats, original = {}, training.unscale
+    training.unscale = unscale or original
+    try:
+        losses, part, _ = training.train_on_mesh(spec, mesh, stats=stats)
+    finally:
+        training.unscale = original
+    state = training.dense_state(part, mesh)
+    found = []
+    if mesh.rank == 0:
+        ref_stats = {}
+        reference, dense, _ = training.train_dense(spec, stats=ref_stats)
+        tol = training.tolerances(spec)
+        found += training.compare_norms(stats, ref_stats, tol["norm"])
+        found += training.compare(losses, reference, state, dense.state_dict(), tol["loss"],
+                                  tol["loss_atol"], tol["params"])  # fmt: skip
+        if stats["scaler"] != ref_stats["scaler"]:
+            found.append(f"loss scaler {stats['scaler']} vs dense {ref_stats['scaler']}")
+    return mesh.group.allgather_object(found)[0]
+
+
+def fp16_case():
+    minipar.init()
+    found = fp16_problems(FP16)
+    assert not found, "; ".join(found)
+
+
+def scale_not_undone_case():
+    """The planted mistake: the clip reads the gradients still multiplied by the loss scale."""
+    minipar.init()
+    found = fp16_problems(FP16, lambda scaler, params: True)  # the norm 2^16 times too large
+    assert any("gradient norm" in p for p in found), found
+
+
+def overflow_case():
+    """One rank's inf: every rank's unscale_ says False and every scale halves."""
+    comm = minipar.init()
+    mesh = training.mesh_for(RunSpec(1, 2, 2, model=TINY))
+    scaler = LossScaler(init_scale=8.0, mesh=mesh)
+    q = torch.nn.Parameter(torch.ones(3))
+    q.grad = torch.full((3,), 8.0)
+    if comm.rank == 3:
+        q.grad[1] = float("inf")
+    assert scaler.unscale_([q]) is False
+    scaler.update()
+    assert scaler.scale == 4.0 and torch.equal(q.grad[0], torch.tensor(1.0))
+    q.grad = torch.full((3,), 4.0)
+    assert scaler.unscale_([q]) is True
+    scaler.update()
+    assert scaler.scale == 4.0 and scaler.good_steps == 1
+
+
+def reduce_bytes_case():
+    """DDP with reduce_dtype=bf16 sends half the gradient bytes of fp32 (the ledger)."""
+    minipar.init()
+    sent = {}
+    for dtype in (None, torch.bfloat16):
+        torch.manual_seed(0)
+        model = DistributedDataParallel(torch.nn.Linear(256, 256), reduce_dtype=dtype)
+        x = torch.randn(4, 256) * (1 + minipar.get_rank())
+        with minipar.trace() as t:
+            model(x).square().sum().backward()
+        sent[dtype] = t.bytes_sent("all_reduce")
+        assert model.module.weight.grad.dtype == torch.float32
+    ratio = sent[torch.bfloat16] / sent[None]
+    assert abs(ratio - 0.5) < 0.01, (sent, ratio)
+
+
 def cases(size):
     if size != 4:
         return {}
     table = {f"layout.{name}": layout_case(name) for name in LAYOUTS}
     table.update({f"plant.{name}": plant_case(name) for name in PLANTS})
     table["norms"] = norms_case
+    table["fp16.tp2_pp2"] = fp16_case
+    table["plant.scale_not_undone"] = scale_not_undone_case
+    table["fp16.overflow_on_one_rank"] = overflow_case
+    table["ddp.reduce_bf16_half_bytes"] = reduce_bytes_case
     return table
