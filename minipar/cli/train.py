@@ -289,6 +289,7 @@ def run_here(args) -> int:
                 scaler_state,
             )
         report.activations = train_view.activation_report(spec, mesh, model, comm)  # collective
+        report.gather_state(model, opt, spec)  # collective: every rank's bytes per parameter
         state = training.dense_state(model, mesh)  # collective: every rank gathers
         report.gather_moe(model.moe_stats())
         optimizer = training.mesh_optimizer_state(model, opt) if args.save else None
@@ -377,6 +378,22 @@ def training_rows(spec, stats: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def state_rows(state: list, n_params: int) -> list[tuple[str, str]]:
+    """The summary's row for the training state per parameter (rank 0's split, every rank's
+    share of the model)."""
+    if not state:
+        return []
+    r = state[0]
+    split = ", ".join(f"{k} {r[k]:.2f}" for k in ("weights", "grads", "master", "m", "v"))
+    copies = f" + {r['compute_copies']:.2f} low-precision copies in a step" * bool(
+        r["compute_copies"]
+    )
+    held = sorted({round(100 * x["held"] / n_params, 1) for x in state})
+    share = f"{held[0]}-{held[-1]}" if len(held) > 1 else f"{held[0]}"
+    text = f"{r['total']:.2f} B per held parameter ({split}){copies}; a rank holds {share}%"
+    return [("model state", text)]
+
+
 def describe(spec) -> str:
     """What runs on each axis of the mesh, in words, for the summary."""
     parts = []
@@ -416,6 +433,15 @@ class Reporter:
         self.times, self.memory = [], []
         self.activations = None  # train_view.activation_report's, after the run
         self.times, self.memory, self.moe = [], [], {}
+        self.state = []  # gather_state's: every rank's bytes per parameter
+
+    def gather_state(self, model, opt, spec) -> None:
+        """Every rank's training state in bytes per held parameter (models/state_bytes.py)."""
+        from minipar.models import precision, state_bytes
+
+        dtype = precision.dtype_of(spec.dtype)
+        mine = state_bytes.state_bytes(list(model.parameters()), opt, dtype)
+        self.state = self.comm.allgather_object(mine)
 
     def gather_moe(self, stats: dict) -> None:
         """Every rank's MoE blocks' load at the last step, by block (collective: every rank)."""
@@ -477,7 +503,7 @@ class Reporter:
                 f"{min(self.memory) / 2**20:.0f} - {max(self.memory) / 2**20:.0f} MiB per rank",
             ),
         ]
-        rows += training_rows(s, stats or {})
+        rows += training_rows(s, stats or {}) + state_rows(self.state, s.model.n_params())
         for block, load in sorted(self.moe.items(), key=lambda kv: int(kv[0].split()[1])):
             rows.append((f"MoE load, {block}", f"{load.summary(s.ep)} (last step)"))
         if problems is not None:

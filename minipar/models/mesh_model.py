@@ -289,8 +289,10 @@ def data_parallel(chunk, mesh, fsdp: bool, reduce_dtype=None):
     replicas.mark_replicated(expert_parameters(chunk), mesh.expert_dp_group)
     if mesh.dp * mesh.cp == 1:
         return chunk
-    if fsdp:
-        units = (ParallelBlock, ParallelEmbedding, ParallelHead)
-        return FullyShardedDataParallel(chunk, group=mesh.dp_cp_group, shard_modules=units)
     reduce_dtype = None if reduce_dtype == torch.float32 else reduce_dtype
+    if fsdp:  # weights gathered in fp32 and cast by the chunk's autocast, as the dense twin's
+        units = (ParallelBlock, ParallelEmbedding, ParallelHead)
+        return FullyShardedDataParallel(
+            chunk, group=mesh.dp_cp_group, shard_modules=units, reduce_dtype=reduce_dtype
+        )
     return DistributedDataParallel(chunk, group=mesh.dp_cp_group, reduce_dtype=reduce_dtype)

@@ -22,6 +22,7 @@ import minipar
 from minipar.models import mesh_model, training
 from minipar.models.config import GPTConfig, RunSpec
 from minipar.models.gpt import build_gpt
+from minipar.models.state_bytes import state_bytes
 from minipar.parallel import DistributedDataParallel, clip_grad, clip_grad_norm_, replicas
 from minipar.parallel.loss_scale import LossScaler
 
@@ -177,9 +178,19 @@ def fp16_problems(spec, unscale=None):
     stats, original = {}, training.unscale
     training.unscale = unscale or original
     try:
-        losses, part, _ = training.train_on_mesh(spec, mesh, stats=stats)
+        losses, part, opt = training.train_on_mesh(spec, mesh, stats=stats)
     finally:
         training.unscale = original
+    held = state_bytes(part.parameters(), opt, torch.float16)  # lesson 01's 16 bytes
+    assert [held[k] for k in ("weights", "grads", "master", "m", "v", "total")] == [
+        4,
+        4,
+        0,
+        4,
+        4,
+        16,
+    ], held
+    assert 0 < held["compute_copies"] <= 2, held  # fp16 copies of the matmul weights
     state = training.dense_state(part, mesh)
     found = []
     if mesh.rank == 0:
