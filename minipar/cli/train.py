@@ -437,6 +437,7 @@ class Reporter:
 
     def gather_state(self, model, opt, spec) -> None:
         """Every rank's training state in bytes per held parameter (models/state_bytes.py)."""
+        # here, not at the top of the file: torch loads only when used
         from minipar.models import precision, state_bytes
 
         dtype = precision.dtype_of(spec.dtype)
