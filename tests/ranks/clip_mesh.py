@@ -19,7 +19,7 @@ import math
 import torch
 
 import minipar
-from minipar.models import mesh_model, training
+from minipar.models import mesh_model, precision, training
 from minipar.models.config import GPTConfig, RunSpec
 from minipar.models.gpt import build_gpt
 from minipar.models.state_bytes import state_bytes
@@ -171,9 +171,10 @@ FP16 = dataclasses.replace(
 )
 
 
-def fp16_problems(spec, unscale=None):
-    """fp16 with clip and schedule on the mesh (`unscale`: a planted training.unscale) against
-    the dense twin: the problems (every rank gets rank 0's list; the dense run on rank 0)."""
+def precision_problems(spec, unscale=None):
+    """fp16 or bf16 with clip and schedule on the mesh (`unscale`: a planted training.unscale)
+    against the dense twin: the problems (every rank gets rank 0's list; the dense run on rank
+    0), and lesson 01's 16 bytes per parameter measured on every rank."""
     mesh = training.mesh_for(spec)
     stats, original = {}, training.unscale
     training.unscale = unscale or original
@@ -181,7 +182,7 @@ def fp16_problems(spec, unscale=None):
         losses, part, opt = training.train_on_mesh(spec, mesh, stats=stats)
     finally:
         training.unscale = original
-    held = state_bytes(part.parameters(), opt, torch.float16)  # lesson 01's 16 bytes
+    held = state_bytes(part.parameters(), opt, precision.dtype_of(spec.dtype))  # lesson 01's 16
     assert [held[k] for k in ("weights", "grads", "master", "m", "v", "total")] == [
         4,
         4,
@@ -190,7 +191,7 @@ def fp16_problems(spec, unscale=None):
         4,
         16,
     ], held
-    assert 0 < held["compute_copies"] <= 2, held  # fp16 copies of the matmul weights
+    assert 0 < held["compute_copies"] <= 2, held  # 16-bit copies of the matmul weights
     state = training.dense_state(part, mesh)
     found = []
     if mesh.rank == 0:
@@ -205,16 +206,27 @@ def fp16_problems(spec, unscale=None):
     return mesh.group.allgather_object(found)[0]
 
 
+BF16 = dataclasses.replace(FP16, dp=2, tp=2, pp=1, dtype="bf16", reduce_dtype="bf16")
+
+
 def fp16_case():
     minipar.init()
-    found = fp16_problems(FP16)
+    found = precision_problems(FP16)
+    assert not found, "; ".join(found)
+
+
+def bf16_case():
+    """bf16 compute, DDP's gradients reduced in bf16, clip and schedule: the dense twin's run
+    within training.tolerances' bound."""
+    minipar.init()
+    found = precision_problems(BF16)
     assert not found, "; ".join(found)
 
 
 def scale_not_undone_case():
     """The planted mistake: the clip reads the gradients still multiplied by the loss scale."""
     minipar.init()
-    found = fp16_problems(FP16, lambda scaler, params: True)  # the norm 2^16 times too large
+    found = precision_problems(FP16, lambda scaler, params: True)  # the norm 2^16 times too large
     assert any("gradient norm" in p for p in found), found
 
 
@@ -259,6 +271,7 @@ def cases(size):
     table.update({f"plant.{name}": plant_case(name) for name in PLANTS})
     table["norms"] = norms_case
     table["fp16.tp2_pp2"] = fp16_case
+    table["bf16.dp2_tp2_reduce_bf16"] = bf16_case
     table["plant.scale_not_undone"] = scale_not_undone_case
     table["fp16.overflow_on_one_rank"] = overflow_case
     table["ddp.reduce_bf16_half_bytes"] = reduce_bytes_case
