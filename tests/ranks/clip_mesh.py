@@ -23,7 +23,14 @@ from minipar.models import mesh_model, precision, training
 from minipar.models.config import GPTConfig, RunSpec
 from minipar.models.gpt import build_gpt
 from minipar.models.state_bytes import state_bytes
-from minipar.parallel import DistributedDataParallel, clip_grad, clip_grad_norm_, replicas
+from minipar.parallel import (
+    DistributedDataParallel,
+    FullyShardedDataParallel,
+    ZeroRedundancyOptimizer,
+    clip_grad,
+    clip_grad_norm_,
+    replicas,
+)
 from minipar.parallel.loss_scale import LossScaler
 
 TINY = GPTConfig(seq_len=16, hidden=32, n_layers=2, n_heads=4)
@@ -264,6 +271,41 @@ def reduce_bytes_case():
     assert abs(ratio - 0.5) < 0.01, (sent, ratio)
 
 
+def data_parallel_case():
+    """DDP + ZeRO-1 and FSDP on the world (a two-layer net): the norm is torch's on the dense
+    net's averaged gradient, ZeRO-1's step after the clip is the dense AdamW step after
+    torch's clip, and FSDP's reduce_dtype=bf16 halves its reduce-scatter's bytes."""
+    minipar.init()
+    p, rank = minipar.get_world_size(), minipar.get_rank()
+
+    def net():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+
+    xs = torch.randn(p * 2, 16, generator=torch.Generator().manual_seed(1))
+    dense = net()
+    dense(xs).square().mean().backward()
+    want = torch.nn.utils.clip_grad_norm_(dense.parameters(), 0.1)
+    torch.optim.AdamW(dense.parameters(), lr=0.1).step()
+    model = DistributedDataParallel(net())
+    zero = ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=0.1)
+    model(xs[rank * 2 : rank * 2 + 2]).square().mean().backward()
+    got = clip_grad_norm_(model.parameters(), 0.1)
+    assert abs(got.item() - want.item()) <= 1e-5 * want.item(), (got, want)
+    zero.step()
+    for mine, ref in zip(model.module.parameters(), dense.parameters()):
+        assert torch.allclose(mine, ref, atol=1e-6), (mine - ref).abs().max()
+    sent = {}
+    for dtype in (None, torch.bfloat16):
+        fsdp = FullyShardedDataParallel(net(), reduce_dtype=dtype)
+        with minipar.trace() as t:
+            fsdp(xs[rank * 2 : rank * 2 + 2]).square().mean().backward()
+        sent[dtype] = t.bytes_sent("reduce_scatter")
+        norm = clip_grad_norm_(fsdp.parameters(), 0.1)
+        assert abs(norm.item() - want.item()) <= 1e-2 * want.item(), (dtype, norm, want)
+    assert sent[torch.bfloat16] * 2 == sent[None], sent
+
+
 def cases(size):
     if size != 4:
         return {}
@@ -275,4 +317,5 @@ def cases(size):
     table["plant.scale_not_undone"] = scale_not_undone_case
     table["fp16.overflow_on_one_rank"] = overflow_case
     table["ddp.reduce_bf16_half_bytes"] = reduce_bytes_case
+    table["ddp_zero1_fsdp.clip"] = data_parallel_case
     return table
