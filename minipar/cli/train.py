@@ -37,6 +37,11 @@ examples:
   minipar train --moe --experts 4 --ep 2 --check   every other block a mixture of 4 experts,
                                               2 on each of the 2 (dp) ranks
   minipar train --steps 100 --plot loss.png   the loss curve (needs the plot extra)
+  minipar train --dp 2 --tp 2 --pp 2 --dtype bf16 --clip 1.0 --warmup 5 --lr-schedule cosine --check
+                                              bf16 compute, fp32 master weights, the mesh's
+                                              gradient norm clipped, warm-up then cosine
+  minipar train --dp 2 --dtype fp16 --reduce-dtype bf16 --clip 1.0   loss scaling; DDP's
+                                              all-reduce in bf16 (half the bytes)
   minipar train --save ckpt.pt; minipar train --resume ckpt.pt --dp 2
   mpiexec -n 4 python -m minipar train --dp 4   inside an existing launch
 
@@ -48,6 +53,13 @@ the exit status is 1 on a mismatch. With --moe the dense model is the same GPT w
 local (same routing, dropless); the auxiliary load-balancing loss is not trained, the load is
 shown. Refused, with the reason: --moe with --fsdp, and zb-h1 with --cp or --moe. The summary
 ends with the bytes autograd kept for backward (measured, minipar's formula, the planner's);
+--dtype bf16|fp16 computes under torch.autocast with the weights, gradients and AdamW in fp32
+(fp16 adds dynamic loss scaling: a step with an inf or NaN anywhere is skipped on every rank);
+--clip MAX clips the whole model's gradient norm (minipar.parallel.clip_grad_norm_) and shows it
+each step; --warmup / --lr-schedule / --min-lr / --decay-steps set the learning rate per step.
+With them --check also compares every step's norm (fp32: 1e-5 relative; bf16 and fp16: the
+bound training.tolerances derives) and uses looser loss and weight bounds in 16-bit compute.
+--save stores the loss scaler; --resume continues the schedule from the checkpoint's step.
 --trace writes every rank's timeline as Chrome trace-event JSON (Perfetto) and draws it beside
 it as a PNG.
 """
