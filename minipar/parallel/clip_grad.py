@@ -16,7 +16,10 @@ counts on that group's rank 0 only. Which is which, the layers that made the ten
 no list is kept here. Summing the counted squares over all the mesh's ranks then gives the dense
 model's sum, the number torch.nn.utils.clip_grad_norm_ returns on the dense model (up to the
 order of the float sums); the all-reduce gives every rank the same bits, so every rank computes
-the same norm and the same factor, and scales its own pieces by it.
+the same norm and the same factor, and scales its own pieces by it. Megatron-LM sums over its
+model-parallel group (tp x pp) and skips tp copies by rank; counting every copy once on one
+rank makes a single reduction over the whole mesh enough, whatever the layout (8 bytes, a
+few latency steps: nothing next to the gradients' own reduction).
 
 Other norms as torch: p-norms sum |g|^p (one all-reduce, SUM); inf takes the largest |g| and
 -inf the smallest (MAX, MIN); 0 is refused (torch's counts the tensors whose gradient
@@ -53,44 +56,50 @@ def _check(max_norm, norm_type) -> float:
     return norm_type
 
 
-def _local(grads, norm_type: float) -> float:
-    """This rank's part of the reduction: the sum of |g|^p (max / min |g| for +-inf) over the
-    numbers it counts, in float64."""
-    identity = {math.inf: 0.0, -math.inf: math.inf}.get(norm_type, 0.0)
-    values = [identity]
+def _local(grads, norm_type: float) -> torch.Tensor:
+    """This rank's part of the reduction, a float64 scalar on the CPU: the sum of |g|^p (the
+    largest / smallest |g| for +-inf) over the numbers it counts. One copy to the host at the
+    end, not one per tensor (a GPU would wait for each)."""
+    parts = []
     for g, spans in grads:
         flat = g.detach().reshape(-1)
         for start, stop, groups in spans:
-            if not replicas.counted_here(groups) or start == stop:
+            if start == stop or not replicas.counted_here(groups):
                 continue
-            part = flat[start:stop].double().abs()
+            a = flat[start:stop].double().abs()
             if norm_type == math.inf:
-                values.append(part.max().item())
+                parts.append(a.max())
             elif norm_type == -math.inf:
-                values.append(part.min().item())
+                parts.append(a.min())
             else:
-                values.append(part.pow(norm_type).sum().item())
+                parts.append(a.pow(norm_type).sum())
+    if not parts:  # nothing counted here: the reduction's identity
+        identity = math.inf if norm_type == -math.inf else 0.0
+        return torch.tensor([identity], dtype=torch.float64)
+    stacked = torch.stack(parts)
     if norm_type == math.inf:
-        return max(values)
+        return stacked.max().reshape(1).cpu()
     if norm_type == -math.inf:
-        return min(values)
-    return math.fsum(values)
+        return stacked.min().reshape(1).cpu()
+    return stacked.sum().reshape(1).cpu()
 
 
 def total_norm(parameters, norm_type: float = 2.0, mesh=None) -> torch.Tensor:
     """The whole model's gradient norm, the same bits on every rank of the mesh's group (None:
-    the default group). Collective: one all-reduce of one float64."""
+    the default group), on the gradients' device, in their dtype (as torch returns it).
+    Collective: one all-reduce of one float64 (8 bytes) on the host."""
     norm_type = _check(1.0, norm_type)
     params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
     grads = [(q.grad, replicas.pieces(q)) for q in params if q.grad is not None]
     group = reduction_group(mesh)
     op = {math.inf: ReduceOp.MAX, -math.inf: ReduceOp.MIN}.get(norm_type, ReduceOp.SUM)
-    t = torch.tensor([_local(grads, norm_type)], dtype=torch.float64)
+    t = _local(grads, norm_type)
     if runtime.get_world_size(group) > 1:
         collectives.all_reduce(t, op, group=group)
     if norm_type not in (math.inf, -math.inf):
         t = t.pow(1.0 / norm_type)
-    return t[0].to(grads[0][0].dtype if grads else torch.float32)  # torch's: the grads' dtype
+    like = grads[0][0] if grads else torch.zeros(())
+    return t[0].to(like.device, like.dtype)
 
 
 def reduction_group(mesh):
@@ -100,10 +109,10 @@ def reduction_group(mesh):
 
 def clip_grad_norm_(parameters, max_norm, norm_type=2.0, mesh=None, error_if_nonfinite=False):
     """Scale the gradients of `parameters` (this rank's) so that the whole model's gradient
-    norm is at most `max_norm`; returns that norm before clipping, as torch does (a float32
-    tensor, the same on every rank). Every rank of `mesh` (None: of the default group) calls it,
-    with the parameters it holds (a stage, a slice, a shard, its experts), marked by the layers
-    that made them (replicas.py)."""
+    norm is at most `max_norm`; returns that norm before clipping, as torch does (in the
+    gradients' dtype, the same bits on every rank). Every rank of `mesh` (None: of the default
+    group) calls it, with the parameters it holds (a stage, a slice, a shard, its experts),
+    marked by the layers that made them (replicas.py)."""
     _check(max_norm, norm_type)
     params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
     norm = total_norm(params, norm_type, mesh)
@@ -116,5 +125,5 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, mesh=None, error_if_non
     factor = torch.clamp(max_norm / (norm + EPS), max=1.0)  # torch's arithmetic, its dtype
     for q in params:
         if q.grad is not None:
-            q.grad.detach().mul_(factor.to(q.grad.dtype))
+            q.grad.detach().mul_(factor.to(q.grad.device, q.grad.dtype))
     return norm
