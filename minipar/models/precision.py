@@ -8,8 +8,9 @@
                    5 exponent bits flush small gradients to zero unless the loss is scaled up
 
 The dense twin of --check runs the same policy, so both round at the same places. Gradients
-are reduced in fp32 (DDP's buckets; the experts' and the tied head's sums), or in bf16 with
---reduce-dtype bf16: half the bytes on the wire, each bucket rounded to bf16 before the sum.
+are reduced in fp32; with --reduce-dtype bf16 DDP's buckets and FSDP's reduce-scatters move
+bf16 (half the bytes on the wire, each gradient rounded to bf16 before the sum, the result
+back in fp32), while the experts' and the tied head's small sums stay fp32.
 """
 
 from __future__ import annotations
