@@ -23,15 +23,17 @@ import torch
 
 def state_bytes(params, opt, compute_dtype=torch.float32) -> dict:
     """Bytes per held parameter on this rank: weights, grads, master (a separate copy: none
-    here), m, v, compute_copies (transient, autocast), total (without the transient copies), and
-    `held`, the number of parameters counted."""
+    here), m, v (ZeRO-1: of the parameters this rank owns), compute_copies (transient, from
+    autocast), total (without the transient copies), and `held`, the parameters counted."""
     params = list(params)
     held = sum(q.numel() for q in params) or 1
     weights = sum(q.numel() * q.element_size() for q in params)
     grads = sum(q.grad.numel() * q.grad.element_size() for q in params if q.grad is not None)
     m = v = 0
+    states = getattr(opt, "optim", None) or opt  # ZeRO-1: the wrapped optimizer of its shard
+    states = states.state if states is not None else {}
     for q in params:
-        st = opt.state.get(q, {})
+        st = states.get(q, {})
         m += st["exp_avg"].numel() * st["exp_avg"].element_size() if "exp_avg" in st else 0
         v += st["exp_avg_sq"].numel() * st["exp_avg_sq"].element_size() if "exp_avg_sq" in st else 0
     matrices = sum(q.numel() for q in params if q.dim() >= 2)  # what autocast casts (matmuls)

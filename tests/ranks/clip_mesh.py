@@ -295,6 +295,9 @@ def data_parallel_case():
     zero.step()
     for mine, ref in zip(model.module.parameters(), dense.parameters()):
         assert torch.allclose(mine, ref, atol=1e-6), (mine - ref).abs().max()
+    held = state_bytes(model.parameters(), zero)  # ZeRO-1 divides m and v over the ranks:
+    moments = minipar.init().allgather_object(held["m"] + held["v"])  # 8 bytes in all
+    assert held["weights"] == held["grads"] == 4 and abs(sum(moments) - 8) < 1e-9, moments
     sent = {}
     for dtype in (None, torch.bfloat16):
         fsdp = FullyShardedDataParallel(net(), reduce_dtype=dtype)
