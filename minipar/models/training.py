@@ -19,6 +19,12 @@ parallelism), gradients averaged over the dp x cp ranks; `dense_state` gathers t
 weights back from any layout, so checkpoints move between layouts, and `dense_grads` the
 gradients, so `--check` compares them with the dense run's after the first step.
 
+Both runs take the spec's precision policy (models/precision.py: the forward under autocast,
+fp32 weights, gradients and AdamW; fp16 with a loss scaler whose skips the whole mesh decides),
+clip (`finish_step`: torch's clip_grad_norm_ on the dense model, minipar.parallel's on the mesh)
+and learning rate per step (RunSpec.lr_at: models/lr_schedule.py); `stats` collects each
+step's norm, lr and skip, and `tolerances` says how close the two runs must stay.
+
 With MoE blocks the dense reference is the same GPT with every expert local (DenseMoE): the
 router is per token and dropless, so every token takes the same experts with the same gates on
 any layout, and only the float rounding differs. The load-balancing auxiliary loss is not added
