@@ -86,15 +86,17 @@ def _local(grads, norm_type: float) -> torch.Tensor:
 
 def total_norm(parameters, norm_type: float = 2.0, mesh=None) -> torch.Tensor:
     """The whole model's gradient norm, the same bits on every rank of the mesh's group (None:
-    the default group), on the gradients' device, in their dtype (as torch returns it).
-    Collective: one all-reduce of one float64 (8 bytes) on the host."""
+    the default group, or this process alone before minipar.init()), on the gradients' device,
+    in their dtype (as torch returns it). Collective: one all-reduce of one float64 (8 bytes)
+    on the host."""
     norm_type = _check(1.0, norm_type)
     params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
     grads = [(q.grad, replicas.pieces(q)) for q in params if q.grad is not None]
     group = reduction_group(mesh)
     op = {math.inf: ReduceOp.MAX, -math.inf: ReduceOp.MIN}.get(norm_type, ReduceOp.SUM)
     t = _local(grads, norm_type)
-    if runtime.get_world_size(group) > 1:
+    alone = group is None and not runtime.is_initialized()  # one process, as torch's
+    if not alone and runtime.get_world_size(group) > 1:
         collectives.all_reduce(t, op, group=group)
     if norm_type not in (math.inf, -math.inf):
         t = t.pow(1.0 / norm_type)
