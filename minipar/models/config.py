@@ -151,6 +151,9 @@ class RunSpec:
             raise ValueError(f"reduce dtype must be fp32 or bf16, got {self.reduce_dtype!r}")
         if self.clip is not None and not self.clip > 0:
             raise ValueError(f"clip must be a positive number, got {self.clip!r}")
+        d = self.decay_steps
+        if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 1):
+            raise ValueError(f"decay steps must be a positive integer (or None), got {d!r}")
         self.lr_at(0)  # the schedule's own checks
 
     def lr_at(self, step: int, start: int = 0) -> float:
