@@ -90,7 +90,7 @@ def one_size(out, timer, ctx, job, collective: str, nbytes: int) -> None:
         extra = {}
         if impl == "minipar":  # what runs: auto's pick, and the transport it goes over
             base = ops.base_algorithm(algorithm)
-            chosen = registry.pick(collective, base, nbytes, ctx.size)[0]
+            chosen = registry.pick(collective, base, nbytes, ctx.size, ctx.comm)[0]
             buf = ops.probe_buffer(nbytes, job["dtype"])
             place = _window_place(ctx, collective, nbytes) if base != algorithm else None
             chosen = routing.choice(ctx.comm, collective, chosen, nbytes, buf, place)

@@ -130,6 +130,33 @@ def set_shm_link(link: Link) -> None:
     process.links["shm"] = link
 
 
+# -- the link between nodes: what a message from one node to another costs ---------------------
+INTER_LINK_ENV = "MINIPAR_INTER_LINK"  # `minipar bench --fit` on a group that spans nodes
+
+
+def inter_link() -> Link:
+    """The link between nodes `auto` prices a group that spans nodes with: set_inter_link's,
+    else the JSON file named by MINIPAR_INTER_LINK (`minipar bench --fit` across nodes writes
+    it), else the default link (unmeasured: both levels priced alike, the two-level schemes
+    still win on steps)."""
+    found = process.links.get("inter")
+    if found is not None:
+        return found
+    path = os.environ.get(INTER_LINK_ENV)
+    if not path:
+        return default_link()
+    process.links["inter"] = load_link(path)
+    return process.links["inter"]
+
+
+def set_inter_link(link: Link | None) -> None:
+    """Price messages between nodes on `link` (None: back to the environment's)."""
+    if link is None:
+        process.links.pop("inter", None)
+    else:
+        process.links["inter"] = link
+
+
 # -- the hierarchy: GPUs in NVLink domains, domains joined by InfiniBand ----------------------
 
 

@@ -590,4 +590,7 @@ def cases(size):
     table["lean.taken"] = lean_taken_case
     table["lean.mixed_paths"] = lean_mixed_case
     table["lean.torch"] = lean_torch_case
+    import collectives_nodes  # (it imports this file's helpers: imported once this one is loaded)
+
+    table.update(collectives_nodes.cases(size))  # 2 x 2 nodes as a map (4 ranks)
     return table
