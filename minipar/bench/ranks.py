@@ -151,8 +151,13 @@ def main(argv=None) -> int:
             measured.update(windows)
             shm_link = fit.as_shm_link(measured)
             cost.set_shm_link(shm_link)
+        inter = fit.as_inter_link(measured)  # the job spans nodes: their link, fitted apart
+        if inter is not None:
+            cost.set_inter_link(inter)
         if comm.rank == 0:
             cost.save_link(link, job["fit_path"], **measured)
+            if inter is not None:
+                cost.save_link(inter, fit.inter_path(job["fit_path"]))
             if shm_link is not None:
                 cost.save_link(shm_link, fit.shm_path(job["fit_path"]))
         out.emit("fit", path=job["fit_path"], **measured)

@@ -200,6 +200,8 @@ def run_all(job: dict, args, console):
             os.environ[cost.LINK_ENV] = job["fit_path"]  # later runs' `auto` prices with the fit
             if any("shm_alpha" in e for e in events if e["type"] == "fit"):
                 os.environ[cost.SHM_LINK_ENV] = fit.shm_path(job["fit_path"])
+            if any("inter_alpha" in e for e in events if e["type"] == "fit"):
+                os.environ[cost.INTER_LINK_ENV] = fit.inter_path(job["fit_path"])
         runs.append(events)
     return runs, None
 
