@@ -27,8 +27,6 @@ import time
 
 import minipar
 from minipar import cost
-from minipar.collectives import hierarchical
-from minipar.comm.base import NonMember
 from minipar.cost import roofline
 
 SMALL, LARGE = 16 << 20, 64 << 20  # beyond the caches: collectives stream from memory
@@ -74,16 +72,15 @@ def relative_slope(sizes, times, alpha) -> float:
 
 
 def _all_reduce_time(
-    timer, algorithm: str, nbytes: int, iters: int, typical=True, group=None
+    timer, algorithm: str, nbytes: int, iters: int, typical=True, group=None, member=True
 ) -> float:
     """The median (typical=True) or the fastest of `iters` minipar all-reduces of nbytes
     (float32), each iteration timed as bench times a row's: from a barrier, the slowest rank's
     time. The median is what bench's rows report and the model is judged against. With
-    `group`, its members all-reduce over it while the others wait at the barriers."""
+    `group`, its members (`member`) all-reduce over it while the others wait at the barriers."""
     import numpy as np
 
     x = np.ones(max(1, nbytes // 4), np.float32)
-    member = group is None or not isinstance(group, NonMember)
     if member:
         minipar.all_reduce(x, group=group, algorithm=algorithm)  # scratch grows here, untimed
     times = []
@@ -111,7 +108,9 @@ def relative_line(steps, sent, times, known) -> tuple[float, float]:
     return (uw * vv - vw * uv) / det, (uu * vw - uv * uw) / det
 
 
-def fit_ring(comm, timer, algorithm: str, traffic, alpha: float, gamma: float, group=None):
+def fit_ring(
+    comm, timer, algorithm: str, traffic, alpha: float, gamma: float, group=None, member=True
+):
     """(alpha, beta) of a transport, fitted to its own ring all-reduce at FIT_SIZES: what a step
     and a byte sent cost in the algorithm the model prices (the collective's per-step Python,
     copies into and out of the transport, the memory bus shared with the reduction), gamma
@@ -120,7 +119,7 @@ def fit_ring(comm, timer, algorithm: str, traffic, alpha: float, gamma: float, g
     if the fitted one comes out smaller (a noisy run), and beta refitted with it."""
     times, steps, sent, known = [], [], [], []
     for n in FIT_SIZES:
-        times.append(_all_reduce_time(timer, algorithm, n, max(5, LARGE // n), group=group))
+        times.append(_all_reduce_time(timer, algorithm, n, max(5, LARGE // n), True, group, member))
         t = traffic(n)
         steps.append(t.steps)
         sent.append(t.bytes_sent)
@@ -142,7 +141,7 @@ def measure(comm, timer) -> dict:
     if comm.size < 2:
         raise ValueError("--fit needs at least 2 ranks (it times messages between two of them)")
 
-    by_node = hierarchical.members(comm)
+    by_node = _by_node(comm)
     inside = None  # the ring the in-node link is fitted on: the world, or node 0's ranks
     if len(by_node) > 1 and len(by_node[0]) > 1:
         inside = minipar.new_group(by_node[0])  # collective: every rank makes it
@@ -154,7 +153,7 @@ def measure(comm, timer) -> dict:
     p = len(by_node[0]) if inside is not None else comm.size
     ring_alpha, beta = fit_ring(
         comm, timer, "ring@mpi", lambda n: cost.traffic("all_reduce", "ring", n, p), alpha,
-        1 / add_rate, inside,
+        1 / add_rate, inside, inside is None or comm.rank in by_node[0],
     )  # fmt: skip
     between = measure_between_nodes(comm, timer, 1 / add_rate) if len(by_node) > 1 else {}
     return {
@@ -173,11 +172,17 @@ def measure(comm, timer) -> dict:
     }
 
 
+def _by_node(comm) -> list[list[int]]:
+    """The group's ranks by node (runtime/nodes.py), nodes in order of their first rank."""
+    owner = minipar.node_map(comm)
+    return [[r for r in range(comm.size) if owner[r] == n] for n in dict.fromkeys(owner)]
+
+
 def measure_between_nodes(comm, timer, gamma: float) -> dict:
     """The link between nodes: alpha and beta fitted (fit_ring) to the ring all-reduce of one
     rank a node (the first of each), every step of which crosses between nodes; the bare
     ping-pong between node 0 and node 1 beside it. {} when the nodes differ in size."""
-    by_node = hierarchical.members(comm)
+    by_node = _by_node(comm)
     if len({len(m) for m in by_node}) != 1:
         return {}
     leaders = [m[0] for m in by_node]
@@ -188,7 +193,7 @@ def measure_between_nodes(comm, timer, gamma: float) -> dict:
     n = len(leaders)
     inter_alpha, inter_beta = fit_ring(
         comm, timer, "ring@mpi", lambda b: cost.traffic("all_reduce", "ring", b, n), alpha,
-        gamma, across,
+        gamma, across, comm.rank in leaders,
     )  # fmt: skip
     return {
         "inter_alpha": inter_alpha,

@@ -220,6 +220,7 @@ def run_here(args) -> int:
             spec.validate()
         training.check_supported(spec, mesh)  # before the progress bar appears
         report = Reporter(spec, comm, active=comm.rank == 0)
+        report.placement = mesh.where()  # which axes stay inside a node (the node map)
         grads = {}  # --check: the first step's gradients, gathered dense (collective)
 
         def keep_grads(step, part):
@@ -316,6 +317,7 @@ class Reporter:
         self.times, self.memory = [], []
         self.activations = None  # train_view.activation_report's, after the run
         self.times, self.memory, self.moe = [], [], {}
+        self.placement = ""  # where each axis runs (DeviceMesh.where), set once the mesh is
 
     def gather_moe(self, stats: dict) -> None:
         """Every rank's MoE blocks' load at the last step, by block (collective: every rank)."""
@@ -364,6 +366,7 @@ class Reporter:
         rows = [
             ("layout", f"{s.layout}, {s.microbatches} micro-batch(es)"),
             ("parallelism", describe(s)),
+            ("placement", f"{self.placement} ({minipar.num_nodes()} node(s))"),
             ("model", f"{s.model.n_params():,} parameters, {s.model.n_layers} layers"),
             ("loss", f"{losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} steps"),
             (
