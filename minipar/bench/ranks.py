@@ -39,6 +39,7 @@ def header(comm, dist) -> dict:
     from mpi4py import MPI
 
     # here, not at the top of the file: numpy loads only when used
+    from minipar.collectives import hierarchical
     from minipar.collectives.fast import routing
 
     torch = sys.modules.get("torch")
@@ -54,6 +55,7 @@ def header(comm, dist) -> dict:
         "host": platform.node(),
         "load": list(os.getloadavg()),  # other processes' load: noise in every number
         "transport": routing.describe(comm),
+        "nodes": hierarchical.shape(comm),  # (nodes, ranks per node) when the job spans nodes
     }
 
 

@@ -32,7 +32,8 @@ def records(events: list[dict], dtype: str, link) -> list[dict]:
     header = next(e for e in events if e["type"] == "header")
     p = header["world_size"]
     roofs = {(e["collective"], e["nbytes"]): e for e in events if e["type"] == "roof"}
-    rows = [_record(e, p, dtype, link, roofs) for e in events if e["type"] == "row"]
+    shape = header.get("nodes")  # (nodes, ranks per node) when the job spans nodes
+    rows = [_record(e, p, dtype, link, roofs, shape) for e in events if e["type"] == "row"]
     native = {(r["collective"], r["nbytes"], r["implementation"]): r
               for r in rows if r["algorithm"] == "native"}  # fmt: skip
     for r in rows:
@@ -43,7 +44,7 @@ def records(events: list[dict], dtype: str, link) -> list[dict]:
     return rows
 
 
-def _record(event: dict, p: int, dtype: str, link, roofs) -> dict:
+def _record(event: dict, p: int, dtype: str, link, roofs, shape=None) -> dict:
     times, n, collective = event["times"], event["nbytes"], event["collective"]
     median = statistics.median(times)
     algbw = n / median / 1e9
@@ -59,6 +60,8 @@ def _record(event: dict, p: int, dtype: str, link, roofs) -> dict:
             if transport == "shm":  # the shared windows' own link (cost.SHARED_WINDOW)
                 owned = event["algorithm"].endswith("+window")  # read in place: bench/ops.py
                 predicted = cost.predict_shm(collective, n, p, in_place=owned)
+            elif shape:  # across nodes: the in-node link and the one between (--fit's, if any)
+                predicted = cost.predict_on_nodes(collective, base, n, *shape, link)
             else:
                 predicted = cost.predict(collective, base, n, p, link)
         except (ValueError, KeyError):  # a user-registered algorithm has no formula
