@@ -11,6 +11,7 @@ Light to import: no numpy, no MPI, no torch.
 """
 
 from minipar.cost.links import (
+    BETWEEN_NODES,
     DGX_B200,
     DGX_H100,
     HBM3E,
@@ -53,6 +54,7 @@ from minipar.cost.model import (
 )
 
 __all__ = [
+    "BETWEEN_NODES",
     "DGX_B200",
     "DGX_H100",
     "HBM3E",
