@@ -43,6 +43,14 @@ def header(console, head: dict, link_name: str) -> None:
     ]
     if head.get("transport"):
         lines.append(f"inside   {head['transport']}")
+    if head.get("nodes"):
+        n, k = head["nodes"]
+        between = cost.inter_link()
+        lines.append(
+            f"nodes    {n} of {k} ranks; between them link {between.name!r} "
+            f"({1 / between.beta / 1e9:.2f} GB/s, {between.alpha * 1e6:.0f} us): predictions "
+            "price both links, auto chooses on them"
+        )
     if head.get("load", [0])[0] > max(1.0, head["cores"] - head["world_size"] + 1):
         lines.append(
             "[yellow]other processes are using this machine's cores: expect noise, repeat "

@@ -16,6 +16,8 @@ import time
 
 from minipar import cost, launcher
 from minipar.bench import context, ddp, fit, fsdp, moe, ops, pipeline, plot, ranks, report, spec, tp
+from minipar.launcher.cluster import link
+from minipar.launcher.cluster.job import emulated
 
 EPILOG = """\
 examples:
@@ -69,6 +71,14 @@ def configure(parser) -> None:
         "--repeat", type=int, default=1, help="run the whole job R times; goals show min-median-max"
     )
     add("--timeout", type=float, default=900, help="seconds before the whole job is killed")
+    add(
+        "--nodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run on N emulated nodes (as minipar run --nodes; root): the rows cross their link",
+    )
+    add("--link", default=None, help="the link between emulated nodes: 2gbit (default), 500mbit")
 
 
 def default_fit_path() -> str:
@@ -113,9 +123,19 @@ def cell_count(job: dict) -> int:
     return per_size * len(job["sizes"])
 
 
-def launch_job(job: dict, n: int, timeout: float, progress=None) -> tuple[list[dict], object]:
-    """Run the ranks; returns (the events rank 0 wrote, the CompletedProcess). The job's
-    temporary folder is removed once they are read."""
+def launch_job(
+    job: dict, n: int, timeout: float, progress=None, nodes=None, rate=None
+) -> tuple[list[dict], object]:
+    """Run the ranks (on `nodes` emulated nodes joined at `rate`, when given); returns (the
+    events rank 0 wrote, the CompletedProcess). The job's temporary folder is removed once they
+    are read, the nodes once the job ends."""
+    if nodes is not None:
+        with emulated(nodes, rate or link.DEFAULT) as cluster:
+            return _launch(job, n, timeout, progress, cluster)
+    return _launch(job, n, timeout, progress, None)
+
+
+def _launch(job: dict, n: int, timeout: float, progress, cluster) -> tuple[list[dict], object]:
     folder = tempfile.mkdtemp(prefix="minipar-bench-")
     spec_path, out_path = os.path.join(folder, "job.json"), os.path.join(folder, "out.jsonl")
     try:
@@ -126,7 +146,9 @@ def launch_job(job: dict, n: int, timeout: float, progress=None) -> tuple[list[d
         done = []
         argv = ["-m", "minipar.bench.ranks", spec_path, out_path]
         worker = threading.Thread(
-            target=lambda: done.append(launcher.run(n, argv, timeout=timeout, capture=True))
+            target=lambda: done.append(
+                launcher.run(n, argv, timeout=timeout, capture=True, cluster=cluster)
+            )
         )
         worker.start()
         while worker.is_alive():
@@ -156,7 +178,7 @@ def run_with_progress(job: dict, args, console) -> tuple[list[dict], object]:
                 what = f"{cells[-1]['collective']} {spec.format_size(cells[-1]['nbytes'])}"
                 bar.update(task, completed=len(cells), description=f"benchmarking {what}")
 
-        return launch_job(job, args.ranks, args.timeout, progress)
+        return launch_job(job, args.ranks, args.timeout, progress, args.nodes, args.link)
 
 
 def records(job: dict, events: list[dict], link) -> list[dict]:
