@@ -126,6 +126,14 @@ def fit_panel(console, measured: dict, rows: list[dict], link) -> None:
             f"{measured['shm_beta'] * 1e9:.3f} ns/B ({1 / measured['shm_beta'] / 1e9:.2f} GB/s "
             "a copy through a window); saved beside it as -shm, MINIPAR_SHM_LINK uses it"
         )
+    if "inter_alpha" in measured:  # the job spanned nodes: their link (fit.measure_between_nodes)
+        lines.append(
+            f"between nodes  alpha {measured['inter_alpha'] * 1e6:.1f} µs, beta "
+            f"{measured['inter_beta'] * 1e9:.3f} ns/B ({measured['inter_ring_GBps']:.3f} GB/s; a "
+            f"ring of one rank a node, {measured['nodes']} nodes; one way "
+            f"{measured['inter_one_way_GBps']:.3f} GB/s); saved beside it as -inter, "
+            "MINIPAR_INTER_LINK uses it"
+        )
     for small in ("tree", "recursive_doubling"):
         predicted = cost.crossover("all_reduce", small, "ring", p, link)
         seen = fit.measured_crossover(rows, small, "ring")
