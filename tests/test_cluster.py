@@ -9,7 +9,8 @@
   `minipar run` and the next job's sweep), counted: namespaces, links, queues, folders;
 - the faults only a cluster has: a cable pulled mid-job, a whole node killed.
 MINIPAR_EXTENDED=1 (CI's cluster step) adds the collectives matrix on 2x2, 2x3 and 4x1 nodes,
-uneven nodes, 20 jobs of every ending, and 3D training with --check across 2 nodes.
+uneven nodes, the strategies' suites (DDP, FSDP, TP, PP, CP, EP, the mesh) on 2x2, 20 jobs of
+every ending, and 3D training with --check across 2 nodes.
 """
 
 import os
@@ -212,19 +213,36 @@ def test_collectives_matrix_across_nodes(size, nodes):
         result.check(name)
 
 
+STRATEGIES = ["data_parallel.py", "tensor_parallel.py", "pipeline.py", "context.py", "expert.py",
+              "mesh.py"]  # fmt: skip
+
+
+@emulation
+@pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's cluster step)")
+@pytest.mark.parametrize("suite", STRATEGIES)
+def test_strategies_across_two_nodes(suite):
+    """DDP, ZeRO, FSDP, TP, PP, CP, EP and the mesh's suites on 2 nodes x 2 ranks."""
+    path = ranks_suite(suite)
+    result = harness.run_suite(path, 4, "mpi", nodes=2)
+    for name in harness.case_names(path, 4):
+        result.check(name)
+
+
 # -- nothing left behind -------------------------------------------------------------------------
-def _census() -> dict:
-    """What jobs could leave: minipar namespaces, the machine's links and queues, the nodes'
-    folders, and processes that run in a namespace other than ours."""
+def _machine() -> dict:
+    """The machine's own links and queues (a job adds none: its links live in its namespaces)."""
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     qdiscs = subprocess.run(["tc", "qdisc"], capture_output=True, text=True).stdout
+    return {"links": len(links.splitlines()), "qdiscs": len(qdiscs.splitlines())}
+
+
+def _left_by(owner: int) -> list[str]:
+    """What the job whose `minipar run` had pid `owner` left: namespaces (their links and
+    queues with them), its nodes' folder, its ranks' pipes. Other jobs' are not counted: they
+    may run beside this test."""
     folders = [n for n in os.listdir(tempfile.gettempdir()) if leftovers.OWNED.match(n)]
-    return {
-        "namespaces": namespaces(),
-        "links": len(links.splitlines()),
-        "qdiscs": len(qdiscs.splitlines()),
-        "folders": folders,
-    }
+    mine = [n for n in folders if leftovers.OWNED.match(n).group(1) == str(owner)]
+    return [n for n in namespaces() if n.startswith(f"minipar-{owner}-")] + mine
 
 
 def _job(script: str, *args: str, timeout: float = 60) -> subprocess.Popen:
@@ -258,17 +276,18 @@ def _wait_for(proc, text: str, limit: float = 30) -> str:
     return seen
 
 
-def _ending(kind: str) -> None:
+def _ending(kind: str) -> int:
+    """One job that ends as `kind` says; the pid of its `minipar run`."""
     if kind == "ok":
         proc = _job("nodes_ok.py")
         out = _finish(proc, 60)
         assert proc.returncode == 0, out
-        return
+        return proc.pid
     if kind == "rank_fails":
         proc = _job("nodes_ok.py", "fail")
         out = _finish(proc, 60)
         assert proc.returncode != 0 and "rank 1 fails on purpose" in out, out
-        return
+        return proc.pid
     proc = _job("nodes_ok.py", "wait")
     _wait_for(proc, "ranks ready")
     sig = {"ctrl_c": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}[kind]
@@ -276,8 +295,9 @@ def _ending(kind: str) -> None:
     out = _finish(proc, 60)
     assert proc.returncode != 0, out
     if kind == "sigkill":  # nothing ran minipar's clean-up: the launcher and ranks live on
-        assert leftovers.stale(), "a SIGKILLed job's namespaces should be there to sweep"
+        assert _left_by(proc.pid), "a SIGKILLed job's namespaces should be there to sweep"
         leftovers.sweep()  # what the next `minipar run --nodes` (or minipar doctor) does
+    return proc.pid
 
 
 ENDINGS = ["ok", "rank_fails", "ctrl_c", "sigterm", "sigkill"]
@@ -286,10 +306,11 @@ ENDINGS = ["ok", "rank_fails", "ctrl_c", "sigterm", "sigkill"]
 @emulation
 @pytest.mark.parametrize("kind", ENDINGS)
 def test_nothing_is_left_behind(kind):
-    before = _census()
+    before = _machine()
     for _ in range(20 if EXTENDED else 1):
-        _ending(kind)
-    assert _census() == before
+        owner = _ending(kind)
+        assert _left_by(owner) == [], kind
+    assert _machine() == before
 
 
 # -- faults only a cluster has ------------------------------------------------------------------
@@ -318,6 +339,17 @@ def test_a_killed_node_ends_the_job_at_once_and_is_named():
     assert "node1" in account, out  # the launcher's own account names it (or its address)
     assert "node1 10.200.0.2 rank 1" in out, out
     assert took < 5 + 10, took  # before any timeout (5 s) could have ended it
+
+
+@emulation
+@pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's cluster step)")
+def test_lesson_01_measures_the_link_between_nodes():
+    cmd = [sys.executable, "-m", "minipar", "lesson", "01", "--quick", "--nodes", "2"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "between nodes (rank 0 - 2)" in done.stdout
+    assert "PASS  the link between nodes is slower" in done.stdout
 
 
 @emulation
