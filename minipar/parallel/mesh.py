@@ -249,8 +249,9 @@ class MeshShape:
 GROUPS = ("tp", "cp", "dp", "pp", "dp_cp", "ep", "expert_dp")  # the order every rank builds them
 
 
-def _check_hot_axes(shape: MeshShape, placement: dict, mode) -> None:
-    """Warn (or refuse: mode or MINIPAR_MESH_ACROSS_NODES "refuse") when tp or cp spans nodes."""
+def _check_hot_axes(shape: MeshShape, placement: dict, mode, first: bool) -> None:
+    """Refuse (mode or MINIPAR_MESH_ACROSS_NODES "refuse": on every rank) or warn (on the
+    group's first rank, `first`: one line a job) when tp or cp spans nodes."""
     mode = mode or os.environ.get(ACROSS_ENV) or "warn"
     if mode not in ("warn", "refuse", "allow"):
         raise ValueError(f"across_nodes={mode!r}: use 'warn', 'refuse' or 'allow'")
@@ -266,7 +267,8 @@ def _check_hot_axes(shape: MeshShape, placement: dict, mode) -> None:
     )
     if mode == "refuse":
         raise ValueError(text + f" (refused: across_nodes / {ACROSS_ENV}=refuse)")
-    warnings.warn(text, MeshAcrossNodesWarning, stacklevel=3)
+    if first:
+        warnings.warn(text, MeshAcrossNodesWarning, stacklevel=3)
 
 
 class DeviceMesh:
@@ -294,7 +296,7 @@ class DeviceMesh:
             )
         self.shape = MeshShape(dp, tp, pp, cp, ep)  # ep must divide dp: raises on every rank
         self.placement = self.shape.placement(runtime.node_map(comm))
-        _check_hot_axes(self.shape, self.placement, across_nodes)  # the same on every rank
+        _check_hot_axes(self.shape, self.placement, across_nodes, comm.rank == 0)  # every rank
         self.group = comm
         self.dp, self.tp, self.pp, self.cp, self.ep = dp, tp, pp, cp, ep
         self.rank = comm.rank
