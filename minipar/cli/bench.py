@@ -92,6 +92,10 @@ def job_spec(args) -> dict:
     from minipar.collectives import registry
     from minipar.collectives.fast import routing
 
+    if getattr(args, "link", None) and not getattr(args, "nodes", None):
+        raise ValueError("--link shapes emulated nodes: give --nodes N too")
+    if getattr(args, "nodes", None) is not None and args.nodes < 1:
+        raise ValueError(f"--nodes {args.nodes}: give at least 1 node")
     collectives = spec.parse_collectives(args.collective)
     against = [] if args.against in ("none", "") else args.against.split(",")
     for impl in against:
@@ -115,6 +119,10 @@ def job_spec(args) -> dict:
         "budget": args.budget,
         "fit": bool(args.fit),
         "fit_path": os.path.abspath(args.fit_path or default_fit_path()),
+        # the emulated link's rate, bytes/s (None: one node, or unlimited): its roofline
+        "link_Bps": (link.parse(args.link or link.DEFAULT) or 0) / 8 or None
+        if getattr(args, "nodes", None)
+        else None,
     }
 
 
@@ -182,7 +190,7 @@ def run_with_progress(job: dict, args, console) -> tuple[list[dict], object]:
 
 
 def records(job: dict, events: list[dict], link) -> list[dict]:
-    return report.records(events, job["dtype"], link)
+    return report.records(events, job["dtype"], link, job.get("link_Bps"))
 
 
 def show(console, job: dict, runs: list[list[dict]], link) -> list[list[dict]]:
