@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from minipar import launcher
 from minipar.comm import mpisetup
 from minipar.errors import MPISetupError
+from minipar.launcher.cluster import leftovers, needs
 
 EXAMPLES = """\
 examples:
@@ -176,8 +177,6 @@ def node_checks(facts: dict) -> list[Check]:
 
 def emulation_checks() -> list[Check]:
     """Can `minipar run --nodes` emulate nodes here, and what dead jobs left (removed now)."""
-    from minipar.launcher.cluster import leftovers, needs
-
     lacks = needs.missing()
     if lacks:
         return [Check("emulated nodes", "not available", "warn",

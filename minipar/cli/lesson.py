@@ -18,6 +18,7 @@ from pathlib import Path
 
 from minipar import launcher
 from minipar.course.lessons import LESSONS, LessonInfo, find
+from minipar.launcher.cluster.job import emulated
 from minipar.launcher.cluster.nodes import EmulationError
 
 EXAMPLES = """\
@@ -77,8 +78,6 @@ def run_lesson(
     ]
     if nodes is None:
         return _run(n or lesson.ranks, argv, None, timeout, capture)
-    from minipar.launcher.cluster.job import emulated
-
     with emulated(nodes, link) as cluster:
         return _run(n or max(lesson.ranks, 2 * nodes), argv, cluster, timeout, capture)
 

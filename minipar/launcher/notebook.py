@@ -26,6 +26,7 @@ import traceback
 
 from minipar.errors import RankError
 from minipar.launcher import mpiexec, relay
+from minipar.launcher.cluster.job import emulated
 from minipar.runtime import world
 from minipar.state import process
 
@@ -63,8 +64,6 @@ def launch(
         raise TypeError(f"args must be a tuple of fn's arguments, got {type(args).__name__}")
     if nodes is None:
         return _launch(fn, args, n, timeout, tag_output, None)
-    from minipar.launcher.cluster.job import emulated
-
     with emulated(nodes, link) as cluster:
         return _launch(fn, args, n, timeout, tag_output, cluster)
 

@@ -31,6 +31,7 @@ import tempfile
 import time
 
 from minipar import launcher
+from minipar.launcher.cluster.job import emulated
 from minipar.state import process
 from minipar.testing import case
 from minipar.testing import pool as warm
@@ -137,8 +138,6 @@ def close() -> list:
 
 @functools.cache
 def _on_nodes(suite: str, size: int, timeout: float, nodes: int, link: str) -> SuiteResult:
-    from minipar.launcher.cluster.job import emulated
-
     with emulated(nodes, link) as cluster:
         return launch_suite(suite, size, "mpi", timeout, cluster)
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 import sys
 
+from minipar.launcher.cluster.enter import TABLE_ENV
+
 INTERFACE = "eth0"
 
 
@@ -46,8 +48,6 @@ def write_stand_in(folder: str) -> str:
 
 def for_cluster(flavor: str, cluster, n: int) -> tuple[list[str], dict]:
     """(launcher arguments, environment) for n ranks on an EmulatedCluster."""
-    from minipar.launcher.cluster.enter import TABLE_ENV
-
     hosts = host_list(cluster.hosts, slots(n, cluster.n_nodes))
     agent = write_stand_in(cluster.folder)
     env = {TABLE_ENV: cluster.table()}

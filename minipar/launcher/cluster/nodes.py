@@ -32,6 +32,7 @@ import tempfile
 import time
 
 from minipar.launcher.cluster import link as links
+from minipar.launcher.cluster.mpi_args import slots
 
 PREFIX = "minipar-"
 NAME = re.compile(r"^minipar-(\d+)-([0-9a-f]+)-(node\d+|switch)$")
@@ -95,8 +96,6 @@ class EmulatedCluster:
 
     def describe(self, n: int) -> str:
         """'node0 10.200.0.1 ranks 0-1, node1 10.200.0.2 ranks 2-3' for a job of n ranks."""
-        from minipar.launcher.cluster.mpi_args import slots
-
         parts, first = [], 0
         for k, count in enumerate(slots(n, self.n_nodes)):
             ranks = f"rank {first}" if count == 1 else f"ranks {first}-{first + count - 1}"
