@@ -281,6 +281,7 @@ def run_here(args) -> int:
             spec.validate()
         training.check_supported(spec, mesh)  # before the progress bar appears
         report = Reporter(spec, comm, active=comm.rank == 0)
+        report.placement = mesh.where()  # which axes stay inside a node (the node map)
         grads, stats = {}, {}  # --check: the first step's gradients, gathered dense
 
         def keep_grads(step, part):
@@ -446,6 +447,7 @@ class Reporter:
         self.activations = None  # train_view.activation_report's, after the run
         self.times, self.memory, self.moe = [], [], {}
         self.state = []  # gather_state's: every rank's bytes per parameter
+        self.placement = ""  # where each axis runs (DeviceMesh.where), set once the mesh is
 
     def gather_state(self, model, opt, spec) -> None:
         """Every rank's training state in bytes per held parameter (models/state_bytes.py)."""
@@ -503,6 +505,7 @@ class Reporter:
         rows = [
             ("layout", f"{s.layout}, {s.microbatches} micro-batch(es)"),
             ("parallelism", describe(s)),
+            ("placement", f"{self.placement} ({minipar.num_nodes()} node(s))"),
             ("model", f"{s.model.n_params():,} parameters, {s.model.n_layers} layers"),
             ("loss", f"{losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} steps"),
             (

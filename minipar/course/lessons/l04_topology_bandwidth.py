@@ -317,6 +317,8 @@ def main(argv=None) -> int:
                 "minipar bench all_reduce -n 2 --against mpi,torch: the full sweep, with gloo.",
                 "Fit alpha and beta yourself: exercises/ex04_alpha_beta_fit.py, then "
                 "`minipar grade 04`.",
+                "Write the two-level all-reduce from the ring pieces: "
+                "exercises/ex04_hierarchical_allreduce.py (`minipar grade 04`).",
                 "Run with -n 4 on a 2-core machine: what happens to alpha?",
                 "Change cost.DGX_B200 to cost.DGX_H100 in cluster_rows(): how much does "
                 "NVLink 4 cost?",
