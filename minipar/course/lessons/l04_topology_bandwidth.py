@@ -207,11 +207,10 @@ def cluster_section(page: Page) -> None:
     page.check(rows[2][3] < rows[1][3], "hierarchical beats a flat ring across 8 nodes")
 
 
-def link_between_nodes(page: Page, node_of) -> cost.Link:
-    """The link between nodes measured: ping-pong of 8 B (alpha) and 8 MiB (beta) between rank
-    0 and the first rank of another node."""
-    peer = next(r for r in range(page.size) if node_of[r] != node_of[0])
-    buf = np.zeros(8 << 20, dtype=np.uint8)
+def measured_link(page: Page, peer: int, nbytes: int = 8 << 20, name: str = "") -> cost.Link:
+    """A link measured between rank 0 and `peer`: ping-pong of 8 B (alpha) and of nbytes (beta),
+    the best of a few each."""
+    buf = np.zeros(nbytes, dtype=np.uint8)
 
     def one_way(n: int, reps: int) -> float:
         best = float("inf")
@@ -227,9 +226,15 @@ def link_between_nodes(page: Page, node_of) -> cost.Link:
             best = min(best, (time.perf_counter() - t0) / 2)
         return best
 
-    alpha, big = page.gather((one_way(8, 20), one_way(buf.size, 3)))[0]
-    beta = max(big - alpha, 1e-12) / buf.size
-    return cost.Link("measured between nodes", alpha, beta, cost.default_link().gamma)
+    alpha, big = page.gather((one_way(8, 20), one_way(nbytes, 5)))[0]
+    beta = max(big - alpha, 1e-12) / nbytes
+    return cost.Link(name or f"measured, rank 0 - {peer}", alpha, beta, cost.default_link().gamma)
+
+
+def link_between_nodes(page: Page, node_of) -> cost.Link:
+    """The link between nodes, measured from rank 0 to the first rank of another node."""
+    peer = next(r for r in range(page.size) if node_of[r] != node_of[0])
+    return measured_link(page, peer, name="measured between nodes")
 
 
 def nodes_section(page: Page) -> None:

@@ -20,6 +20,8 @@ against minipar's formula (models/memory.py), the step time, and a trace of ever
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 import minipar
@@ -286,6 +288,60 @@ def recompute_section(page: Page, mesh: DeviceMesh, microbatches: int) -> None:
 TINY_CONFIG = training.RunSpec().model  # minipar train's default GPT, as a GPTConfig
 
 
+def tp_pairs(node_of) -> tuple[list[list[int]], list[list[int]]]:
+    """Pairs of ranks for a tp group of 2: inside a node (the first two ranks of each node) and
+    across nodes (the i-th rank of node 0 with the i-th of node 1)."""
+    nodes = sorted(set(node_of))
+    ranks = [[r for r in range(len(node_of)) if node_of[r] == n] for n in nodes]
+    return [on[:2] for on in ranks], [[ranks[0][i], ranks[1][i]] for i in range(2)]
+
+
+def nodes_section(page: Page) -> None:
+    """On emulated (or real) nodes: one step's tensor-parallel all-reduces of the tiny GPT on
+    a tp group of 2 inside a node, then across nodes, each beside the cost model's price on its
+    link, both links measured first (lesson 04's ping-pong, at the all-reduce's size)."""
+    from minipar.course.lessons.l04_topology_bandwidth import measured_link
+
+    node_of = minipar.node_map()
+    if len(set(node_of)) < 2 or min(node_of.count(n) for n in set(node_of)) < 2:
+        page.say("(`minipar lesson 08 --nodes 2` as root measures tp inside a node and across.)")
+        return
+    inside, across = tp_pairs(node_of)
+    groups = {}
+    for name, pairs in (("inside a node", inside), ("across nodes", across)):
+        made = [minipar.new_group(pair) for pair in pairs]  # every rank makes every group
+        groups[name] = next((g for g, pair in zip(made, pairs) if page.rank in pair), None)
+    calls = 4 * TINY.layers  # f's and g's all-reduces: two forward, two backward per block
+    x = np.ones(TINY.global_batch * TINY.seq_len * TINY.hidden, dtype=np.float32)
+    links = {name: measured_link(page, pairs[0][1], x.nbytes, name)
+             for name, pairs in (("inside a node", inside), ("across nodes", across))}  # fmt: skip
+    page.prediction(f"tp=2's {calls} all-reduces of {fmt_bytes(x.nbytes)} a step, two links")
+    predicted = {n: calls * cost.predict("all_reduce", "ring", x.nbytes, 2, link)
+                 for n, link in links.items()}  # fmt: skip
+    measured = {}
+    for name, group in groups.items():
+        minipar.barrier()
+        start = time.perf_counter()
+        if group is not None:
+            for _ in range(calls):
+                minipar.all_reduce(x, group=group, algorithm="ring")
+        mine = time.perf_counter() - start
+        measured[name] = max(page.gather(mine))
+    page.measurement("the same all-reduces, timed (slowest rank)")
+    rows = [(n, fmt_time(predicted[n]), fmt_time(measured[n])) for n in groups]
+    slow = {
+        k: v["across nodes"] / v["inside a node"] for k, v in (("p", predicted), ("m", measured))
+    }
+    rows.append(("across / inside", f"{slow['p']:.2f}x", f"{slow['m']:.2f}x"))
+    page.table(None, ["tp group", "predicted>", "measured>"], rows)
+    page.say(
+        "Tensor parallelism all-reduces activations in every block, forward and backward: on "
+        "the slow link every one of them pays. That is why the mesh puts tp innermost, so a "
+        "launcher that fills a node keeps it inside (DeviceMesh.placement says where it runs)."
+    )
+    page.check(measured["across nodes"] > measured["inside a node"], "tp across nodes is slower")
+
+
 def main(argv=None) -> int:
     page = Page("08", "Putting it together: DP x TP x PP", argv=argv)
     dp, tp, pp = default_layout(page.size)
@@ -294,6 +350,7 @@ def main(argv=None) -> int:
     microbatches = min(4, TINY.global_batch // dp)
     traffic_section(page, mesh, microbatches)
     placement_section(page)
+    nodes_section(page)
     planner_section(page)
     measured_run_section(page, mesh, microbatches)
     recompute_section(page, mesh, microbatches)
