@@ -15,13 +15,14 @@ messages hide behind its compute.
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 from torch.nn import functional as F
 
 import minipar
 from minipar.course.lessons import planted
-from minipar.course.lessons.page import Page, fmt_bytes
+from minipar.course.lessons.page import Page, fmt_bytes, fmt_rate
 from minipar.parallel.activation_memory import saved_bytes
 from minipar.parallel.context import (
     ContextStats,
@@ -365,6 +366,55 @@ def lab_naive_split(page: Page) -> None:
     )
 
 
+def flop_rate(length: int, reps: int = 5) -> float:
+    """This rank's float32 matmul rate at attention's shape (length x D by D x length)."""
+    a, b = torch.randn(HEADS, length, D), torch.randn(HEADS, D, length)
+    torch.matmul(a, b)  # warm up
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * HEADS * length * length * D / best
+
+
+def nodes_section(page: Page) -> None:
+    """On emulated (or real) nodes: the sequence length per rank at which ring attention's
+    K/V messages hide behind its compute on the link between nodes, predicted from the link and
+    this machine's FLOP rate, then found by measurement (ContextStats' wait against compute)."""
+    from minipar.course.lessons.l04_topology_bandwidth import link_between_nodes
+
+    node_of = minipar.node_map()
+    if len(set(node_of)) < 2:
+        page.say(
+            "(`minipar lesson 09 --nodes 2` as root finds where the ring hides on a slow link.)"
+        )
+        return
+    link, rate = link_between_nodes(page, node_of), min(page.gather(flop_rate(512)))
+    hides_at = 2 * link.beta * rate  # 4 L^2 d H / F = 2 L d H 4 bytes * beta, per block
+    page.prediction(f"ring attention over {page.size} ranks on {len(set(node_of))} nodes")
+    page.say(
+        f"A step computes 4 L^2 d FLOPs per head and forwards 2 L d float32 (K and V) per head: "
+        f"compute {rate / 1e9:.3g} GFLOP/s here, the link {fmt_rate(1 / link.beta)} between "
+        f"nodes, so the K/V block hides once L > 2 beta F = {hides_at:,.0f} tokens per rank "
+        f"(the text's H100 figures: {round_1(H100_FLOPS / IB_BW):,} over InfiniBand)."
+    )
+    rows, exposed = [], []
+    for length in (128, 512) if page.quick else (128, 512, 1024, 2048):
+        q, k, v = (torch.randn(B, HEADS, length * page.size, D) for _ in range(3))
+        shards = [shard_sequence(t, 2, None, False) for t in (q, k, v)]
+        stats = ContextStats()
+        ring_attention(*shards, causal=False, stats=stats)
+        waited, computed = max(page.gather((stats.wait_seconds, stats.compute_seconds)))
+        exposed.append(waited / (waited + computed))
+        rows.append((f"{length:,}", fmt_bytes(2 * B * HEADS * length * D * FLOAT),
+                     f"{computed * 1e3:.1f} ms", f"{waited * 1e3:.1f} ms",
+                     f"{100 * exposed[-1]:.0f} %"))  # fmt: skip
+    page.measurement("one forward per length (the slowest rank's waits and compute)")
+    page.table(None, ["tokens/rank>", "K/V block>", "compute>", "waited>", "exposed>"], rows)
+    page.check(exposed[-1] < exposed[0], "longer sequences hide more of the K/V messages")
+
+
 def main(argv=None) -> int:
     page = Page(
         "09", "Long sequences: context parallelism", ("forget-rescale", "naive-split"),
@@ -382,6 +432,7 @@ def main(argv=None) -> int:
         work_section(page)
         memory_section(page)
         versus_section(page)
+        nodes_section(page)
         page.try_this(
             [
                 "minipar lesson 09 -n 2: which numbers halve, which stay?",
