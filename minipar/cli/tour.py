@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from minipar import launcher
 from minipar.cli import doctor, lesson
+from minipar.launcher.cluster import needs
 
 EXAMPLES = """\
 examples:
@@ -240,5 +241,19 @@ def main(args) -> int:
             break
     console.print()
     console.print(summary(tour))
+    offer_nodes(console)
     ok = len(tour.results) == len(steps) and all(ok for _, ok, _ in tour.results)
     return 0 if ok else 1
+
+
+def offer_nodes(console) -> None:
+    """Where this machine can emulate nodes (launcher/cluster/needs.py), say how to feel the
+    slow link: the lessons that measure it on two nodes."""
+    if needs.missing():
+        return
+    console.print(
+        "\nThis machine can emulate nodes (docs/cluster.md). Feel the slow link between them: "
+        "minipar lesson 01 --nodes 2 (the two links side by side), 04 (the two-level "
+        "all-reduce), 08 (tensor parallelism inside against across), 09 (where ring "
+        "attention hides)."
+    )
