@@ -43,8 +43,9 @@ def _enter(namespace: str) -> list[str]:
 
 
 def _become(hostname: str, hosts: str) -> str:
-    """The shell's first words on a node: its hosts file, then its hostname."""
-    return f"mount --bind {shlex.quote(hosts)} /etc/hosts && hostname {shlex.quote(hostname)}"
+    """The shell's first words on a node: its hosts file (when the job has one), its hostname."""
+    name = f"hostname {shlex.quote(hostname)}"
+    return f"mount --bind {shlex.quote(hosts)} /etc/hosts && {name}" if hosts else name
 
 
 def argv_on_node(namespace: str, hostname: str, hosts: str, argv: list[str]) -> list[str]:
