@@ -15,6 +15,7 @@ import json
 from minipar.bench.spec import parse_sizes
 from minipar.simulate import cluster as clusters
 from minipar.simulate.sweep import all_reduce_sweep, available
+from minipar.term import Console
 
 DEFAULT_ALGORITHMS = "ring,tree,double_tree,hierarchical"
 
@@ -64,8 +65,6 @@ def build_cluster(args):
 
 
 def main(args) -> int:
-    from minipar.term import Console
-
     console = Console()
     try:
         clusters.check_count(args.ranks, "--ranks")

@@ -65,7 +65,7 @@ def simulate(fn, ranks: int, cluster: Cluster, scale: float = 1.0, contention: b
         scheduler.tasks = []
         worlds = [SimCommunicator(group, r, None, "sim-world") for r in range(ranks)]
         world.network.horizon = lambda: min(
-            (t.clock for t in scheduler.tasks if not t.done), default=0.0
+            (min(t.clock, t.floor) for t in scheduler.tasks if not t.done), default=0.0
         )
         tasks = scheduler.run(lambda r: _bind(worlds[r], scheduler, fn, r), ranks, worlds)
     finally:
@@ -94,3 +94,22 @@ def _bind(comm, scheduler, fn, rank):
 
 def _from_deadlock(error, tasks) -> bool:
     return any(t.dead and t.error is error for t in tasks)
+
+
+def concurrently(thunks) -> None:
+    """Run each thunk on this rank as if at the same time: each starts at the clock of now,
+    and the rank's clock ends at the latest end. The ports they share still carry one message
+    at a time (network.py fills their gaps). Only inside a simulated rank."""
+    task = getattr(process.world, "task", None)
+    if task is None:
+        raise RuntimeError("concurrently() runs only inside a simulated rank (simulate())")
+    start, end = task.clock, task.clock
+    task.floor = min(task.floor, start)  # what the network's pruning may not pass meanwhile
+    try:
+        for thunk in thunks:
+            task.clock = start
+            thunk()
+            end = max(end, task.clock)
+    finally:
+        task.floor = float("inf")
+    task.clock = end

@@ -23,6 +23,7 @@ never sent): every waiting task is woken with a CommTimeoutError that names what
 
 from __future__ import annotations
 
+import _thread
 import threading
 from collections import deque
 
@@ -38,6 +39,7 @@ class Task:
     def __init__(self, scheduler, rank: int, fn):
         self.scheduler, self.rank, self.fn = scheduler, rank, fn
         self.clock = 0.0
+        self.floor = float("inf")  # inside runner.concurrently: the clock it may go back to
         self.world = None  # this rank's default group (process.world while it runs)
         self.lock = threading.Lock()
         self.lock.acquire()  # held: the task sleeps until the baton comes
@@ -82,21 +84,17 @@ class Scheduler:
         self.tasks = [Task(self, r, fn) for r in range(size)]
         for task, world in zip(self.tasks, worlds):
             task.world = world
-        saved = threading.stack_size()
-        threading.stack_size(STACK_BYTES)
-        try:
-            threads = [threading.Thread(target=t._main, daemon=True) for t in self.tasks]
+        self.finished.acquire()
+        saved = threading.stack_size(STACK_BYTES)
+        try:  # the raw threads: threading.Thread.start waits for each to run once (0.4 ms)
+            for task in self.tasks:
+                _thread.start_new_thread(task._main, ())
         finally:
             threading.stack_size(saved)
-        for thread in threads:
-            thread.start()
-        self.finished.acquire()
         self.ready.extend(self.tasks[1:])
         self._give(self.tasks[0])
         self.finished.acquire()  # the last task to end releases it
         self.finished.release()
-        for thread in threads:
-            thread.join()
         return self.tasks
 
     def enter(self, task: Task) -> None:

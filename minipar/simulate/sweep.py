@@ -22,15 +22,20 @@ import numpy as np
 from minipar import cost
 from minipar.collectives import api, registry
 from minipar.cost.links import Hierarchy, Link
+from minipar.simulate.rings import all_reduce_rings, ring_groups
 from minipar.simulate.runner import simulate
 
 ELEMENTS_PER_RANK = 1  # of the real buffer: p float32 elements in all
 VALUES = 7  # x[i] = (rank + i) mod 7: sums stay exact integers in float32 up to p = 2^21
 
 
+RINGS = "rings"  # not a registered algorithm: ring.py on one ring per NIC at once (rings.py)
+
+
 def available(algorithms) -> tuple[list[str], list[str]]:
-    """(the all-reduce algorithms registered now, the names asked for that are not)."""
-    table = registry.ALGORITHMS["all_reduce"]
+    """(the all-reduce algorithms registered now, the names asked for that are not); "rings"
+    is always there (rings.py: NCCL's channels, made of the unchanged ring)."""
+    table = {**registry.ALGORITHMS["all_reduce"], RINGS: None}
     return [a for a in algorithms if a in table], [a for a in algorithms if a not in table]
 
 
@@ -43,12 +48,16 @@ def all_reduce_sweep(ranks: int, cluster, sizes, algorithms, contention: bool = 
 
 def all_reduce_row(ranks: int, cluster, nbytes: int, algorithm: str, contention: bool = True):
     p = ranks
-    n = p * ELEMENTS_PER_RANK
+    channels = cluster.nics if algorithm == RINGS else 1
+    n = p * ELEMENTS_PER_RANK * channels
     scale = nbytes / (4 * n)
 
     def step(rank):
         x = ((np.arange(n) + rank) % VALUES).astype(np.float32)
-        api.all_reduce(x, algorithm=algorithm)
+        if algorithm == RINGS:
+            all_reduce_rings(x, ring_groups(p, cluster.per_node, channels))
+        else:
+            api.all_reduce(x, algorithm=algorithm)
         return x
 
     cpu = time.process_time()
@@ -85,6 +94,10 @@ def predicted(algorithm: str, nbytes: float, p: int, cluster) -> float | None:
         h = Hierarchy(_no_gamma(cluster.intra), _no_gamma(cluster.inter), cluster.per_node)
         return cost.all_reduce_on_cluster(nbytes, nodes, "hierarchical", h)
     slowest = cluster.inter if nodes > 1 else cluster.intra
+    if algorithm == RINGS:  # the NICs' rate added up, unless NVLink is slower
+        beta = max(cluster.intra.beta, cluster.inter.beta / cluster.nics) if nodes > 1 else None
+        slowest = Link("rings", slowest.alpha, beta or slowest.beta, 0.0)
+        algorithm = "ring"
     try:
         return cost.predict("all_reduce", algorithm, nbytes, p, _no_gamma(slowest))
     except ValueError:

@@ -18,7 +18,7 @@ from collections import deque
 import numpy as np
 
 from minipar.comm import buffers
-from minipar.comm.base import Communicator, NonMember, Request, check_ranks
+from minipar.comm.base import Communicator, NonMember, Request, TagLayout, check_ranks
 from minipar.errors import MiniparError
 
 SIM_TIMEOUT = 1e9  # virtual waits never time out; a deadlock is found by the scheduler instead
@@ -34,6 +34,7 @@ class SimGroup:
         self.posted: dict = {}  # (src, dst, tag) -> deque of receives waiting for a message
         self.splits: dict = {}  # child gid -> what the members met with (split)
         self.members: list = [None] * self.size  # each rank's SimCommunicator
+        self.tags = TagLayout(Communicator.tag_ub)
 
 
 class SimRequest(Request):
@@ -80,7 +81,17 @@ class SimCommunicator(Communicator):
     backend = "sim"
 
     def __init__(self, group: SimGroup, rank: int, task, name: str):
-        super().__init__(rank, group.size, name, SIM_TIMEOUT, group.global_ranks, group.gid)
+        # Communicator.__init__'s fields, less two that cost O(p) per rank (O(p^2) a world):
+        # the members share one list of global ranks, and no rank keeps a table of its recent
+        # calls (what the watchdog compares; nothing here disagrees by accident)
+        self.rank, self.size, self.name, self.timeout = rank, group.size, name, SIM_TIMEOUT
+        self.global_ranks = group.global_ranks
+        self.gid, self._splits, self._seq, self._history = group.gid, 0, 0, 0
+        self._tags = group.tags
+        self._tag_base, self._hash_bits = self._tags.base, self._tags.hash_bits
+        self._hash_mask = self._tags.hash_mask
+        self._calls = _NO_HISTORY
+        self._failure, self._told = None, False
         self.group, self.task = group, task
         self.world_rank = group.global_ranks[rank]
         group.members[rank] = self
@@ -155,6 +166,19 @@ class SimCommunicator(Communicator):
 
     def abort(self, code: int = 1) -> None:
         raise MiniparError(f"rank {self.world_rank} of a simulated world aborted (code {code})")
+
+
+class _NoHistory:
+    """The table of recent calls, kept by no simulated rank: writes vanish, reads find none."""
+
+    def __setitem__(self, key, value) -> None:
+        pass
+
+    def __getitem__(self, key):
+        return None
+
+
+_NO_HISTORY = _NoHistory()
 
 
 class _Meeting:
