@@ -1,0 +1,145 @@
+"""Lesson 11: at scale, on a simulated cluster (text: lessons/11_at_scale.md).
+
+    minipar lesson 11 -n 2 --quick            # minipar.course.lessons.l11_at_scale
+
+The ring, the binomial tree and the double tree of minipar/collectives/ run unchanged on a
+simulated cluster of DGX H100 nodes (minipar/simulate/: one thread per rank, virtual clocks):
+first the cost model's prediction from 8 to 8,192 ranks (where the ring's latency term takes
+over), then the simulated times; one ring against one ring per NIC across two nodes; and every
+collective checked against numpy at prime p. Rank 0 simulates, every rank checks its numbers.
+"""
+
+from __future__ import annotations
+
+from minipar.course.lessons.page import Page, fmt_rate, fmt_time
+from minipar.simulate.cluster import preset
+from minipar.simulate.conformance import check_collectives
+from minipar.simulate.sweep import all_reduce_row, predicted
+
+SIZE = 64 << 20  # the all-reduce of the first section: 64 MiB, a DDP bucket or two
+BIG = 1 << 30  # the across-nodes comparison: 1 GiB
+CLUSTER = preset("h100")
+WORLDS = (8, 64, 512, 8192)  # predicted
+ALGORITHMS = ("ring", "tree", "double_tree")
+SIMULATED = {  # (quick, full): the world sizes each algorithm is simulated at
+    "ring": ((8, 64), (8, 64, 256)),
+    "tree": ((8, 64, 512), (8, 64, 512, 4096)),
+    "double_tree": ((8, 64, 512), (8, 64, 512, 4096)),
+}
+
+
+def predictions():
+    """{(algorithm, p): predicted seconds} of a 64 MiB all-reduce on H100 nodes."""
+    return {(a, p): predicted(a, SIZE, p, CLUSTER) for a in ALGORITHMS for p in WORLDS}
+
+
+def crossover() -> int:
+    """The smallest power of two p at which the tree's prediction beats the ring's (64 MiB)."""
+    p = 8
+    while predicted("tree", SIZE, p, CLUSTER) >= predicted("ring", SIZE, p, CLUSTER):
+        p *= 2
+    return p
+
+
+def across_nodes_prediction() -> tuple[float, float]:
+    """(one ring's busbw, one ring per NIC's busbw) across nodes, at large sizes: one NIC's
+    rate, and the NICs' rates added up unless NVLink is slower."""
+    nic = 1 / CLUSTER.inter.beta
+    return nic, min(1 / CLUSTER.intra.beta, CLUSTER.nics * nic)
+
+
+def claims() -> list[str]:
+    """Numbers lessons/11_at_scale.md states; tests/test_lessons.py checks the text."""
+    table = predictions()
+    out = [fmt_time(table[(a, 8192)]) for a in ("ring", "tree")]
+    out.append(f"p = {crossover():,}")
+    out += [fmt_rate(r) for r in across_nodes_prediction()]
+    return out
+
+
+def scale_section(page: Page, rank0) -> None:
+    table = predictions()
+    page.prediction(f"a {SIZE >> 20} MiB all-reduce on DGX H100 nodes, the cost model")
+    rows = [(f"{p:,}", *(fmt_time(table[(a, p)]) for a in ALGORITHMS)) for p in WORLDS]
+    page.table(None, ["ranks>", "ring>", "tree>", "double tree>"], rows)
+    page.say(
+        f"The ring pays 2 (p-1) alphas: from p = {crossover():,} on the tree's 2 log2 p "
+        "messages of the whole buffer cost less (the latency term takes over)."
+    )
+    page.measurement("the unchanged algorithms, simulated (rank 0 runs every rank)")
+    seen = rank0(lambda: _simulate_scale(page.quick))
+    rows = [
+        (f"{r['ranks']:,}", r["algorithm"], fmt_time(r["time_s"]), fmt_time(r["predicted_s"]),
+         f"{r['messages']:,}", r["wrong"])
+        for r in seen
+    ]  # fmt: skip
+    page.table(None, ["ranks>", "algorithm", "simulated>", "model>", "messages>", "wrong>"], rows)
+    rings = [r for r in seen if r["algorithm"] == "ring"]
+    page.check(
+        all(abs(r["time_s"] / r["predicted_s"] - 1) < 1e-9 for r in rings),
+        "the simulated ring meets the closed form 2(p-1) alpha + 2(p-1)/p n beta exactly",
+    )
+    page.check(sum(r["wrong"] for r in seen) == 0, "every rank's result is the exact sum")
+
+
+def _simulate_scale(quick: bool) -> list[dict]:
+    rows = []
+    for algorithm in ALGORITHMS:
+        for p in SIMULATED[algorithm][0 if quick else 1]:
+            rows.append(all_reduce_row(p, CLUSTER, SIZE, algorithm))
+    return rows
+
+
+def nodes_section(page: Page, rank0) -> None:
+    one, many = across_nodes_prediction()
+    page.prediction("a 1 GiB all-reduce across 2 nodes: one ring, or one ring per NIC")
+    page.say(
+        f"One ring crosses each node boundary once: busbw {fmt_rate(one)}, one NIC's rate. "
+        f"NCCL runs {CLUSTER.nics} rings at once, ring c entering each node at GPU c, so "
+        f"every NIC carries one: busbw up to {fmt_rate(many)}."
+    )
+    page.measurement("simulated on 16 ranks (2 DGX H100 nodes)")
+    seen = rank0(lambda: [all_reduce_row(16, CLUSTER, BIG, a) for a in ("ring", "rings")])
+    rows = [(r["algorithm"], fmt_time(r["time_s"]), fmt_rate(r["busbw_GBps"] * 1e9)) for r in seen]
+    page.table(None, ["algorithm", "time>", "busbw>"], rows)
+    ring, rings = seen
+    page.check(
+        rings["busbw_GBps"] > 5 * ring["busbw_GBps"],
+        "one ring per NIC: more than 5x the bus bandwidth of one ring",
+    )
+
+
+def conformance_section(page: Page, rank0) -> None:
+    sizes = (13, 31) if page.quick else (13, 31, 64, 97)
+    where = ", ".join(map(str, sizes))
+    page.prediction(f"every collective and algorithm right at p = {where}, sizes p + 2")
+    wrong = rank0(lambda: [w for p in sizes for w in check_collectives(p, p + 2)])
+    page.measurement("25 (collective, algorithm) pairs at each p, against numpy")
+    for line in wrong[:5]:
+        page.say(f"  {line}")
+    page.check(not wrong, f"0 wrong results at p = {where}")
+
+
+def main(argv=None) -> int:
+    page = Page("11", "At scale: a simulated cluster", argv=argv)
+
+    def rank0(work):
+        """What rank 0 computed, on every rank (the others wait for it)."""
+        return page.gather(work() if page.rank == 0 else None)[0]
+
+    scale_section(page, rank0)
+    nodes_section(page, rank0)
+    conformance_section(page, rank0)
+    page.try_this(
+        [
+            "minipar simulate all_reduce --ranks 1024 --sizes 1MiB:4GiB: ring, tree, double "
+            "tree side by side, as nccl-tests prints them.",
+            "--cluster pcie: one NIC a node shared by 8 GPUs. What does one ring per NIC buy?",
+            "Pipeline the double tree (NCCL streams segments): how close does it get to 2 n beta?",
+        ]
+    )
+    return page.finish()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
