@@ -23,6 +23,8 @@ from minipar.simulate.runner import concurrently
 
 def ring_orders(size: int, per_node: int, channels: int) -> list[list[int]]:
     """The world ranks of each channel's ring, in ring order."""
+    if not 1 <= channels <= per_node:
+        raise ValueError(f"channels must be between 1 and per_node = {per_node}, got {channels}")
     nodes = -(-size // per_node)
     orders = []
     for c in range(channels):

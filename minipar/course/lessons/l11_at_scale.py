@@ -135,6 +135,7 @@ def main(argv=None) -> int:
             "minipar simulate all_reduce --ranks 1024 --sizes 1MiB:4GiB: ring, tree, double "
             "tree side by side, as nccl-tests prints them.",
             "--cluster pcie: one NIC a node shared by 8 GPUs. What does one ring per NIC buy?",
+            "Write the rings yourself: exercises/ex11_nccl_rings.py, then `minipar grade 11`.",
             "Pipeline the double tree (NCCL streams segments): how close does it get to 2 n beta?",
         ]
     )
