@@ -201,3 +201,5 @@ def test_cli_prints_a_table_and_writes_json(tmp_path, capsys):
     bad = ["simulate", "all_reduce", "--link", "alpha=1us,bw=fast", "--sizes", "1MiB"]
     assert main(bad) == 2
     assert "'fast'" in capsys.readouterr().out
+    assert main(["simulate", "all_reduce", "--sizes", "0"]) == 2
+    assert "every size must be at least 1 byte" in capsys.readouterr().out

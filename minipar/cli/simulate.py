@@ -14,6 +14,7 @@ import json
 
 from minipar.bench.spec import parse_sizes
 from minipar.simulate import cluster as clusters
+from minipar.simulate import plot
 from minipar.simulate.sweep import all_reduce_sweep, available
 from minipar.term import Console
 
@@ -24,6 +25,7 @@ examples:
   minipar simulate all_reduce --ranks 1024 --per-node 8 --cluster h100 --sizes 1MiB:4GiB
   minipar simulate all_reduce --ranks 64 --cluster b200 --sizes 8B:1GiB:x8 --algorithms ring,tree
   minipar simulate all_reduce --ranks 4096 --algorithms double_tree --sizes 1GiB
+  minipar simulate all_reduce --ranks 256 --sizes 8B:1GiB:x8 --plot busbw.png
   minipar simulate all_reduce --ranks 16 --link alpha=5us,bw=25GB/s --sizes 1MiB --json out.json
 
 clusters: {", ".join(c.describe() for c in clusters.PRESETS.values())}.
@@ -50,6 +52,7 @@ def configure(parser) -> None:
         "--no-contention", action="store_true", help="messages never queue for a port"
     )
     parser.add_argument("--json", metavar="PATH", help="write one record per row as a JSON list")
+    parser.add_argument("--plot", metavar="PATH", help="busbw against size, as a PNG (matplotlib)")
 
 
 def build_cluster(args):
@@ -70,6 +73,8 @@ def main(args) -> int:
         clusters.check_count(args.ranks, "--ranks")
         cluster = build_cluster(args)
         sizes = parse_sizes(args.sizes)
+        if min(sizes) < 1:
+            raise ValueError(f"--sizes {args.sizes!r}: every size must be at least 1 byte")
         asked = [a.strip() for a in args.algorithms.split(",") if a.strip()]
         if not asked:
             raise ValueError("--algorithms is empty")
@@ -92,6 +97,9 @@ def main(args) -> int:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
         console.print(f"wrote {args.json}")
+    if args.plot:
+        plot.busbw(rows, args.plot, f"all_reduce, {args.ranks} ranks, {cluster.name}")
+        console.print(f"wrote {args.plot}")
     if wrong:
         console.print(f"[bold red]{wrong} rank results differ from the exact sum[/]")
         return 1
