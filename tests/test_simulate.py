@@ -203,3 +203,32 @@ def test_cli_prints_a_table_and_writes_json(tmp_path, capsys):
     assert "'fast'" in capsys.readouterr().out
     assert main(["simulate", "all_reduce", "--sizes", "0"]) == 2
     assert "every size must be at least 1 byte" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_pipeline_steps_bubble_is_the_formula_when_messages_are_free(tmp_path, schedule):
+    from minipar.comm import chrome_trace
+    from minipar.simulate.train_step import Step, simulate_step, write_timeline
+
+    free = clusters.custom(Link("free", 0.0, 1e-30, 0.0), 8)
+    step = Step(2, 4, 8, 1e-3, 1.0, 1.0, schedule=schedule)
+    run = simulate_step(step, free)
+    assert run.bubble == pytest.approx(3 / 11, rel=1e-9)  # (p-1)/(m+p-1)
+    assert run.time == pytest.approx(1e-3 * 3 * (8 + 3), rel=1e-9)  # (m+p-1)(f+b)
+    doc = json.loads(open(write_timeline(run, str(tmp_path / "step.json"))).read())
+    assert chrome_trace.validate(doc) == []
+    slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in slices} == set(range(8))
+    assert sum(e["name"].startswith("Backward") for e in slices) == 8 * 8  # m per rank
+
+
+def test_cli_simulates_a_planned_training_step(tmp_path, capsys):
+    from minipar.cli import main
+
+    trace = tmp_path / "step.json"
+    argv = ["simulate", "train", "--model", "7b", "--gpus", "16", "--trace", str(trace)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "bubble" in out and "simulated ranks" in out and trace.exists()
+    assert main(["simulate", "train", "--model", "nope"]) == 2
+    assert "'nope'" in capsys.readouterr().out

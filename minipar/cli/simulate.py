@@ -14,7 +14,7 @@ import json
 
 from minipar.bench.spec import parse_sizes
 from minipar.simulate import cluster as clusters
-from minipar.simulate import plot
+from minipar.simulate import plot, train_step
 from minipar.simulate.sweep import all_reduce_sweep, available
 from minipar.term import Console
 
@@ -27,6 +27,7 @@ examples:
   minipar simulate all_reduce --ranks 4096 --algorithms double_tree --sizes 1GiB
   minipar simulate all_reduce --ranks 256 --sizes 8B:1GiB:x8 --plot busbw.png
   minipar simulate all_reduce --ranks 16 --link alpha=5us,bw=25GB/s --sizes 1MiB --json out.json
+  minipar simulate train --model 70b --gpus 1024 --cluster h100 --trace step.json
 
 clusters: {", ".join(c.describe() for c in clusters.PRESETS.values())}.
 --link gives one link class inside and across nodes (alpha per message, bw one way).
@@ -38,7 +39,7 @@ A 1,024-rank ring takes about 2 million messages: tens of seconds a size.
 
 def configure(parser) -> None:
     parser.epilog = EXAMPLES
-    parser.add_argument("what", choices=["all_reduce"], help="what to simulate")
+    parser.add_argument("what", choices=["all_reduce", "train"], help="what to simulate")
     parser.add_argument("--ranks", type=int, default=64, help="ranks in the world (default 64)")
     parser.add_argument("--per-node", type=int, default=None, help="ranks a node (default 8)")
     parser.add_argument(
@@ -53,6 +54,10 @@ def configure(parser) -> None:
     )
     parser.add_argument("--json", metavar="PATH", help="write one record per row as a JSON list")
     parser.add_argument("--plot", metavar="PATH", help="busbw against size, as a PNG (matplotlib)")
+    train = parser.add_argument_group("train: one step of the layout `minipar plan` proposes")
+    train.add_argument("--model", default="7b", help="model preset of minipar plan (default 7b)")
+    train.add_argument("--gpus", type=int, default=64, help="GPUs in all (default 64)")
+    train.add_argument("--trace", metavar="PATH", help="the step's timeline (Perfetto JSON)")
 
 
 def build_cluster(args):
@@ -69,6 +74,8 @@ def build_cluster(args):
 
 def main(args) -> int:
     console = Console()
+    if args.what == "train":
+        return train(args, console)
     try:
         clusters.check_count(args.ranks, "--ranks")
         cluster = build_cluster(args)
@@ -127,3 +134,62 @@ def _size(n: int) -> str:
         if n >= scale and n % scale == 0:
             return f"{n // scale}{unit}"
     return f"{n}B"
+
+
+PLANNER_CLUSTERS = {"h100": "dgx-h100", "b200": "dgx-b200"}
+
+
+def train(args, console) -> int:
+    """One step of the fastest layout `minipar plan` finds, simulated: its time, bubble and
+    exposed gradient all-reduce beside the planner's formulas."""
+    from minipar.planning.planner import CLUSTERS, ModelSpec, best, plan_layouts
+
+    name = args.cluster or "h100"
+    try:
+        if name not in PLANNER_CLUSTERS or args.link is not None:
+            raise ValueError(
+                f"train simulates the planner's clusters: {', '.join(PLANNER_CLUSTERS)}"
+            )
+        clusters.check_count(args.gpus, "--gpus")
+        model = ModelSpec.preset(args.model)
+    except ValueError as error:
+        console.print(f"[bold red]minipar simulate:[/] {error}", highlight=False, soft_wrap=True)
+        return 2
+    layout = best(plan_layouts(model, CLUSTERS[PLANNER_CLUSTERS[name]], args.gpus))
+    if layout is None:
+        console.print(
+            f"[bold red]minipar simulate:[/] no layout of {args.model} fits {args.gpus} GPUs"
+        )
+        return 1
+    cluster = clusters.preset(name)
+    step = train_step.from_layout(model, layout)
+    sim = cluster.with_per_node(max(1, cluster.per_node // layout.tp))
+    run = train_step.simulate_step(step, sim)
+    console.print(
+        f"{args.model} on {args.gpus} GPUs of {name}: dp {layout.dp} x tp {layout.tp} x pp "
+        f"{layout.pp}, {layout.microbatches} micro-batches of {layout.micro_batch} "
+        f"({step.dp * step.pp} simulated ranks: a tp group is one)",
+        highlight=False,
+        soft_wrap=True,
+    )
+    rows = [
+        ("step (s)", run.time, layout.step_time),
+        ("bubble (share)", run.bubble, run.predicted_bubble),
+        ("dp all-reduce after backward (s)", run.exposed_comm, layout.time["dp_total"]),
+    ]
+    console.print(f"{'':28}{'simulated':>12}{'planner':>12}", highlight=False, soft_wrap=True)
+    for what, simulated, planned in rows:
+        console.print(f"{what:28}{simulated:12.4g}{planned:12.4g}", highlight=False, soft_wrap=True)
+    console.print(
+        "The simulated step runs the gradient all-reduce after the last backward; the planner "
+        f"hides all but {layout.time['dp_comm']:.3g} s of it behind backward (DDP's buckets).",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if args.trace:
+        train_step.write_timeline(run, args.trace)
+        console.print(f"wrote {args.trace} (open it in ui.perfetto.dev)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([{"what": w, "simulated": s, "planner": p} for w, s, p in rows], f, indent=1)
+    return 0

@@ -47,6 +47,7 @@ class World:
     def __init__(self, cluster: Cluster, size: int, scale: float, contention: bool):
         self.cluster, self.size, self.scale = cluster, size, scale
         self.network = Network(cluster, size, contention)
+        self.groups: dict = {}  # (world ranks, scale) -> SimGroup, for group() below
 
 
 def simulate(fn, ranks: int, cluster: Cluster, scale: float = 1.0, contention: bool = True) -> Run:
@@ -113,3 +114,22 @@ def concurrently(thunks) -> None:
     finally:
         task.floor = float("inf")
     task.clock = end
+
+
+def group(ranks, scale: float | None = None):
+    """This rank's communicator on the simulated group of world `ranks` (in that order), with
+    no meeting: unlike new_group, only the members call it, each once. `scale`: simulated
+    bytes per real byte on this group (default: the world's), so a step's activations and its
+    gradients may each stand for their own sizes."""
+    comm = process.world
+    task = getattr(comm, "task", None)
+    if task is None:
+        raise RuntimeError("group() runs only inside a simulated rank (simulate())")
+    ranks = tuple(ranks)
+    world = comm.group.world
+    key = (ranks, scale)
+    shared = world.groups.get(key)
+    if shared is None:
+        shared = world.groups[key] = SimGroup(world, ranks, f"w.{len(world.groups) + 1}", scale)
+    label = f"group{list(ranks)}" if len(ranks) <= 8 else f"group of {len(ranks)}"
+    return SimCommunicator(shared, ranks.index(comm.world_rank), task, label)

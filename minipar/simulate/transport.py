@@ -27,8 +27,9 @@ SIM_TIMEOUT = 1e9  # virtual waits never time out; a deadlock is found by the sc
 class SimGroup:
     """What the members of one simulated group share: who is in it, the messages in flight."""
 
-    def __init__(self, world, global_ranks, gid: str):
+    def __init__(self, world, global_ranks, gid: str, scale: float | None = None):
         self.world, self.global_ranks, self.gid = world, list(global_ranks), gid
+        self.scale = world.scale if scale is None else scale  # simulated bytes per real byte
         self.size = len(self.global_ranks)
         self.unexpected: dict = {}  # (src, dst, tag) -> deque of (data, arrival) not yet received
         self.posted: dict = {}  # (src, dst, tag) -> deque of receives waiting for a message
@@ -102,7 +103,7 @@ class SimCommunicator(Communicator):
         nbytes = buffers.nbytes(buf)
         world = group.world
         arrival = world.network.send(
-            self.world_rank, group.global_ranks[dst], nbytes * world.scale, self.task.clock
+            self.world_rank, group.global_ranks[dst], nbytes * group.scale, self.task.clock
         )
         key = (self.rank, dst, tag)
         waiting = group.posted.get(key)
