@@ -49,6 +49,7 @@ KEY_LINES = {
     "11": [
         "the simulated ring meets the closed form",
         "one ring per NIC: more than 5x",
+        "the bubble read off the simulated step is the formula's",
         "0 wrong results at p = 13, 31",
         "Try this",
     ],

@@ -5,8 +5,10 @@
 The ring, the binomial tree and the double tree of minipar/collectives/ run unchanged on a
 simulated cluster of DGX H100 nodes (minipar/simulate/: one thread per rank, virtual clocks):
 first the cost model's prediction from 8 to 8,192 ranks (where the ring's latency term takes
-over), then the simulated times; one ring against one ring per NIC across two nodes; and every
-collective checked against numpy at prime p. Rank 0 simulates, every rank checks its numbers.
+over), then the simulated times; one ring against one ring per NIC across two nodes; one 1F1B
+step of the 70B layout minipar plan proposes for 1,024 GPUs, its bubble read off simulated time;
+and every collective checked against numpy at prime p. Rank 0 simulates, every rank checks its
+numbers.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from minipar.course.lessons.page import Page, fmt_rate, fmt_time
 from minipar.simulate.cluster import preset
 from minipar.simulate.conformance import check_collectives
 from minipar.simulate.sweep import all_reduce_row, predicted
+from minipar.simulate.train_step import from_layout, simulate_step
 
 SIZE = 64 << 20  # the all-reduce of the first section: 64 MiB, a DDP bucket or two
 BIG = 1 << 30  # the across-nodes comparison: 1 GiB
@@ -54,6 +57,9 @@ def claims() -> list[str]:
     out = [fmt_time(table[(a, 8192)]) for a in ("ring", "tree")]
     out.append(f"p = {crossover():,}")
     out += [fmt_rate(r) for r in across_nodes_prediction()]
+    _, lay = planned_layout()
+    out.append(f"dp {lay.dp} x tp {lay.tp} x pp {lay.pp}, {lay.microbatches} micro-batches")
+    out.append(f"{(lay.pp - 1) / (lay.microbatches + lay.pp - 1):.1%}")
     return out
 
 
@@ -109,6 +115,44 @@ def nodes_section(page: Page, rank0) -> None:
     )
 
 
+def planned_layout():
+    """(model, layout) minipar plan proposes for a 70B model on 1,024 H100s."""
+    from minipar.planning.planner import CLUSTERS, ModelSpec, best, plan_layouts
+
+    model = ModelSpec.preset("70b")
+    return model, best(plan_layouts(model, CLUSTERS["dgx-h100"], 1024))
+
+
+def step_section(page: Page, rank0) -> None:
+    model, lay = planned_layout()
+    formula = (lay.pp - 1) / (lay.microbatches + lay.pp - 1)
+    page.prediction("one 1F1B step of 70B on 1,024 H100s, as minipar plan lays it out")
+    page.say(
+        f"dp {lay.dp} x tp {lay.tp} x pp {lay.pp}, {lay.microbatches} micro-batches: the bubble "
+        f"(p-1)/(m+p-1) = {formula:.1%} of the step; the planner's step {fmt_time(lay.step_time)}."
+    )
+    page.measurement(
+        "the step simulated: every stage's 1F1B instruction list, then ring.py over dp"
+    )
+    seen = rank0(lambda: _simulate_step(model, lay))
+    page.table(
+        None,
+        ["what", "simulated>", "formula>"],
+        [("step", fmt_time(seen["time"]), fmt_time(lay.step_time)),
+         ("bubble", f"{seen['bubble']:.1%}", f"{formula:.1%}")],
+    )  # fmt: skip
+    page.check(
+        formula - 1e-9 <= seen["bubble"] < formula + 0.05,
+        "the bubble read off the simulated step is the formula's, plus the activations' hops",
+    )
+
+
+def _simulate_step(model, lay) -> dict:
+    cluster = CLUSTER.with_per_node(max(1, CLUSTER.per_node // lay.tp))
+    run = simulate_step(from_layout(model, lay), cluster)
+    return {"time": run.time, "bubble": run.bubble}
+
+
 def conformance_section(page: Page, rank0) -> None:
     sizes = (13, 31) if page.quick else (13, 31, 64, 97)
     where = ", ".join(map(str, sizes))
@@ -129,6 +173,7 @@ def main(argv=None) -> int:
 
     scale_section(page, rank0)
     nodes_section(page, rank0)
+    step_section(page, rank0)
     conformance_section(page, rank0)
     page.try_this(
         [
