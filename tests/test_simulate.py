@@ -232,3 +232,13 @@ def test_cli_simulates_a_planned_training_step(tmp_path, capsys):
     assert "bubble" in out and "simulated ranks" in out and trace.exists()
     assert main(["simulate", "train", "--model", "nope"]) == 2
     assert "'nope'" in capsys.readouterr().out
+
+
+def test_object_all_gathers_one_after_another():
+    def step(rank):
+        comm = process.world
+        return [comm.allgather_object((k, rank)) for k in range(3)]
+
+    run = simulate(step, 3, FLAT)
+    assert run.results[2] == [[(k, r) for r in range(3)] for k in range(3)]
+    assert run.time == 0.0  # the control plane costs no simulated time

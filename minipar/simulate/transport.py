@@ -45,6 +45,7 @@ class SimRequest(Request):
     def __init__(self, comm, kind, peer, tag, nbytes, buf=None, arrival=None):
         super().__init__(comm, kind, peer, tag, nbytes)
         self.buf, self.arrival = buf, arrival
+        self.posted_at = comm.task.clock if comm.task is not None else 0.0
 
     blocking = True  # wait_all calls _block: the task sleeps instead of polling
 
@@ -93,6 +94,7 @@ class SimCommunicator(Communicator):
         self._hash_mask = self._tags.hash_mask
         self._calls = _NO_HISTORY
         self._failure, self._told = None, False
+        self._meetings = 0
         self.group, self.task = group, task
         self.world_rank = group.global_ranks[rank]
         group.members[rank] = self
@@ -116,7 +118,6 @@ class SimCommunicator(Communicator):
     def _post_recv(self, buf, src: int, tag: int) -> Request:
         group = self.group
         request = SimRequest(self, "recv", src, tag, buffers.nbytes(buf), buf)
-        request.posted_at = self.task.clock
         key = (src, self.rank, tag)
         queue = group.unexpected.get(key)
         if queue:
@@ -132,7 +133,8 @@ class SimCommunicator(Communicator):
         raise MiniparError("the transport's barrier is not simulated; use minipar.barrier()")
 
     def allgather_object(self, obj, context: str = "") -> list:
-        return self._meet(("objects", self._seq, self._splits), obj)
+        self._meetings += 1  # every member counts its object all-gathers alike
+        return self._meet(("objects", self._meetings), obj)
 
     def split(self, ranks, name: str | None = None):
         """Every member calls it with the same ranks (group ranks of this group)."""
