@@ -193,7 +193,7 @@ def test_cli_prints_a_table_and_writes_json(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "busbw" in text and "skipped hierarchical_x" in text
     rows = json.loads(out.read_text())
-    assert [(r["algorithm"], r["bytes"]) for r in rows] == [
+    assert [(r["algorithm"], r["nbytes"]) for r in rows] == [
         ("ring", 1 << 20),
         ("tree", 1 << 20),
         ("ring", 64 << 20),

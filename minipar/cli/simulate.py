@@ -123,7 +123,7 @@ def _line(row: dict) -> str:
     predicted = row["predicted_s"]
     model = f"{predicted * 1e6:11.1f}" if predicted is not None else f"{'-':>11}"
     return (
-        f"{_size(row['bytes']):>10} {row['algorithm']:>14} {row['time_s'] * 1e6:12.1f} "
+        f"{_size(row['nbytes']):>10} {row['algorithm']:>14} {row['time_s'] * 1e6:12.1f} "
         f"{row['algbw_GBps']:11.2f} {row['busbw_GBps']:11.2f} {model} {row['messages']:>10} "
         f"{row['wall_s']:7.2f} {row['wrong']:>5}"
     )

@@ -12,10 +12,10 @@ def busbw(rows: list[dict], path: str, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for algorithm in dict.fromkeys(r["algorithm"] for r in rows):
-        mine = sorted((r for r in rows if r["algorithm"] == algorithm), key=lambda r: r["bytes"])
-        xs = [r["bytes"] for r in mine]
+        mine = sorted((r for r in rows if r["algorithm"] == algorithm), key=lambda r: r["nbytes"])
+        xs = [r["nbytes"] for r in mine]
         line = ax.plot(xs, [r["busbw_GBps"] for r in mine], "-", marker=".", label=algorithm)
-        model = [(r["bytes"], _busbw(r, r["predicted_s"])) for r in mine if r["predicted_s"]]
+        model = [(r["nbytes"], _busbw(r, r["predicted_s"])) for r in mine if r["predicted_s"]]
         if model:
             ax.plot(*zip(*model), "--", color=line[0].get_color(), alpha=0.6)
     ax.set_xscale("log", base=2)
@@ -31,5 +31,5 @@ def busbw(rows: list[dict], path: str, title: str) -> None:
 
 
 def _busbw(row: dict, seconds: float) -> float:
-    p = row["ranks"]
-    return row["bytes"] / seconds * 2 * (p - 1) / p / 1e9
+    p = row["world_size"]
+    return row["nbytes"] / seconds * 2 * (p - 1) / p / 1e9

@@ -1,9 +1,9 @@
 """An nccl-tests-style sweep on a simulated cluster: each size, each algorithm, one row.
 
     for row in all_reduce_sweep(1024, preset("h100"), [1 << 20, 1 << 30], ["ring", "tree"]):
-        row["time_s"], row["busbw_GBps"], row["predicted_s"], row["wrong"]
+        row["time_s"], row["busbw_GBps"], row["predicted_s"], row["wrong"]   # bench's keys too
 
-Each row is one simulated all-reduce of `bytes` on every rank, run by the algorithm's own file
+Each row is one simulated all-reduce of `nbytes` on every rank, run by the algorithm's own file
 on scaled data: every rank holds one float32 element per rank (a few kilobytes), each standing
 for bytes / (4 p) bytes, so 1,024 ranks x 4 GiB costs what 1,024 x 4 KiB does. The values are
 real small integers: every rank's result is checked against the exact sum (`wrong` counts the
@@ -66,18 +66,23 @@ def all_reduce_row(ranks: int, cluster, nbytes: int, algorithm: str, contention:
     want = sum((np.arange(n) + r) % VALUES for r in range(p)).astype(np.float32)
     wrong = sum(not np.array_equal(x, want) for x in run.results)
     algbw = nbytes / run.time if run.time > 0 else float("inf")
-    return {
+    return {  # bench's keys (minipar/bench/report.py), then the simulator's own
         "collective": "all_reduce",
         "algorithm": algorithm,
-        "ranks": p,
-        "per_node": cluster.per_node,
-        "nodes": -(-p // cluster.per_node),
-        "cluster": cluster.name,
-        "bytes": nbytes,
-        "time_s": run.time,
+        "implementation": "simulated",
+        "world_size": p,
+        "nbytes": nbytes,
+        "dtype": "float32",
+        "time_s_median": run.time,  # one simulated run: deterministic, min = median = max
+        "time_s_min": run.time,
+        "time_s_max": run.time,
         "algbw_GBps": algbw / 1e9,
         "busbw_GBps": algbw * 2 * (p - 1) / p / 1e9,
         "predicted_s": predicted(algorithm, nbytes, p, cluster),
+        "time_s": run.time,
+        "per_node": cluster.per_node,
+        "nodes": -(-p // cluster.per_node),
+        "cluster": cluster.name,
         "messages": run.messages,
         "wall_s": run.wall,
         "cpu_s": cpu,

@@ -75,7 +75,7 @@ def scale_section(page: Page, rank0) -> None:
     page.measurement("the unchanged algorithms, simulated (rank 0 runs every rank)")
     seen = rank0(lambda: _simulate_scale(page.quick))
     rows = [
-        (f"{r['ranks']:,}", r["algorithm"], fmt_time(r["time_s"]), fmt_time(r["predicted_s"]),
+        (f"{r['world_size']:,}", r["algorithm"], fmt_time(r["time_s"]), fmt_time(r["predicted_s"]),
          f"{r['messages']:,}", r["wrong"])
         for r in seen
     ]  # fmt: skip
