@@ -27,6 +27,10 @@ _LAZY = {
     "new_group": "minipar.runtime.world",
     "device": "minipar.runtime.devices",
     "local_rank": "minipar.runtime.devices",
+    "local_world_size": "minipar.runtime.nodes",
+    "node_rank": "minipar.runtime.nodes",
+    "num_nodes": "minipar.runtime.nodes",
+    "node_map": "minipar.runtime.nodes",
     # collectives
     "broadcast": "minipar.collectives.api",
     "all_reduce": "minipar.collectives.api",

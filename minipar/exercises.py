@@ -28,6 +28,7 @@ PLUGS = [
         "all_reduce",
         "student_recursive_doubling",
     ),
+    ("ex04_hierarchical_allreduce", "all_reduce_two_level", "all_reduce", "student_two_level"),
 ]
 
 

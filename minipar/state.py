@@ -13,6 +13,7 @@ it in one place (runtime/world.py). Each field is filled by the layer that owns 
 | launched_world    | minipar.launch started the world before fn     | launcher/notebook.py  |
 | excepthook        | the abort-on-uncaught-exception hook is set    | runtime/world.py      |
 | local_rank(_source), device | this rank's place on its node, its GPU | runtime/devices.py |
+| nodes             | which node each world rank runs on (NodeMap)   | runtime/nodes.py      |
 | progress          | the thread that runs async collectives         | collectives/work.py   |
 | watchdog          | the thread that finds mismatched calls         | comm/watchdog.py      |
 | mismatch_after    | seconds a collective waits, then asks peers    | init(mismatch_after=) |
@@ -54,6 +55,7 @@ class ProcessState:
         self.local_rank = None
         self.local_rank_source = ""
         self.device = None
+        self.nodes = None
         self.progress = None
         self.watchdog = None
         self.mismatch_after = 1.0

@@ -39,6 +39,7 @@ WAITING = {  # file -> why it waits
     "test_strategy_faults.py": "strategies' jobs that time out on a planted fault",
     "test_torchrun.py": "torchrun's rendezvous and start-up",
     "test_launcher.py": "launcher start-ups, jobs that fail on purpose",
+    "test_cluster.py": "emulated nodes: jobs stopped on purpose, a pulled cable's timeout",
 }
 BUSY, WAITS = "busy", "waiting"
 

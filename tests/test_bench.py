@@ -254,3 +254,36 @@ def test_bench_cp_and_moe_tables_and_json(tmp_path):
     assert "ep=2" in text and "25%" in text and "2,048" in text and "1.25" in text, text
     assert json.load(open(tmp_path / "moe.json")) == record
     assert record["rows"][0]["x_local"] == pytest.approx(0.5)
+
+
+def test_rows_across_nodes_price_both_links_and_the_links_roofline():
+    """A run on 2 nodes of 2 (the header's `nodes`): a row's prediction is predict_on_nodes,
+    the link's roofline is 2 (N-1)/N S at the link's rate, and the two-level goals read them."""
+    n, rate = 64 << 20, 0.25e9
+    events = [
+        {"type": "header", "world_size": 4, "oversubscribed": False, "nodes": [2, 2]},
+        {"type": "row", "collective": "all_reduce", "nbytes": n, "implementation": "minipar",
+         "algorithm": "hierarchical", "times": [0.4, 0.3, 0.5]},
+        {"type": "row", "collective": "all_reduce", "nbytes": n, "implementation": "mpi",
+         "algorithm": "native", "times": [0.6]},
+    ]  # fmt: skip
+    two, _ = report.records(events, "float32", cost.SHARED_MEMORY, rate)
+    link = cost.SHARED_MEMORY
+    assert two["predicted_s"] == pytest.approx(
+        cost.predict_on_nodes("all_reduce", "hierarchical", n, 2, 2, link)
+    )
+    assert two["link_roofline_fraction"] == pytest.approx(n / rate / 0.4)
+    goals = {g[0]: g[1] for g in report.goals([two, _])}
+    assert goals["hierarchical all_reduce 64 MiB across nodes: fraction of the link's roofline"]
+    assert goals["hierarchical all_reduce >= 1 MiB across nodes: time / MPI (worst size)"] == (
+        pytest.approx(0.4 / 0.6)
+    )
+
+
+def test_link_needs_nodes():
+    from argparse import Namespace
+
+    from minipar.cli import bench
+
+    with pytest.raises(ValueError, match="give --nodes N too"):
+        bench.job_spec(Namespace(link="2gbit", nodes=None))

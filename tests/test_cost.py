@@ -155,3 +155,41 @@ def test_local_copies_steer_auto_away_from_copying_algorithms():
     assert cost.choose("all_gather", ["bruck", "ring"], n, 2, link) == "ring"
     assert cost.choose("reduce_scatter", ["recursive_halving", "ring"], n, 2, link) == "ring"
     assert cost.traffic("all_reduce", "ring", n, 8).bytes_copied == 0
+
+
+SLOW = cost.Link("between", 50e-6, 1 / 0.25e9, 1 / 5e9)  # a 2 Gbit/s link between nodes
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather"])
+@pytest.mark.parametrize("nodes,per_node", [(2, 2), (2, 4), (4, 2), (3, 3)])
+def test_two_levels_send_the_rings_bytes_in_fewer_steps(collective, nodes, per_node):
+    """Inside plus between, the two-level schemes send what the flat ring sends (each chunk
+    once through a ring per level), in (k-1) + (N-1) steps per phase instead of p-1; between
+    nodes a rank sends a k-th of an all-reduce's shard traffic, (N-1)/N S/k per phase."""
+    S, p = 1 << 24, nodes * per_node
+    inside, between = cost.traffic_on_nodes(collective, "hierarchical", S, nodes, per_node)
+    flat = cost.traffic(collective, "ring", S, p)
+    assert inside.bytes_sent + between.bytes_sent == pytest.approx(flat.bytes_sent)
+    assert inside.steps + between.steps < flat.steps
+    phases = 2 if collective == "all_reduce" else 1
+    shard = S / per_node if collective != "all_gather" else S / p * nodes
+    assert between.bytes_sent == pytest.approx(phases * (nodes - 1) / nodes * shard)
+    assert cost.traffic(collective, "hierarchical", S, p) == flat  # on one node: the ring
+
+
+def test_two_links_price_the_hierarchy():
+    """On 2 x 2 with a slow link between nodes: the model's ratio flat ring / hierarchical is
+    about the node link's bytes ratio, 2 (p-1)/p / (2 (N-1)/N) = 1.5, at 64 MiB; `auto`
+    (choose_on_nodes) takes hierarchical there, a flat latency-bound scheme at 8 bytes, and
+    with a NIC per rank (links_per_node = k) the hierarchy pays k times more."""
+    fast, big = cost.SHARED_MEMORY, 64 << 20
+    ring = cost.predict_on_nodes("all_reduce", "ring", big, 2, 2, fast, SLOW)
+    two = cost.predict_on_nodes("all_reduce", "hierarchical", big, 2, 2, fast, SLOW)
+    assert 1.3 < ring / two < 1.5
+    nic_each = cost.predict_on_nodes("all_reduce", "hierarchical", big, 2, 2, fast, SLOW, 2)
+    assert ring / nic_each > 2.5
+    names = ["double_tree", "hierarchical", "rabenseifner", "recursive_doubling", "ring", "tree"]
+    assert cost.choose_on_nodes("all_reduce", names, big, 2, 2, fast, SLOW) == "hierarchical"
+    assert cost.choose_on_nodes("all_reduce", names, 8, 2, 2, fast, SLOW) != "hierarchical"
+    tree = cost.predict_on_nodes("all_reduce", "tree", big, 2, 2, fast, SLOW)
+    assert tree > ring  # the flat tree sends the whole buffer over the slow link log2 p times

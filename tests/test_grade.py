@@ -135,9 +135,10 @@ def test_grade_fresh_exercises_all_not_started(tmp_path):
 
 @pytest.mark.own_job
 def test_grade_solutions_passes(tmp_path):
-    """`minipar grade --solutions` through the same machinery (lesson 04: one process, fast;
-    the multi-rank solutions are graded by test_exercises.py in every run)."""
-    done, results = _grade(tmp_path, "04", "--solutions")
+    """`minipar grade --solutions` through the same machinery (one exercise by name, lesson 04's
+    one-process fit: fast; the multi-rank solutions are graded by test_exercises.py in every
+    run)."""
+    done, results = _grade(tmp_path, "ex04_alpha_beta_fit", "--solutions")
     assert done.returncode == 0, done.stdout + done.stderr
     assert results and all(r["status"] == "passed" for r in results), results
     assert {r["exercise"] for r in results} == {"ex04_alpha_beta_fit"}

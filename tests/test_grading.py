@@ -39,6 +39,11 @@ MISTAKES = {
         "call.send(x, (call.rank + mask) % p)",
         "call.send(x, (call.rank + mask + 1) % p)",
     ),
+    "wrong_chunk_across": (
+        "ex04_hierarchical_allreduce",
+        "    ring.all_reduce_ring(across, layout.chunk(x, edges, inside.rank), op)\n",
+        "    ring.all_reduce_ring(across, layout.chunk(x, edges, 0), op)\n",
+    ),
     "missing_reduction": (
         "ex03_recursive_doubling",
         "        reduce_(x, incoming, op)\n",

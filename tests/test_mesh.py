@@ -109,3 +109,19 @@ def test_render_shows_cp_columns_and_ep_rows():
     assert "cp 1 tp 0" in text and "ep 1.1" in text and "hold the same experts" in text
     for r in range(16):
         assert f" {r} " in f" {text} ".replace("\n", " ")
+
+
+def test_placement_says_which_axes_cross_nodes():
+    """Consecutive ranks fill nodes: on nodes of 4, dp=2 x tp=2 x pp=2 keeps tp and dp inside
+    and puts pp across; tp=8 on nodes of 4 crosses; `minipar plan` prints the same words."""
+    from minipar.cli.plan import placement
+    from minipar.planning.planner import Layout
+
+    shape = MeshShape(dp=2, tp=2, pp=2)
+    assert shape.placement(4) == {"tp": "inside a node", "dp": "inside a node",
+                                  "pp": "across nodes"}  # fmt: skip
+    assert MeshShape(tp=8).placement(4) == {"tp": "across nodes"}
+    assert MeshShape(dp=4, ep=2).placement([0, 0, 1, 1]) == {"dp": "across nodes",
+                                                              "ep": "inside a node"}  # fmt: skip
+    words = placement(Layout(dp=2, tp=2, pp=2, micro_batch=1, microbatches=1), 4)
+    assert "tp inside a node" in words and "pp across nodes" in words

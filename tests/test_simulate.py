@@ -79,7 +79,18 @@ def test_every_collective_and_algorithm_is_right_at_odd_and_prime_p():
     wrong = []
     for p in ODD_AND_PRIME:
         wrong += check_collectives(p, n=p + 3 if p % 2 else 2 * p - 1)
+    for p in (12, 24):  # nodes of 4: the two-level collectives run on 3 and 6 nodes
+        wrong += check_collectives(p, n=p + 1, per_node=4)
     assert wrong == []
+
+
+def test_the_two_level_all_reduce_meets_the_cost_models_figure():
+    """The simulated world's node map is the cluster's: hierarchical finds 8 nodes of 8."""
+    h100 = clusters.preset("h100")
+    row = all_reduce_row(64, h100, 1 << 30, "hierarchical")
+    assert row["wrong"] == 0 and row["time_s"] == pytest.approx(row["predicted_s"], rel=1e-9)
+    ring = all_reduce_row(64, h100, 1 << 30, "ring")
+    assert ring["time_s"] > 4 * row["time_s"]
 
 
 def test_the_conformance_check_catches_an_off_by_one(monkeypatch):
@@ -131,7 +142,7 @@ def test_a_port_carries_one_message_at_a_time_and_ranks_share_a_nic():
 
 
 def test_a_deadlock_raises_and_the_process_state_is_put_back():
-    before = (process.world, dict(process.groups), process.fast_paths)
+    before = (process.world, dict(process.groups), process.fast_paths, process.nodes)
 
     def step(rank):
         x = np.zeros(4)
@@ -141,7 +152,7 @@ def test_a_deadlock_raises_and_the_process_state_is_put_back():
 
     with pytest.raises(CommTimeoutError, match="deadlocked"):
         simulate(step, 3, FLAT)
-    assert (process.world, dict(process.groups), process.fast_paths) == before
+    assert (process.world, dict(process.groups), process.fast_paths, process.nodes) == before
 
     def fails(rank):
         if rank == 2:

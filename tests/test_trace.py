@@ -111,3 +111,26 @@ def test_nothing_is_recorded_without_a_trace():
     assert [(s.name, s.cat, s.args) for s in t.spans] == [("x", "test", {"k": 1})]
     assert t.counters[0][1:] == ("c", 3)
     assert not os.environ.get("MINIPAR_TRACE_DIR")
+
+
+def test_messages_between_nodes_are_named_and_coloured_apart():
+    """With a node map in the parts, a message from node 0 to node 1 is "message between nodes"
+    (cname "terrible"), one inside a node stays "message" ("good"); both keep the category."""
+    parts = []
+    for rank in range(3):  # ranks 0, 1 on node 0; rank 2 on node 1; 0 -> 1 and 1 -> 2
+        messages, spans = [], [["Step", "p2p", 9.0, 11.0, 7, {}]]
+        if rank < 2:
+            messages.append(["world", rank, "p2p", -1, "send", rank + 1, 8, 5, 10.0, 7,
+                             None, None, None])  # fmt: skip
+        if rank > 0:
+            messages.append(["world", rank, "p2p", -1, "recv", rank - 1, 8, 5, 10.0, 7,
+                             10.001, 7, None])  # fmt: skip
+        one = part(rank, 0.0, messages, spans)
+        parts.append({**one, "groups": {"world": [0, 1, 2]}, "nodes": [0, 0, 1]})
+    doc = chrome_trace.merge(parts)
+    assert chrome_trace.validate(doc) == []
+    starts = {e["pid"]: e for e in doc["traceEvents"] if e["ph"] == "s"}
+    assert starts[0]["name"] == "message" and starts[0]["cname"] == "good"
+    assert starts[1]["name"] == "message between nodes" and starts[1]["cname"] == "terrible"
+    assert starts[1]["args"]["between_nodes"] and not starts[0]["args"]["between_nodes"]
+    assert {e["cat"] for e in doc["traceEvents"] if e["ph"] in "sf"} == {"message"}

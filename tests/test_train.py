@@ -12,8 +12,9 @@ from conftest import warm_python
 from minipar import launcher
 from minipar.cli.train import _parser, to_argv
 from minipar.comm import chrome_trace
+from minipar.models import checkpoint
 from minipar.models.gpt import GPTConfig
-from minipar.models.training import RunSpec, train_dense
+from minipar.models.training import RunSpec, tolerances, train_dense
 
 SMALL = ["--layers", "2", "--hidden", "32", "--heads", "4", "--seq", "32"]
 
@@ -167,3 +168,33 @@ def test_gradient_check_sees_a_constant_factor():
     missing = dict(ref)
     missing.pop("head.proj.weight")
     assert "gradient names differ: ['head.proj.weight']" in compare_gradients(missing, ref)[0]
+
+
+@pytest.mark.own_job
+def test_fp16_clip_and_schedule_resume_where_they_stopped(tmp_path):
+    """dp=2 in fp16 with the loss scaler, --clip and a cosine schedule for 3 steps, checked by
+    --check (norms each step); resumed on one process for 2 more: the checkpoint carries the
+    loss scaler, the schedule goes on from step 3 (--decay-steps 5: where the decay ends), and
+    the 5 losses are the uninterrupted dense run's."""
+    ckpt, first, second = (str(tmp_path / name) for name in ("ckpt.pt", "a.json", "b.json"))
+    policy = ["--dtype", "fp16", "--clip", "0.5", "--warmup", "2", "--lr-schedule", "cosine"]
+    policy += ["--min-lr", "1e-4", "--decay-steps", "5", *SMALL]
+    done = minipar_cli("train", "--dp", "2", "--steps", "3", "--check", "--save", ckpt,
+                       "--json", first, *policy)  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and "matches the dense run" in out, out[-3000:]
+    assert checkpoint.read(ckpt)["extra"]["loss_scaler"] == {"scale": 2.0**16, "good_steps": 3}
+    resumed = minipar_cli("train", "--resume", ckpt, "--steps", "2", "--json", second, *policy)
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    a, b = (json.load(open(path)) for path in (first, second))
+    assert b["loss_scaler"] == {"scale": 2.0**16, "good_steps": 5}
+    spec = RunSpec(steps=5, model=GPTConfig(seq_len=32, hidden=32, n_layers=2, n_heads=4),
+                   dtype="fp16", clip=0.5, warmup=2, lr_schedule="cosine", min_lr=1e-4)  # fmt: skip
+    assert a["lrs"] + b["lrs"] == [spec.lr_at(i) for i in range(5)]
+    stats = {}
+    reference = train_dense(spec, stats=stats)[0]
+    tol = tolerances(spec)
+    for got, want in zip(a["losses"] + b["losses"], reference):
+        assert abs(got - want) <= tol["loss_atol"] + tol["loss"] * abs(want), (got, want)
+    for got, want in zip(a["grad_norms"] + b["grad_norms"], stats["norms"]):
+        assert abs(got - want) <= tol["norm"] * want, (got, want)

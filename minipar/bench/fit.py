@@ -11,6 +11,11 @@
 Each is the fastest of several repetitions (on a shared machine the slow ones measure someone
 else's load). The one-way large-message bandwidth is stored beside them, for comparison.
 Ranks other than 0 and 1 wait at the barriers while the pair measures.
+
+On a job that spans nodes of equal size there are two links, fitted apart: the in-node link
+as above on the ranks of node 0 (its ring never leaves the node), and the between-node link
+(`inter_alpha`, `inter_beta`: `measure_between_nodes`) on one rank a node, whose ring crosses
+between nodes at every step; a ping-pong between node 0 and node 1 is reported beside it.
 """
 
 from __future__ import annotations
@@ -28,26 +33,29 @@ SMALL, LARGE = 16 << 20, 64 << 20  # beyond the caches: collectives stream from 
 FIT_SIZES = [1 << k for k in range(20, 27)]  # 1 MiB .. 64 MiB: where the model must hold
 
 
-def _pair_times(comm, timer, nbytes: int, iters: int, exchange: bool) -> float:
-    """Seconds per message (ping-pong: half a round trip; exchange: one sendrecv), the fastest
-    repetition: what the link can do, not what other processes' load left of it."""
+def _pair_times(comm, timer, nbytes: int, iters: int, exchange: bool, pair=(0, 1)) -> float:
+    """Seconds per message (ping-pong: half a round trip; exchange: one sendrecv) between the
+    ranks `pair`, the fastest repetition: what the link can do, not what other processes' load
+    left of it."""
     import numpy as np
 
     out, back = np.zeros(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
     me, times = comm.rank, []
+    a, b = pair
     for _ in range(iters):
         timer.barrier()
         start = time.perf_counter()
-        if me in (0, 1) and exchange:
-            comm.sendrecv(out, 1 - me, back, 1 - me)
-        elif me == 0:
-            comm.send(out, 1)
-            comm.recv(back, 1)
-        elif me == 1:
-            comm.recv(back, 0)
-            comm.send(back, 0)
+        if me in pair and exchange:
+            other = b if me == a else a
+            comm.sendrecv(out, other, back, other)
+        elif me == a:
+            comm.send(out, b)
+            comm.recv(back, b)
+        elif me == b:
+            comm.recv(back, a)
+            comm.send(back, a)
         times.append((time.perf_counter() - start) / (1 if exchange else 2))
-    mine = min(times) if me in (0, 1) else 0.0
+    mine = min(times) if me in pair else 0.0
     return timer.max_over_ranks(mine)
 
 
@@ -63,19 +71,24 @@ def relative_slope(sizes, times, alpha) -> float:
     return max(num / den, 1e-13)
 
 
-def _all_reduce_time(timer, algorithm: str, nbytes: int, iters: int, typical=True) -> float:
+def _all_reduce_time(
+    timer, algorithm: str, nbytes: int, iters: int, typical=True, group=None, member=True
+) -> float:
     """The median (typical=True) or the fastest of `iters` minipar all-reduces of nbytes
     (float32), each iteration timed as bench times a row's: from a barrier, the slowest rank's
-    time. The median is what bench's rows report and the model is judged against."""
+    time. The median is what bench's rows report and the model is judged against. With
+    `group`, its members (`member`) all-reduce over it while the others wait at the barriers."""
     import numpy as np
 
     x = np.ones(max(1, nbytes // 4), np.float32)
-    minipar.all_reduce(x, algorithm=algorithm)  # scratch and windows grow here, untimed
+    if member:
+        minipar.all_reduce(x, group=group, algorithm=algorithm)  # scratch grows here, untimed
     times = []
     for _ in range(iters):
         timer.barrier()
         start = time.perf_counter()
-        minipar.all_reduce(x, algorithm=algorithm)
+        if member:
+            minipar.all_reduce(x, group=group, algorithm=algorithm)
         times.append(timer.max_over_ranks(time.perf_counter() - start))
     times.sort()
     return times[len(times) // 2] if typical else times[0]
@@ -95,7 +108,9 @@ def relative_line(steps, sent, times, known) -> tuple[float, float]:
     return (uw * vv - vw * uv) / det, (uu * vw - uv * uw) / det
 
 
-def fit_ring(comm, timer, algorithm: str, traffic, alpha: float, gamma: float):
+def fit_ring(
+    comm, timer, algorithm: str, traffic, alpha: float, gamma: float, group=None, member=True
+):
     """(alpha, beta) of a transport, fitted to its own ring all-reduce at FIT_SIZES: what a step
     and a byte sent cost in the algorithm the model prices (the collective's per-step Python,
     copies into and out of the transport, the memory bus shared with the reduction), gamma
@@ -104,7 +119,7 @@ def fit_ring(comm, timer, algorithm: str, traffic, alpha: float, gamma: float):
     if the fitted one comes out smaller (a noisy run), and beta refitted with it."""
     times, steps, sent, known = [], [], [], []
     for n in FIT_SIZES:
-        times.append(_all_reduce_time(timer, algorithm, n, max(5, LARGE // n)))
+        times.append(_all_reduce_time(timer, algorithm, n, max(5, LARGE // n), True, group, member))
         t = traffic(n)
         steps.append(t.steps)
         sent.append(t.bytes_sent)
@@ -126,17 +141,23 @@ def measure(comm, timer) -> dict:
     if comm.size < 2:
         raise ValueError("--fit needs at least 2 ranks (it times messages between two of them)")
 
+    by_node = _by_node(comm)
+    inside = None  # the ring the in-node link is fitted on: the world, or node 0's ranks
+    if len(by_node) > 1 and len(by_node[0]) > 1:
+        inside = minipar.new_group(by_node[0])  # collective: every rank makes it
     alpha = _pair_times(comm, timer, 8, 500, exchange=False)
     small = _pair_times(comm, timer, SMALL, 10, exchange=True)
     large = _pair_times(comm, timer, LARGE, 5, exchange=True)
     one_way = _pair_times(comm, timer, LARGE, 5, exchange=False)
     add_rate = _reduce_rate(timer, LARGE)
-    p = comm.size
+    p = len(by_node[0]) if inside is not None else comm.size
     ring_alpha, beta = fit_ring(
         comm, timer, "ring@mpi", lambda n: cost.traffic("all_reduce", "ring", n, p), alpha,
-        1 / add_rate,
+        1 / add_rate, inside, inside is None or comm.rank in by_node[0],
     )  # fmt: skip
+    between = measure_between_nodes(comm, timer, 1 / add_rate) if len(by_node) > 1 else {}
     return {
+        **between,
         "alpha": ring_alpha,
         "beta": beta,
         "ping_pong_alpha": alpha,
@@ -149,6 +170,54 @@ def measure(comm, timer) -> dict:
         "ranks": comm.size,
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
     }
+
+
+def _by_node(comm) -> list[list[int]]:
+    """The group's ranks by node (runtime/nodes.py), nodes in order of their first rank."""
+    owner = minipar.node_map(comm)
+    return [[r for r in range(comm.size) if owner[r] == n] for n in dict.fromkeys(owner)]
+
+
+def measure_between_nodes(comm, timer, gamma: float) -> dict:
+    """The link between nodes: alpha and beta fitted (fit_ring) to the ring all-reduce of one
+    rank a node (the first of each), every step of which crosses between nodes; the bare
+    ping-pong between node 0 and node 1 beside it. {} when the nodes differ in size."""
+    by_node = _by_node(comm)
+    if len({len(m) for m in by_node}) != 1:
+        return {}
+    leaders = [m[0] for m in by_node]
+    across = minipar.new_group(leaders)  # collective: every rank makes it
+    pair = (leaders[0], leaders[1])
+    alpha = _pair_times(comm, timer, 8, 200, exchange=False, pair=pair)
+    one_way = _pair_times(comm, timer, LARGE, 3, exchange=False, pair=pair)
+    n = len(leaders)
+    inter_alpha, inter_beta = fit_ring(
+        comm, timer, "ring@mpi", lambda b: cost.traffic("all_reduce", "ring", b, n), alpha,
+        gamma, across, comm.rank in leaders,
+    )  # fmt: skip
+    return {
+        "inter_alpha": inter_alpha,
+        "inter_beta": inter_beta,
+        "inter_ping_pong_alpha": alpha,
+        "inter_one_way_GBps": LARGE / one_way / 1e9,
+        "inter_ring_GBps": 1 / inter_beta / 1e9,
+        "nodes": n,
+        "per_node": len(by_node[0]),
+    }
+
+
+def as_inter_link(fit: dict):
+    """The between-node link of a fit that spanned nodes (None when it did not)."""
+    if "inter_alpha" not in fit:
+        return None
+    source = f"minipar bench --fit between {fit['nodes']} nodes of {fit['per_node']} ranks"
+    return cost.Link("fitted-inter", fit["inter_alpha"], fit["inter_beta"], fit["gamma"], source)
+
+
+def inter_path(path: str) -> str:
+    """Where --fit stores the between-node link: beside the MPI link's file."""
+    root, ext = os.path.splitext(path)
+    return f"{root}-inter{ext or '.json'}"
 
 
 def measure_shm(comm, timer, gamma: float | None = None) -> dict | None:

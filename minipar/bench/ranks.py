@@ -39,6 +39,7 @@ def header(comm, dist) -> dict:
     from mpi4py import MPI
 
     # here, not at the top of the file: numpy loads only when used
+    from minipar.collectives import hierarchical
     from minipar.collectives.fast import routing
 
     torch = sys.modules.get("torch")
@@ -54,6 +55,7 @@ def header(comm, dist) -> dict:
         "host": platform.node(),
         "load": list(os.getloadavg()),  # other processes' load: noise in every number
         "transport": routing.describe(comm),
+        "nodes": hierarchical.shape(comm),  # (nodes, ranks per node) when the job spans nodes
     }
 
 
@@ -90,7 +92,7 @@ def one_size(out, timer, ctx, job, collective: str, nbytes: int) -> None:
         extra = {}
         if impl == "minipar":  # what runs: auto's pick, and the transport it goes over
             base = ops.base_algorithm(algorithm)
-            chosen = registry.pick(collective, base, nbytes, ctx.size)[0]
+            chosen = registry.pick(collective, base, nbytes, ctx.size, ctx.comm)[0]
             buf = ops.probe_buffer(nbytes, job["dtype"])
             place = _window_place(ctx, collective, nbytes) if base != algorithm else None
             chosen = routing.choice(ctx.comm, collective, chosen, nbytes, buf, place)
@@ -151,8 +153,13 @@ def main(argv=None) -> int:
             measured.update(windows)
             shm_link = fit.as_shm_link(measured)
             cost.set_shm_link(shm_link)
+        inter = fit.as_inter_link(measured)  # the job spans nodes: their link, fitted apart
+        if inter is not None:
+            cost.set_inter_link(inter)
         if comm.rank == 0:
             cost.save_link(link, job["fit_path"], **measured)
+            if inter is not None:
+                cost.save_link(inter, fit.inter_path(job["fit_path"]))
             if shm_link is not None:
                 cost.save_link(shm_link, fit.shm_path(job["fit_path"]))
         out.emit("fit", path=job["fit_path"], **measured)

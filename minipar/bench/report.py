@@ -24,15 +24,19 @@ from minipar.cost import roofline
 
 KEYS = ["collective", "algorithm", "implementation", "world_size", "nbytes", "dtype",
         "time_s_median", "time_s_min", "time_s_max", "algbw_GBps", "busbw_GBps", "predicted_s",
-        "roofline_fraction", "window_roofline_fraction"]  # fmt: skip
+        "roofline_fraction", "window_roofline_fraction", "link_roofline_fraction"]  # fmt: skip
 
 
-def records(events: list[dict], dtype: str, link) -> list[dict]:
-    """The rows of a run (events as the ranks wrote them), with every derived field."""
+def records(events: list[dict], dtype: str, link, link_Bps=None) -> list[dict]:
+    """The rows of a run (events as the ranks wrote them), with every derived field;
+    `link_Bps`: the rate of the link between (emulated) nodes, for its roofline."""
     header = next(e for e in events if e["type"] == "header")
     p = header["world_size"]
     roofs = {(e["collective"], e["nbytes"]): e for e in events if e["type"] == "roof"}
-    rows = [_record(e, p, dtype, link, roofs) for e in events if e["type"] == "row"]
+    shape = header.get("nodes")  # (nodes, ranks per node) when the job spans nodes
+    rows = [
+        _record(e, p, dtype, link, roofs, shape, link_Bps) for e in events if e["type"] == "row"
+    ]
     native = {(r["collective"], r["nbytes"], r["implementation"]): r
               for r in rows if r["algorithm"] == "native"}  # fmt: skip
     for r in rows:
@@ -43,7 +47,7 @@ def records(events: list[dict], dtype: str, link) -> list[dict]:
     return rows
 
 
-def _record(event: dict, p: int, dtype: str, link, roofs) -> dict:
+def _record(event: dict, p: int, dtype: str, link, roofs, shape=None, link_Bps=None) -> dict:
     times, n, collective = event["times"], event["nbytes"], event["collective"]
     median = statistics.median(times)
     algbw = n / median / 1e9
@@ -59,6 +63,8 @@ def _record(event: dict, p: int, dtype: str, link, roofs) -> dict:
             if transport == "shm":  # the shared windows' own link (cost.SHARED_WINDOW)
                 owned = event["algorithm"].endswith("+window")  # read in place: bench/ops.py
                 predicted = cost.predict_shm(collective, n, p, in_place=owned)
+            elif shape:  # across nodes: the in-node link and the one between (--fit's, if any)
+                predicted = cost.predict_on_nodes(collective, base, n, *shape, link)
             else:
                 predicted = cost.predict(collective, base, n, p, link)
         except (ValueError, KeyError):  # a user-registered algorithm has no formula
@@ -76,6 +82,8 @@ def _record(event: dict, p: int, dtype: str, link, roofs) -> dict:
         and roofline.lower_bound(collective, n, p, roof["peer_copy_Bps"], roof["peer_add_Bps"])
     )
     record["window_roofline_fraction"] = peer / median if peer else None
+    link_floor = shape and link_Bps and _link_floor(collective, n, shape[0], link_Bps)
+    record["link_roofline_fraction"] = link_floor / median if link_floor else None
     record["iters"] = len(times)
     if event.get("chosen"):
         record["chosen"] = event["chosen"]
@@ -92,6 +100,18 @@ def label(r: dict) -> str:
     return f"{r['algorithm']} → {r['chosen']}" if r.get("chosen") else r["algorithm"]
 
 
+LINK_FLOOR = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # x (N-1)/N S
+
+
+def _link_floor(collective: str, nbytes: int, nodes: int, link_Bps: float):
+    """Seconds the bytes that must leave a node take on the link between nodes at its rate (at
+    least 2 (N-1)/N S for an all-reduce, (N-1)/N S for an all-gather or reduce-scatter,
+    whatever the algorithm: every other node's part must arrive)."""
+    if collective not in LINK_FLOOR or nodes < 2:
+        return None
+    return LINK_FLOOR[collective] * (nodes - 1) / nodes * nbytes / link_Bps
+
+
 def goals(rows: list[dict], basis: str = "median") -> list[tuple[str, float | None, float, str]]:
     """The issue's goals for all_reduce / all_gather / reduce_scatter, as (goal, measured worst
     value, limit, "<=" or ">="); None where the run did not measure it. basis "min" compares
@@ -101,7 +121,8 @@ def goals(rows: list[dict], basis: str = "median") -> list[tuple[str, float | No
         rows = [dict(r, ratio_mpi=r.get("ratio_mpi_min"), ratio_torch=r.get("ratio_torch_min"),
                      ratio_floor=r.get("ratio_floor_min"),
                      roofline_fraction=faster(r, r["roofline_fraction"]),
-                     window_roofline_fraction=faster(r, r.get("window_roofline_fraction")))
+                     window_roofline_fraction=faster(r, r.get("window_roofline_fraction")),
+                     link_roofline_fraction=faster(r, r.get("link_roofline_fraction")))
                 for r in rows]  # fmt: skip
 
     def pick(collective, algorithm, impl="minipar", min_bytes=0, exact=None):
@@ -144,4 +165,10 @@ def goals(rows: list[dict], basis: str = "median") -> list[tuple[str, float | No
          worst(pick("all_gather", "ring", exact=mib64), "ratio_mpi"), 1.0, "<="),
         ("ring reduce_scatter 64 MiB: time / MPI",
          worst(pick("reduce_scatter", "ring", exact=mib64), "ratio_mpi"), 1.0, "<="),
+        ("hierarchical all_reduce 64 MiB across nodes: fraction of the link's roofline",
+         worst(pick("all_reduce", "hierarchical", exact=mib64), "link_roofline_fraction", min),
+         0.80, ">="),
+        ("hierarchical all_reduce >= 1 MiB across nodes: time / MPI (worst size)",
+         worst([r for r in pick("all_reduce", "hierarchical", min_bytes=mib1)
+                if r.get("link_roofline_fraction") is not None], "ratio_mpi"), 1.0, "<="),
     ]  # fmt: skip

@@ -43,6 +43,14 @@ def header(console, head: dict, link_name: str) -> None:
     ]
     if head.get("transport"):
         lines.append(f"inside   {head['transport']}")
+    if head.get("nodes"):
+        n, k = head["nodes"]
+        between = cost.inter_link()
+        lines.append(
+            f"nodes    {n} of {k} ranks; between them link {between.name!r} "
+            f"({1 / between.beta / 1e9:.2f} GB/s, {between.alpha * 1e6:.0f} us): predictions "
+            "price both links, auto chooses on them"
+        )
     if head.get("load", [0])[0] > max(1.0, head["cores"] - head["world_size"] + 1):
         lines.append(
             "[yellow]other processes are using this machine's cores: expect noise, repeat "
@@ -117,6 +125,14 @@ def fit_panel(console, measured: dict, rows: list[dict], link) -> None:
             f"shm    alpha {measured['shm_alpha'] * 1e6:.1f} µs, beta "
             f"{measured['shm_beta'] * 1e9:.3f} ns/B ({1 / measured['shm_beta'] / 1e9:.2f} GB/s "
             "a copy through a window); saved beside it as -shm, MINIPAR_SHM_LINK uses it"
+        )
+    if "inter_alpha" in measured:  # the job spanned nodes: their link (fit.measure_between_nodes)
+        lines.append(
+            f"between nodes  alpha {measured['inter_alpha'] * 1e6:.1f} µs, beta "
+            f"{measured['inter_beta'] * 1e9:.3f} ns/B ({measured['inter_ring_GBps']:.3f} GB/s; a "
+            f"ring of one rank a node, {measured['nodes']} nodes; one way "
+            f"{measured['inter_one_way_GBps']:.3f} GB/s); saved beside it as -inter, "
+            "MINIPAR_INTER_LINK uses it"
         )
     for small in ("tree", "recursive_doubling"):
         predicted = cost.crossover("all_reduce", small, "ring", p, link)

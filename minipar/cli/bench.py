@@ -16,6 +16,8 @@ import time
 
 from minipar import cost, launcher
 from minipar.bench import context, ddp, fit, fsdp, moe, ops, pipeline, plot, ranks, report, spec, tp
+from minipar.launcher.cluster import link
+from minipar.launcher.cluster.job import emulated
 
 EPILOG = """\
 examples:
@@ -69,6 +71,14 @@ def configure(parser) -> None:
         "--repeat", type=int, default=1, help="run the whole job R times; goals show min-median-max"
     )
     add("--timeout", type=float, default=900, help="seconds before the whole job is killed")
+    add(
+        "--nodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run on N emulated nodes (as minipar run --nodes; root): the rows cross their link",
+    )
+    add("--link", default=None, help="the link between emulated nodes: 2gbit (default), 500mbit")
 
 
 def default_fit_path() -> str:
@@ -82,6 +92,10 @@ def job_spec(args) -> dict:
     from minipar.collectives import registry
     from minipar.collectives.fast import routing
 
+    if getattr(args, "link", None) and not getattr(args, "nodes", None):
+        raise ValueError("--link shapes emulated nodes: give --nodes N too")
+    if getattr(args, "nodes", None) is not None and args.nodes < 1:
+        raise ValueError(f"--nodes {args.nodes}: give at least 1 node")
     collectives = spec.parse_collectives(args.collective)
     against = [] if args.against in ("none", "") else args.against.split(",")
     for impl in against:
@@ -105,6 +119,10 @@ def job_spec(args) -> dict:
         "budget": args.budget,
         "fit": bool(args.fit),
         "fit_path": os.path.abspath(args.fit_path or default_fit_path()),
+        # the emulated link's rate, bytes/s (None: one node, or unlimited): its roofline
+        "link_Bps": (link.parse(args.link or link.DEFAULT) or 0) / 8 or None
+        if getattr(args, "nodes", None)
+        else None,
     }
 
 
@@ -113,9 +131,19 @@ def cell_count(job: dict) -> int:
     return per_size * len(job["sizes"])
 
 
-def launch_job(job: dict, n: int, timeout: float, progress=None) -> tuple[list[dict], object]:
-    """Run the ranks; returns (the events rank 0 wrote, the CompletedProcess). The job's
-    temporary folder is removed once they are read."""
+def launch_job(
+    job: dict, n: int, timeout: float, progress=None, nodes=None, rate=None
+) -> tuple[list[dict], object]:
+    """Run the ranks (on `nodes` emulated nodes joined at `rate`, when given); returns (the
+    events rank 0 wrote, the CompletedProcess). The job's temporary folder is removed once they
+    are read, the nodes once the job ends."""
+    if nodes is not None:
+        with emulated(nodes, rate or link.DEFAULT) as cluster:
+            return _launch(job, n, timeout, progress, cluster)
+    return _launch(job, n, timeout, progress, None)
+
+
+def _launch(job: dict, n: int, timeout: float, progress, cluster) -> tuple[list[dict], object]:
     folder = tempfile.mkdtemp(prefix="minipar-bench-")
     spec_path, out_path = os.path.join(folder, "job.json"), os.path.join(folder, "out.jsonl")
     try:
@@ -126,7 +154,9 @@ def launch_job(job: dict, n: int, timeout: float, progress=None) -> tuple[list[d
         done = []
         argv = ["-m", "minipar.bench.ranks", spec_path, out_path]
         worker = threading.Thread(
-            target=lambda: done.append(launcher.run(n, argv, timeout=timeout, capture=True))
+            target=lambda: done.append(
+                launcher.run(n, argv, timeout=timeout, capture=True, cluster=cluster)
+            )
         )
         worker.start()
         while worker.is_alive():
@@ -156,11 +186,11 @@ def run_with_progress(job: dict, args, console) -> tuple[list[dict], object]:
                 what = f"{cells[-1]['collective']} {spec.format_size(cells[-1]['nbytes'])}"
                 bar.update(task, completed=len(cells), description=f"benchmarking {what}")
 
-        return launch_job(job, args.ranks, args.timeout, progress)
+        return launch_job(job, args.ranks, args.timeout, progress, args.nodes, args.link)
 
 
 def records(job: dict, events: list[dict], link) -> list[dict]:
-    return report.records(events, job["dtype"], link)
+    return report.records(events, job["dtype"], link, job.get("link_Bps"))
 
 
 def show(console, job: dict, runs: list[list[dict]], link) -> list[list[dict]]:
@@ -200,6 +230,8 @@ def run_all(job: dict, args, console):
             os.environ[cost.LINK_ENV] = job["fit_path"]  # later runs' `auto` prices with the fit
             if any("shm_alpha" in e for e in events if e["type"] == "fit"):
                 os.environ[cost.SHM_LINK_ENV] = fit.shm_path(job["fit_path"])
+            if any("inter_alpha" in e for e in events if e["type"] == "fit"):
+                os.environ[cost.INTER_LINK_ENV] = fit.inter_path(job["fit_path"])
         runs.append(events)
     return runs, None
 

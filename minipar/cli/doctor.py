@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from minipar import launcher
 from minipar.comm import mpisetup
 from minipar.errors import MPISetupError
+from minipar.launcher.cluster import leftovers, needs
 
 EXAMPLES = """\
 examples:
@@ -156,12 +157,35 @@ def smoke_checks(ranks: int = 2, timeout: float = 60) -> list[Check]:
         if facts.get("shm_used"):
             note = "an all-reduce over the shared windows agreed; " + note
         checks.append(Check("transport", facts["transport"], "ok" if good else "fail", note))
-    checks += device_checks(facts)
+    checks += device_checks(facts) + node_checks(facts)
     if ranks > 1:
         what = f"ring shift + all-reduce in {facts['seconds']:.2f} s"
         checks.append(Check(f"{ranks}-rank smoke job", "passed" if agreed else "wrong results",
                             "ok" if agreed else "fail", what))  # fmt: skip
     return checks
+
+
+def node_checks(facts: dict) -> list[Check]:
+    """Which node each smoke-job rank runs on (runtime/nodes.py: the node map every rank knows)."""
+    if "nodes" not in facts:
+        return []
+    names, node_of = facts["nodes"], facts["node_of"]
+    value = f"{len(names)} ({', '.join(names)})"
+    where = ", ".join(f"rank {r} -> {names[n]}" for r, n in enumerate(node_of))
+    return [Check("nodes", value, note=f"{where}; from {facts['nodes_from']}")]
+
+
+def emulation_checks() -> list[Check]:
+    """Can `minipar run --nodes` emulate nodes here, and what dead jobs left (removed now)."""
+    lacks = needs.missing()
+    if lacks:
+        return [Check("emulated nodes", "not available", "warn",
+                      "; ".join(lacks) + " (minipar run without --nodes works)")]  # fmt: skip
+    removed = leftovers.sweep()
+    note = "minipar run --nodes 2 -n 4 script.py (docs/cluster.md)"
+    if removed:
+        note = f"removed what {len(removed)} dead job(s) left: {', '.join(removed)}; " + note
+    return [Check("emulated nodes", "available (root, ip, tc, nsenter, unshare)", note=note)]
 
 
 def device_checks(facts: dict) -> list[Check]:
@@ -212,7 +236,7 @@ def collect(smoke: bool = True, timeout: float = 60) -> dict:
     """Every check, and whether minipar can run ("ok": no check failed)."""
     checks = mpi_checks()
     mpi_ok = all(c.status != "fail" for c in checks)
-    checks += torch_checks() + machine_checks()
+    checks += torch_checks() + machine_checks() + emulation_checks()
     if mpi_ok:
         checks += smoke_checks(2 if smoke else 1, timeout)
     checks += path_checks(checks)

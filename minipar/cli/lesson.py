@@ -18,6 +18,8 @@ from pathlib import Path
 
 from minipar import launcher
 from minipar.course.lessons import LESSONS, LessonInfo, find
+from minipar.launcher.cluster.job import emulated
+from minipar.launcher.cluster.nodes import EmulationError
 
 EXAMPLES = """\
 examples:
@@ -57,8 +59,11 @@ def run_lesson(
     lab: str | None = None,
     timeout: float | None = None,
     capture: bool = False,
+    nodes: int | None = None,
+    link: str = "2gbit",
 ):
-    """Run a lesson's module under the launcher; returns the CompletedProcess."""
+    """Run a lesson's module under the launcher (on `nodes` emulated nodes when given: 2 ranks
+    a node unless n says otherwise); returns the CompletedProcess."""
     lesson = find(key)
     if not exists(lesson):
         raise ValueError(f"lesson {lesson.number} ({lesson.title}) is not written yet")
@@ -71,7 +76,14 @@ def run_lesson(
         *(["--quick"] if quick else []),
         *(["--break", lab] if lab else []),
     ]
-    cmd, env = launcher.command(n or lesson.ranks, argv)
+    if nodes is None:
+        return _run(n or lesson.ranks, argv, None, timeout, capture)
+    with emulated(nodes, link) as cluster:
+        return _run(n or max(lesson.ranks, 2 * nodes), argv, cluster, timeout, capture)
+
+
+def _run(n, argv, cluster, timeout, capture):
+    cmd, env = launcher.command(n, argv, cluster=cluster)
     if sys.stdout.isatty() and not capture:  # ranks print through a pipe: keep colour and width
         env.setdefault("FORCE_COLOR", "1")
         env.setdefault("COLUMNS", str(shutil.get_terminal_size().columns))
@@ -120,6 +132,16 @@ def configure(parser) -> None:
         default=None,
         metavar="LAB",
         help="run the lesson's break-it lab LAB instead (see `list`)",
+    )
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="on N emulated nodes (root; docs/cluster.md): lessons 01, 04, 08, 09 measure the link",
+    )
+    parser.add_argument(
+        "--link", default="2gbit", metavar="RATE", help="the emulated link (default 2gbit)"
     )
     parser.add_argument("--read", action="store_true", help="print the lesson's text")
     parser.add_argument(
@@ -173,8 +195,10 @@ def main(args) -> int:
                 raise ValueError(f"{lesson.text} is not here (read it in the repository)")
             console.print(Markdown(path.read_text()))
             return 0
-        done = run_lesson(args.which, args.n, args.quick, args.lab, args.timeout)
-    except (ValueError, FileNotFoundError) as error:
+        done = run_lesson(
+            args.which, args.n, args.quick, args.lab, args.timeout, nodes=args.nodes, link=args.link
+        )
+    except (ValueError, FileNotFoundError, EmulationError) as error:
         err.print(f"[bold red]minipar lesson:[/] {error}")
         return 2
     if done.returncode == 124 and args.timeout is not None:

@@ -149,6 +149,18 @@ LEGEND = (
 )
 
 
+def placement(lay, per_node: int) -> str:
+    """Where each axis of a layout runs, consecutive ranks filling nodes of per_node GPUs
+    (minipar's mesh order, tp innermost): "tp inside a node, dp across nodes"."""
+    # here, not at the top of the file: the CLI's imports stay light
+    from minipar.parallel.mesh import MeshShape
+
+    shape = MeshShape(lay.dp, lay.tp, lay.pp, lay.cp, lay.ep)
+    where = shape.placement(per_node)
+    words = ", ".join(f"{a} {p}" for a, p in where.items()) or "one GPU"
+    return f"  where each axis runs ({per_node} GPUs a node): {words}"
+
+
 def main(args) -> int:
     try:
         model = model_from_args(args)
@@ -178,6 +190,7 @@ def main(args) -> int:
         console.print("[bold red]No layout fits[/]: try --zero 1..3, --recompute, more GPUs.")
         return 1
     n_bad = sum(not lay.feasible for lay in layouts)
+    console.print(placement(chosen, cluster.hierarchy.per_node))
     console.print(
         f"★ best: dp={chosen.dp} tp={chosen.tp} pp={chosen.pp}"
         + (f" cp={chosen.cp}" if chosen.cp > 1 else "")

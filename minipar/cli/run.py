@@ -18,6 +18,9 @@ import sys
 from minipar import launcher
 from minipar.comm import chrome_trace
 from minipar.errors import MPISetupError
+from minipar.launcher.cluster import link
+from minipar.launcher.cluster.job import Terminated, emulated
+from minipar.launcher.cluster.nodes import EmulationError
 from minipar.launcher.relay import Relay, tag_from_env
 
 EXAMPLES = """\
@@ -30,6 +33,9 @@ examples:
   minipar run -n 4 --tag-output script.py     prefix each line with its rank: [rank0]: ...
   minipar run -n 4 --timeout 60 script.py     kill the whole job after 60 s (exit 124)
   minipar run -n 4 --trace out script.py      every rank's timeline: out/trace.json (Perfetto)
+  minipar run --nodes 2 -n 4 script.py        2 emulated nodes of 2 ranks, a 2 Gbit/s link
+  minipar run --nodes 2 -n 4 --link 500mbit script.py    a slower link (tc's spellings)
+  minipar run --hosts a:8,b:8 -n 16 train.py  real hosts, passed to the MPI's launcher
 
 Every line a rank prints arrives whole (never mixed with another rank's); MINIPAR_TAG_OUTPUT=1
 does what --tag-output does. --trace DIR: each rank records its whole run (from minipar.init()
@@ -37,6 +43,10 @@ to finalize() or exit) and writes DIR/rankN.json; at the end they are merged, cl
 into DIR/trace.json. The exit status is the job's: 0 when every rank exited 0. More
 ranks than cores is fine (oversubscribed: waits yield the core instead of spinning). Open MPI
 run as root gets OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1. MINIPAR_MPIEXEC picks the mpiexec.
+--nodes N: a cluster on this machine (root; docs/cluster.md): N network namespaces, each with
+its own hostname (node0, ...), cabled to a switch at --link's rate; the MPI's own launcher
+starts the job on them, TCP carries the bytes between nodes, shared memory those inside. The
+namespaces are removed when the job ends, however it ends.
 """
 
 
@@ -50,6 +60,15 @@ def configure(parser) -> None:
                         help="prefix lines with the rank, [rank0]:")  # fmt: skip
     parser.add_argument("--trace", metavar="DIR",
                         help="trace every rank; merged into DIR/trace.json at the end")  # fmt: skip
+    parser.add_argument("--nodes", type=int, default=None, metavar="N",
+                        help="emulated nodes on this machine, ranks filled in order")  # fmt: skip
+    parser.add_argument("--link", default=None, metavar="RATE",
+                        help="the link between emulated nodes: 2gbit (default), 500mbit, "
+                             "unlimited")  # fmt: skip
+    parser.add_argument("--hosts", default=None, metavar="H:N,...",
+                        help="real hosts for the MPI's launcher (a:8,b:8)")  # fmt: skip
+    parser.add_argument("--hostfile", default=None, metavar="FILE",
+                        help="a hostfile for the MPI's launcher")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true",
                         help="print the mpiexec command line instead of running it")  # fmt: skip
     parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE ...",
@@ -88,10 +107,30 @@ def program(args) -> list[str]:
 def main(args) -> int:
     """`minipar run`: the job's output streams through as it happens; returns the job's status."""
     err = _Errors()
+    if args.nodes is None and args.link is not None:
+        err.print("[bold red]minipar run:[/] --link shapes emulated nodes: give --nodes N too")
+        return 2
+    if args.nodes is None:
+        return _job(args, err, None)
+    try:
+        with emulated(args.nodes, args.link or link.DEFAULT) as cluster:
+            return _job(args, err, cluster)
+    except (ValueError, EmulationError) as error:
+        err.fail(str(error))
+        return 2
+    except Terminated as stopped:
+        err.print(f"minipar run: signal {stopped.signum}, job killed, nodes removed")
+        return 128 + stopped.signum
+
+
+def _job(args, err, cluster) -> int:
     tag = tag_from_env() if args.tag_output is None else args.tag_output
     relay = None if args.dry_run else Relay(max(args.n, 1), tag=tag)
     try:
-        cmd, env = launcher.command(args.n, program(args), python=False, relay=relay)
+        cmd, env = launcher.command(
+            args.n, program(args), python=False, relay=relay, cluster=cluster,
+            hosts=args.hosts, hostfile=args.hostfile,
+        )  # fmt: skip
     except (ValueError, FileNotFoundError, MPISetupError) as error:
         if relay is not None:
             relay.close()
@@ -107,6 +146,8 @@ def main(args) -> int:
         env[run_trace.ENV] = os.path.abspath(args.trace)  # each rank writes its part there
     try:
         done = launcher.run_relayed(cmd, env, relay, args.timeout)
+    except Terminated:
+        raise  # main() says so, once the nodes are removed
     except KeyboardInterrupt:
         err.print("[bold red]minipar run:[/] interrupted, job killed")
         return 130
@@ -116,6 +157,8 @@ def main(args) -> int:
         err.print(f"[bold red]minipar run:[/] job killed after {args.timeout:g} s (--timeout)")
     elif done.returncode != 0:
         err.print(f"[bold red]minipar run:[/] job exited with status {done.returncode}")
+    if cluster is not None and done.returncode != 0:
+        err.print(f"minipar run: the emulated nodes were {cluster.describe(args.n)}")
     return done.returncode
 
 
@@ -126,7 +169,13 @@ class _Errors:
     def print(self, *args, **kwargs) -> None:
         from rich.console import Console  # here: a job that goes well never loads rich
 
-        Console(stderr=True, highlight=False).print(*args, **kwargs)
+        Console(stderr=True, highlight=False, soft_wrap=True).print(*args, **kwargs)
+
+    def fail(self, text: str) -> None:
+        """`minipar run: TEXT`, the prefix in red, the text as it is (no markup read in it)."""
+        from rich.markup import escape
+
+        self.print(f"[bold red]minipar run:[/] {escape(text)}")
 
 
 def merge_trace(folder: str, err) -> None:

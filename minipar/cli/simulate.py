@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 
 from minipar.bench.spec import parse_sizes
+from minipar.planning.planner import CLUSTERS, ModelSpec, best, plan_layouts
 from minipar.simulate import cluster as clusters
-from minipar.simulate import plot, train_step
+from minipar.simulate import plot
 from minipar.simulate.sweep import all_reduce_sweep, available
 from minipar.term import Console
 
@@ -142,7 +143,8 @@ PLANNER_CLUSTERS = {"h100": "dgx-h100", "b200": "dgx-b200"}
 def train(args, console) -> int:
     """One step of the fastest layout `minipar plan` finds, simulated: its time, bubble and
     exposed gradient all-reduce beside the planner's formulas."""
-    from minipar.planning.planner import CLUSTERS, ModelSpec, best, plan_layouts
+    # the pipeline's schedules come with its package, which loads torch: only `train` needs it
+    from minipar.simulate import train_step
 
     name = args.cluster or "h100"
     try:

@@ -37,6 +37,11 @@ examples:
   minipar train --moe --experts 4 --ep 2 --check   every other block a mixture of 4 experts,
                                               2 on each of the 2 (dp) ranks
   minipar train --steps 100 --plot loss.png   the loss curve (needs the plot extra)
+  minipar train --dp 2 --tp 2 --pp 2 --dtype bf16 --clip 1.0 --warmup 5 --lr-schedule cosine --check
+                                              bf16 compute, fp32 master weights, the mesh's
+                                              gradient norm clipped, warm-up then cosine
+  minipar train --dp 2 --dtype fp16 --reduce-dtype bf16 --clip 1.0   loss scaling; DDP's
+                                              all-reduce in bf16 (half the bytes)
   minipar train --save ckpt.pt; minipar train --resume ckpt.pt --dp 2
   mpiexec -n 4 python -m minipar train --dp 4   inside an existing launch
 
@@ -48,6 +53,13 @@ the exit status is 1 on a mismatch. With --moe the dense model is the same GPT w
 local (same routing, dropless); the auxiliary load-balancing loss is not trained, the load is
 shown. Refused, with the reason: --moe with --fsdp, and zb-h1 with --cp or --moe. The summary
 ends with the bytes autograd kept for backward (measured, minipar's formula, the planner's);
+--dtype bf16|fp16 computes under torch.autocast with the weights, gradients and AdamW in fp32
+(fp16 adds dynamic loss scaling: a step with an inf or NaN anywhere is skipped on every rank);
+--clip MAX clips the whole model's gradient norm (minipar.parallel.clip_grad_norm_) and shows it
+each step; --warmup / --lr-schedule / --min-lr / --decay-steps set the learning rate per step.
+With them --check also compares every step's norm (fp32: 1e-5 relative; bf16 and fp16: the
+bound training.tolerances derives) and uses looser loss and weight bounds in 16-bit compute.
+--save stores the loss scaler; --resume continues the schedule from the checkpoint's step.
 --trace writes every rank's timeline as Chrome trace-event JSON (Perfetto) and draws it beside
 it as a PNG.
 """
@@ -85,6 +97,47 @@ def configure(parser) -> None:
     run.add_argument("--experts", type=int, default=4, help="experts per MoE block (default 4)")
     run.add_argument("--top-k", type=int, default=2, help="experts per token (default 2)")
     run.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    prec = parser.add_argument_group("precision, clip and learning-rate schedule")
+    prec.add_argument(
+        "--dtype",
+        default="fp32",
+        choices=["fp32", "bf16", "fp16"],
+        help="compute dtype; weights, gradients, AdamW stay fp32 (default fp32)",
+    )
+    prec.add_argument(
+        "--reduce-dtype",
+        default="fp32",
+        choices=["fp32", "bf16"],
+        help="the data-parallel gradient all-reduce's dtype (default fp32)",
+    )
+    prec.add_argument(
+        "--clip",
+        type=float,
+        default=None,
+        metavar="MAX",
+        help="clip the whole model's gradient norm to MAX; reports it each step",
+    )
+    prec.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="linear learning-rate warm-up (default 0)",
+    )
+    prec.add_argument(
+        "--lr-schedule",
+        default="constant",
+        choices=["cosine", "linear", "constant"],
+        help="after the warm-up",
+    )
+    prec.add_argument("--min-lr", type=float, default=0.0, help="the decay's floor (default 0)")
+    prec.add_argument(
+        "--decay-steps",
+        type=int,
+        default=None,
+        metavar="STEP",
+        help="the step the decay reaches --min-lr (default: the run's end)",
+    )
     out = parser.add_argument_group("checks and output")
     out.add_argument("--check", action="store_true", help="compare with the dense run")
     out.add_argument("--plot", metavar="PNG", help="write the loss curve")
@@ -148,6 +201,13 @@ def spec_from_args(args):
         args.cp,
         args.cp_variant,
         args.ep,
+        dtype=args.dtype,
+        reduce_dtype=args.reduce_dtype,
+        clip=args.clip,
+        warmup=args.warmup,
+        lr_schedule=args.lr_schedule,
+        min_lr=args.min_lr,
+        decay_steps=args.decay_steps,
     )
 
 
@@ -211,16 +271,18 @@ def run_here(args) -> int:
         from minipar.models import checkpoint, training
 
         device = pick_device(args.device, comm.rank)
-        start_model, start, opt_state = None, 0, None
+        start_model, start, opt_state, scaler_state = None, 0, None, None
         if args.resume:  # the checkpoint's model, whatever the size options say
             record = checkpoint.read(args.resume)
-            start_model, start = checkpoint.load(args.resume)
+            start_model, start = checkpoint.load(args.resume)  # the schedule's step too
             opt_state = record.get("optimizer")
+            scaler_state = record["extra"].get("loss_scaler")
             spec = dataclasses.replace(spec, model=start_model.config)
             spec.validate()
         training.check_supported(spec, mesh)  # before the progress bar appears
         report = Reporter(spec, comm, active=comm.rank == 0)
-        grads = {}  # --check: the first step's gradients, gathered dense (collective)
+        report.placement = mesh.where()  # which axes stay inside a node (the node map)
+        grads, stats = {}, {}  # --check: the first step's gradients, gathered dense
 
         def keep_grads(step, part):
             if args.check and step == start:
@@ -230,14 +292,17 @@ def run_here(args) -> int:
             losses, model, opt = training.train_on_mesh(
                 spec,
                 mesh,
-                lambda s, loss, t: report.step(s, loss, t, memory_bytes(device)),
+                lambda s, loss, t: report.step(s, loss, t, memory_bytes(device), stats),
                 start_model,
                 start,
                 device,
                 opt_state,
                 keep_grads,
+                stats,
+                scaler_state,
             )
         report.activations = train_view.activation_report(spec, mesh, model, comm)  # collective
+        report.gather_state(model, opt, spec)  # collective: every rank's bytes per parameter
         state = training.dense_state(model, mesh)  # collective: every rank gathers
         report.gather_moe(model.moe_stats())
         optimizer = training.mesh_optimizer_state(model, opt) if args.save else None
@@ -246,35 +311,100 @@ def run_here(args) -> int:
         minipar.finalize()
         return 2
     problems = (
-        check(spec, args, losses, state, grads, start) if args.check and comm.rank == 0 else []
+        check(spec, args, losses, state, grads, start, stats)
+        if args.check and comm.rank == 0
+        else []
     )
     status = max(comm.allgather_object(1 if problems else 0))
     if comm.rank == 0:
-        report.summary(losses, problems if args.check else None)
+        report.summary(losses, problems if args.check else None, stats)
         if args.save:
-            checkpoint.save(args.save, state, spec.model, start + spec.steps, optimizer)
+            checkpoint.save(
+                args.save, state, spec.model, start + spec.steps, optimizer,
+                loss_scaler=stats.get("scaler"),
+            )  # fmt: skip
         if args.plot:
             report.plot(args.plot, losses, start)
         if args.json:
-            report.write_json(args.json, losses, problems if args.check else None)
+            report.write_json(args.json, losses, problems if args.check else None, stats)
     minipar.finalize()
     return status
 
 
-def check(spec, args, losses, state, grads, start) -> list[str]:
-    """The dense run on this process from the same start; the problems found (none: agreed):
-    the first step's gradients, then every loss and the final weights."""
+def check(spec, args, losses, state, grads, start, stats) -> list[str]:
+    """The dense run on this process from the same start, with the same precision policy,
+    clip and schedule; the problems found (none: agreed): the first step's gradients, the
+    gradient norm of every step, every loss and the final weights, within the precision's
+    bounds (training.tolerances)."""
     # here, not at the top of the file: torch and numpy load only when used
     from minipar.models import checkpoint, training
 
+    record = checkpoint.read(args.resume) if args.resume else {}
     model = checkpoint.load(args.resume)[0] if args.resume else None
-    opt_state = checkpoint.read(args.resume).get("optimizer") if args.resume else None
+    scaler_state = record.get("extra", {}).get("loss_scaler")
+    tol = training.tolerances(spec)
     t0 = time.perf_counter()
     dense_grads = training.dense_gradients(spec, model, start)
-    problems = [f"step {start}: {p}" for p in training.compare_gradients(grads, dense_grads)]
-    reference, dense, _ = training.train_dense(spec, None, model, start, opt_state)
+    found = training.compare_gradients(grads, dense_grads, tol["grad"])
+    problems = [f"step {start}: {p}" for p in found]
+    ref_stats = {}
+    reference, dense, _ = training.train_dense(
+        spec, None, model, start, record.get("optimizer"), ref_stats, scaler_state
+    )
     print(f"dense reference: {len(reference)} steps in {time.perf_counter() - t0:.1f} s")
-    return problems + training.compare(losses, reference, state, dense.state_dict())
+    seen = training.gaps(grads, dense_grads, stats, ref_stats, losses, reference)
+    print(
+        "largest differences (bound): "
+        + ", ".join(f"{k} {v:.2g} ({tol[k]:.2g})" for k, v in seen.items())
+    )
+    problems += training.compare_norms(stats, ref_stats, tol["norm"], start)
+    return problems + training.compare(
+        losses, reference, state, dense.state_dict(), tol["loss"], tol["loss_atol"],
+        tol["params"],
+    )  # fmt: skip
+
+
+def step_extras(stats) -> str:
+    """'  norm 1.234  lr 2.0e-04' (and 'skipped' for an fp16 overflow) of the last step."""
+    if not stats or not stats.get("lrs"):
+        return ""
+    norm = stats["norms"][-1]
+    text = f"  norm {norm:.4g}" if norm is not None else ""
+    text += f"  lr {stats['lrs'][-1]:.2e}"
+    return text + ("  skipped (fp16 overflow)" if stats["skipped"][-1] else "")
+
+
+def training_rows(spec, stats: dict) -> list[tuple[str, str]]:
+    """The summary's rows for the precision, the gradient norm and the schedule."""
+    rows = [("precision", f"{spec.dtype} compute, fp32 weights, gradients and AdamW; "
+                          f"gradients reduced in {spec.reduce_dtype}")]  # fmt: skip
+    norms = [n for n in stats.get("norms") or [] if n is not None]
+    if norms:
+        rows.append(("grad norm", f"{norms[0]:.4g} -> {norms[-1]:.4g} (clip {spec.clip})"))
+    if stats.get("lrs"):
+        lrs = stats["lrs"]
+        rows.append(("lr", f"{lrs[0]:.2e} -> {lrs[-1]:.2e} ({spec.warmup} warm-up steps, "
+                           f"then {spec.lr_schedule})"))  # fmt: skip
+    if stats.get("scaler"):
+        skipped = sum(stats.get("skipped") or [])
+        rows.append(("loss scale", f"{stats['scaler']['scale']:g}, {skipped} step(s) skipped"))
+    return rows
+
+
+def state_rows(state: list, n_params: int) -> list[tuple[str, str]]:
+    """The summary's row for the training state per parameter (rank 0's split, every rank's
+    share of the model)."""
+    if not state:
+        return []
+    r = state[0]
+    split = ", ".join(f"{k} {r[k]:.2f}" for k in ("weights", "grads", "master", "m", "v"))
+    copies = f" + {r['compute_copies']:.2f} low-precision copies in a step" * bool(
+        r["compute_copies"]
+    )
+    held = sorted({round(100 * x["held"] / n_params, 1) for x in state})
+    share = f"{held[0]}-{held[-1]}" if len(held) > 1 else f"{held[0]}"
+    text = f"{r['total']:.2f} B per held parameter ({split}){copies}; a rank holds {share}%"
+    return [("model state", text)]
 
 
 def describe(spec) -> str:
@@ -316,6 +446,17 @@ class Reporter:
         self.times, self.memory = [], []
         self.activations = None  # train_view.activation_report's, after the run
         self.times, self.memory, self.moe = [], [], {}
+        self.state = []  # gather_state's: every rank's bytes per parameter
+        self.placement = ""  # where each axis runs (DeviceMesh.where), set once the mesh is
+
+    def gather_state(self, model, opt, spec) -> None:
+        """Every rank's training state in bytes per held parameter (models/state_bytes.py)."""
+        # here, not at the top of the file: torch loads only when used
+        from minipar.models import precision, state_bytes
+
+        dtype = precision.dtype_of(spec.dtype)
+        mine = state_bytes.state_bytes(list(model.parameters()), opt, dtype)
+        self.state = self.comm.allgather_object(mine)
 
     def gather_moe(self, stats: dict) -> None:
         """Every rank's MoE blocks' load at the last step, by block (collective: every rank)."""
@@ -341,17 +482,17 @@ class Reporter:
         if self.active:
             self.progress.stop()
 
-    def step(self, step: int, loss: float, seconds: float, memory: int) -> None:
+    def step(self, step: int, loss: float, seconds: float, memory: int, stats=None) -> None:
         # a small control-plane message (not a minipar collective): every rank's memory
         self.memory = self.comm.allgather_object(memory)
         self.times.append(seconds)
         if self.active:
             tokens = self.spec.tokens_per_step / seconds
             mem = f"{min(self.memory) / 2**20:.0f}-{max(self.memory) / 2**20:.0f} MiB/rank"
-            info = f"step {step}  loss {loss:.4f}  {tokens:,.0f} tok/s  {mem}"
+            info = f"step {step}  loss {loss:.4f}{step_extras(stats)}  {tokens:,.0f} tok/s  {mem}"
             self.progress.update(self.task, advance=1, info=info)
 
-    def summary(self, losses, problems) -> None:
+    def summary(self, losses, problems, stats=None) -> None:
         import statistics
 
         from rich.table import Table
@@ -364,6 +505,7 @@ class Reporter:
         rows = [
             ("layout", f"{s.layout}, {s.microbatches} micro-batch(es)"),
             ("parallelism", describe(s)),
+            ("placement", f"{self.placement} ({minipar.num_nodes()} node(s))"),
             ("model", f"{s.model.n_params():,} parameters, {s.model.n_layers} layers"),
             ("loss", f"{losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} steps"),
             (
@@ -377,8 +519,9 @@ class Reporter:
                 f"{min(self.memory) / 2**20:.0f} - {max(self.memory) / 2**20:.0f} MiB per rank",
             ),
         ]
-        for block, stats in sorted(self.moe.items(), key=lambda kv: int(kv[0].split()[1])):
-            rows.append((f"MoE load, {block}", f"{stats.summary(s.ep)} (last step)"))
+        rows += training_rows(s, stats or {}) + state_rows(self.state, s.model.n_params())
+        for block, load in sorted(self.moe.items(), key=lambda kv: int(kv[0].split()[1])):
+            rows.append((f"MoE load, {block}", f"{load.summary(s.ep)} (last step)"))
         if problems is not None:
             verdict = (
                 "[green]matches the dense run[/]"
@@ -392,7 +535,7 @@ class Reporter:
         if self.activations is not None:
             Console(highlight=False).print(train_view.activation_table(self.activations))
 
-    def write_json(self, path: str, losses, problems) -> None:
+    def write_json(self, path: str, losses, problems, stats=None) -> None:
         import json
 
         s = self.spec
@@ -412,6 +555,11 @@ class Reporter:
             "peak_memory_bytes": self.memory,
             "activations": self.activations,
             "check": problems,
+            "dtype": s.dtype,
+            "grad_norms": (stats or {}).get("norms"),
+            "lrs": (stats or {}).get("lrs"),
+            "skipped": (stats or {}).get("skipped"),
+            "loss_scaler": (stats or {}).get("scaler"),
         }
         with open(path, "w") as f:
             json.dump(record, f, indent=1)

@@ -49,6 +49,7 @@ def activation_report(spec, mesh, part, comm) -> dict:
                               experts=m.n_experts, top_k=m.top_k)  # fmt: skip
     first = [r for r in ranks if r["pp_rank"] == 0]
     return {
+        "dtype": spec.dtype,
         "per_layer": {
             "measured": max(r["per_layer"] for r in ranks),
             "formula": formula,
@@ -74,8 +75,14 @@ def activation_table(report):
     def kib(n):
         return f"{n / 1024:,.1f} KiB"
 
+    caption = None
+    if report.get("dtype", "fp32") != "fp32":  # autocast keeps the matmuls' values in 16 bits
+        caption = (
+            f"the formulas count fp32 values; under --dtype {report['dtype']} the matmuls' "
+            "inputs and outputs are kept in 16 bits, so less is measured"
+        )
     t = Table(title=f"activations kept for backward (recompute: {report['recompute']})",
-              title_justify="left")  # fmt: skip
+              title_justify="left", caption=caption)  # fmt: skip
     for name in ("", "measured", "formula (models/memory.py)", "planner"):
         t.add_column(name, justify="right" if name else "left")
     layer, peak = report["per_layer"], report["first_stage_peak"]

@@ -5,12 +5,13 @@
 
 The algorithms, one file per family, where a student looks for them: ring.py, tree.py (binomial),
 recursive.py (doubling and halving, Rabenseifner), linear.py, bruck.py, pairwise.py,
-double_tree.py, barrier.py; layout.py and workspace.py the chunk arithmetic and scratch buffers
-they share; reduce_op.py what `op=` means. api.py is the public, torch.distributed-like surface
-(check the arguments, pick the algorithm, run it), registry.py the table of algorithms and
-`auto`'s choice, call.py one call in flight, work.py async calls; p2p.py, objects.py and
-lists.py torch.distributed's point-to-point, object and list forms; window_buffer.py hands out
-buffers that live in the node's shared window (`empty`). fast/ holds the shortcuts that give the
+double_tree.py, hierarchical.py (two levels: inside a node, then across nodes), barrier.py;
+layout.py and workspace.py the chunk arithmetic and scratch buffers they share; reduce_op.py what
+`op=` means. api.py is the public, torch.distributed-like surface (check the arguments, pick the
+algorithm, run it), registry.py the table of algorithms and `auto`'s choice, call.py one call in
+flight, work.py async calls; p2p.py, objects.py and lists.py torch.distributed's point-to-point,
+object and list forms; window_buffer.py hands out buffers that live in the node's shared window
+(`empty`). fast/ holds the shortcuts that give the
 same results sooner (a student can read past it).
 """
 

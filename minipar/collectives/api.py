@@ -99,7 +99,7 @@ def run_call(
     place = fast.window_of(comm, collective, nbytes, args)  # a buffer from minipar.empty
     if place is not None and algorithm == "auto":
         algorithm = "ring"  # whose order the in-place schedule keeps, fast paths on or off
-    name, fn = registry.pick(collective, algorithm, nbytes, comm.size)  # the cost model's choice
+    name, fn = registry.pick(collective, algorithm, nbytes, comm.size, comm)  # the model picks
     name, fn = fast.route(comm, collective, name, fn, nbytes, args[0] if args else None, place)
     if process.debug:  # the fingerprint is built only here, off the hot path
         _check_same_call(comm, (collective, name, *(_fp(*fingerprint) if fingerprint else ())))

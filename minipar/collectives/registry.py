@@ -8,7 +8,16 @@ asks minipar.cost for the cheapest entry, and a student's own function joins it 
 from __future__ import annotations
 
 from minipar import cost
-from minipar.collectives import bruck, double_tree, linear, pairwise, recursive, ring, tree
+from minipar.collectives import (
+    bruck,
+    double_tree,
+    hierarchical,
+    linear,
+    pairwise,
+    recursive,
+    ring,
+    tree,
+)
 from minipar.collectives.barrier import barrier_dissemination
 
 ALGORITHMS = {
@@ -16,6 +25,7 @@ ALGORITHMS = {
         "linear": linear.broadcast_linear,
         "tree": tree.broadcast_tree,
         "ring": ring.broadcast_ring,
+        "hierarchical": hierarchical.broadcast_hierarchical,
     },
     "reduce": {"linear": linear.reduce_linear, "tree": tree.reduce_tree},
     "all_reduce": {
@@ -25,17 +35,20 @@ ALGORITHMS = {
         "recursive_doubling": recursive.all_reduce_recursive_doubling,
         "rabenseifner": recursive.all_reduce_rabenseifner,
         "double_tree": double_tree.all_reduce_double_tree,
+        "hierarchical": hierarchical.all_reduce_hierarchical,
     },
     "all_gather": {
         "linear": linear.all_gather_linear,
         "ring": ring.all_gather_ring,
         "recursive_doubling": recursive.all_gather_recursive_doubling,
         "bruck": bruck.all_gather_bruck,
+        "hierarchical": hierarchical.all_gather_hierarchical,
     },
     "reduce_scatter": {
         "linear": linear.reduce_scatter_linear,
         "ring": ring.reduce_scatter_ring,
         "recursive_halving": recursive.reduce_scatter_recursive_halving,
+        "hierarchical": hierarchical.reduce_scatter_hierarchical,
     },
     "scatter": {"linear": linear.scatter_linear, "tree": tree.scatter_tree},
     "gather": {"linear": linear.gather_linear, "tree": tree.gather_tree},
@@ -52,7 +65,8 @@ ALIASES = {
 BUILTIN = {name: frozenset(table) for name, table in ALGORITHMS.items()}  # minipar's own names
 
 
-_AUTO_CACHE: dict = {}  # (collective, nbytes, size) -> (link, name): auto's answers, per link
+_AUTO_CACHE: dict = {}  # (collective, nbytes, size, nodes) -> (links, name): auto's answers
+TWO_LEVEL = "hierarchical"  # priced only where a group spans nodes (on one node: the ring)
 
 
 def canonical(collective: str) -> str:
@@ -77,25 +91,26 @@ def register_algorithm(collective: str, name: str, fn) -> None:
     ALGORITHMS[collective][name] = fn
 
 
-def pick(collective: str, algorithm, nbytes: int, size: int):
-    """(name, function) for a call; "auto" asks the cost model, among the built-ins."""
+def pick(collective: str, algorithm, nbytes: int, size: int, comm=None):
+    """(name, function) for a call; "auto" asks the cost model, among the built-ins (for
+    `comm`, a group that spans nodes of equal size, on the in-node and between-node links)."""
     collective = canonical(collective)
     table = ALGORITHMS[collective]
     if callable(algorithm):
         return getattr(algorithm, "__name__", "custom"), algorithm
     if isinstance(algorithm, str) and "@" in algorithm:  # "ring@shm": see fast/routing.py
         base, forced = split(algorithm)
-        name, fn = pick(collective, base, nbytes, size)
+        name, fn = pick(collective, base, nbytes, size, comm)
         return f"{name}@{forced}", fn
     if algorithm == "auto":
-        link = cost.default_link()
-        key = (collective, nbytes, size)
+        shape = hierarchical.shape(comm) if comm is not None else None
+        links = (cost.default_link(), cost.inter_link() if shape else None)
+        key = (collective, nbytes, size, shape)
         hit = _AUTO_CACHE.get(key)
-        if hit is None or hit[0] is not link:  # a new size, or a new default link
+        if hit is None or hit[0] != links:  # a new size, or a new default link
             if len(_AUTO_CACHE) > 4096:
                 _AUTO_CACHE.clear()
-            name = cost.choose(collective, sorted(BUILTIN[collective]), nbytes, size, link)
-            hit = _AUTO_CACHE[key] = (link, name)
+            hit = _AUTO_CACHE[key] = (links, _auto(collective, nbytes, size, shape, links))
         return hit[1], table[hit[1]]
     if algorithm not in table:
         raise ValueError(
@@ -103,6 +118,16 @@ def pick(collective: str, algorithm, nbytes: int, size: int):
             f"{', '.join(algorithms(collective))}"
         )
     return algorithm, table[algorithm]
+
+
+def _auto(collective: str, nbytes: int, size: int, shape, links) -> str:
+    """The cost model's pick: on one node (or unequal nodes) among the flat algorithms on the
+    default link; on `shape` = (nodes, per_node), every built-in on both links."""
+    names = sorted(BUILTIN[collective])
+    if shape is None:
+        flat = [a for a in names if a != TWO_LEVEL]
+        return cost.choose(collective, flat, nbytes, size, links[0])
+    return cost.choose_on_nodes(collective, names, nbytes, *shape, *links)
 
 
 def split(name: str) -> tuple[str, str]:

@@ -23,7 +23,7 @@ from minipar.comm import buffers
 SEGMENT_BYTES = 1 << 18  # the pipelined broadcast forwards 256 KiB pieces
 
 
-def _reduce_scatter_inplace(call, x, edges, op) -> None:
+def reduce_scatter_inplace(call, x, edges, op) -> None:
     """After p-1 steps chunk r of x holds the reduction of everyone's chunk r (others: partial)."""
     p, r = call.size, call.rank
     right, left = (r + 1) % p, (r - 1) % p
@@ -36,7 +36,7 @@ def _reduce_scatter_inplace(call, x, edges, op) -> None:
         reduce_(incoming, tmp, op)
 
 
-def _all_gather_inplace(call, x, edges) -> None:
+def all_gather_inplace(call, x, edges) -> None:
     """Rank r owns chunk r of x; after p-1 steps every rank has every chunk."""
     p, r = call.size, call.rank
     right, left = (r + 1) % p, (r - 1) % p
@@ -54,8 +54,8 @@ def all_reduce_ring(call, x, op) -> None:
     the association order is chunk-dependent, not a left-to-right sum over ranks.
     """
     edges = layout.bounds(len(x), call.size)
-    _reduce_scatter_inplace(call, x, edges, op)
-    _all_gather_inplace(call, x, edges)
+    reduce_scatter_inplace(call, x, edges, op)
+    all_gather_inplace(call, x, edges)
 
 
 def all_gather_ring(call, out, inp) -> None:
@@ -66,7 +66,7 @@ def all_gather_ring(call, out, inp) -> None:
     n = len(inp)
     edges = [c * n for c in range(call.size + 1)]
     buffers.copy_(layout.chunk(out, edges, call.rank), inp)
-    _all_gather_inplace(call, out, edges)
+    all_gather_inplace(call, out, edges)
 
 
 def reduce_scatter_ring(call, out, inp, op) -> None:

@@ -172,9 +172,23 @@ class Request:
     def describe(self) -> str:
         direction = "to" if self.kind == "send" else "from"
         return (
-            f"{self.kind} of {self.nbytes} bytes {direction} rank {self.peer} (tag {self.tag}) "
-            f"on group {self.comm.name}, as rank {self.comm.rank}"
+            f"{self.kind} of {self.nbytes} bytes {direction} rank {self.peer}"
+            f"{where_is(self.comm, self.peer)} (tag {self.tag}) on group {self.comm.name}, "
+            f"as rank {self.comm.rank}"
         )
+
+
+def where_is(comm, peer: int) -> str:
+    """' (on node1, across the link from node0)' when the world spans nodes (the node map of
+    runtime/nodes.py), so that a timeout names the node it lost; '' on one node."""
+    nodes = process.nodes
+    if nodes is None or nodes.n_nodes < 2 or not 0 <= peer < comm.size:
+        return ""
+    theirs = nodes.node_of[comm.global_ranks[peer]]
+    mine = nodes.node_of[comm.global_ranks[comm.rank]]
+    if theirs == mine:
+        return f" (on {nodes.names[theirs]}, this rank's node)"
+    return f" (on {nodes.names[theirs]}, across the link from {nodes.names[mine]})"
 
 
 def wait_all(requests, timeout: float, context="") -> None:

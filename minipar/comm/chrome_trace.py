@@ -17,7 +17,10 @@ each with ph, the phase, ts in microseconds, pid and tid):
 - each message as a flow from the span that sent it to the span that received it: ph "s" at
   the sender when it was posted, ph "f" (bound to the enclosing slice: bp "e") at the receiver
   when the receive completed, with one id; a message whose partner is not in the file (traced
-  on one side only) is an instant event (ph "i"). Every message of the ledger is one event;
+  on one side only) is an instant event (ph "i"). Every message of the ledger is one event.
+  A message between nodes (the node map, runtime/nodes.py) is named "message between nodes"
+  and coloured apart (cname "terrible", a red; inside a node "good", a green), and a call's
+  args count its bytes_between_nodes;
 - counter events (ph "C"): the saved activation bytes (parallel/activation_memory.py).
 
 Clocks. Each rank stamps with its own time.perf_counter(). `clock_offset` measures, for each
@@ -46,6 +49,8 @@ from minipar.state import process
 CLOCK_TAG = (1 << 15) + 2  # beside comm/base.py's control tags, below every collective's
 ROUNDS = 8
 FLOW = "message"  # the name and category of every flow event
+BETWEEN = "message between nodes"  # the name of a flow from one node to another
+COLOURS = {False: "good", True: "terrible"}  # cname: trace viewers' reserved colour names
 
 
 def clock_offset(comm, rounds: int = ROUNDS) -> tuple[float, float]:
@@ -81,7 +86,7 @@ def part(trace, rank: int) -> dict:
     offset, error = getattr(trace, "clock", (0.0, 0.0))
     calls = [
         [c.group, c.collective, c.algorithm, c.seq, c.start, c.end, c.thread, c.bytes_sent,
-         c.bytes_received, c.steps]
+         c.bytes_received, c.steps, c.bytes_between_nodes]
         for c in trace.calls
         if c.start is not None
     ]  # fmt: skip
@@ -100,6 +105,7 @@ def part(trace, rank: int) -> dict:
         "messages": messages,
         "spans": [[s.name, s.cat, s.start, s.end, s.thread, s.args] for s in trace.spans],
         "counters": [list(c) for c in trace.counters],
+        "nodes": list(process.nodes.node_of) if process.nodes is not None else None,
     }
 
 
@@ -171,9 +177,10 @@ def merge(parts) -> dict:
     for p in parts:
         r = p["rank"]
         events += _metadata(r, p["threads"])
-        for group, coll, algo, seq, start, end, thread, sent, received, steps in p["calls"]:
+        for group, coll, algo, seq, start, end, thread, sent, received, steps, *rest in p["calls"]:
             args = {"algorithm": algo, "group": group, "seq": seq, "bytes_sent": sent,
-                    "bytes_received": received, "steps": steps}  # fmt: skip
+                    "bytes_received": received, "steps": steps,
+                    "bytes_between_nodes": rest[0] if rest else 0}  # fmt: skip
             events.append(_slice(coll, "collective", us(r, start), us(r, end), r,
                                  tid(r, thread), args))  # fmt: skip
         for name, cat, start, end, thread, args in p["spans"]:
@@ -181,13 +188,19 @@ def merge(parts) -> dict:
         for t, name, value in p["counters"]:
             events.append({"ph": "C", "name": name, "ts": us(r, t), "pid": r, "tid": 0,
                            "args": {"bytes": value}})  # fmt: skip
+    node_of = next((p["nodes"] for p in parts if p.get("nodes")), None)
     for n, ((rs, send), (rr, recv)) in enumerate(pairs):
-        args = {"bytes": send[6], "group": send[0], "collective": send[2]}
-        events.append({"ph": "s", "id": n, "name": FLOW, "cat": FLOW, "ts": us(rs, send[8]),
-                       "pid": rs, "tid": tid(rs, send[9]), "args": args})  # fmt: skip
+        across = node_of is not None and node_of[rs] != node_of[rr]
+        args = {"bytes": send[6], "group": send[0], "collective": send[2],
+                "between_nodes": across}  # fmt: skip
+        name, colour = BETWEEN if across else FLOW, COLOURS[across]
+        events.append({"ph": "s", "id": n, "name": name, "cat": FLOW, "ts": us(rs, send[8]),
+                       "pid": rs, "tid": tid(rs, send[9]), "args": args,
+                       "cname": colour})  # fmt: skip
         done, thread = (recv[10], recv[11]) if recv[10] is not None else (recv[8], recv[9])
-        events.append({"ph": "f", "bp": "e", "id": n, "name": FLOW, "cat": FLOW,
-                       "ts": us(rr, done), "pid": rr, "tid": tid(rr, thread)})  # fmt: skip
+        events.append({"ph": "f", "bp": "e", "id": n, "name": name, "cat": FLOW,
+                       "ts": us(rr, done), "pid": rr, "tid": tid(rr, thread),
+                       "cname": colour})  # fmt: skip
     for r, row in unmatched:
         events.append({"ph": "i", "s": "t", "name": f"{row[4]} (unmatched)", "cat": FLOW,
                        "ts": us(r, row[8]), "pid": r, "tid": tid(r, row[9]),

@@ -5,6 +5,7 @@
     t.bytes_sent()      # 2 (p-1)/p * n for the ring
     t.steps             # 2 (p-1)
     t.calls[0].algorithm
+    t.bytes_sent(link="inter")   # of those, the bytes sent to ranks on other nodes
 
 Each rank keeps its own ledger (nothing is sent to record it). A *step* is one round of an
 algorithm: the messages a rank posts before it must wait for the previous round's. Tests check
@@ -64,6 +65,9 @@ class Message:
     # straight out of the sender's own buffer, which lives in a window: comm/shm_buffers.py)
     path: str = "host"
     tag: int = -1  # a point-to-point message's tag (a collective's messages: its seq says which)
+    # whether the peer runs on another node (the world's node map, runtime/nodes.py): the
+    # message crossed the link between nodes, not memory or NVLink inside one
+    between_nodes: bool = False
     clock: Clock | None = field(default=None, compare=False, repr=False)
 
 
@@ -91,6 +95,14 @@ class Call:
     @property
     def bytes_received(self) -> int:
         return sum(m.nbytes for m in self.messages if m.kind == "recv")
+
+    @property
+    def bytes_between_nodes(self) -> int:
+        """Bytes this rank sent to ranks on other nodes in this call."""
+        return sum(m.nbytes for m in self.messages if m.kind == "send" and m.between_nodes)
+
+
+LINKS = (None, "intra", "inter")  # every message; those inside a node; those between nodes
 
 
 class Trace:
@@ -151,14 +163,23 @@ class Trace:
             counts[m.path] = counts.get(m.path, 0) + 1
         return counts
 
-    def _select(self, collective):
-        return [m for m in self.messages if collective in (None, m.collective)]
+    def _select(self, collective, link=None):
+        if link not in LINKS:
+            raise ValueError(f"link={link!r}: use 'intra' (inside a node), 'inter' (between "
+                             "nodes) or None (both)")  # fmt: skip
+        crossing = None if link is None else link == "inter"
+        return [
+            m
+            for m in self.messages
+            if collective in (None, m.collective) and crossing in (None, m.between_nodes)
+        ]
 
-    def bytes_sent(self, collective: str | None = None) -> int:
-        return sum(m.nbytes for m in self._select(collective) if m.kind == "send")
+    def bytes_sent(self, collective: str | None = None, link: str | None = None) -> int:
+        """Bytes this rank sent (of one collective; over one link class: "intra", "inter")."""
+        return sum(m.nbytes for m in self._select(collective, link) if m.kind == "send")
 
-    def bytes_received(self, collective: str | None = None) -> int:
-        return sum(m.nbytes for m in self._select(collective) if m.kind == "recv")
+    def bytes_received(self, collective: str | None = None, link: str | None = None) -> int:
+        return sum(m.nbytes for m in self._select(collective, link) if m.kind == "recv")
 
     @property
     def steps(self) -> int:
@@ -303,13 +324,23 @@ def record(comm, collective, algorithm, seq, step, kind, peer, nbytes, tag=-1, p
     clock = Clock(now(), _thread())
     message = Message(
         comm.name, comm.rank, collective, algorithm, seq, step, kind, peer, nbytes, path, tag,
-        clock,
+        _between_nodes(comm, peer), clock,
     )  # fmt: skip
     for ledger in process.traces:
         ledger._add(message)
         if comm.name not in ledger.groups:
             ledger.groups[comm.name] = list(comm.global_ranks)
     return message
+
+
+def _between_nodes(comm, peer) -> bool:
+    """Whether group rank `peer` runs on another node than this rank (False when unknown: no
+    node map yet, or a receive from any rank)."""
+    world_map = process.nodes
+    if world_map is None or peer is None or peer < 0:
+        return False
+    ranks = comm.global_ranks
+    return world_map.node_of[ranks[comm.rank]] != world_map.node_of[ranks[peer]]
 
 
 def note_path(comm, kind: str, peer: int, nbytes: int, path: str) -> None:

@@ -176,9 +176,22 @@ class MPICommunicator(Communicator):
         ranks a moment later; this rank must not run on (and report a result) meanwhile."""
         sys.stdout.flush()
         sys.stderr.flush()
+        say_aborted(self.global_ranks[self.rank])
         time.sleep(ABORT_GRACE)
         self.mpi.Abort(code)
         os._exit(code)
+
+
+def say_aborted(rank: int) -> None:
+    """Tell `minipar run` (its relay's folder, MINIPAR_RELAY_FOLDER) that this rank aborts, so
+    the job ends even where the MPI's launcher cannot: Open MPI's waits for a node whose cable
+    is gone before it ends the job (launcher/relay.py gives it a grace, then stops it)."""
+    folder = os.environ.get("MINIPAR_RELAY_FOLDER")
+    if folder:
+        try:
+            open(os.path.join(folder, f"aborted.{rank}"), "w").close()
+        except OSError:
+            pass
 
 
 def world_tag_ub() -> int:

@@ -130,6 +130,42 @@ def set_shm_link(link: Link) -> None:
     process.links["shm"] = link
 
 
+# -- the link between nodes: what a message from one node to another costs ---------------------
+INTER_LINK_ENV = "MINIPAR_INTER_LINK"  # `minipar bench --fit` on a group that spans nodes
+
+
+# Until `minipar bench --fit` measures it, the link between nodes is assumed a 10 Gb Ethernet
+# port: slower than any link inside a node, which is what `auto` must know to keep the heavy
+# traffic inside (priced alike, a flat Rabenseifner ties the two-level all-reduce on 2 x 2 and
+# measured 2.3x slower across two emulated nodes on a 2 Gbit/s cable).
+BETWEEN_NODES = Link(
+    "between-nodes", alpha=50e-6, beta=1 / 1.25e9, gamma=1 / 5e9,
+    source="assumed: 10 Gb Ethernet, until bench --fit measures the link between nodes",
+)  # fmt: skip
+
+
+def inter_link() -> Link:
+    """The link between nodes `auto` prices a group that spans nodes with: set_inter_link's,
+    else the JSON file named by MINIPAR_INTER_LINK (`minipar bench --fit` across nodes writes
+    it), else BETWEEN_NODES (assumed)."""
+    found = process.links.get("inter")
+    if found is not None:
+        return found
+    path = os.environ.get(INTER_LINK_ENV)
+    if not path:
+        return BETWEEN_NODES
+    process.links["inter"] = load_link(path)
+    return process.links["inter"]
+
+
+def set_inter_link(link: Link | None) -> None:
+    """Price messages between nodes on `link` (None: back to the environment's)."""
+    if link is None:
+        process.links.pop("inter", None)
+    else:
+        process.links["inter"] = link
+
+
 # -- the hierarchy: GPUs in NVLink domains, domains joined by InfiniBand ----------------------
 
 

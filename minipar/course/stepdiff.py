@@ -137,6 +137,7 @@ class Recorder:
         self.pending: list[Message] = []
         self.error = ""
         self._posted: dict[int, tuple] = {}
+        self.node_of = _nodes_of(call.comm)  # now: the map may be a test's, set for the call
 
     def __getattr__(self, name):
         return getattr(self._call, name)
@@ -275,6 +276,7 @@ class Notes:
     mine: Side
     phase_names: tuple
     parted: tuple | None  # the first (step, name, index, chunk, mine, reference) that differs
+    node_of: tuple | None = None  # each group rank's node, when the group spans nodes
 
 
 def _side(r: Recorder) -> Side:
@@ -321,9 +323,34 @@ def notes(session: Session) -> list[Notes]:
             _side(mine),
             phases,
             _first_difference(ref, mine, session.describe),
+            mine.node_of,
         )
         for ref, mine, phases in session.pairs
     ]
+
+
+def _nodes_of(comm) -> tuple | None:
+    """The node of each rank of the group (runtime/nodes.py), or None when it runs on one
+    node: the explanation then says on which level a message went wrong."""
+    world_map, ranks = process.nodes, getattr(comm, "global_ranks", None)
+    if world_map is None or ranks is None:
+        return None
+    owner = tuple(world_map.node_of[g] for g in ranks)
+    return owner if len(set(owner)) > 1 else None
+
+
+def _level(n: Notes, step: int) -> str:
+    """' (between nodes: node 0 -> node 1)' or ' (inside node 0)' for the first message of
+    `step` that differs on this rank, when the group spans nodes; else ''."""
+    if n.node_of is None:
+        return ""
+    ref = [m.key() for m in _at(n.reference.messages, step)]
+    odd = [m for m in _at(n.mine.messages, step) if m.key() not in ref]
+    odd += [m for m in _at(n.reference.messages, step) if m not in odd]
+    if not odd:
+        return ""
+    a, b = n.node_of[n.rank], n.node_of[odd[0].peer]
+    return f" (between nodes: node {a} and node {b})" if a != b else f" (inside node {a})"
 
 
 # -- the explanation -----------------------------------------------------------------------------
@@ -460,7 +487,7 @@ def _explain_call(everyone: list[Notes], c: int) -> str | None:
     if parted is not None and (first_data is None or parted[0] <= first_data[0][0]):
         step, first = parted
         label = _label(phases, names, step)
-        lines = [_headline(label, first, step)]
+        lines = [_headline(label, first, step) + _level(first, step)]
         lines.append(f"{label}{ordinal}, every rank's messages (* where they differ):")
         lines += _table(["rank", "yours", "the reference"], _message_rows(everyone, step))
     else:

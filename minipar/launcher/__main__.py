@@ -3,6 +3,7 @@
     relay FOLDER -- program ...   point stdout and stderr at this rank's pipes, then become the
                                   program (relay.py: whole lines per rank)
     notebook FOLDER               load a pickled function, run it, write its result (notebook.py)
+    enter [-x] HOST word ...      the stand-in for ssh on emulated nodes (cluster/enter.py)
 
 A module of its own so that `-m` runs it after the package is imported, not a module the package
 has imported already.
@@ -20,5 +21,12 @@ if __name__ == "__main__":
         from minipar.launcher import notebook
 
         sys.exit(notebook.rank_main(rest[0]))
+    elif what == "enter":
+        from minipar.launcher.cluster import enter
+
+        sys.exit(enter.main(rest))
     else:
-        sys.exit("usage: python -m minipar.launcher relay FOLDER -- program ... | notebook FOLDER")
+        sys.exit(
+            "usage: python -m minipar.launcher relay FOLDER -- program ... | notebook FOLDER"
+            " | enter HOST word ..."
+        )

@@ -20,6 +20,7 @@ import time
 
 from minipar.comm import mpisetup
 from minipar.launcher import stop
+from minipar.launcher.cluster import enter, mpi_args
 from minipar.launcher.relay import Relay, tag_from_env
 
 
@@ -75,12 +76,21 @@ def is_root() -> bool:
 
 
 def command(
-    n: int, argv: list[str], python: bool = True, relay=None, warm: bool = True
+    n: int,
+    argv: list[str],
+    python: bool = True,
+    relay=None,
+    warm: bool = True,
+    cluster=None,
+    hosts: str | None = None,
+    hostfile: str | None = None,
 ) -> tuple[list[str], dict]:
     """(the mpiexec command line, its environment) for n ranks running argv (python arguments,
     or a whole program when python is False: one starting with this very Python counts as
     python arguments); with a relay, each rank's output goes through it; warm=False: never
-    through MINIPAR_FORK_SERVER's fork server (see warm_start)."""
+    through MINIPAR_FORK_SERVER's fork server (see warm_start). cluster: an EmulatedCluster
+    that is up (launcher/cluster/): the launcher runs on its node0 and starts the others'
+    proxies through the stand-in for ssh; hosts / hostfile: real hosts, passed through."""
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"the number of ranks must be a positive integer, got {n!r}")
     env = dict(os.environ)
@@ -93,8 +103,16 @@ def command(
             env.setdefault(name, "1")
     if n > cores():
         env["MINIPAR_OVERSUBSCRIBED"] = "1"
-        if openmpi:
+        if openmpi and cluster is None:  # a node's slots are given: its ranks fit them
             cmd.append("--oversubscribe")
+    flavor = "openmpi" if openmpi else "mpich"
+    if cluster is not None:
+        nodes_args, nodes_env = mpi_args.for_cluster(flavor, cluster, n)
+        cmd += nodes_args
+        env.update(nodes_env)
+        warm = False  # a rank forked by the fork server would run in its namespace, not a node's
+    else:
+        cmd += mpi_args.for_hosts(flavor, hosts, hostfile)
     if not python and argv[:1] == [sys.executable]:  # `minipar run script.py`: this Python
         python, argv = True, list(argv[1:])
     program = (
@@ -103,6 +121,11 @@ def command(
     if relay is not None:
         program = relay.wrap(program)
         relay.environ(env)
+        if cluster is not None:
+            relay.hosts = {cluster.address(k): cluster.hostname(k) for k in range(cluster.n_nodes)}
+    if cluster is not None:  # the launcher itself runs on node0
+        node0 = (cluster.namespace(0), cluster.hostname(0), cluster.hosts_file)
+        return enter.argv_on_node(*node0, cmd + program), env
     return cmd + program, env
 
 
@@ -118,15 +141,16 @@ def warm_start(env: dict, argv: list[str]) -> list[str]:
     return ["-m", "minipar.testing.zygote", address] if address else []
 
 
-def run(n: int, argv: list[str], timeout: float | None = None, capture: bool = False):
-    """Run argv (python arguments) on n ranks; returns the CompletedProcess (exit 124 and the
-    whole job killed on timeout). Not captured, the ranks' output arrives in whole lines."""
+def run(n: int, argv: list[str], timeout: float | None = None, capture: bool = False, cluster=None):
+    """Run argv (python arguments) on n ranks (on an EmulatedCluster's nodes when given);
+    returns the CompletedProcess (exit 124 and the whole job killed on timeout). Not captured,
+    the ranks' output arrives in whole lines."""
     if capture:
-        cmd, env = command(n, argv)
+        cmd, env = command(n, argv, cluster=cluster)
         return run_command(cmd, env, timeout, capture)
     relay = Relay(n, tag=tag_from_env())
     try:
-        cmd, env = command(n, argv, relay=relay)
+        cmd, env = command(n, argv, relay=relay, cluster=cluster)
     except BaseException:
         relay.close()
         raise

@@ -26,17 +26,27 @@ import traceback
 
 from minipar.errors import RankError
 from minipar.launcher import mpiexec, relay
+from minipar.launcher.cluster.job import emulated
 from minipar.runtime import world
 from minipar.state import process
 
 PAYLOAD = "payload.pkl"
 
 
-def launch(fn, args=(), n: int = 4, timeout: float | None = None, tag_output: bool | None = None):
+def launch(
+    fn,
+    args=(),
+    n: int = 4,
+    timeout: float | None = None,
+    tag_output: bool | None = None,
+    nodes: int | None = None,
+    link: str = "2gbit",
+):
     """Run fn(*args) on n MPI ranks (mpiexec underneath); the ranks' return values, in rank
     order. A rank that raises makes this raise minipar.RankError with its rank number and
     traceback; timeout (seconds) kills the job and raises RankError too. tag_output prefixes
-    each line with its rank (default: MINIPAR_TAG_OUTPUT).
+    each line with its rank (default: MINIPAR_TAG_OUTPUT). nodes: on that many emulated nodes
+    (as `minipar run --nodes N --link RATE`: root; docs/cluster.md), removed when it returns.
 
     minipar is initialised on every rank before fn runs, as a plain `minipar.init()` there:
     the MPI transport on the n ranks, the timeout from MINIPAR_TIMEOUT (else 300 s), debug
@@ -46,14 +56,21 @@ def launch(fn, args=(), n: int = 4, timeout: float | None = None, tag_output: bo
     fast_paths it passes apply from then on), and one that calls init_process_group takes
     the world over ("mpi") or replaces it ("gloo", "nccl") instead of being refused as a
     second initialisation."""
-    import cloudpickle  # here, not at the top: only launching needs it
-
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"n (the number of ranks) must be a positive integer, got {n!r}")
     if not isinstance(args, (tuple, list)):
         raise TypeError(f"args must be a tuple of fn's arguments, got {type(args).__name__}")
+    if nodes is None:
+        return _launch(fn, args, n, timeout, tag_output, None)
+    with emulated(nodes, link) as cluster:
+        return _launch(fn, args, n, timeout, tag_output, cluster)
+
+
+def _launch(fn, args, n, timeout, tag_output, cluster):
+    import cloudpickle  # here, not at the top: only launching needs it
+
     folder = tempfile.mkdtemp(prefix="minipar-launch-")
     try:
         with open(os.path.join(folder, PAYLOAD), "wb") as f:
@@ -61,7 +78,7 @@ def launch(fn, args=(), n: int = 4, timeout: float | None = None, tag_output: bo
         lines = relay.Relay(n, tag=relay.tag_from_env() if tag_output is None else tag_output)
         try:
             cmd, env = mpiexec.command(
-                n, ["-m", "minipar.launcher", "notebook", folder], relay=lines
+                n, ["-m", "minipar.launcher", "notebook", folder], relay=lines, cluster=cluster
             )
         except BaseException:
             lines.close()

@@ -13,6 +13,7 @@ launcher reads every FIFO, cuts the bytes into lines, and writes each whole line
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -24,6 +25,8 @@ from minipar.launcher import stop
 
 RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 DRAIN_SECONDS = 2.0  # after the job ends: how long to wait for its last bytes
+ABORT_WAIT = 10.0  # after a rank said it aborts: how long the MPI's launcher has to end the job
+FOLDER_ENV = "MINIPAR_RELAY_FOLDER"  # where a rank says it aborts (comm/mpi.py: say_aborted)
 
 
 def tag_from_env() -> bool:
@@ -40,11 +43,15 @@ class Relay:
     def __init__(self, n: int, tag: bool = False, out=None, err=None):
         self.n, self.tag = n, tag
         self._out, self._err = out, err  # None: whatever sys.stdout/sys.stderr are at write time
-        self.folder = tempfile.mkdtemp(prefix="minipar-io-")
+        # the owner's pid in the name: a SIGKILLed launcher's pipes are found and removed later
+        self.folder = tempfile.mkdtemp(prefix=f"minipar-io-{os.getpid()}-")
         self.readers: dict[int, tuple[str, str]] = {}  # fd -> (line prefix, "out" or "err")
         self.keep: list[int] = []  # our own write ends: a FIFO nobody opened yet is not at EOF
         self.pending: dict[int, bytes] = {}
         self.closed: set[str] = set()  # streams whose reader has gone (a closed pipe)
+        self.hosts: dict[str, str] = {}  # address -> node name, added to the launcher's lines
+        self.launcher_fds: set[int] = set()
+        self.aborted_at, self.aborted = None, ""  # when a rank said it aborts, and which
         _enough_files(4 * n + 64)  # two FIFOs per rank, each opened twice here
         for rank in range(n):
             for stream in ("out", "err"):
@@ -81,6 +88,7 @@ class Relay:
             if pipe is not None:
                 os.set_blocking(pipe.fileno(), False)
                 self.readers[pipe.fileno()] = ("", stream)
+                self.launcher_fds.add(pipe.fileno())
                 sel.register(pipe.fileno(), selectors.EVENT_READ)
         deadline = None if timeout is None else time.monotonic() + timeout
         status = None
@@ -89,6 +97,10 @@ class Relay:
                 if deadline is not None and time.monotonic() > deadline:
                     stop.stop(proc)
                     status = 124
+                    break
+                if self._abort_overdue():
+                    stop.stop(proc)
+                    status = proc.returncode or 1
                     break
                 self._read(sel, 0.1)
             stop.signal_pid(-proc.pid, signal.SIGKILL)  # no rank (or its child) outlives the job
@@ -104,6 +116,22 @@ class Relay:
             sel.close()
             self.close()
         return proc.returncode if status is None else status
+
+    def _abort_overdue(self) -> bool:
+        """True once a rank said it aborts and the MPI's launcher still runs ABORT_WAIT seconds
+        later (it waits for a node it cannot reach): say so, and the job is stopped."""
+        if self.aborted_at is None:
+            said = [n for n in os.listdir(self.folder) if n.startswith("aborted.")]
+            if said:
+                self.aborted_at, self.aborted = time.monotonic(), said[0].split(".")[1]
+            return False
+        if time.monotonic() - self.aborted_at < ABORT_WAIT:
+            return False
+        sys.stderr.write(
+            f"minipar run: rank {self.aborted} aborted the job {ABORT_WAIT:g} s ago and the MPI's "
+            "launcher has not ended it (a node it cannot reach?): stopping it\n"
+        )
+        return True
 
     def _read(self, sel, wait: float) -> None:
         for key, _ in sel.select(wait):
@@ -126,6 +154,8 @@ class Relay:
         """Whole lines, written in one call each (prefixed when tagging)."""
         tag, stream = self.readers[fd]
         text = data.decode("utf-8", errors="replace")
+        if self.hosts and fd in self.launcher_fds:
+            text = name_hosts(text, self.hosts)
         if tag:
             text = "".join(tag + line for line in text.splitlines(keepends=True))
         target = (self._out or sys.stdout) if stream == "out" else (self._err or sys.stderr)
@@ -146,6 +176,14 @@ class Relay:
                 pass
         self.keep = []
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def name_hosts(text: str, hosts: dict[str, str]) -> str:
+    """The launcher's lines with each emulated node's address followed by its name: hydra's
+    `RUNNING AT 10.200.0.2` reads `RUNNING AT 10.200.0.2 (node1)`."""
+    for address, name in hosts.items():
+        text = re.sub(re.escape(address) + r"(?!\d)", f"{address} ({name})", text)
+    return text
 
 
 def _enough_files(count: int) -> None:
@@ -190,6 +228,7 @@ def rank_main(argv: list[str]) -> None:
     if len(argv) < 3 or argv[1] != "--":
         sys.exit("usage: python -m minipar.launcher relay FOLDER -- program [args]")
     folder, program = argv[0], argv[2:]
+    os.environ[FOLDER_ENV] = folder  # the program may say it aborts there (comm/mpi.py)
     for fd, stream in ((1, "out"), (2, "err")):
         pipe = os.open(os.path.join(folder, f"{rank()}.{stream}"), os.O_WRONLY)
         os.dup2(pipe, fd)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from minipar.models.lr_schedule import LRSchedule
+
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -97,6 +99,13 @@ class RunSpec:
     cp: int = 1  # context parallel: the sequence over cp ranks (load-balanced causal layout)
     cp_variant: str = "ring"  # "ring" (K/V around the ring) or "ulysses" (all-to-all to heads)
     ep: int = 1  # expert parallel: the experts over ep of the dp ranks (ep divides dp)
+    dtype: str = "fp32"  # compute precision (models/precision.py): fp32, bf16 or fp16
+    reduce_dtype: str = "fp32"  # the data-parallel gradient reduction: fp32 or bf16
+    clip: float | None = None  # clip the whole model's gradient norm to this (None: no clip)
+    warmup: int = 0  # learning-rate warm-up steps (models/lr_schedule.py)
+    lr_schedule: str = "constant"  # after the warm-up: cosine, linear or constant
+    min_lr: float = 0.0  # the decay's floor
+    decay_steps: int | None = None  # the step the decay ends at (None: the run's last + 1)
 
     @property
     def ranks(self) -> int:
@@ -133,6 +142,25 @@ class RunSpec:
             )
         self._validate_cp()
         self._validate_ep()
+        self._validate_training()
+
+    def _validate_training(self) -> None:
+        if self.dtype not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"dtype must be fp32, bf16 or fp16, got {self.dtype!r}")
+        if self.reduce_dtype not in ("fp32", "bf16"):
+            raise ValueError(f"reduce dtype must be fp32 or bf16, got {self.reduce_dtype!r}")
+        if self.clip is not None and not self.clip > 0:
+            raise ValueError(f"clip must be a positive number, got {self.clip!r}")
+        d = self.decay_steps
+        if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 1):
+            raise ValueError(f"decay steps must be a positive integer (or None), got {d!r}")
+        self.lr_at(0)  # the schedule's own checks
+
+    def lr_at(self, step: int, start: int = 0) -> float:
+        """The learning rate of global step `step` for a run starting at `start`."""
+        total = self.decay_steps if self.decay_steps is not None else start + self.steps
+        sched = LRSchedule(self.lr, self.warmup, self.lr_schedule, self.min_lr, total)
+        return sched.at(step)
 
     def _validate_cp(self) -> None:
         m = self.model

@@ -33,13 +33,12 @@ averaged over dp_cp_group and broadcast from the last stage over pp_group (8 byt
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 
 from minipar import collectives
 from minipar.comm import ledger
-from minipar.models import fsdp_state, memory, sharding
+from minipar.models import fsdp_state, memory, precision, sharding
 from minipar.models.gpt import build_gpt
 from minipar.models.parallel_gpt import (
     ParallelBlock,
@@ -49,10 +48,10 @@ from minipar.models.parallel_gpt import (
     build_chunks,
     dense_named_parameters,
 )
-from minipar.parallel import activation_memory, recompute
+from minipar.parallel import activation_memory, recompute, replicas
 from minipar.parallel.context import shard_sequence
 from minipar.parallel.data import DistributedDataParallel, FullyShardedDataParallel
-from minipar.parallel.expert import MoE, sync_expert_grads
+from minipar.parallel.expert import MoE, expert_parameters, sync_expert_grads
 from minipar.parallel.pipeline import Pipeline
 from minipar.parallel.tensor import vocab_parallel_cross_entropy
 
@@ -69,13 +68,16 @@ class MeshGPT:
         v = virtual_stages_of(spec, mesh)
         chunks = build_chunks(dense, mesh, v, spec.cp_variant)
         self.chunks = [chunk.to(device) for chunk in chunks]
+        for chunk in self.chunks:
+            chunk.precision = spec.dtype  # autocast in its forward: fp32 weights, bf16 matmuls
         self.recomputed = recompute_blocks(self.chunks, spec.recompute)
         self.tied = TiedHead(self.chunks, mesh, spec.model.tied_head)
         self.fsdp = spec.fsdp and mesh.dp * mesh.cp > 1
-        self.wrapped = [data_parallel(chunk, mesh, self.fsdp) for chunk in self.chunks]
+        reduce_dtype = precision.dtype_of(spec.reduce_dtype)
+        self.wrapped = [data_parallel(c, mesh, self.fsdp, reduce_dtype) for c in self.chunks]
         self.param_keys = {activation_memory.storage_key(q) for q in self.parameters()}
         self.memory = None  # the last step's saved activations (models/memory.py)
-        self.loss_fn = functools.partial(vocab_parallel_cross_entropy, group=mesh.tp_group)
+        self.loss_scale = 1.0  # fp16: the loss scaler's, for this step's backward
         self.pipe = None
         if mesh.pp > 1:
             self.pipe = Pipeline(
@@ -111,11 +113,19 @@ class MeshGPT:
             return tokens
         return shard_sequence(tokens, 1, group=self.mesh.cp_group, causal=True)
 
-    def forward_backward(self, inputs, targets) -> float | None:
-        """Gradients of this dp rank's rows accumulate in .grad; the rows' mean loss on the last
-        pipeline stage, None on the others. `self.memory`: what the step kept for backward."""
+    def loss_fn(self, logits, targets):
+        """The vocabulary-parallel cross-entropy on fp32 logits, times the loss scale."""
+        loss = vocab_parallel_cross_entropy(logits.float(), targets, self.mesh.tp_group)
+        return loss * self.loss_scale if self.loss_scale != 1 else loss
+
+    def forward_backward(self, inputs, targets, scale: float = 1.0) -> float | None:
+        """Gradients of this dp rank's rows (of their loss times `scale`) accumulate in .grad;
+        the rows' mean loss on the last pipeline stage, None on the others. `self.memory`: what
+        the step kept for backward."""
+        self.loss_scale = scale
         with memory.measure(self) as self.memory:
-            return self._forward_backward(inputs, targets)
+            loss = self._forward_backward(inputs, targets)
+        return None if loss is None else loss / scale
 
     def _forward_backward(self, inputs, targets) -> float | None:
         if self.pipe is not None:
@@ -267,16 +277,22 @@ def recompute_blocks(chunks, policy: str) -> list[str]:
     return [n for chunk in chunks for n in recompute.apply(chunk, policy, (ParallelBlock,))]
 
 
-def data_parallel(chunk, mesh, fsdp: bool):
+def data_parallel(chunk, mesh, fsdp: bool, reduce_dtype=None):
     """The chunk wrapped for data parallelism over dp_group: DistributedDataParallel (bucketed
     gradient all-reduce, 2(p-1)/p of the chunk's gradient bytes per rank), or with `fsdp`
     FullyShardedDataParallel with one sharding unit per block, embedding and head (all-gather
     of a unit's weights before it computes, forward and backward, reduce-scatter of its
     gradient: 3(p-1)/p of the bytes). Over dp_cp_group: with context parallelism each cp rank's
-    gradient covers its own tokens, reduced as the dp ranks' are. dp x cp = 1: the chunk."""
+    gradient covers its own tokens, reduced as the dp ranks' are. dp x cp = 1: the chunk.
+    The experts, which sync_grads sums over expert_dp_group, are marked as copied over it (for
+    the gradient norm: parallel/replicas.py), as DDP and FSDP mark what they average."""
+    replicas.mark_replicated(expert_parameters(chunk), mesh.expert_dp_group)
     if mesh.dp * mesh.cp == 1:
         return chunk
-    if fsdp:
+    reduce_dtype = None if reduce_dtype == torch.float32 else reduce_dtype
+    if fsdp:  # weights gathered in fp32 and cast by the chunk's autocast, as the dense twin's
         units = (ParallelBlock, ParallelEmbedding, ParallelHead)
-        return FullyShardedDataParallel(chunk, group=mesh.dp_cp_group, shard_modules=units)
-    return DistributedDataParallel(chunk, group=mesh.dp_cp_group)
+        return FullyShardedDataParallel(
+            chunk, group=mesh.dp_cp_group, shard_modules=units, reduce_dtype=reduce_dtype
+        )
+    return DistributedDataParallel(chunk, group=mesh.dp_cp_group, reduce_dtype=reduce_dtype)

@@ -44,8 +44,10 @@ import torch
 from torch import nn
 
 from minipar.comm.base import wait_all
+from minipar.models import precision
 from minipar.models.gpt import GPT
 from minipar.models.sharding import VOCAB_MULTIPLE
+from minipar.parallel import replicas
 from minipar.parallel.context import ContextParallelSelfAttention, layout
 from minipar.parallel.expert import DenseMoE, MoE
 from minipar.parallel.tensor import (
@@ -66,6 +68,7 @@ class ParallelEmbedding(nn.Module):
         super().__init__()
         self.tok = VocabParallelEmbedding.from_dense(embed.tok, tp_group, VOCAB_MULTIPLE)
         self.pos = copy.deepcopy(embed.pos)
+        replicas.mark_replicated(self.pos.weight, tp_group)  # every tp rank's whole table
         self.positions = positions  # a plain attribute: not a buffer that DDP would broadcast
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -97,8 +100,11 @@ class ParallelBlock(nn.Module):
             )
         if isinstance(block.mlp, DenseMoE):
             self.mlp = MoE.from_dense(block.mlp, ep_group)
+            replicas.mark_replicated(self.mlp.parameters(), tp_group)  # whole on every tp rank
         else:
             self.mlp = ParallelMLP.from_dense(block.mlp, tp_group)
+        for ln in (self.ln1, self.ln2):
+            replicas.mark_replicated(ln.parameters(), tp_group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -111,6 +117,7 @@ class ParallelHead(nn.Module):
     def __init__(self, head, tp_group):
         super().__init__()
         self.ln_f = copy.deepcopy(head.ln_f)
+        replicas.mark_replicated(self.ln_f.parameters(), tp_group)
         self.proj = VocabParallelHead.from_dense(head.proj, tp_group, VOCAB_MULTIPLE)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -125,13 +132,15 @@ class StageChunk(nn.Module):
         super().__init__()
         self.embed, self.head = embed, head
         self.blocks = nn.ModuleDict(blocks or {})
+        self.precision = "fp32"  # the run's compute dtype (models/precision.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.embed is not None:
-            x = self.embed(x)
-        for block in self.blocks.values():
-            x = block(x)
-        return self.head(x) if self.head is not None else x
+        with precision.autocast(self.precision, x.device.type):
+            if self.embed is not None:
+                x = self.embed(x)
+            for block in self.blocks.values():
+                x = block(x)
+            return self.head(x) if self.head is not None else x
 
 
 def check_layout(config, tp: int, pp: int, virtual_stages: int = 1) -> None:
@@ -191,6 +200,7 @@ class TiedHead:
                 self.param, self.peer = chunk.embed.tok.weight, mesh.pp - 1
             if mesh.is_last_stage and chunk.head is not None:
                 self.param, self.peer = chunk.head.proj.weight, 0
+                replicas.mark_replicated(self.param, mesh.pp_group)  # stage 0's is counted
 
     def sync(self) -> None:
         """grad <- grad + the other copy's grad, on both ranks (one sendrecv of the grad)."""

@@ -4,6 +4,7 @@
     from minipar.parallel import FullyShardedDataParallel, DeviceMesh
     from minipar.parallel.tensor import ColumnParallelLinear, RowParallelLinear
     from minipar.parallel.pipeline import Pipeline, split
+    from minipar.parallel import clip_grad_norm_   # the whole mesh's gradient norm, one clip
 
 One folder per axis: data/ (DDP, ZeRO-1, FSDP), tensor/, pipeline/, context/ (ring attention
 and Ulysses), expert/ (mixture of experts); mesh.py combines them (dp x cp x tp x pp, and the
@@ -15,6 +16,7 @@ and .fsdp: those names still import (the README says so).
 import sys
 
 from minipar.parallel import data
+from minipar.parallel.clip_grad import clip_grad_norm_
 from minipar.parallel.data import (
     DistributedDataParallel,
     FullyShardedDataParallel,
@@ -27,6 +29,7 @@ for _old in ("ddp", "zero", "fsdp"):  # the old paths, kept for programs that im
 
 __all__ = [
     "DeviceMesh",
+    "clip_grad_norm_",
     "DistributedDataParallel",
     "FullyShardedDataParallel",
     "ZeroRedundancyOptimizer",

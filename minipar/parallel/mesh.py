@@ -56,6 +56,13 @@ Which collective runs on which group (one step of training a GPT):
 - pp_group (same place on each stage): send/recv of a micro-batch's activations forward and of
   their gradients backward, point-to-point only.
 
+Which axes stay inside a node: the mesh reads the world's node map (runtime/nodes.py) and says,
+per axis, whether each of its groups sits on one node (`mesh.placement`: {"tp": "inside a node",
+"dp": "across nodes", ...}). A tp or cp group that spans nodes puts the every-layer traffic on
+the slow link: DeviceMesh warns (MeshAcrossNodesWarning), or refuses with
+`across_nodes="refuse"` (or MINIPAR_MESH_ACROSS_NODES=refuse); `minipar train` and `minipar
+plan` print where each axis runs.
+
 Creating the groups is collective over `group`: every rank takes part in creating every
 sub-group (minipar.new_group's rule, as in torch.distributed), members or not, in the same
 order; an axis whose groups are another's (cp = 1: dp_cp is dp) reuses them. `MeshShape` is the
@@ -64,11 +71,22 @@ arithmetic alone (no ranks needed), for drawings and the planner.
 
 from __future__ import annotations
 
+import os
+import warnings
 from dataclasses import dataclass
 
 from minipar import runtime
 
 AXES = ("pp", "dp", "cp", "tp")  # outermost first: a rank's number is its position in this order
+
+HOT_AXES = ("tp", "cp")  # traffic in every layer: must not cross between nodes
+ACROSS_ENV = "MINIPAR_MESH_ACROSS_NODES"  # "warn" (default), "refuse" or "allow"
+INSIDE, ACROSS = "inside a node", "across nodes"
+
+
+class MeshAcrossNodesWarning(UserWarning):
+    """A tp or cp group of the mesh spans nodes."""
+
 
 # what moves on each group, for the drawing and lessons 08-10
 TRAFFIC = {
@@ -213,8 +231,44 @@ class MeshShape:
     def __str__(self) -> str:
         return describe(self.dp, self.tp, self.pp, self.cp, self.ep)
 
+    def placement(self, node_of) -> dict:
+        """{axis: INSIDE or ACROSS} for every axis of degree > 1 (and "ep"): ACROSS when one
+        of its groups holds ranks of two nodes; `node_of[r]` is mesh rank r's node (or an
+        int k: consecutive ranks fill nodes of k, as a launcher does)."""
+        if isinstance(node_of, int):
+            node_of = [r // node_of for r in range(self.size)]
+        kinds = [a for a in ("tp", "cp", "dp", "pp", "ep") if getattr(self, a) > 1]
+        return {
+            a: ACROSS
+            if any(len({node_of[r] for r in g}) > 1 for g in self.all_groups(a))
+            else INSIDE
+            for a in kinds
+        }
+
 
 GROUPS = ("tp", "cp", "dp", "pp", "dp_cp", "ep", "expert_dp")  # the order every rank builds them
+
+
+def _check_hot_axes(shape: MeshShape, placement: dict, mode, first: bool) -> None:
+    """Refuse (mode or MINIPAR_MESH_ACROSS_NODES "refuse": on every rank) or warn (on the
+    group's first rank, `first`: one line a job) when tp or cp spans nodes."""
+    mode = mode or os.environ.get(ACROSS_ENV) or "warn"
+    if mode not in ("warn", "refuse", "allow"):
+        raise ValueError(f"across_nodes={mode!r}: use 'warn', 'refuse' or 'allow'")
+    crossing = [a for a in HOT_AXES if placement.get(a) == ACROSS]
+    if not crossing or mode == "allow":
+        return
+    text = (
+        f"DeviceMesh {shape}: the {' and '.join(crossing)} group{'s' if len(crossing) > 1 else ''}"
+        f" span{'' if len(crossing) > 1 else 's'} nodes, so "
+        + "; ".join(TRAFFIC[a] for a in crossing)
+        + " crosses the link between nodes; fill each node with whole tp x cp groups (fewer "
+        "ranks per group, or more per node)"
+    )
+    if mode == "refuse":
+        raise ValueError(text + f" (refused: across_nodes / {ACROSS_ENV}=refuse)")
+    if first:
+        warnings.warn(text, MeshAcrossNodesWarning, stacklevel=3)
 
 
 class DeviceMesh:
@@ -228,7 +282,9 @@ class DeviceMesh:
     groups: pass them explicitly to the layers (no global state beyond the default group).
     """
 
-    def __init__(self, dp: int = 1, tp: int = 1, pp: int = 1, group=None, *, cp=1, ep=1):
+    def __init__(
+        self, dp: int = 1, tp: int = 1, pp: int = 1, group=None, *, cp=1, ep=1, across_nodes=None
+    ):
         for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)):
             _check_degree(name, value)
         comm = runtime.resolve(group)
@@ -239,6 +295,8 @@ class DeviceMesh:
                 f"has {comm.size}; choose degrees whose product is {comm.size}"
             )
         self.shape = MeshShape(dp, tp, pp, cp, ep)  # ep must divide dp: raises on every rank
+        self.placement = self.shape.placement(runtime.node_map(comm))
+        _check_hot_axes(self.shape, self.placement, across_nodes, comm.rank == 0)  # every rank
         self.group = comm
         self.dp, self.tp, self.pp, self.cp, self.ep = dp, tp, pp, cp, ep
         self.rank = comm.rank
@@ -300,6 +358,10 @@ class DeviceMesh:
     def next_stage(self) -> int | None:
         """pp_group rank of the stage after this one (None on the last stage)."""
         return None if self.is_last_stage else self.pp_rank + 1
+
+    def where(self) -> str:
+        """Where each axis runs, in words: "tp inside a node, dp across nodes"."""
+        return ", ".join(f"{a} {p}" for a, p in self.placement.items()) or "one rank"
 
     def __repr__(self) -> str:
         extra = "".join(f", {a}={getattr(self, a)}" for a in ("cp", "ep") if getattr(self, a) > 1)

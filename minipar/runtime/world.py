@@ -20,7 +20,7 @@ from minipar.comm import ending, leaving, mpi, mpisetup, watchdog
 from minipar.comm import torch as torch_comm
 from minipar.comm.base import NonMember, env_mismatch_after, env_timeout
 from minipar.errors import MismatchError, NotInitializedError
-from minipar.runtime import devices, run_trace
+from minipar.runtime import devices, nodes, run_trace
 from minipar.state import process
 
 MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
@@ -98,6 +98,7 @@ def init(
             torch_comm.init_from_env(timeout=seconds)
         process.world = torch_comm.TorchCommunicator(None, "world", seconds)
     devices.remember(process.world)  # the local rank; the GPU too if torch is imported already
+    nodes.remember(process.world)  # which node each rank runs on (one small all-gather)
     _install_excepthook()
     run_trace.start(process.world)  # `minipar run --trace DIR`: this rank's whole run traced
     return process.world
@@ -261,6 +262,7 @@ def finalize() -> None:
         ending.report(process.world, texts, "finalize()", ends=False)
     watchdog.shutdown()
     devices.forget()
+    nodes.forget()
     process.world = None
     process.launched_world = False
     process.groups.clear()

@@ -9,9 +9,11 @@
 
 Inside `fn` the default group is the simulated world (process.world is the running rank's, the
 scheduler swaps it at each handoff), so minipar's collectives, strategies and schedules run
-unchanged. The process's own minipar state (a real world, its groups, the fast-path switch) is
-put back afterwards: a simulation never leaks into the real path. The fast paths are off
-inside (they are MPI's and shared memory's), so every call takes the algorithm's own file.
+unchanged; the world's node map (process.nodes) is the cluster's, per_node consecutive ranks a
+node, so the two-level collectives find their nodes. The process's own minipar state (a real
+world, its groups and node map, the fast-path switch) is put back afterwards: a simulation never
+leaks into the real path. The fast paths are off inside (they are MPI's and shared memory's),
+so every call takes the algorithm's own file.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from minipar.runtime.nodes import NodeMap
 from minipar.simulate.cluster import Cluster, check_count
 from minipar.simulate.network import Network
 from minipar.simulate.scheduler import Scheduler
@@ -59,8 +62,9 @@ def simulate(fn, ranks: int, cluster: Cluster, scale: float = 1.0, contention: b
     world = World(cluster, ranks, float(scale), contention)
     scheduler = Scheduler()
     group = SimGroup(world, range(ranks), "w")
-    saved = (process.world, dict(process.groups), process.fast_paths, process.debug)
+    saved = (process.world, dict(process.groups), process.fast_paths, process.debug, process.nodes)
     process.fast_paths, process.debug = False, False
+    process.nodes = node_map(cluster, ranks)  # what the two-level collectives split groups by
     start = time.perf_counter()
     try:
         scheduler.tasks = []
@@ -71,6 +75,7 @@ def simulate(fn, ranks: int, cluster: Cluster, scale: float = 1.0, contention: b
         tasks = scheduler.run(lambda r: _bind(worlds[r], scheduler, fn, r), ranks, worlds)
     finally:
         process.world, process.fast_paths, process.debug = saved[0], saved[2], saved[3]
+        process.nodes = saved[4]
         process.groups.clear()
         process.groups.update(saved[1])
     wall = time.perf_counter() - start
@@ -86,6 +91,13 @@ def simulate(fn, ranks: int, cluster: Cluster, scale: float = 1.0, contention: b
         wall,
         scheduler.switches,
     )
+
+
+def node_map(cluster: Cluster, size: int) -> NodeMap:
+    """The simulated world's nodes: consecutive ranks, cluster.per_node a node."""
+    k = cluster.per_node
+    names = tuple(f"simulated-node-{i}" for i in range(-(-size // k)))
+    return NodeMap(tuple(r // k for r in range(size)), names, "a simulated cluster")
 
 
 def _bind(comm, scheduler, fn, rank):

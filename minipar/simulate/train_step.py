@@ -28,6 +28,7 @@ from minipar.collectives import api
 from minipar.comm import chrome_trace
 from minipar.parallel.pipeline import schedules
 from minipar.simulate.runner import group, simulate
+from minipar.state import process
 
 REAL = 8  # float32 elements a real message holds; the group's scale makes them the bytes asked
 
@@ -82,8 +83,6 @@ def simulate_step(step: Step, cluster) -> StepRun:
 
 def _run_rank(step: Step, rank: int, events: list):
     """This rank's stage: its schedule, then its dp all-reduce. (busy seconds, end of backward)."""
-    from minipar.state import process
-
     task = process.world.task
     s, d = divmod(rank, step.dp)
     pp = group([q * step.dp + d for q in range(step.pp)], step.activation_bytes / (4 * REAL))

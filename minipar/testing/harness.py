@@ -31,6 +31,7 @@ import tempfile
 import time
 
 from minipar import launcher
+from minipar.launcher.cluster.job import emulated
 from minipar.state import process
 from minipar.testing import case
 from minipar.testing import pool as warm
@@ -81,12 +82,22 @@ class SuiteResult:
 
 
 @functools.cache
-def run_suite(suite: str, size: int, backend: str = "mpi", timeout: float | None = None):
+def run_suite(
+    suite: str,
+    size: int,
+    backend: str = "mpi",
+    timeout: float | None = None,
+    nodes: int | None = None,
+    link: str = "2gbit",
+):
     """Run every case of `suite` on `size` ranks once (cached) and collect every rank's results.
-    `timeout`: seconds the whole suite may take (default from its number of cases)."""
+    `timeout`: seconds the whole suite may take (default from its number of cases). `nodes`:
+    on that many emulated nodes (launcher/cluster/, the link at `link`), a job of its own."""
     names = case_names(suite, size)
     if timeout is None:
         timeout = min(60 + 3 * len(names) + 2 * size, 850)  # below pytest's own 900 s
+    if nodes is not None:
+        return _on_nodes(suite, size, timeout, nodes, link)
     if os.environ.get(POOL_ENV, "1") == "0":
         return launch_suite(suite, size, backend, timeout)
     start = time.monotonic()
@@ -125,9 +136,16 @@ def close() -> list:
     return the_pool.close() if the_pool is not None else []
 
 
+@functools.cache
+def _on_nodes(suite: str, size: int, timeout: float, nodes: int, link: str) -> SuiteResult:
+    with emulated(nodes, link) as cluster:
+        return launch_suite(suite, size, "mpi", timeout, cluster)
+
+
 # -- one launch per suite (MINIPAR_TEST_POOL=0; and what the pool replaced) -----------------
-def launch_suite(suite: str, size: int, backend: str, timeout: float) -> SuiteResult:
-    """Launch `suite` on `size` ranks for this call alone; its folder is removed afterwards."""
+def launch_suite(suite: str, size: int, backend: str, timeout: float, cluster=None) -> SuiteResult:
+    """Launch `suite` on `size` ranks for this call alone (on an EmulatedCluster's nodes when
+    given); its folder is removed afterwards."""
     outdir = tempfile.mkdtemp(prefix="minipar-test-")
     argv = ["-m", "minipar.testing.worker", suite, outdir]
     env_timeout = os.environ.get("MINIPAR_TIMEOUT")
@@ -136,7 +154,7 @@ def launch_suite(suite: str, size: int, backend: str, timeout: float) -> SuiteRe
     _log_launch("suite", suite, size, backend)
     try:
         if backend == "mpi":
-            done = launcher.run(size, argv, timeout=timeout, capture=True)
+            done = launcher.run(size, argv, timeout=timeout, capture=True, cluster=cluster)
         else:
             done = _spawn(argv + ["--backend", "torch", "--size", str(size)], timeout)
         ranks, notes = _read_results(outdir, size, case_names(suite, size), done)

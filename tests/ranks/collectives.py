@@ -411,6 +411,7 @@ def memory_case():
 def ledger_case(collective, algorithm):
     """The trace ledger's steps and busiest-rank bytes equal minipar.cost.traffic()."""
     from minipar import cost
+    from minipar.collectives import hierarchical
 
     def case():
         w = world()
@@ -430,6 +431,11 @@ def ledger_case(collective, algorithm):
             steps = max(w.allgather_object(call.steps))
             sent = max(w.allgather_object(call.bytes_sent))
             want = cost.traffic(collective, algorithm, nbytes, p)
+            shape = hierarchical.shape(w)  # (nodes, per node) on real (or emulated) nodes
+            if algorithm == "hierarchical" and shape:  # both levels: the busiest rank's sum
+                inside, between = cost.traffic_on_nodes(collective, algorithm, nbytes, *shape)
+                total = inside.bytes_sent + between.bytes_sent
+                want = cost.Traffic(inside.steps + between.steps, total, 0)
             what = f"{collective}/{algorithm} p={p} nbytes={nbytes}"
             assert steps == want.steps, f"{what}: {steps} steps, formula says {want.steps}"
             if want.exact:
@@ -499,7 +505,7 @@ def lean_taken_case():
     plans = w._lean
     plans.clear()
     x = np.full(2, float(r + 1), dtype=np.float32)
-    auto = registry.pick("all_reduce", "auto", x.nbytes, p)[0]
+    auto = registry.pick("all_reduce", "auto", x.nbytes, p, w)[0]
     minipar.all_reduce(x)
     want = np.float32(p * (p + 1) / 2)
     assert (x == want).all(), x
@@ -590,4 +596,7 @@ def cases(size):
     table["lean.taken"] = lean_taken_case
     table["lean.mixed_paths"] = lean_mixed_case
     table["lean.torch"] = lean_torch_case
+    import collectives_nodes  # (it imports this file's helpers: imported once this one is loaded)
+
+    table.update(collectives_nodes.cases(size))  # 2 x 2 nodes as a map (4 ranks)
     return table

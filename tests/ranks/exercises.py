@@ -7,6 +7,7 @@ calls the student's function before it asserts anything, so an untouched exercis
 its NotImplementedError and nothing else.
 """
 
+import contextlib
 import functools
 import os
 
@@ -281,6 +282,79 @@ def all_reduce_plugged(name: str):
     return case
 
 
+# -- ex04: the two-level all-reduce, on 4 ranks told they sit on 2 nodes of 2 ----------------------
+
+
+@contextlib.contextmanager
+def two_nodes():
+    """The world's node map says ranks 0, 1 are node 0 and ranks 2, 3 node 1 (data only: the
+    bytes move between the same processes; `minipar run --nodes 2` makes the nodes real)."""
+    from minipar.runtime import nodes
+    from minipar.state import process
+
+    saved = process.nodes
+    process.nodes = nodes.from_keys([(r // 2, f"node{r // 2}") for r in range(4)], "grader")
+    try:
+        yield
+    finally:
+        process.nodes = saved
+
+
+def two_level_values():
+    """The sum against numpy (even, uneven and tiny counts), the same bits on every rank; on
+    one node it must be the ring's result, bit for bit (step 2 has nothing to do)."""
+    module, function = "ex04_hierarchical_allreduce", "all_reduce_two_level"
+
+    def case():
+        w = world()
+        fn = student(module, function)
+        parts = [
+            np.random.default_rng(r).standard_normal(4099).astype(np.float32) for r in range(4)
+        ]
+        with two_nodes():
+            for count in (16, 19, 3):
+                x = np.arange(count, dtype=np.float64) * (w.rank + 1)
+                minipar.all_reduce(x, algorithm=fn)
+                want = np.arange(count, dtype=np.float64) * 10
+                assert np.array_equal(x, want), f"count {count}: rank {w.rank} has {x[:4]}..."
+            x = parts[w.rank].copy()
+            minipar.all_reduce(x, algorithm=fn)
+            assert np.allclose(x, np.sum(np.stack(parts).astype(np.float64), 0), atol=1e-5)
+            differ = [r for r, f in enumerate(gather(x.tobytes())) if f != x.tobytes()]
+            assert not differ, f"ranks {differ} differ from rank {w.rank} in some bits"
+        x, flat = parts[w.rank].copy(), parts[w.rank].copy()
+        minipar.all_reduce(x, algorithm=fn)  # the real node map: one node
+        minipar.all_reduce(flat, algorithm="ring")
+        assert np.array_equal(x, flat), "on one node the two-level all-reduce is the ring"
+
+    return case
+
+
+def two_level_ledger():
+    """Steps, bytes inside and between nodes against minipar.cost.traffic_on_nodes."""
+    module, function = "ex04_hierarchical_allreduce", "all_reduce_two_level"
+
+    def case():
+        fn = student(module, function)
+        x = np.ones(4 * 256, np.float32)
+        with two_nodes(), minipar.trace() as t:
+            minipar.all_reduce(x, algorithm=fn)
+        everyone = gather((t.steps, t.bytes_sent(link="intra"), t.bytes_sent(link="inter")))
+        steps, intra, inter = (max(v) for v in zip(*everyone))
+        inside, between = cost.traffic_on_nodes("all_reduce", "hierarchical", x.nbytes, 2, 2)
+        want_steps = inside.steps + between.steps
+        assert steps == want_steps, f"{steps} steps; two levels take {want_steps}"
+        assert inter == between.bytes_sent, (
+            f"sent {inter} bytes between nodes; the formula says {between.bytes_sent:g}"
+        )
+        assert intra == inside.bytes_sent, (
+            f"sent {intra} bytes inside a node, not {inside.bytes_sent:g}"
+        )
+        assert np.all(x == 4), "and the sum is wrong"
+
+    return case
+
+
 # -- ex06: tensor parallelism (torch imported only in these cases) --------------------------------
 
 TP_RTOL = 1e-5  # float32, relative to the largest magnitude: see tests/ranks/tensor_parallel.py
@@ -520,6 +594,12 @@ def cases(size):
         table[f"{module}/bitwise_identical"] = all_reduce_bitwise(module, function)
         table[f"{module}/ledger"] = all_reduce_ledger(module, function, algorithm)
         table[f"{module}/plugs_into_minipar"] = all_reduce_plugged(f"student_{algorithm}")
+    if size == 4:  # told they sit on 2 nodes of 2
+        table["ex04_hierarchical_allreduce/values"] = two_level_values()
+        table["ex04_hierarchical_allreduce/ledger"] = two_level_ledger()
+        table["ex04_hierarchical_allreduce/plugs_into_minipar"] = all_reduce_plugged(
+            "student_two_level"
+        )
     if size in (2, 4):  # torch costs seconds to import on every rank: two world sizes suffice
         table["ex06_column_row_parallel/column"] = column_case()
         table["ex06_column_row_parallel/row"] = row_case()

@@ -6,6 +6,7 @@ the worked solution (minipar.course.stepdiff), catches the grader's ExplainedErr
 that it names the right phase, step, rank and chunk.
 """
 
+import contextlib
 import functools
 import os
 
@@ -15,6 +16,8 @@ import minipar
 from minipar import exercises
 from minipar.collectives.call import Call
 from minipar.course import stepdiff, whose
+from minipar.runtime import nodes
+from minipar.state import process
 
 
 def world():
@@ -39,7 +42,9 @@ def planted(mistake: str, module: str, function: str):
     )
 
 
-def all_reduce(mistake: str, module: str, function: str):
+def all_reduce(mistake: str, module: str, function: str, two_nodes: bool = False):
+    """`two_nodes`: the world's node map says ranks 0, 1 are node 0 and 2, 3 node 1 (data)."""
+
     def run():
         w = world()
         p = w.size
@@ -49,12 +54,25 @@ def all_reduce(mistake: str, module: str, function: str):
 
         stepdiff.describe_values(words)
         x = whose.sum_input(w.rank, p, 4 * p)
-        minipar.all_reduce(x, algorithm=planted(mistake, module, function))
+        with node_map([r // 2 for r in range(p)] if two_nodes else None):
+            minipar.all_reduce(x, algorithm=planted(mistake, module, function))
         want = sum(whose.sum_input(r, p, 4 * p) for r in range(p))
         wrong = whose.first_wrong(x, want, words, w.rank)
         assert wrong is None, wrong
 
     return run
+
+
+@contextlib.contextmanager
+def node_map(owner):
+    """Inside the block, rank r runs on node owner[r] (None: the map as it is)."""
+    saved = process.nodes
+    if owner is not None:
+        process.nodes = nodes.from_keys([(n, f"node{n}") for n in owner], "the grading test")
+    try:
+        yield
+    finally:
+        process.nodes = saved
 
 
 def ring_shift_send_first():
@@ -101,6 +119,7 @@ def expect(run, wanted: list[str]):
 def cases(size):
     if size != 4:
         return {}  # the expected texts below are for 4 ranks
+    two_level = ("ex04_hierarchical_allreduce", "all_reduce_two_level")
     ring, rd = (
         ("ex03_ring_allreduce", "all_reduce_ring"),
         (
@@ -140,6 +159,16 @@ def cases(size):
             [
                 "step 0: rank 0 sent all of x (296 B) to rank 2; the reference sends all of x "
                 "(296 B) to rank 1",
+            ],
+        ),
+        "wrong_chunk_across": expect(
+            all_reduce("wrong_chunk_across", *two_level, two_nodes=True),
+            [
+                "reduce-scatter across nodes step 0: rank 1 sent chunk 1 (x[4:8], 32 B) to rank 3;"
+                " the reference sends chunk 3 (x[12:16], 32 B) to rank 3 (between nodes: node 0 "
+                "and node 1)",
+                "AssertionError: rank 0, element 8: holds the sum of ranks {0, 1} but should hold "
+                "the sum of ranks {0, 1, 2, 3}",
             ],
         ),
         "missing_reduction": expect(

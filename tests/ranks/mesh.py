@@ -154,7 +154,48 @@ def cp_and_ep_layouts():
         DeviceMesh(w.size, 1, 1, ep=3 if w.size % 3 else 5)
 
 
+def placed_by_node():
+    """On 2 nodes of 2 (a node map set as data): dp=2 x tp=2 keeps tp inside the nodes and dp
+    across; tp=4, or nodes that do not hold consecutive ranks, put tp across: a warning, or
+    with across_nodes="refuse" the same ValueError on every rank, before any group is made."""
+    import warnings
+
+    from minipar.parallel import mesh as mesh_module
+    from minipar.runtime import nodes
+    from minipar.state import process
+
+    saved = process.nodes
+    try:
+        for owner, tp, want in (
+            ([0, 0, 1, 1], 2, {"tp": "inside a node", "dp": "across nodes"}),
+            ([0, 1, 0, 1], 2, {"tp": "across nodes", "dp": "inside a node"}),
+            ([0, 0, 1, 1], 4, {"tp": "across nodes"}),
+        ):
+            process.nodes = nodes.from_keys([(n, f"node{n}") for n in owner], "the test")
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                mesh = DeviceMesh(dp=4 // tp, tp=tp)
+            assert mesh.placement == want, (owner, tp, mesh.placement)
+            crossing = want["tp"] == "across nodes"
+            warned = [w for w in seen if issubclass(w.category, mesh_module.MeshAcrossNodesWarning)]
+            once = crossing and minipar.get_rank() == 0  # one line a job: the first rank's
+            assert len(warned) == once, (owner, tp, [str(w.message) for w in seen])
+            if once:
+                assert "tp group spans nodes" in str(warned[0].message)
+            if crossing:
+                with pytest.raises(ValueError, match="refused"):
+                    DeviceMesh(dp=4 // tp, tp=tp, across_nodes="refuse")
+    finally:
+        process.nodes = saved
+
+
 def cases(size):
+    if size == 4:
+        return {**common_cases(), "placed_by_node": placed_by_node}
+    return common_cases()
+
+
+def common_cases():
     return {
         "cp_and_ep_layouts": cp_and_ep_layouts,
         "every_layout": every_layout,

@@ -153,7 +153,7 @@ def _plan(comm, x, op, algorithm) -> Plan | None:
     if nbytes > MAX_BYTES or not isinstance(algorithm, str) or x.dtype.hasobject:
         return None
     link = cost.default_link()
-    name = registry.pick("all_reduce", algorithm, nbytes, comm.size)[0]
+    name = registry.pick("all_reduce", algorithm, nbytes, comm.size, comm)[0]
     if name != "recursive_doubling" and not (
         comm.size == 1 and name in registry.BUILTIN["all_reduce"]
     ):

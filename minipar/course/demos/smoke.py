@@ -92,6 +92,9 @@ def main() -> None:
             seconds=round(time.perf_counter() - start, 3),
             local_ranks=[r["local_rank"] for r in everyone],
             local_rank_from=everyone[0]["local_rank_from"],
+            nodes=list(process.nodes.names),
+            node_of=list(process.nodes.node_of),
+            nodes_from=process.nodes.source,
         )
         print(PREFIX + json.dumps(facts), flush=True)
     comm.barrier()

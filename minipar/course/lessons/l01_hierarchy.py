@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+import minipar
 from minipar import cost
 from minipar.course.lessons import hardware
 from minipar.course.lessons.page import Page, fmt_bytes, fmt_rate, fmt_time
@@ -117,20 +118,63 @@ def copy_rate(nbytes: int, reps: int) -> float:
     return nbytes / best
 
 
-def ping_pong(comm, nbytes: int, reps: int) -> float:
-    """Best one-way time of an nbytes message between ranks 0 and 1 (half a round trip)."""
+def ping_pong(comm, nbytes: int, reps: int, peer: int = 1) -> float:
+    """Best one-way time of an nbytes message between rank 0 and `peer` (half a round trip)."""
     buf = np.zeros(max(nbytes, 1), dtype=np.uint8)
     best = math.inf
     for _ in range(reps):
         if comm.rank == 0:
             t0 = time.perf_counter()
-            comm.send(buf, 1)
-            comm.recv(buf, 1)
+            comm.send(buf, peer)
+            comm.recv(buf, peer)
             best = min(best, (time.perf_counter() - t0) / 2)
-        elif comm.rank == 1:
+        elif comm.rank == peer:
             comm.recv(buf, 0)
             comm.send(buf, 0)
     return best
+
+
+def peers(node_of) -> tuple[int | None, int | None]:
+    """(a rank on rank 0's node, a rank on another node), None where there is none."""
+    inside = next((r for r in range(1, len(node_of)) if node_of[r] == node_of[0]), None)
+    across = next((r for r in range(1, len(node_of)) if node_of[r] != node_of[0]), None)
+    return inside, across
+
+
+def nodes_section(page: Page) -> None:
+    """On emulated (or real) nodes: the link inside a node and the one between nodes, measured
+    side by side, their ratio beside NVLink's to InfiniBand's."""
+    inside, across = peers(minipar.node_map())
+    if inside is None or across is None:
+        page.say("(Run `minipar lesson 01 --nodes 2` as root to measure a link between nodes.)")
+        return
+    nbytes = (16 if page.quick else 64) << 20
+    reps = 3 if page.quick else 5
+    nv, ib = hardware.link("nvlink5"), hardware.link("ib_ndr")
+    page.prediction("NVLink inside a node against InfiniBand between nodes (hardware table)")
+    page.table(None, ["link", "latency>", "bandwidth>"], [
+        ("NVLink 5 (inside)", fmt_time(nv.alpha), fmt_rate(1 / nv.beta)),
+        ("InfiniBand NDR (between)", fmt_time(ib.alpha), fmt_rate(1 / ib.beta)),
+        ("inside / between", "", f"{ib.beta / nv.beta:.3g}x"),
+    ])  # fmt: skip
+    times = {}
+    for name, peer in (("inside", inside), ("between", across)):
+        small = ping_pong(page.comm, 8, 20 if page.quick else 100, peer)
+        big = ping_pong(page.comm, nbytes, reps, peer)
+        times[name] = page.gather((small, big))[0]
+    page.measurement(f"rank 0 with rank {inside} (its node) and rank {across} (another node)")
+    page.table(None, ["link", "latency (8 B)>", f"bandwidth ({fmt_bytes(nbytes)})>"], [
+        (f"inside a node (rank 0 - {inside})", fmt_time(times["inside"][0]),
+         fmt_rate(nbytes / times["inside"][1])),
+        (f"between nodes (rank 0 - {across})", fmt_time(times["between"][0]),
+         fmt_rate(nbytes / times["between"][1])),
+        ("inside / between", "", f"{times['between'][1] / times['inside'][1]:.3g}x"),
+    ])  # fmt: skip
+    page.say(
+        "The link between nodes is the slow one here too: keep the heavy traffic inside a node "
+        "(tensor parallelism), and send across nodes only what must cross (lessons 04 and 08)."
+    )
+    page.check(times["between"][1] > times["inside"][1], "the link between nodes is slower")
 
 
 def memory_section(page: Page) -> None:
@@ -159,6 +203,35 @@ def memory_section(page: Page) -> None:
             cells.append("fits" if need == 1 else f"needs >= {need} GPUs")
         rows.append((gpu.name, f"{gpu.hbm_bytes / 1e9:.0f} GB", *cells))
     page.table("One GPU's HBM", ["GPU", "HBM>", *MODELS], rows)
+
+
+def measured_state(dtype: str = "bf16") -> dict:
+    """One AdamW step of a small GPT under minipar train's `dtype` policy, and the state it
+    left per parameter (minipar.models.state_bytes)."""
+    # here, not at the top of the file: torch loads only when used
+    from minipar.models import precision, state_bytes, training
+    from minipar.models.config import GPTConfig, RunSpec
+
+    model = GPTConfig(seq_len=16, hidden=32, n_layers=2, n_heads=4)
+    spec = RunSpec(steps=1, batch_size=2, model=model, dtype=dtype)
+    _, gpt, opt = training.train_dense(spec)
+    return state_bytes.state_bytes(list(gpt.parameters()), opt, precision.dtype_of(dtype))
+
+
+def state_section(page: Page) -> None:
+    page.measurement("one step of minipar train --dtype bf16, on this rank")
+    held = measured_state("bf16")
+    predicted = dict(zip(("weights", "grads", "master", "m", "v"), BYTES_PER_PARAM.values()))
+    rows = [(k, predicted[k], f"{held[k]:.2f}") for k in predicted]
+    rows.append(("total", sum(predicted.values()), f"{held['total']:.2f}"))
+    rows.append(("bf16 copies while a forward runs", "-", f"{held['compute_copies']:.2f}"))
+    page.table("Bytes per parameter", ["what", "table>", "measured>"], rows)
+    page.say(
+        "The same 16 bytes, split another way: minipar's bf16 policy keeps the fp32 master "
+        "weights as the parameters themselves (no bf16 copy between steps), so the gradients "
+        "are fp32 too; autocast makes the bf16 weights for each forward and drops them after."
+    )
+    page.check(abs(held["total"] - 16) < 1e-9, "the training state is 16 bytes per parameter")
 
 
 def hierarchy_section(page: Page) -> None:
@@ -224,8 +297,10 @@ def main(argv=None) -> int:
     page = Page("01", "Why parallelism, and the hierarchy", min_ranks=2, argv=argv)
     if page.enough:
         memory_section(page)
+        state_section(page)
         hierarchy_section(page)
         machine_section(page)
+        nodes_section(page)
         page.try_this(
             [
                 "Change BYTES_PER_PARAM for pure bf16 training with 8-bit Adam: does 70B fit "

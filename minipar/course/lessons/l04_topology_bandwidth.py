@@ -207,6 +207,63 @@ def cluster_section(page: Page) -> None:
     page.check(rows[2][3] < rows[1][3], "hierarchical beats a flat ring across 8 nodes")
 
 
+def link_between_nodes(page: Page, node_of) -> cost.Link:
+    """The link between nodes measured: ping-pong of 8 B (alpha) and 8 MiB (beta) between rank
+    0 and the first rank of another node."""
+    peer = next(r for r in range(page.size) if node_of[r] != node_of[0])
+    buf = np.zeros(8 << 20, dtype=np.uint8)
+
+    def one_way(n: int, reps: int) -> float:
+        best = float("inf")
+        for _ in range(reps):
+            page.comm.barrier()
+            t0 = time.perf_counter()
+            if page.rank == 0:
+                page.comm.send(buf[:n], peer)
+                page.comm.recv(buf[:n], peer)
+            elif page.rank == peer:
+                page.comm.recv(buf[:n], 0)
+                page.comm.send(buf[:n], 0)
+            best = min(best, (time.perf_counter() - t0) / 2)
+        return best
+
+    alpha, big = page.gather((one_way(8, 20), one_way(buf.size, 3)))[0]
+    beta = max(big - alpha, 1e-12) / buf.size
+    return cost.Link("measured between nodes", alpha, beta, cost.default_link().gamma)
+
+
+def nodes_section(page: Page) -> None:
+    """On emulated (or real) nodes: the flat ring against the two-level all-reduce across them,
+    predicted from the two measured links, then measured."""
+    node_of = minipar.node_map()
+    n_nodes, k = len(set(node_of)), node_of.count(node_of[0])
+    if n_nodes < 2 or n_nodes * k != page.size:
+        page.say("(`minipar lesson 04 --nodes 2` as root measures the two-level all-reduce.)")
+        return
+    inter, intra = link_between_nodes(page, node_of), cost.default_link()
+    n = (16 if page.quick else 64) << 20
+    page.prediction(f"all-reduce of {fmt_bytes(n)} on {n_nodes} nodes x {k} ranks, two links")
+    page.say(
+        f"between nodes (measured here): alpha {fmt_time(inter.alpha)}, 1/beta "
+        f"{fmt_rate(1 / inter.beta)}; inside: the model's {intra.name} link. The ring crosses "
+        "every node's cable with 2(p-1)/p of the buffer; the two-level scheme sends only "
+        "2(S/k)(N-1)/N from each rank across, all k ranks of a node at once."
+    )
+    predicted = {a: cost.predict_on_nodes("all_reduce", a, n, n_nodes, k, intra, inter)
+                 for a in ("ring", "hierarchical")}  # fmt: skip
+    x = np.ones(n // 4, dtype=np.float32)
+    reps = 2 if page.quick else 5
+    measured = {a: timed(page, lambda a=a: minipar.all_reduce(x, algorithm=a), reps)
+                for a in predicted}  # fmt: skip
+    page.measurement(f"the same, median of {reps} (slowest rank)")
+    rows = [(a, fmt_time(predicted[a]), fmt_time(measured[a])) for a in predicted]
+    rows.append(("ring / hierarchical", f"{predicted['ring'] / predicted['hierarchical']:.2f}x",
+                 f"{measured['ring'] / measured['hierarchical']:.2f}x"))  # fmt: skip
+    page.table(None, ["algorithm", "predicted>", "measured>"], rows)
+    page.check(measured["hierarchical"] < measured["ring"],
+               "the two-level all-reduce beats the flat ring across nodes")  # fmt: skip
+
+
 def one_copy_section(page: Page) -> None:
     """MPI's bounce buffer against a shared window, side by side, on the ranks of this node."""
     page.section("One copy or two")
@@ -312,11 +369,14 @@ def main(argv=None) -> int:
         fit_section(page, fits)
         one_copy_section(page)
         cluster_section(page)
+        nodes_section(page)
         page.try_this(
             [
                 "minipar bench all_reduce -n 2 --against mpi,torch: the full sweep, with gloo.",
                 "Fit alpha and beta yourself: exercises/ex04_alpha_beta_fit.py, then "
                 "`minipar grade 04`.",
+                "Write the two-level all-reduce from the ring pieces: "
+                "exercises/ex04_hierarchical_allreduce.py (`minipar grade 04`).",
                 "Run with -n 4 on a 2-core machine: what happens to alpha?",
                 "Change cost.DGX_B200 to cost.DGX_H100 in cluster_rows(): how much does "
                 "NVLink 4 cost?",

@@ -14,6 +14,7 @@ numbers.
 from __future__ import annotations
 
 from minipar.course.lessons.page import Page, fmt_rate, fmt_time
+from minipar.planning.planner import CLUSTERS, ModelSpec, best, plan_layouts
 from minipar.simulate.cluster import preset
 from minipar.simulate.conformance import check_collectives
 from minipar.simulate.sweep import all_reduce_row, predicted
@@ -117,8 +118,6 @@ def nodes_section(page: Page, rank0) -> None:
 
 def planned_layout():
     """(model, layout) minipar plan proposes for a 70B model on 1,024 H100s."""
-    from minipar.planning.planner import CLUSTERS, ModelSpec, best, plan_layouts
-
     model = ModelSpec.preset("70b")
     return model, best(plan_layouts(model, CLUSTERS["dgx-h100"], 1024))
 

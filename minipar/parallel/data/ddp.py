@@ -15,9 +15,13 @@ Roughly:
 
 What moves: each step all-reduces every gradient once, Psi bytes in total, so a ring moves
 2 (p-1)/p Psi bytes per rank in 2 (p-1) steps per bucket; plus one byte per parameter (the
-`used` map, so a parameter no rank touched keeps grad None, as in torch DDP). Buckets of
-`bucket_cap_mb` trade latency (few large messages) against overlap (the first bucket can start
-while most of backward is still to run); `bucket_cap_mb=0` all-reduces each parameter alone.
+`used` map, so a parameter no rank touched keeps grad None, as in torch DDP).
+`reduce_dtype=torch.bfloat16` (FSDP2's MixedPrecisionPolicy.reduce_dtype) makes the buckets bf16:
+each fp32 gradient is rounded into its bucket, the all-reduce moves half the bytes, and the
+average is cast back into .grad (a copy: the bucket is no view of a gradient of another dtype).
+Buckets of `bucket_cap_mb` trade latency (few large messages) against overlap (the first
+bucket can start while most of backward is still to run); `bucket_cap_mb=0` all-reduces each
+parameter alone.
 
 Where the buckets live: on a group whose ranks share one node over MPI (with the fast paths
 on), all the CPU buckets sit in one buffer from `collectives.empty`, in the node's shared
@@ -36,7 +40,8 @@ not broadcast (each rank holds its own experts), not bucketed, not averaged. The
 already covers every token its expert-parallel group routed to it, and the ranks holding the
 same experts sum them with minipar.parallel.expert.sync_expert_grads over their own group;
 averaging them over dp would mix different experts' gradients (Megatron-LM and DeepSpeed keep
-the experts' gradients apart from the dense ones in the same way).
+the experts' gradients apart from the dense ones in the same way). The others are marked as
+copied over the group (minipar.parallel.replicas): the gradient norm counts them once.
 
 A forward with grad enabled outside no_sync() arms the next backward's synchronisation (torch
 DDP decides at forward time too); one synchronised backward per such forward.
@@ -57,6 +62,7 @@ from torch import nn
 from minipar import collectives, cost, runtime
 from minipar.collectives.reduce_op import ReduceOp
 from minipar.comm import ledger
+from minipar.parallel import replicas
 
 
 def structure(module: nn.Module) -> list[tuple]:
@@ -117,13 +123,14 @@ class Bucket:
     """Gradients of a few parameters in one flat buffer, all-reduced together; once the buffer
     is placed (`place_buckets`), `views[i]` is parameter i's gradient as a view of it."""
 
-    def __init__(self, params: list[nn.Parameter], index: int):
+    def __init__(self, params: list[nn.Parameter], index: int, dtype=None):
         self.params, self.index = params, index
         self.offsets, n = [], 0
         for p in params:
             self.offsets.append(n)
             n += p.numel()
-        self.numel, self.dtype, self.device = n, params[0].dtype, params[0].device
+        self.numel, self.device = n, params[0].device
+        self.dtype = dtype or params[0].dtype  # reduce_dtype: the buffer's, not the grads'
         self.buffer, self.views = None, []
         self.ready: set[int] = set()  # positions (in self.params) whose gradient is in
         self.work = None
@@ -141,21 +148,21 @@ class Bucket:
         return len(self.ready) == len(self.params)
 
 
-def make_buckets(params: list[nn.Parameter], cap_bytes: int) -> list[Bucket]:
+def make_buckets(params: list[nn.Parameter], cap_bytes: int, dtype=None) -> list[Bucket]:
     """Group `params` (already in reverse registration order) into buckets of at most
     `cap_bytes` (at least one parameter each), one dtype and device per bucket; their buffers
-    are placed later (`place_buckets`)."""
+    are placed later (`place_buckets`); `dtype`: the buffers' (default the parameters')."""
     buckets, current, size = [], [], 0
     for p in params:
         nbytes = p.numel() * p.element_size()
         same_kind = not current or (current[0].dtype, current[0].device) == (p.dtype, p.device)
         if current and (size + nbytes > cap_bytes or not same_kind):
-            buckets.append(Bucket(current, len(buckets)))
+            buckets.append(Bucket(current, len(buckets), dtype))
             current, size = [], 0
         current.append(p)
         size += nbytes
     if current:
-        buckets.append(Bucket(current, len(buckets)))
+        buckets.append(Bucket(current, len(buckets), dtype))
     return buckets
 
 
@@ -192,7 +199,9 @@ def reduction_algorithm(algorithm, nbytes: int):
 class DistributedDataParallel(nn.Module):
     """Data parallelism over `group` with bucketed, overlapped gradient all-reduce."""
 
-    def __init__(self, module: nn.Module, group=None, bucket_cap_mb=25, algorithm="auto"):
+    def __init__(
+        self, module: nn.Module, group=None, bucket_cap_mb=25, algorithm="auto", reduce_dtype=None
+    ):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
@@ -205,15 +214,20 @@ class DistributedDataParallel(nn.Module):
                 f"algorithm={algorithm!r} is not an all_reduce algorithm; choose one of "
                 f"{collectives.algorithms('all_reduce')}"
             )
+        if reduce_dtype is not None and not (
+            isinstance(reduce_dtype, torch.dtype) and reduce_dtype.is_floating_point
+        ):
+            raise TypeError(f"reduce_dtype must be a floating torch dtype, got {reduce_dtype!r}")
         self.module = module
-        self.group = group
+        self.group, self.reduce_dtype = group, reduce_dtype
         self.comm = runtime.resolve(group)
         self.bucket_cap_mb, self.algorithm = bucket_cap_mb, algorithm
         check_same_structure(self.comm, structure(module))
         shared = [p for p in module.parameters() if not is_expert(p)]  # tied: listed once
         broadcast_tensors(shared + list(module.buffers()), self.comm)
+        replicas.mark_replicated(shared, self.comm)  # copies: the gradient norm counts one
         trainable = [p for p in shared if p.requires_grad]
-        self.buckets = make_buckets(trainable[::-1], int(bucket_cap_mb * 2**20))
+        self.buckets = make_buckets(trainable[::-1], int(bucket_cap_mb * 2**20), reduce_dtype)
         place_buckets(self.buckets, self.comm)
         self._where = {}  # id(param) -> (bucket, position)
         for bucket in self.buckets:
@@ -310,7 +324,7 @@ class DistributedDataParallel(nn.Module):
         for bucket in self.buckets:
             for i, p in enumerate(bucket.params):
                 if used[k] and not _is_view(p.grad, bucket.views[i]):
-                    p.grad = bucket.views[i]
+                    _from_bucket(p, bucket.views[i])
                 k += 1
             bucket.work, bucket.ready = None, set()
         self._next = 0
@@ -320,6 +334,17 @@ def _is_view(grad, view) -> bool:
     return grad is not None and grad.data_ptr() == view.data_ptr()
 
 
+def _from_bucket(param: nn.Parameter, view: torch.Tensor) -> None:
+    """The average into .grad: the bucket's view itself, or (a reduce_dtype bucket) a copy
+    cast back to the parameter's dtype."""
+    if view.dtype == param.dtype:
+        param.grad = view
+    elif param.grad is None:
+        param.grad = view.to(param.dtype)
+    else:
+        param.grad.copy_(view)
+
+
 def _into_bucket(param: nn.Parameter, view: torch.Tensor) -> None:
     """param's gradient into its slot of the bucket, and the gradient becomes that view, as
     torch DDP's gradient_as_bucket_view: the average lands in .grad with no copy out, and the
@@ -327,5 +352,6 @@ def _into_bucket(param: nn.Parameter, view: torch.Tensor) -> None:
     gradient that is the view already is in place: nothing to copy."""
     grad = param.grad
     if not _is_view(grad, view):
-        view.copy_(grad)
-        param.grad = view
+        view.copy_(grad)  # cast to a reduce_dtype bucket's dtype: .grad keeps its own
+        if view.dtype == grad.dtype:
+            param.grad = view

@@ -21,6 +21,9 @@ memory elsewhere, with the same bits (the reduce-scatter takes the ring either w
 
 What moves per step for Psi parameter bytes: all-gather (p-1)/p Psi twice and reduce-scatter
 (p-1)/p Psi: 3 (p-1)/p Psi per rank, 1.5x DDP's 2 (p-1)/p Psi (the ZeRO paper's count).
+FSDP2's MixedPrecisionPolicy in two words: compute_dtype is its param_dtype (the all-gathers
+move bf16: half the bytes), reduce_dtype the reduce-scatter's (default fp32; bf16 halves it,
+each block back in fp32 on the fp32 shard). The shards and AdamW's state stay fp32.
 Parameters outside every unit, shared by two units, or frozen stay replicated (cast to
 compute_dtype on the way in); the gradients of the trainable ones are all-reduced.
 
@@ -38,7 +41,7 @@ from torch import nn
 from minipar import collectives, runtime
 from minipar.collectives.reduce_op import ReduceOp
 from minipar.comm import ledger
-from minipar.parallel import activation_memory
+from minipar.parallel import activation_memory, replicas
 from minipar.parallel.data.ddp import (
     broadcast_tensors,
     check_same_structure,
@@ -50,12 +53,12 @@ from minipar.parallel.data.flat_buffers import Slots
 SLOTS = 2  # gathered or gradient vectors in the window at once: see flat_buffers.py
 
 
-def _check_compute_dtype(dtype) -> None:
+def _check_compute_dtype(dtype, name: str = "compute_dtype") -> None:
     if dtype is None:
         return
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(
-            f"compute_dtype must be None or a floating torch dtype (torch.float16, "
+            f"{name} must be None or a floating torch dtype (torch.float16, "
             f"torch.bfloat16, torch.float32), got {dtype!r}"
         )
 
@@ -116,6 +119,10 @@ class Unit:
             offset += p.numel()
         start = comm.rank * self.block
         self.shard = nn.Parameter(flat[start : start + self.block].clone())
+        # the tensors' copies (a LayerNorm over tp) in the shard: for the gradient norm
+        marks = [(off, shape.numel(), replicas.replicated_over(p)) for (p, _), (off, shape, *_)
+                 in zip(params, self.layout)]  # fmt: skip
+        self.shard.replica_pieces = replicas.flat_pieces(marks, start, start + self.block)
         self.full, self.slots = None, []  # the gathered vector, and the slots it took
         self.pending = []  # (work, reduced block) of in-flight reduce-scatters
         self.span = None  # a trace's open span of this unit's forward or backward
@@ -177,14 +184,16 @@ class Unit:
                 object.__setattr__(mod, attr, None)
 
     def reduce_scatter(self, grads, slot=None) -> None:
-        """Average the unit's gradients over the group in fp32; this rank keeps its block. The
-        gradients go into one flat vector (zeros where a parameter has none, and in the
+        """Average the unit's gradients over the group in fp32 (or the owner's reduce_dtype:
+        bf16 halves the bytes); this rank keeps its block, in fp32. The gradients go into one
+        flat vector (zeros where a parameter has none, and in the
         padding), in `slot` (where the parameters were gathered) or the next free one,
         reduce-scattered with the ring above 64 KiB (the bits of a window slot and a private
         vector agree: ddp.reduction_algorithm)."""
         self.owner._queue_finish()
         comm, slots = self.owner.comm, self.owner.slots
-        slot, flat = slots.reuse(slot, self.block * comm.size, torch.float32)
+        dtype = self.owner.reduce_dtype or torch.float32
+        slot, flat = slots.reuse(slot, self.block * comm.size, dtype)
         for (offset, shape, _, _), grad in zip(self.layout, grads):
             part = flat[offset : offset + shape.numel()]
             if grad is None:
@@ -192,8 +201,8 @@ class Unit:
             else:
                 part.copy_(grad.reshape(-1))
         flat[self.numel :].zero_()
-        out = torch.empty(self.block, dtype=torch.float32, device=flat.device)
-        algorithm = reduction_algorithm("auto", flat.numel() * 4)
+        out = torch.empty(self.block, dtype=dtype, device=flat.device)
+        algorithm = reduction_algorithm("auto", flat.numel() * dtype.itemsize)
         work = collectives.reduce_scatter_tensor(
             out, flat, ReduceOp.AVG, group=comm, algorithm=algorithm, async_op=True
         )
@@ -203,6 +212,7 @@ class Unit:
     def finish(self) -> None:
         for work, out in self.pending:
             work.wait()
+            out = out.float()  # a reduce_dtype block back to the fp32 shard's dtype
             if self.shard.grad is None:
                 self.shard.grad = out
             else:
@@ -213,11 +223,20 @@ class Unit:
 class FullyShardedDataParallel(nn.Module):
     """ZeRO-3 over `group`; see the module docstring."""
 
-    def __init__(self, module: nn.Module, group=None, compute_dtype=None, shard_modules=None):
+    def __init__(
+        self,
+        module: nn.Module,
+        group=None,
+        compute_dtype=None,
+        shard_modules=None,
+        reduce_dtype=None,
+    ):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
         _check_compute_dtype(compute_dtype)
+        _check_compute_dtype(reduce_dtype, "reduce_dtype")
+        self.reduce_dtype = reduce_dtype
         for name, p in module.named_parameters():
             if p.dtype != torch.float32:
                 raise TypeError(
@@ -271,6 +290,7 @@ class FullyShardedDataParallel(nn.Module):
         self._make_slots(module)
         for i, (p, _) in enumerate(self.replicated):
             self.register_parameter(f"replicated_{i}", p)
+            replicas.mark_replicated(p, self.comm)  # whole on every rank: counted once
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(lambda _p: self._queue_finish())
 

@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from minipar import runtime
+from minipar.parallel import replicas
 from minipar.parallel.tensor import operators as ops
 from minipar.parallel.tensor import plan
 
@@ -137,6 +138,8 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         if self.bias is not None and sequence_parallel:
             self.bias.sequence_parallel = True  # its gradient covers this rank's tokens only
+        if self.bias is not None:  # whole on every rank: the gradient norm counts it once
+            replicas.mark_replicated(self.bias, group)
         _init_(self.weight, self.bias, in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,74 @@
+"""The stand-in for ssh: run a command on an emulated node instead of logging in to a host.
+
+    ENTER [-x] HOST word ...            what a launcher runs to start its proxy on HOST
+
+MPICH's hydra (`-launcher ssh -launcher-exec ENTER`) and Open MPI's prterun (`--prtemca
+plm_ssh_agent ENTER`) start the proxy of every other host through ssh. On emulated nodes
+there is no sshd: this stand-in looks HOST up in the job's table (MINIPAR_EMULATED_NODES:
+address=namespace=hostname, ...), enters that node's network namespace (nsenter), gives the
+process a UTS namespace of its own with the node's hostname and a mount namespace in which the
+job's hosts file (MINIPAR_EMULATED_HOSTS: node0 -> 10.200.0.1, ...) is /etc/hosts, so node names
+resolve as on a cluster (torch.distributed's rendezvous at rank 0's host needs it), and runs
+the words as ssh would: joined by spaces and read by the shell (Open MPI's are a little
+script). Whatever the proxy starts, the ranks included, inherits the node's network, hostname
+and hosts file; the machine's own /etc/hosts is never touched.
+
+The launcher itself runs on node0 the same way, with its argv kept exact (`argv_on_node`).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+TABLE_ENV = "MINIPAR_EMULATED_NODES"
+HOSTS_ENV = "MINIPAR_EMULATED_HOSTS"  # the job's hosts file, bound over /etc/hosts on a node
+NETNS_DIR = "/run/netns"
+SSH_FLAGS = ("-x", "-q", "-T", "-n")  # ssh options without a value that launchers pass
+
+
+def lookup(host: str, table: str) -> tuple[str, str]:
+    """(namespace, hostname) of HOST (an address or a hostname) in the job's table."""
+    for entry in table.split(","):
+        address, namespace, hostname = entry.split("=")
+        if host in (address, hostname):
+            return namespace, hostname
+    known = ", ".join(e.split("=")[0] for e in table.split(",") if e)
+    raise ValueError(f"host {host!r} is not an emulated node of this job (its nodes: {known})")
+
+
+def _enter(namespace: str) -> list[str]:
+    return ["nsenter", f"--net={NETNS_DIR}/{namespace}", "--", "unshare", "--uts", "--mount", "--"]
+
+
+def _become(hostname: str, hosts: str) -> str:
+    """The shell's first words on a node: its hosts file, then its hostname."""
+    return f"mount --bind {shlex.quote(hosts)} /etc/hosts && hostname {shlex.quote(hostname)}"
+
+
+def argv_on_node(namespace: str, hostname: str, hosts: str, argv: list[str]) -> list[str]:
+    """A command line that runs argv, exactly as given, on the node."""
+    return [*_enter(namespace), "sh", "-c", f'{_become(hostname, hosts)} && exec "$@"', "sh",
+            *argv]  # fmt: skip
+
+
+def words_on_node(namespace: str, hostname: str, hosts: str, words: list[str]) -> list[str]:
+    """A command line that runs ssh's remote command (words joined, read by sh) on the node."""
+    return [*_enter(namespace), "sh", "-c", f"{_become(hostname, hosts)} && {' '.join(words)}"]
+
+
+def main(argv: list[str]) -> int:
+    while argv and argv[0] in SSH_FLAGS:
+        argv = argv[1:]
+    if len(argv) < 2:
+        print("usage: ENTER [-x] HOST command ...", file=sys.stderr)
+        return 255  # ssh's own status for a connection that never happened
+    try:
+        namespace, hostname = lookup(argv[0], os.environ.get(TABLE_ENV, ""))
+    except ValueError as error:
+        print(f"minipar (ssh stand-in): {error}", file=sys.stderr)
+        return 255
+    cmd = words_on_node(namespace, hostname, os.environ.get(HOSTS_ENV, ""), argv[1:])
+    os.execvp(cmd[0], cmd)
+    return 255  # not reached

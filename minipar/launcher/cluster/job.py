@@ -1,0 +1,60 @@
+"""One job's emulated cluster, from refusal to removal:
+
+    with emulated(n_nodes=2, link="2gbit") as cluster:   # checked, dead jobs swept, made
+        ...run the launcher...                           # removed at the end, however it ends
+
+Before anything is made: what the machine lacks is refused in one message (needs.py), and what
+dead jobs left is removed (leftovers.py). While the job runs, SIGTERM and SIGHUP to this
+process raise Terminated (a KeyboardInterrupt: the launcher's Ctrl-C path stops the job), so
+the nodes are removed on every ending but SIGKILL, which the next job's sweep covers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+
+from minipar.launcher.cluster import leftovers, needs
+from minipar.launcher.cluster.nodes import EmulatedCluster
+
+
+class Terminated(KeyboardInterrupt):
+    """This process got SIGTERM (or SIGHUP) while its job ran."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def emulated(n_nodes: int, link: str):
+    cluster = EmulatedCluster(n_nodes, link)  # the arguments checked first
+    needs.check()
+    leftovers.sweep()
+    with _signals_raise() as state:
+        cluster.up()
+        try:
+            yield cluster
+        finally:
+            state["removing"] = True  # a second signal must not cut the removal short
+            cluster.down()
+
+
+@contextlib.contextmanager
+def _signals_raise():
+    state = {"removing": False}
+    if threading.current_thread() is not threading.main_thread():
+        yield state  # only the main thread may set handlers (a notebook's thread: Ctrl-C only)
+        return
+
+    def handler(signum, frame):
+        if not state["removing"]:
+            raise Terminated(signum)
+
+    saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield state
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old)

@@ -1,0 +1,81 @@
+"""What a dead job left: its namespaces (and what runs in them) and its folder, found and removed.
+
+A job removes its nodes however it ends, except when `minipar run` itself is SIGKILLed: then
+nothing runs its clean-up. Every name carries the pid of the process that made it (nodes.py),
+so the next `minipar run --nodes` and `minipar doctor` find the ones whose owner is gone (no
+such process, or a process that started after the namespace was made: the pid was reused) and
+remove them. A live job's namespaces are never touched, whoever owns them.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import tempfile
+
+from minipar.launcher.cluster.nodes import NAME, NETNS_DIR, PREFIX, namespaces, remove_namespace
+
+
+def started_at(pid: int) -> float | None:
+    """When process pid started (seconds since the epoch), or None when there is none."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+    except (OSError, IndexError, StopIteration, ValueError):
+        return None
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime, in ticks
+
+
+def owner_alive(pid: int, made: float) -> bool:
+    began = started_at(pid)
+    return began is not None and began <= made + 1.0  # 1 s: the boot time's grain
+
+
+def _made(name: str) -> float:
+    try:
+        return os.stat(os.path.join(NETNS_DIR, name)).st_mtime
+    except OSError:
+        return 0.0
+
+
+def stale() -> list[str]:
+    """The minipar namespaces whose owner is gone."""
+    dead = []
+    for name in namespaces():
+        owner = int(NAME.match(name).group(1))
+        if not owner_alive(owner, _made(name)):
+            dead.append(name)
+    return dead
+
+
+OWNED = re.compile(r"^minipar-(?:io-)?(\d+)-")  # a node's files, a job's pipes (relay.py)
+
+
+def stale_folders() -> list[str]:
+    """A dead job's folders in the temporary directory: its nodes' files, its ranks' pipes."""
+    found = []
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{PREFIX}*")):
+        owner = OWNED.match(os.path.basename(path))
+        try:
+            if owner and not owner_alive(int(owner.group(1)), os.stat(path).st_mtime):
+                found.append(path)
+        except OSError:
+            pass
+    return found
+
+
+def sweep() -> list[str]:
+    """Remove every dead job's namespaces (processes inside killed first) and folders; the names
+    removed."""
+    removed = []
+    for name in stale():
+        remove_namespace(name)
+        removed.append(name)
+    for path in stale_folders():
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed

@@ -1,0 +1,55 @@
+"""Exercise 04, the two-level all-reduce (lesson 04: topology and bandwidth).
+
+N nodes of k ranks: a flat ring crosses between nodes at every node boundary, and every one of
+its 2 (p-1) steps waits for the slow hop. Two levels keep most of the traffic inside the node:
+
+  Level "inside": the k ranks of my node (call.comm's node map: `members(call.comm)` gives the
+  group's ranks node by node). Level "across": the N ranks at my position on every node, one a
+  node. `Level(call, ranks, name)` numbers `ranks` 0..len-1 and talks through the call, so the
+  ring pieces run on a level unchanged.
+
+  1. reduce-scatter inside (ring.reduce_scatter_inplace over k chunks of x, layout.bounds):
+     local rank j now holds chunk j summed over its node;
+  2. all-reduce chunk j across nodes (ring.all_reduce_ring on the "across" level): chunk j is
+     now summed over every rank, on the k "across" rings at once;
+  3. all-gather inside (ring.all_gather_inplace): every rank gets every chunk.
+
+Per rank: 2 (k-1)/k S bytes inside the node, 2 (N-1)/N S/k between nodes, in 2 (k-1) + 2 (N-1)
+steps. The grader runs it on 4 ranks told they sit on 2 nodes of 2 and checks the sum, that
+every rank holds the same bits, and the ledger's steps and bytes between nodes against
+minipar.cost.traffic_on_nodes; a wrong step is named with its level ("reduce-scatter across
+nodes step 0").
+
+Grade it: minipar grade 04
+"""
+
+from minipar.collectives import layout, ring
+from minipar.collectives.hierarchical import Level, members
+
+PHASES = (  # the call.rounds() loops in order, each named with its level, for the grader
+    "reduce-scatter inside the node",
+    "reduce-scatter across nodes",
+    "all-gather across nodes",
+    "all-gather inside the node",
+)
+
+
+def all_reduce_two_level(call, x, op) -> None:
+    """In place: x becomes the reduction (op) of every rank's x, the same bits on every rank.
+    Every node holds the same number of ranks."""
+    by_node = members(call.comm)  # e.g. [[0, 1], [2, 3]]: 2 nodes of 2
+    node = next(ranks for ranks in by_node if call.rank in ranks)
+    # BEGIN SOLUTION hint: the two levels: inside = Level(call, my node's ranks, "inside"),
+    # hint: across = Level(call, the rank at my position j on every node, "across")
+    j = node.index(call.rank)
+    inside = Level(call, node, "inside")
+    across = Level(call, [ranks[j] for ranks in by_node], "across")
+    # END SOLUTION
+    edges = layout.bounds(len(x), len(node))  # k chunks: chunk j is local rank j's
+    # BEGIN SOLUTION hint: reduce-scatter inside (ring.reduce_scatter_inplace), all-reduce my
+    # hint: chunk across (ring.all_reduce_ring on layout.chunk(x, edges, inside.rank)), then
+    # hint: all-gather inside (ring.all_gather_inplace)
+    ring.reduce_scatter_inplace(inside, x, edges, op)
+    ring.all_reduce_ring(across, layout.chunk(x, edges, inside.rank), op)
+    ring.all_gather_inplace(inside, x, edges)
+    # END SOLUTION

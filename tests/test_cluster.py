@@ -1,0 +1,383 @@
+"""A cluster on one machine (minipar run --nodes; minipar/launcher/cluster/, docs/cluster.md).
+
+- the parts on their own: link rates, ranks per node, the stand-in for ssh, each MPI's launcher
+  arguments, the refusal when the machine lacks what emulation needs, the owner check;
+- on emulated nodes (root, ip, tc, namespaces; skipped with the reason where they cannot be
+  made): every rank knows its node, the bytes between nodes cross the shaped link and match the
+  ledger, those inside a node do not, every collective gives the bits it gives on one node;
+- nothing left behind after every ending (success, a failing rank, Ctrl-C, SIGTERM, SIGKILL of
+  `minipar run` and the next job's sweep), counted: namespaces, links, queues, folders;
+- the faults only a cluster has: a cable pulled mid-job, a whole node killed.
+MINIPAR_EXTENDED=1 (CI's cluster step) adds the collectives matrix on 2x2, 2x3 and 4x1 nodes,
+uneven nodes, the strategies' suites (DDP, FSDP, TP, PP, CP, EP, the mesh) on 2x2, 20 jobs of
+every ending, and 3D training with --check across 2 nodes.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+from conftest import ranks_suite
+
+from minipar.launcher.cluster import enter, leftovers, link, mpi_args, needs
+from minipar.launcher.cluster.nodes import EmulatedCluster, EmulationError, namespaces
+from minipar.testing import harness
+
+EXTENDED = os.environ.get("MINIPAR_EXTENDED") == "1"
+SUITE = ranks_suite("cluster.py")
+MATRIX = ranks_suite("collectives.py")
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
+
+
+def _can_emulate() -> str:
+    """'' when emulated nodes can be made here, else why not (printed with the skip)."""
+    lacks = needs.missing()
+    if lacks:
+        return "; ".join(lacks)
+    try:
+        with EmulatedCluster(1, "unlimited"):
+            pass
+    except EmulationError as error:
+        return str(error)
+    return ""
+
+
+WHY_NOT = _can_emulate()
+emulation = pytest.mark.skipif(bool(WHY_NOT), reason=f"no emulated nodes here: {WHY_NOT}")
+
+
+# -- the parts on their own ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "text,bits",
+    [("2gbit", 2e9), ("500mbit", 5e8), ("1.5gbit", 1.5e9), ("125mbps", 1e9), ("unlimited", None)],
+)
+def test_link_rates(text, bits):
+    assert link.parse(text) == bits
+
+
+@pytest.mark.parametrize("bad", ["fast", "2gb", "-1gbit", "0mbit", "", "2 gigabit"])
+def test_bad_link_rate_is_named(bad):
+    with pytest.raises(ValueError, match="--link") as info:
+        link.parse(bad)
+    assert repr(bad) in str(info.value)
+
+
+def test_token_bucket_holds_a_millisecond_and_a_tso_packet():
+    assert link.bucket_bytes(2e9) == 250_000  # 1 ms at 250 MB/s
+    assert link.bucket_bytes(1e8) == 64 * 1024  # never below one 64 KiB TSO packet
+    assert link.tbf(None) is None
+    assert link.tbf(2e9)[:3] == ["tbf", "rate", "2000000000bit"]
+
+
+def test_ranks_fill_nodes_in_blocks():
+    assert mpi_args.slots(4, 2) == [2, 2]
+    assert mpi_args.slots(5, 2) == [3, 2]
+    assert mpi_args.slots(7, 3) == [3, 2, 2]
+    with pytest.raises(ValueError, match="-n 2 ranks cannot fill --nodes 3"):
+        mpi_args.slots(2, 3)
+
+
+def test_stand_in_maps_hosts_to_namespaces():
+    table = "10.200.0.1=ns-a=node0,10.200.0.2=ns-b=node1"
+    assert enter.lookup("10.200.0.2", table) == ("ns-b", "node1")
+    assert enter.lookup("node0", table) == ("ns-a", "node0")
+    with pytest.raises(ValueError, match=r"'10.200.0.9'.*10.200.0.1, 10.200.0.2"):
+        enter.lookup("10.200.0.9", table)
+    ssh = enter.words_on_node("ns-b", "node1", "/h", ["PATH=/x;export", "PATH;", "prted", "--a"])
+    assert ssh[:3] == ["nsenter", "--net=/run/netns/ns-b", "--"]
+    assert ssh[-1] == (  # ssh joins the words; the node's hosts file, then its name
+        "mount --bind /h /etc/hosts && hostname node1 && PATH=/x;export PATH; prted --a"
+    )
+    exact = enter.argv_on_node("ns-a", "node0", "/h", ["mpiexec", "a b", "$HOME"])
+    assert exact[-3:] == ["mpiexec", "a b", "$HOME"]  # the launcher's argv kept exact
+
+
+def test_stand_in_refuses_an_unknown_host(monkeypatch, capsys):
+    monkeypatch.setenv(enter.TABLE_ENV, "10.200.0.1=ns-a=node0")
+    assert enter.main(["-x", "10.9.9.9", "true"]) == 255
+    assert "10.9.9.9" in capsys.readouterr().err
+
+
+class _Cluster:  # enough of an EmulatedCluster for the launcher's arguments
+    n_nodes, hosts, hosts_file = 2, ["10.200.0.1", "10.200.0.2"], "/h"
+
+    def __init__(self, folder):
+        self.folder = folder
+
+    def table(self):
+        return "10.200.0.1=a=node0,10.200.0.2=b=node1"
+
+
+@pytest.mark.parametrize("flavor", ["mpich", "openmpi"])
+def test_each_launcher_is_told_the_nodes_and_the_transport(flavor, tmp_path):
+    args, env = mpi_args.for_cluster(flavor, _Cluster(str(tmp_path)), 5)
+    hosts = "10.200.0.1:3,10.200.0.2:2"
+    agent = str(tmp_path / "enter")
+    assert os.access(agent, os.X_OK)
+    assert env[enter.TABLE_ENV] == "10.200.0.1=a=node0,10.200.0.2=b=node1"
+    if flavor == "mpich":  # UCX (or OFI) over TCP on eth0: not /dev/shm, which nodes share here
+        assert args == ["-launcher", "ssh", "-launcher-exec", agent, "-hosts", hosts]
+        assert env["UCX_TLS"] == "tcp,self" and env["UCX_NET_DEVICES"] == "eth0"
+        assert env["FI_PROVIDER"] == "tcp"
+    else:
+        joined = " ".join(args)
+        assert f"--host {hosts}" in joined and f"plm_ssh_agent {agent}" in joined
+        assert "--mca btl self,sm,tcp" in joined and "btl_tcp_if_include eth0" in joined
+
+
+def test_real_hosts_pass_through(tmp_path):
+    assert mpi_args.for_hosts("mpich", "a:8,b:8", None) == ["-hosts", "a:8,b:8"]
+    assert mpi_args.for_hosts("openmpi", "a:8,b:8", None) == ["--host", "a:8,b:8"]
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("a:8\n")
+    assert mpi_args.for_hosts("mpich", None, str(hostfile)) == ["-f", str(hostfile)]
+    assert mpi_args.for_hosts("openmpi", None, str(hostfile)) == ["--hostfile", str(hostfile)]
+    with pytest.raises(ValueError, match="no such file"):
+        mpi_args.for_hosts("mpich", None, str(tmp_path / "none"))
+
+
+def test_a_machine_without_what_emulation_needs_is_refused_first(monkeypatch, capsys):
+    from minipar import cli
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    real_which = needs.shutil.which
+    monkeypatch.setattr(needs.shutil, "which", lambda t: None if t == "tc" else real_which(t))
+    before = namespaces()
+    status = cli.main(["run", "--nodes", "2", "-n", "4", os.path.join(SCRIPTS, "nodes_ok.py")])
+    said = capsys.readouterr().err
+    assert status == 2
+    assert "root" in said and "`tc`" in said and "(no --nodes)" in said
+    assert namespaces() == before  # nothing was made
+
+
+def test_bad_cluster_arguments_are_named(capsys):
+    from minipar import cli
+
+    script = os.path.join(SCRIPTS, "nodes_ok.py")
+    assert cli.main(["run", "--nodes", "3", "-n", "2", script]) == 2
+    assert "-n 2 ranks cannot fill --nodes 3" in capsys.readouterr().err
+    assert cli.main(["run", "--nodes", "0", "-n", "2", script]) == 2
+    assert "--nodes must be an integer from 1 to 64, got 0" in capsys.readouterr().err
+    assert cli.main(["run", "-n", "2", "--link", "1gbit", script]) == 2
+    assert "give --nodes N too" in capsys.readouterr().err
+
+
+def test_a_dead_owner_is_told_from_a_live_one():
+    now = time.time()
+    assert leftovers.owner_alive(os.getpid(), now)
+    assert not leftovers.owner_alive(os.getpid(), now - 10 * 24 * 3600)  # pid reused since
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert not leftovers.owner_alive(child.pid, now)
+
+
+# -- on emulated nodes ---------------------------------------------------------------------------
+@emulation
+@pytest.mark.parametrize("name", harness.case_names(SUITE, 4))
+def test_on_two_nodes(name):
+    harness.run_suite(SUITE, 4, "mpi", nodes=2).check(name)
+
+
+def _digests(result) -> dict:
+    lines = result.ranks[0]["digest"]["output"].splitlines()
+    return dict(line.split()[1:] for line in lines if line.startswith("DIGEST"))
+
+
+@emulation
+def test_every_collective_gives_the_same_bits_as_on_one_node():
+    across = harness.run_suite(SUITE, 4, "mpi", nodes=2)
+    alone = harness.run_suite(SUITE, 4, "mpi")
+    across.check("digest")
+    alone.check("digest")
+    assert len(_digests(alone)) >= 15
+    assert _digests(across) == _digests(alone)
+
+
+@emulation
+@pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's cluster step)")
+@pytest.mark.parametrize("size,nodes", [(3, 2), (5, 2)])
+def test_uneven_nodes(size, nodes):
+    result = harness.run_suite(SUITE, size, "mpi", nodes=nodes)
+    for name in ("facts", "link_bytes", "inside_node", "digest"):
+        result.check(name)
+
+
+@emulation
+@pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's cluster step)")
+@pytest.mark.parametrize("size,nodes", [(4, 2), (6, 2), (4, 4)])
+def test_collectives_matrix_across_nodes(size, nodes):
+    result = harness.run_suite(MATRIX, size, "mpi", nodes=nodes)
+    for name in harness.case_names(MATRIX, size):
+        result.check(name)
+
+
+STRATEGIES = ["data_parallel.py", "tensor_parallel.py", "pipeline.py", "context.py", "expert.py",
+              "mesh.py"]  # fmt: skip
+
+
+@emulation
+@pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's cluster step)")
+@pytest.mark.parametrize("suite", STRATEGIES)
+def test_strategies_across_two_nodes(suite):
+    """DDP, ZeRO, FSDP, TP, PP, CP, EP and the mesh's suites on 2 nodes x 2 ranks."""
+    path = ranks_suite(suite)
+    result = harness.run_suite(path, 4, "mpi", nodes=2)
+    for name in harness.case_names(path, 4):
+        result.check(name)
+
+
+# -- nothing left behind -------------------------------------------------------------------------
+def _machine() -> dict:
+    """The machine's own links and queues (a job adds none: its links live in its namespaces)."""
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    qdiscs = subprocess.run(["tc", "qdisc"], capture_output=True, text=True).stdout
+    return {"links": len(links.splitlines()), "qdiscs": len(qdiscs.splitlines())}
+
+
+def _left_by(owner: int) -> list[str]:
+    """What the job whose `minipar run` had pid `owner` left: namespaces (their links and
+    queues with them), its nodes' folder, its ranks' pipes. Other jobs' are not counted: they
+    may run beside this test."""
+    folders = [n for n in os.listdir(tempfile.gettempdir()) if leftovers.OWNED.match(n)]
+    mine = [n for n in folders if leftovers.OWNED.match(n).group(1) == str(owner)]
+    return [n for n in namespaces() if n.startswith(f"minipar-{owner}-")] + mine
+
+
+def _job(script: str, *args: str, timeout: float = 60) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "minipar", "run", "--nodes", "2", "-n", "2",
+           os.path.join(SCRIPTS, script), *args]  # fmt: skip
+    env = dict(os.environ, MINIPAR_TIMEOUT="5", OMP_NUM_THREADS="1")
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)  # fmt: skip
+
+
+def _finish(proc, limit: float = 90) -> str:
+    """The job's whole output once it ended; past `limit` seconds it is killed (SIGTERM to
+    `minipar run`, which removes its nodes) and the test fails: a fault must never hang."""
+    try:
+        return proc.communicate(timeout=limit)[0]
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGTERM)
+        out = proc.communicate(timeout=30)[0]
+        raise AssertionError(f"the job did not end within {limit} s:\n{out[-3000:]}") from None
+
+
+def _wait_for(proc, text: str, limit: float = 30) -> str:
+    """Read the job's output until `text` appears (the ranks are up and on their nodes)."""
+    seen, end = "", time.monotonic() + limit
+    while text not in seen and time.monotonic() < end:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen += line
+    assert text in seen, seen
+    return seen
+
+
+def _ending(kind: str) -> int:
+    """One job that ends as `kind` says; the pid of its `minipar run`."""
+    if kind == "ok":
+        proc = _job("nodes_ok.py")
+        out = _finish(proc, 60)
+        assert proc.returncode == 0, out
+        return proc.pid
+    if kind == "rank_fails":
+        proc = _job("nodes_ok.py", "fail")
+        out = _finish(proc, 60)
+        assert proc.returncode != 0 and "rank 1 fails on purpose" in out, out
+        return proc.pid
+    proc = _job("nodes_ok.py", "wait")
+    _wait_for(proc, "ranks ready")
+    sig = {"ctrl_c": signal.SIGINT, "sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}[kind]
+    os.kill(proc.pid, sig)  # `minipar run` itself, as a user's Ctrl-C or a scheduler would
+    out = _finish(proc, 60)
+    assert proc.returncode != 0, out
+    if kind == "sigkill":  # nothing ran minipar's clean-up: the launcher and ranks live on
+        assert _left_by(proc.pid), "a SIGKILLed job's namespaces should be there to sweep"
+        leftovers.sweep()  # what the next `minipar run --nodes` (or minipar doctor) does
+    return proc.pid
+
+
+ENDINGS = ["ok", "rank_fails", "ctrl_c", "sigterm", "sigkill"]
+
+
+@emulation
+@pytest.mark.parametrize("kind", ENDINGS)
+def test_nothing_is_left_behind(kind):
+    before = _machine()
+    for _ in range(20 if EXTENDED else 1):
+        owner = _ending(kind)
+        assert _left_by(owner) == [], kind
+    assert _machine() == before
+
+
+# -- faults only a cluster has ------------------------------------------------------------------
+@emulation
+def test_a_pulled_cable_is_named_within_the_timeout():
+    start = time.monotonic()
+    proc = _job("nodes_faults.py", "link_down")
+    out = _finish(proc)
+    took = time.monotonic() - start
+    assert proc.returncode != 0, out
+    assert "pulled node0's cable" in out, out
+    for rank in range(2):  # every rank names what it lost, and that it is across the link
+        assert f"[rank {rank}]" in out and "CommTimeoutError" in out, out
+    assert "across the link from node0" in out and "across the link from node1" in out, out
+    assert took < 30, took  # MINIPAR_TIMEOUT=5, and a start-up
+
+
+@emulation
+def test_a_killed_node_ends_the_job_at_once_and_is_named():
+    start = time.monotonic()
+    proc = _job("nodes_faults.py", "node_killed")
+    out = _finish(proc)
+    took = time.monotonic() - start
+    assert proc.returncode != 0, out
+    account = out.split("minipar run: the emulated nodes were")[0]
+    assert "node1" in account, out  # the launcher's own account names it (or its address)
+    assert "node1 10.200.0.2 rank 1" in out, out
+    assert took < 5 + 10, took  # before any timeout (5 s) could have ended it
+
+
+@emulation
+@pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's cluster step)")
+def test_lesson_01_measures_the_link_between_nodes():
+    cmd = [sys.executable, "-m", "minipar", "lesson", "01", "--quick", "--nodes", "2"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "between nodes (rank 0 - 2)" in done.stdout
+    assert "PASS  the link between nodes is slower" in done.stdout
+
+
+@emulation
+@pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's cluster step)")
+def test_3d_training_checks_across_two_nodes():
+    cmd = [sys.executable, "-m", "minipar", "run", "--nodes", "2", "-n", "8", "--timeout", "600",
+           sys.executable, "-m", "minipar", "train", "--dp", "2", "--tp", "2", "--pp", "2",
+           "--steps", "3", "--layers", "4", "--check"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=660,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def _where():
+    import socket
+
+    import minipar
+
+    return minipar.get_rank(), minipar.node_rank(), minipar.local_rank(), socket.gethostname()
+
+
+@emulation
+def test_launch_from_a_notebook_on_emulated_nodes():
+    import minipar
+
+    before = namespaces()
+    got = minipar.launch(_where, n=4, nodes=2, timeout=60)
+    assert got == [(0, 0, 0, "node0"), (1, 0, 1, "node0"), (2, 1, 0, "node1"), (3, 1, 1, "node1")]
+    assert namespaces() == before
