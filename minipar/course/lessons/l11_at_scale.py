@@ -16,7 +16,7 @@ from __future__ import annotations
 from minipar.course.lessons.page import Page, fmt_rate, fmt_time
 from minipar.planning.planner import CLUSTERS, ModelSpec, best, plan_layouts
 from minipar.simulate.cluster import preset
-from minipar.simulate.conformance import check_collectives
+from minipar.simulate.conformance import check_collectives, checks
 from minipar.simulate.sweep import all_reduce_row, predicted
 from minipar.simulate.train_step import from_layout, simulate_step
 
@@ -170,7 +170,8 @@ def conformance_section(page: Page, rank0) -> None:
     where = ", ".join(map(str, sizes))
     page.prediction(f"every collective and algorithm right at p = {where}, sizes p + 2")
     wrong = rank0(lambda: [w for p in sizes for w in check_collectives(p, p + 2)])
-    page.measurement("25 (collective, algorithm) pairs at each p, against numpy")
+    pairs = len(list(checks(sizes[0], sizes[0] + 2)))
+    page.measurement(f"{pairs} (collective, algorithm) pairs at each p, against numpy")
     for line in wrong[:5]:
         page.say(f"  {line}")
     page.check(not wrong, f"0 wrong results at p = {where}")
