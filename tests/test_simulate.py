@@ -217,6 +217,8 @@ def test_cli_prints_a_table_and_writes_json(tmp_path, capsys):
     assert "'fast'" in capsys.readouterr().out
     assert main(["simulate", "all_reduce", "--sizes", "0"]) == 2
     assert "every size must be at least 1 byte" in capsys.readouterr().out
+    assert main(["simulate", "all_reduce", "--algorithms", "rign"]) == 2
+    assert "'rign'" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])

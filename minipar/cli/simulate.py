@@ -87,6 +87,10 @@ def main(args) -> int:
         if not asked:
             raise ValueError("--algorithms is empty")
         names, missing = available(asked)
+        if not names:
+            raise ValueError(
+                f"--algorithms {args.algorithms!r}: no registered all_reduce algorithm"
+            )
     except ValueError as error:
         console.print(f"[bold red]minipar simulate:[/] {error}", highlight=False)
         return 2
