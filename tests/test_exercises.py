@@ -256,3 +256,54 @@ def test_ex10_moe_dispatch_random_routings(exercise_impl, t, k, e, p):
     inverse = mod.inverse_permutation(order)
     assert torch.equal(order[inverse], torch.arange(t * k)), "order[inverse] is not 0, 1, ..."
     assert torch.equal(inverse[order], torch.arange(t * k)), "inverse[order] is not 0, 1, ..."
+
+
+# -- ex11: one ring per NIC (one process; the rings run on a simulated cluster) -------------------
+
+
+def ex11(impl: str):
+    return exercises.load("ex11_nccl_rings", impl)
+
+
+@pytest.mark.parametrize("size,per_node,channels", [(8, 4, 1), (8, 4, 2), (16, 8, 8), (11, 4, 4)])
+def test_ex11_nccl_rings_orders(exercise_impl, size, per_node, channels):
+    from minipar.simulate import rings
+
+    got = ex11(exercise_impl).ring_orders(size, per_node, channels)
+    assert got == rings.ring_orders(size, per_node, channels), got
+    for c, order in enumerate(got):
+        assert sorted(order) == list(range(size)), f"ring {c} does not hold every rank once"
+    leaving = [order[per_node - 1] for order in got]  # the GPU each ring leaves node 0 from
+    assert len(set(leaving)) == channels, f"rings share a NIC on their way out: {leaving}"
+
+
+def test_ex11_nccl_rings_bad_channels(exercise_impl):
+    for channels in (0, 9):
+        with pytest.raises(ValueError, match=str(channels)):
+            ex11(exercise_impl).ring_orders(16, 8, channels)
+
+
+def test_ex11_nccl_rings_on_a_simulated_cluster(exercise_impl):
+    from minipar import runtime
+    from minipar.collectives import api
+    from minipar.simulate.cluster import preset
+    from minipar.simulate.rings import all_reduce_rings
+    from minipar.simulate.runner import simulate
+
+    h100, size, n = preset("h100"), 16, 16 * 8
+    orders = ex11(exercise_impl).ring_orders(size, 8, 8)
+
+    def many(rank):
+        x = np.full(n, float(rank))
+        all_reduce_rings(x, [runtime.new_group(order) for order in orders])
+        return x
+
+    def one(rank):
+        x = np.full(n, float(rank))
+        api.all_reduce(x, algorithm="ring")
+        return x
+
+    scale = (1 << 30) / (8 * n)  # each float64 stands for enough bytes to make 1 GiB
+    fast, slow = simulate(many, size, h100, scale), simulate(one, size, h100, scale)
+    assert all((x == size * (size - 1) / 2).all() for x in fast.results)
+    assert slow.time > 5 * fast.time, f"one ring {slow.time:.4g} s, your rings {fast.time:.4g} s"

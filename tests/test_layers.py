@@ -30,6 +30,7 @@ LAYERS = [  # bottom up: (name, module prefixes)
     ("parallel", ("minipar.parallel",)),
     ("models", ("minipar.models",)),
     ("planning", ("minipar.planning",)),
+    ("simulate", ("minipar.simulate",)),
     ("facade", ("minipar", "minipar.exercises")),
     ("bench", ("minipar.bench",)),
     ("testing", ("minipar.testing",)),

@@ -46,6 +46,13 @@ KEY_LINES = {
         "192 per rank",
         "Try this",
     ],
+    "11": [
+        "the simulated ring meets the closed form",
+        "one ring per NIC: more than 5x",
+        "the bubble read off the simulated step is the formula's",
+        "0 wrong results at p = 13, 31",
+        "Try this",
+    ],
     "07": [
         "75.0%",
         "1F1B holds at most p",

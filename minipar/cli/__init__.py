@@ -34,6 +34,7 @@ COMMANDS = {
     "grade": ("minipar.cli.grade", "grade the exercises with the lessons' tests"),
     "train": ("minipar.cli.train", "train a tiny model with data, tensor and pipeline parallelism"),
     "plan": ("minipar.cli.plan", "plan a parallel layout for a model on a cluster"),
+    "simulate": ("minipar.cli.simulate", "collectives on a simulated cluster of 1000s of ranks"),
 }
 
 DESCRIPTION = """\

@@ -131,6 +131,14 @@ LESSONS = [
         ("no-counts", "wrong-group"),
         min_ranks=2,
     ),
+    LessonInfo(
+        "11",
+        "11_at_scale",
+        "At scale: a simulated cluster",
+        2,
+        "ring vs tree vs double tree to 8,192 ranks, one ring vs one per NIC, simulated",
+        "minipar.course.lessons.l11_at_scale",
+    ),
 ]
 
 

@@ -1,0 +1,114 @@
+"""What a message costs on a simulated cluster: alpha + n beta on its link, and the ports it holds.
+
+A message of n bytes from rank a to rank b, sent at virtual time t:
+
+    inside a node    the NVLink (or PCIe) class: a's port out, b's port in
+    across nodes     the network class: the NIC a's node gives a (local rank mod NICs) out,
+                     the NIC b's node gives b in; ranks that share a NIC share its rate
+
+    start   = the first time >= t at which both ports are free for n beta seconds
+    arrival = start + n beta + alpha
+
+A port carries one message at a time at its full rate: messages that want it at once take turns
+(first come, first served, in the order the simulator meets them), so k messages at once take k
+times as long as one, as k flows sharing the link fairly would all end (the last of them). alpha
+(software, switch and wire latency) does not hold the port: back-to-back messages overlap it.
+Each port keeps its busy intervals, so a message met later but sent earlier fills a gap before
+a later one instead of queueing behind it.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+PRUNE_EVERY = 1 << 14  # messages between two sweeps that drop intervals no message can reach
+
+
+class Port:
+    """The busy intervals [starts[i], ends[i]) of one port, sorted and disjoint."""
+
+    __slots__ = ("starts", "ends")
+
+    def __init__(self):
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def earliest(self, t: float, d: float) -> float:
+        """The first start >= t of a free stretch of d seconds."""
+        ends = self.ends
+        if not ends or t >= ends[-1]:
+            return t
+        starts = self.starts
+        i = bisect_right(ends, t)
+        while i < len(ends) and t + d > starts[i]:
+            t = max(t, ends[i])
+            i += 1
+        return t
+
+    def hold(self, start: float, end: float) -> None:
+        starts, ends = self.starts, self.ends
+        if not ends or start >= ends[-1]:  # the common case: after everything else
+            if ends and start == ends[-1]:
+                ends[-1] = end  # back to back: one interval
+            else:
+                starts.append(start)
+                ends.append(end)
+            return
+        i = bisect_right(starts, start)
+        starts.insert(i, start)
+        ends.insert(i, end)
+
+    def prune(self, horizon: float) -> None:
+        """Forget intervals that end before `horizon` (no message can start before it)."""
+        i = bisect_right(self.ends, horizon)
+        if i:
+            del self.starts[:i], self.ends[:i]
+
+
+class Network:
+    """The links of a cluster (cluster.py) and the busy ports, for one simulated world."""
+
+    def __init__(self, cluster, size: int, contention: bool = True):
+        self.cluster, self.size, self.contention = cluster, size, contention
+        k = cluster.per_node
+        self.node = [r // k for r in range(size)]
+        self.nic = [(r % k) % cluster.nics for r in range(size)]
+        self.ports: dict = {}
+        self.messages = 0
+        self.bytes = 0.0
+        self.horizon = None  # a function: the smallest clock a future send may have
+
+    def send(self, src: int, dst: int, nbytes: float, t: float) -> float:
+        """Book a message of nbytes from world rank src to dst, sent at t; its arrival time."""
+        self.messages += 1
+        self.bytes += nbytes
+        inside = self.node[src] == self.node[dst]
+        link = self.cluster.intra if inside else self.cluster.inter
+        d = nbytes * link.beta
+        if not self.contention or d == 0.0:
+            return t + d + link.alpha
+        if inside:
+            out, into = self._port(("out", src)), self._port(("in", dst))
+        else:
+            out = self._port(("nic-out", self.node[src], self.nic[src]))
+            into = self._port(("nic-in", self.node[dst], self.nic[dst]))
+        start = t
+        while True:  # the first stretch free on both ports
+            a = out.earliest(start, d)
+            b = into.earliest(a, d)
+            if a == b:
+                break
+            start = b
+        out.hold(a, a + d)
+        into.hold(a, a + d)
+        if self.messages % PRUNE_EVERY == 0 and self.horizon is not None:
+            horizon = self.horizon()
+            for port in self.ports.values():
+                port.prune(horizon)
+        return a + d + link.alpha
+
+    def _port(self, key) -> Port:
+        port = self.ports.get(key)
+        if port is None:
+            port = self.ports[key] = Port()
+        return port
