@@ -72,6 +72,10 @@ LAUNCH_ENV = (
     "MINIPAR_SMOKE",
     "MINIPAR_TRAIN_RANK",
     "MINIPAR_TRACE_DIR",
+    "MINIPAR_EMULATED_NODES",  # the job's emulated nodes (launcher/cluster/): fixed at launch
+    "MINIPAR_EMULATED_HOSTS",
+    "MINIPAR_RELAY_FOLDER",  # where a rank says it aborts: its launcher's relay
+    "MINIPAR_INTER_LINK",  # read once a process (cost/links.py caches the link)
     zygote.ZYGOTE_ENV,
     "OMP_NUM_THREADS",  # torch's threads, fixed when a rank starts
 )
@@ -82,6 +86,7 @@ PER_BATCH_ENV = (
     "MINIPAR_TRANSPORT",
     "MINIPAR_FAST_PATHS",
     "MINIPAR_MISMATCH_AFTER",
+    "MINIPAR_MESH_ACROSS_NODES",  # read by every DeviceMesh made
     "MINIPAR_FORK_SERVER",  # read by the launcher in this process only, never by a rank
 )
 

@@ -26,6 +26,7 @@ import numpy as np
 
 import minipar
 from minipar import cost, launcher
+from minipar.course.lessons.l04_topology_bandwidth import measured_link
 from minipar.course.lessons.page import Page, fmt_bytes, fmt_time
 from minipar.models import memory, training
 from minipar.parallel.mesh import TRAFFIC, DeviceMesh, render
@@ -300,8 +301,6 @@ def nodes_section(page: Page) -> None:
     """On emulated (or real) nodes: one step's tensor-parallel all-reduces of the tiny GPT on
     a tp group of 2 inside a node, then across nodes, each beside the cost model's price on its
     link, both links measured first (lesson 04's ping-pong, at the all-reduce's size)."""
-    from minipar.course.lessons.l04_topology_bandwidth import measured_link
-
     node_of = minipar.node_map()
     if len(set(node_of)) < 2 or min(node_of.count(n) for n in set(node_of)) < 2:
         page.say("(`minipar lesson 08 --nodes 2` as root measures tp inside a node and across.)")

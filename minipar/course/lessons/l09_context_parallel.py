@@ -22,6 +22,7 @@ from torch.nn import functional as F
 
 import minipar
 from minipar.course.lessons import planted
+from minipar.course.lessons.l04_topology_bandwidth import link_between_nodes
 from minipar.course.lessons.page import Page, fmt_bytes, fmt_rate
 from minipar.parallel.activation_memory import saved_bytes
 from minipar.parallel.context import (
@@ -382,8 +383,6 @@ def nodes_section(page: Page) -> None:
     """On emulated (or real) nodes: the sequence length per rank at which ring attention's
     K/V messages hide behind its compute on the link between nodes, predicted from the link and
     this machine's FLOP rate, then found by measurement (ContextStats' wait against compute)."""
-    from minipar.course.lessons.l04_topology_bandwidth import link_between_nodes
-
     node_of = minipar.node_map()
     if len(set(node_of)) < 2:
         page.say(
