@@ -70,7 +70,7 @@ _LAZY = {
     # the rest
     "ReduceOp": "minipar.collectives.reduce_op",
     "reduce_op": "minipar.collectives.reduce_op",  # torch's old name of ReduceOp
-    "trace": "minipar.comm.ledger",
+    "trace": "minipar.comm.trace.ledger",
     "MiniparError": "minipar.errors",
     "CommTimeoutError": "minipar.errors",
     "MessageSizeError": "minipar.errors",
@@ -95,8 +95,8 @@ _SUBMODULES = {
     "planning": "minipar.planning",
     "exercises": "minipar.exercises",
     # where three helpers lived before the layers had folders
-    "buffers": "minipar.comm.buffers",
-    "ledger": "minipar.comm.ledger",
+    "buffers": "minipar.comm.transport.buffers",
+    "ledger": "minipar.comm.trace.ledger",
     "ops": "minipar.collectives.reduce_op",
 }
 

@@ -29,7 +29,7 @@ class MismatchError(MiniparError):
 
 class MPISetupError(MiniparError):
     """The MPI set-up is wrong before any message moves: no MPI library, or a launcher from
-    another MPI than the library mpi4py loaded (see minipar.comm.mpisetup)."""
+    another MPI than the library mpi4py loaded (see minipar.comm.setup.mpisetup)."""
 
 
 class RankError(MiniparError):

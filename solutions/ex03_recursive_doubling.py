@@ -14,7 +14,7 @@ Grade it: minipar grade 03
 """
 
 from minipar.collectives.reduce_op import reduce_
-from minipar.comm import buffers
+from minipar.comm.transport import buffers
 
 
 def all_reduce_recursive_doubling(call, x, op) -> None:

@@ -4,7 +4,7 @@ no ranks), modulo the visible GPUs; and the staged path's chunk arithmetic."""
 import pytest
 
 import minipar
-from minipar.comm import staging
+from minipar.comm.transport import staging
 from minipar.runtime import devices
 
 

@@ -59,7 +59,7 @@ EXPECT = {
         "nonzero",
         ["CommTimeoutError: debug check before all_reduce (call #1)", "from rank 1 (tag"],
     ),
-    ("mpi", "leave_early", False, 2): (  # exits 0, but rank 0 waits for it: comm/leaving.py
+    ("mpi", "leave_early", False, 2): (  # exits 0, but rank 0 waits for it: comm/guards/leaving.py
         "nonzero",
         [
             "[rank 1] minipar: this rank is leaving the job, but",
@@ -157,9 +157,9 @@ EXIT_LIMIT = 10.0  # seconds from the mistake to the end of a `_last` job (its r
 
 # A rank that sys.exit()s outside any collective leaves messages its peers already sent it
 # unreceived, or not yet: whichever came first, the output must name it. Either the rank finds
-# them as it leaves and says so (comm/leaving.py), or the others' waits ask it what it is doing
-# (comm/stall.py) and both raise (with debug mode, whose check asks nobody: the others time
-# out waiting for it, and say that it is at the end of the job).
+# them as it leaves and says so (comm/guards/leaving.py), or the others' waits ask it what it is
+# doing (comm/guards/stall.py) and both raise (with debug mode, whose check asks nobody: the others
+# time out waiting for it, and say that it is at the end of the job).
 LEAVING = ["[rank 1] minipar: this rank is leaving the job, but", "never received"]
 OR_ELSE = {("mpi", "sys_exit", False, 2): LEAVING, ("mpi", "sys_exit", True, 3): LEAVING}
 

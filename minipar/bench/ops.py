@@ -79,7 +79,7 @@ def window_rates(ctx, nbytes: int, dtype: str, barrier, reduce_max):
 
     # here, not at the top of the file: numpy loads only when used
     from minipar.collectives.window_buffer import shared_node
-    from minipar.comm import shm_buffers
+    from minipar.comm.transport import shm_buffers
 
     node = shared_node(ctx.comm, "bench: the window roofline")
     np_dtype = _numpy_dtype(dtype)

@@ -194,7 +194,7 @@ def ranks_main(out: str) -> None:
     from mpi4py import MPI
 
     # here, not at the top of the file: numpy loads only when used
-    from minipar.comm.torch import init_from_mpi
+    from minipar.comm.transport.torch import init_from_mpi
 
     w = minipar.init()
     init_from_mpi(MPI.COMM_WORLD)

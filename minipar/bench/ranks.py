@@ -137,7 +137,7 @@ def main(argv=None) -> int:
         import torch.distributed
 
         # here, not at the top of the file: numpy loads only when used
-        from minipar.comm.torch import init_from_mpi
+        from minipar.comm.transport.torch import init_from_mpi
 
         init_from_mpi(comm.mpi, "gloo", timeout=comm.timeout)
         dist = torch.distributed

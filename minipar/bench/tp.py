@@ -79,7 +79,7 @@ def rank_main(out_path: str, iters: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     # here, not at the top of the file: numpy loads only when used
-    from minipar.comm.torch import init_from_mpi
+    from minipar.comm.transport.torch import init_from_mpi
 
     world = minipar.init(backend="mpi")
     init_from_mpi(MPI.COMM_WORLD)

@@ -16,7 +16,7 @@ import sys
 from dataclasses import asdict, dataclass
 
 from minipar import launcher
-from minipar.comm import mpisetup
+from minipar.comm.setup import mpisetup
 from minipar.errors import MPISetupError
 from minipar.launcher.cluster import leftovers, needs
 
@@ -215,7 +215,7 @@ def path_checks(checks: list[Check]) -> list[Check]:
     if aware is None:
         return []
     # here, not at the top of the file: numpy loads only when used
-    from minipar.comm import staging
+    from minipar.comm.transport import staging
 
     if aware.value == "yes":
         return [Check("CUDA tensor path", "direct", note="device buffers go straight to MPI, "

@@ -16,7 +16,7 @@ import shutil
 import sys
 
 from minipar import launcher
-from minipar.comm import chrome_trace
+from minipar.comm.trace import chrome_trace
 from minipar.errors import MPISetupError
 from minipar.launcher.cluster import link
 from minipar.launcher.cluster.job import Terminated, emulated

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 
 import minipar
-from minipar.comm import trace_png
+from minipar.comm.trace import trace_png
 from minipar.planning import planner
 
 

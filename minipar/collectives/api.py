@@ -23,8 +23,9 @@ from minipar import runtime
 from minipar.collectives import fast, registry, work
 from minipar.collectives.call import Call
 from minipar.collectives.reduce_op import ReduceOp, as_op, check_op, finish_
-from minipar.comm import buffers, ledger
-from minipar.comm.base import CONTROL_TAG, wait_all
+from minipar.comm.trace import ledger
+from minipar.comm.transport import buffers
+from minipar.comm.transport.base import CONTROL_TAG, wait_all
 from minipar.errors import MiniparError, MismatchError
 from minipar.state import process
 
@@ -90,7 +91,7 @@ def run_call(
 
     `fingerprint` is (the tensor every rank passes alike, root name, root, op): the call's
     signature, folded into its tag, is built from it: (collective, algorithm, dtype, nbytes,
-    op, root name, root), the dtype and op as objects (comm/signature.py names them and turns
+    op, root name, root), the dtype and op as objects (comm/trace/signature.py names them and turns
     nbytes back into the caller's count). `uneven`: the ranks' byte counts may differ (split
     sizes of their own), so the count stays out of the signature and "auto" cannot price the
     call alike on every rank: it means pairwise, whose messages do not depend on the sizes."""
@@ -103,7 +104,7 @@ def run_call(
     name, fn = fast.route(comm, collective, name, fn, nbytes, args[0] if args else None, place)
     if process.debug:  # the fingerprint is built only here, off the hot path
         _check_same_call(comm, (collective, name, *(_fp(*fingerprint) if fingerprint else ())))
-    if fingerprint:  # the call's signature (comm/signature.py), inline: every call comes here
+    if fingerprint:  # the call's signature (comm/trace/signature.py), inline: every call comes here
         x, root_name, root, op = fingerprint
         sig = (collective, name, x.dtype, None if uneven else nbytes, op, root_name, root)
     else:
@@ -121,7 +122,9 @@ def run_call(
             runtime.exit_inside_collective(call, leaving)
             raise
         except MiniparError:  # the program hears of it (a wait on shared windows, say):
-            comm._told = True  # the end-of-job comparison leaves this group be (comm/ending.py)
+            comm._told = (
+                True  # the end-of-job comparison leaves this group be (comm/guards/ending.py)
+            )
             raise
         if finish is not None:
             finish()

@@ -10,7 +10,7 @@ local rotation puts the blocks in rank order (Bruck et al., IEEE TPDS 1997).
 
 from __future__ import annotations
 
-from minipar.comm import buffers
+from minipar.comm.transport import buffers
 
 
 def all_gather_bruck(call, out, inp) -> None:

@@ -17,15 +17,16 @@ import numpy as np
 
 from minipar.collectives import fast
 from minipar.collectives.fast.direct import exchange
-from minipar.comm import buffers, ledger
-from minipar.comm.base import wait_all
+from minipar.comm.trace import ledger
+from minipar.comm.transport import buffers
+from minipar.comm.transport.base import wait_all
 from minipar.errors import CommTimeoutError
 from minipar.state import process
 
 
 class Call:
     def __init__(self, comm, collective: str, algorithm: str, sig=None):
-        """`sig`: the call's signature (comm/signature.py), folded into its tag; by default
+        """`sig`: the call's signature (comm/trace/signature.py), folded into its tag; by default
         the (collective, algorithm) pair alone."""
         self.comm, self.collective, self.algorithm = comm, collective, algorithm
         self.rank, self.size = comm.rank, comm.size

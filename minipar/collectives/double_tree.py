@@ -21,7 +21,7 @@ import functools
 
 from minipar.collectives import layout
 from minipar.collectives.reduce_op import reduce_
-from minipar.comm import buffers
+from minipar.comm.transport import buffers
 
 
 def tree_links(p: int, position_of) -> tuple[dict, dict]:

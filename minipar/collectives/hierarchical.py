@@ -31,7 +31,7 @@ sends (each node receives S once) in two pipelines, one per level.
 The levels are views of the one call (`Level`): no sub-communicator is made (node_groups' splits
 are collective: made inside a call, on a torch sub-group or the progress thread, they could
 hang), the messages carry the call's tag, the ledger sees one call whose steps run on through
-the levels, and each message knows whether it crossed between nodes (comm/ledger.py).
+the levels, and each message knows whether it crossed between nodes (comm/trace/ledger.py).
 Measured on 2 emulated nodes of 2 on a 2 Gbit/s link (`minipar bench all_reduce -n 4 --nodes
 2 --fit`): 64 MiB in 345 ms against the flat ring's 510 and MPI_Allreduce's 632 (78% of the
 link's 268 ms floor), the model within +23%. Results: every all-reduce chunk is
@@ -47,7 +47,7 @@ needs only one leader a node, and runs two-level on any sizes.
 from __future__ import annotations
 
 from minipar.collectives import layout, ring, workspace
-from minipar.comm import buffers
+from minipar.comm.transport import buffers
 from minipar.runtime import nodes
 from minipar.state import process
 

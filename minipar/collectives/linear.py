@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from minipar.collectives import layout
 from minipar.collectives.reduce_op import reduce_
-from minipar.comm import buffers
+from minipar.comm.transport import buffers
 
 
 def _others(call, rank: int):

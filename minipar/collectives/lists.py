@@ -15,7 +15,7 @@ from __future__ import annotations
 from minipar import runtime
 from minipar.collectives.api import check_list, equal_or, reduce_scatter_tensor, run_call, same_type
 from minipar.collectives.reduce_op import ReduceOp, as_op, check_op
-from minipar.comm import buffers
+from minipar.comm.transport import buffers
 
 
 def _tensors(tensors, comm, what: str, writable: bool = False) -> None:

@@ -24,8 +24,9 @@ import datetime
 
 from minipar import runtime
 from minipar.collectives.work import Work
-from minipar.comm import buffers, ledger
-from minipar.comm.base import abandon, wait_all
+from minipar.comm.trace import ledger
+from minipar.comm.transport import buffers
+from minipar.comm.transport.base import abandon, wait_all
 
 
 class P2PWork(Work):

@@ -11,7 +11,7 @@ use it for large messages).
 from __future__ import annotations
 
 from minipar.collectives import layout
-from minipar.comm import buffers
+from minipar.comm.transport import buffers
 
 
 def all_to_all_pairwise(call, out, inp, out_edges=None, in_edges=None) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from minipar.collectives import layout, workspace
 from minipar.collectives.reduce_op import reduce_
-from minipar.comm import buffers
+from minipar.comm.transport import buffers
 
 
 def _fold_in(call, x, op, rem: int) -> int | None:

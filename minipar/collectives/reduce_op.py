@@ -23,7 +23,7 @@ import warnings
 
 import numpy as np
 
-from minipar.comm import buffers
+from minipar.comm.transport import buffers
 
 
 class ReduceOp(enum.Enum):

@@ -18,7 +18,7 @@ import numpy as np
 
 from minipar.collectives import layout, workspace
 from minipar.collectives.reduce_op import reduce_
-from minipar.comm import buffers
+from minipar.comm.transport import buffers
 
 SEGMENT_BYTES = 1 << 18  # the pipelined broadcast forwards 256 KiB pieces
 

@@ -12,7 +12,7 @@ win for small messages (latency-bound) and lose to rings for large ones (bandwid
 from __future__ import annotations
 
 from minipar.collectives.reduce_op import reduce_
-from minipar.comm import buffers
+from minipar.comm.transport import buffers
 
 
 def _depth(p: int) -> int:

@@ -5,9 +5,9 @@
     minipar.all_reduce(x)                            # peers read x where it lies: no copy in
 
 On a group whose ranks share one node over MPI, with the fast paths on, the buffer is this
-rank's segment of a new MPI shared window (comm/shm_buffers.py): the all-reduce, all-gather
-(of a window output) and reduce-scatter (of a window input) of it read the peers' twins in
-place (collectives/fast/in_place.py), one copy per byte and hop fewer than a user's private
+rank's segment of a new MPI shared window (comm/transport/shm_buffers.py): the all-reduce,
+all-gather (of a window output) and reduce-scatter (of a window input) of it read the peers' twins
+in place (collectives/fast/in_place.py), one copy per byte and hop fewer than a user's private
 tensor takes. Everywhere else (one rank, the torch transport, ranks on several nodes, the fast
 paths off, MINIPAR_TRANSPORT=mpi) it is a private buffer of the same shape and dtype, so the
 same program runs anywhere. Either way an `auto` call on it runs the ring (the order the
@@ -27,7 +27,7 @@ import numpy as np
 
 from minipar import runtime
 from minipar.collectives.fast import routing
-from minipar.comm import buffers, shm, shm_buffers
+from minipar.comm.transport import buffers, shm, shm_buffers
 from minipar.state import process
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 
-from minipar.comm.stall import WorkWait
+from minipar.comm.guards.stall import WorkWait
 from minipar.errors import CommTimeoutError
 from minipar.state import process
 

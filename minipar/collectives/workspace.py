@@ -17,7 +17,7 @@ import threading
 
 import numpy as np
 
-from minipar.comm import buffers
+from minipar.comm.transport import buffers
 
 LIMIT = 256 << 20
 _scratch_cache = threading.local()  # a cache: per-thread scratch buffers, grown on demand

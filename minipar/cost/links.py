@@ -108,9 +108,9 @@ def load_link(path: str) -> Link:
         ) from None
 
 
-# -- a link per transport: MPI messages, or single-copy shared windows (comm/shm.py) -----------
-# alpha: one wait on a peer's counter in shared memory, with the Python around it; beta: one
-# byte copied once through a window (numpy's copy to or from memory the peer touches: measured
+# -- a link per transport: MPI messages, or single-copy shared windows (comm/transport/shm.py)
+# ----------- alpha: one wait on a peer's counter in shared memory, with the Python around it; beta:
+# one byte copied once through a window (numpy's copy to or from memory the peer touches: measured
 # ~4.5 GB/s on the 2-core development VM, where MPICH's two copies through its small, cache-hot
 # bounce cells cost about as much as one such copy); gamma: one byte reduced. With these numbers
 # `auto` keeps MPI (docs/bench.md: the windows did not beat MPICH's ring there); a machine where

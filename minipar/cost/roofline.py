@@ -19,7 +19,7 @@ more of the result itself, but a byte it reduces costs p-1 adds, and an add move
 than a copy, so the even split is cheapest. Nothing is assumed about latency: the floor is
 bandwidth only, so small messages reach a tiny fraction of it.
 
-Inside one node's shared windows (comm/shm.py) the copy and the reduction read memory that
+Inside one node's shared windows (comm/transport/shm.py) the copy and the reduction read memory that
 another core has just written, and that is slower than private memory (the line is fetched from
 the writer's cache): `peer_rates` measures it, the rate at which one rank copies or adds in a
 buffer its peer wrote a moment ago, every rank at once. The same floor priced at those rates is

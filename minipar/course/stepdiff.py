@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 from minipar.collectives import layout
 from minipar.collectives.call import Call
-from minipar.comm import buffers, ledger
+from minipar.comm.trace import ledger
+from minipar.comm.transport import buffers
 from minipar.state import process
 
 SENTINEL = "-- where it parts from the reference --"

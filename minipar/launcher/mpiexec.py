@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from minipar.comm import mpisetup
+from minipar.comm.setup import mpisetup
 from minipar.launcher import stop
 from minipar.launcher.cluster import enter, mpi_args
 from minipar.launcher.relay import Relay, tag_from_env

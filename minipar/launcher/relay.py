@@ -26,7 +26,9 @@ from minipar.launcher import stop
 RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 DRAIN_SECONDS = 2.0  # after the job ends: how long to wait for its last bytes
 ABORT_WAIT = 10.0  # after a rank said it aborts: how long the MPI's launcher has to end the job
-FOLDER_ENV = "MINIPAR_RELAY_FOLDER"  # where a rank says it aborts (comm/mpi.py: say_aborted)
+FOLDER_ENV = (
+    "MINIPAR_RELAY_FOLDER"  # where a rank says it aborts (comm/transport/mpi.py: say_aborted)
+)
 
 
 def tag_from_env() -> bool:
@@ -228,7 +230,7 @@ def rank_main(argv: list[str]) -> None:
     if len(argv) < 3 or argv[1] != "--":
         sys.exit("usage: python -m minipar.launcher relay FOLDER -- program [args]")
     folder, program = argv[0], argv[2:]
-    os.environ[FOLDER_ENV] = folder  # the program may say it aborts there (comm/mpi.py)
+    os.environ[FOLDER_ENV] = folder  # the program may say it aborts there (comm/transport/mpi.py)
     for fd, stream in ((1, "out"), (2, "err")):
         pipe = os.open(os.path.join(folder, f"{rank()}.{stream}"), os.O_WRONLY)
         os.dup2(pipe, fd)

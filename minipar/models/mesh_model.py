@@ -37,7 +37,7 @@ import contextlib
 import torch
 
 from minipar import collectives
-from minipar.comm import ledger
+from minipar.comm.trace import ledger
 from minipar.models import fsdp_state, memory, precision, sharding
 from minipar.models.gpt import build_gpt
 from minipar.models.parallel_gpt import (

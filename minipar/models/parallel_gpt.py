@@ -43,7 +43,7 @@ import copy
 import torch
 from torch import nn
 
-from minipar.comm.base import wait_all
+from minipar.comm.transport.base import wait_all
 from minipar.models import precision
 from minipar.models.gpt import GPT
 from minipar.models.sharding import VOCAB_MULTIPLE

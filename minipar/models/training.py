@@ -40,7 +40,7 @@ import time
 
 import torch
 
-from minipar.comm import ledger
+from minipar.comm.trace import ledger
 from minipar.models import precision
 from minipar.models.config import SCHEDULES, RunSpec  # noqa: F401  (re-exported)
 from minipar.models.data import Batches, dp_slice, load_tokens
@@ -238,7 +238,7 @@ def train_on_mesh(
     losses = []
     for step in range(start, start + spec.steps):
         t0 = time.perf_counter()
-        with ledger.span(f"step {step}", "train"):  # a trace's mark (comm/ledger.py)
+        with ledger.span(f"step {step}", "train"):  # a trace's mark (comm/trace/ledger.py)
             inputs, targets = (part.shard_batch(t[rows]).to(device) for t in batches.get(step))
             opt.zero_grad(set_to_none=True)
             scale = scaler.scale if scaler is not None else 1.0

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from minipar.comm import ledger
+from minipar.comm.trace import ledger
 from minipar.state import process
 
 TRACK = "saved activations"  # the name of the trace's counter track

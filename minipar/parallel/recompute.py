@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import torch
 
-from minipar.comm import ledger
+from minipar.comm.trace import ledger
 from minipar.parallel import activation_memory
 from minipar.parallel.tensor.dense import AttentionCore
 

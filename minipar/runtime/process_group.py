@@ -8,7 +8,7 @@ dist`: init_process_group, destroy_process_group, is_available.
 
 "gloo" and "nccl" start torch.distributed with that backend (torch's own init_process_group,
 same arguments) and minipar then runs its own algorithms over torch's point-to-point (the torch
-transport, comm/torch.py); torch's collectives are never used. Under mpiexec with no
+transport, comm/transport/torch.py); torch's collectives are never used. Under mpiexec with no
 init_method, MASTER_ADDR or store, the torch group is brought up over MPI (rank 0 picks a port).
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 import datetime
 import os
 
-from minipar.comm import torch as torch_comm
-from minipar.comm.base import env_timeout
+from minipar.comm.transport import torch as torch_comm
+from minipar.comm.transport.base import env_timeout
 from minipar.runtime import world
 from minipar.state import process
 

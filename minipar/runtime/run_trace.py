@@ -1,7 +1,7 @@
 """`minipar run --trace DIR`: every rank traces its whole run and writes its part at the end.
 
 The launcher sets MINIPAR_TRACE_DIR for every rank. `init()` opens a trace on each rank (the
-ledger records from then on: comm/ledger.py) and measures the rank's clock offset to rank 0
+ledger records from then on: comm/trace/ledger.py) and measures the rank's clock offset to rank 0
 while every rank is there (comm/chrome_trace.clock_offset: a few round trips, outside the
 ledger); `finalize()`, or the interpreter's exit, closes it and writes DIR/rank{r}.json
 (chrome_trace.part: this rank's records on its own clock). Once the job ended, `minipar run`
@@ -15,7 +15,7 @@ import atexit
 import json
 import os
 
-from minipar.comm import chrome_trace, ledger
+from minipar.comm.trace import chrome_trace, ledger
 from minipar.state import process
 
 ENV = "MINIPAR_TRACE_DIR"

@@ -6,7 +6,8 @@ Like torch.distributed there is one default group (the world) that collectives u
     minipar.init()               # "auto": MPI under mpiexec/srun, torch under torchrun or an
                                  # initialised torch.distributed, else a world of one (MPI)
     minipar.init(backend="mpi", timeout=10, debug=True)
-    minipar.init(mismatch_after=0.5)  # a collective stuck this long asks its peers (comm/stall.py)
+    minipar.init(mismatch_after=0.5)  # a collective stuck this long asks its peers
+    (comm/guards/stall.py)
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import sys
 import traceback
 import warnings
 
-from minipar.comm import ending, leaving, mpi, mpisetup, watchdog
-from minipar.comm import torch as torch_comm
-from minipar.comm.base import NonMember, env_mismatch_after, env_timeout
+from minipar.comm.guards import ending, leaving, watchdog
+from minipar.comm.setup import mpisetup
+from minipar.comm.transport import mpi
+from minipar.comm.transport import torch as torch_comm
+from minipar.comm.transport.base import NonMember, env_mismatch_after, env_timeout
 from minipar.errors import MismatchError, NotInitializedError
 from minipar.runtime import devices, nodes, run_trace
 from minipar.state import process
@@ -62,7 +65,7 @@ def init(
     plain path a student reads (collectives/fast/ says what the fast ones do; the results are
     bitwise the same); default MINIPAR_FAST_PATHS, else on. mismatch_after: seconds a
     collective waits before it asks the peers it waits for which call they are in, so that
-    ranks that disagree without a message to show it raise MismatchError (comm/stall.py; MPI
+    ranks that disagree without a message to show it raise MismatchError (comm/guards/stall.py; MPI
     transport; default MINIPAR_MISMATCH_AFTER, else 1). Pass the same on every rank.
     """
     if backend not in ("auto", "mpi", "torch"):
@@ -91,7 +94,9 @@ def init(
         mpisetup.check_before_init()  # a launcher of another MPI: say so, before MPI_Init aborts
         comm = mpi.world(seconds)
         mpisetup.check_world(comm.size)  # n singletons where the launcher started n ranks
-        leaving.arm(comm)  # a rank leaving while others wait for it says so (comm/leaving.py)
+        leaving.arm(
+            comm
+        )  # a rank leaving while others wait for it says so (comm/guards/leaving.py)
         process.world = comm
     else:
         if not torch_comm.torch_dist().is_initialized():
@@ -246,7 +251,7 @@ def finalize() -> None:
 
     The one place this process's minipar state (minipar/state.py) is emptied, in this order:
     the progress thread finishes the async collectives queued on it; the ranks compare what each
-    of their groups saw (comm/ending.py: a collective, every rank calls finalize()); the
+    of their groups saw (comm/guards/ending.py: a collective, every rank calls finalize()); the
     watchdog stops looking (its probes must not run beside MPI's teardown), then the world, its
     groups and the device are forgotten. Open traces, the cost links and abandoned requests
     outlive a world on purpose. A mismatch the comparison found (one no wait raised: every rank

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from minipar.collectives import api
-from minipar.comm import chrome_trace
+from minipar.comm.trace import chrome_trace
 from minipar.parallel.pipeline import schedules
 from minipar.simulate.runner import group, simulate
 from minipar.state import process

@@ -1,4 +1,4 @@
-"""The simulated transport: the Communicator interface (comm/base.py) over virtual time.
+"""The simulated transport: the Communicator interface (comm/transport/base.py) over virtual time.
 
 The collectives call `_post_send` / `_post_recv` and wait, as on MPI; here a send copies its
 bytes at once (eager, as MPI does with small messages), books them on the network (network.py:
@@ -17,8 +17,8 @@ from collections import deque
 
 import numpy as np
 
-from minipar.comm import buffers
-from minipar.comm.base import Communicator, NonMember, Request, TagLayout, check_ranks
+from minipar.comm.transport import buffers
+from minipar.comm.transport.base import Communicator, NonMember, Request, TagLayout, check_ranks
 from minipar.errors import MiniparError
 
 SIM_TIMEOUT = 1e9  # virtual waits never time out; a deadlock is found by the scheduler instead

@@ -6,8 +6,8 @@ session must give them back. `GroupTracker` wraps the world communicator class's
 (through which `minipar.new_group` and every `group.split` go) and remembers each group
 weakly, with what frees it: the MPI communicator or torch's process group, and (noted after
 every case) the shared-memory window and node communicator its shm transport mapped, and the
-windows its buffers from `minipar.empty` live in (comm/shm_buffers.py: DDP's buckets, FSDP's
-slots; minipar frees those only at the node's next allocation, which a dropped group never
+windows its buffers from `minipar.empty` live in (comm/transport/shm_buffers.py: DDP's buckets,
+FSDP's slots; minipar frees those only at the node's next allocation, which a dropped group never
 makes).
 
 A suite may keep a group from one case to the next (a module-level cache), so groups are freed
@@ -26,8 +26,8 @@ import gc
 import weakref
 
 from minipar import runtime
-from minipar.comm import watchdog
-from minipar.comm.base import NonMember
+from minipar.comm.guards import watchdog
+from minipar.comm.transport.base import NonMember
 
 
 class Tracked:

@@ -14,11 +14,11 @@ After every case, on every rank:
   differently on each rank);
 - the ranks compare notes over the harness's control group: each one's account of the default
   group, the calls it made (`_seq`), their chained history (`_history`, which every
-  collective's tag carries, comm/base.py) and the groups split from it (`_splits`, which every
-  group id counts). Unequal accounts after a case that passed everywhere fail that case (a rank
-  made a collective call the others did not, or another one: the first call where they part
-  is named, as the end-of-job comparison would, comm/ending.py), and the remaining cases go to
-  a fresh job: such calls leave messages nobody will receive, which the watchdog could take
+  collective's tag carries, comm/transport/base.py) and the groups split from it (`_splits`, which
+  every group id counts). Unequal accounts after a case that passed everywhere fail that case (a
+  rank made a collective call the others did not, or another one: the first call where they part
+  is named, as the end-of-job comparison would, comm/guards/ending.py), and the remaining cases go
+  to a fresh job: such calls leave messages nobody will receive, which the watchdog could take
   for a mismatch during a later case. After a failure the accounts are realigned to the rank
   that made the most calls, and the table of recent calls is emptied, so that one failure does
   not make every later case time out, the watchdog does not take a failed case's leftover
@@ -44,8 +44,8 @@ import time
 
 from minipar import runtime
 from minipar.collectives import registry
-from minipar.comm import ending
-from minipar.comm.base import env_mismatch_after
+from minipar.comm.guards import ending
+from minipar.comm.transport.base import env_mismatch_after
 from minipar.runtime.world import FAST_PATHS_ENV
 from minipar.state import process
 from minipar.testing.groups import GroupTracker
@@ -180,7 +180,8 @@ def compare(accounts: list[dict]) -> str | None:
 
 
 def _difference(accounts: list[dict]) -> str:
-    """The first call where rank 0 and the first rank unlike it part (comm/ending.py's words)."""
+    """The first call where rank 0 and the first rank unlike it part (in the words of
+    comm/guards/ending.py)."""
     first = accounts[0]["summary"]
     for other in accounts[1:]:
         summary = other["summary"]

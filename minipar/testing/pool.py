@@ -190,7 +190,7 @@ class Pool:
     def close(self) -> list[tuple[int, str, int]]:
         """Ask every warm job to quit, then end it; (size, backend, exit status) of each: 0
         when its ranks finalized minipar, the end-of-job comparison of the calls included
-        (comm/ending.py), and exited by themselves."""
+        (comm/guards/ending.py), and exited by themselves."""
         jobs = list(self.jobs.values())
         self.jobs.clear()
         for job in jobs:

@@ -22,7 +22,7 @@ import torch
 
 import minipar
 from minipar.collectives.reduce_op import ReduceOp
-from minipar.comm import buffers
+from minipar.comm.transport import buffers
 
 NUMPY = ["float64", "float32", "float16", "int8", "int32", "int64", "uint8", "bool"]
 TORCH = ["float32", "bfloat16", "float16", "int32", "int64", "bool"]

@@ -26,7 +26,7 @@ def gloo():
     import torch.distributed as dist
     from mpi4py import MPI
 
-    from minipar.comm.torch import init_from_mpi
+    from minipar.comm.transport.torch import init_from_mpi
 
     if not dist.is_initialized():
         init_from_mpi(MPI.COMM_WORLD)

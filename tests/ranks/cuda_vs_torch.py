@@ -29,7 +29,7 @@ def dist():
     import torch.distributed as td
     from mpi4py import MPI
 
-    from minipar.comm.torch import init_from_mpi
+    from minipar.comm.transport.torch import init_from_mpi
 
     w = minipar.init()
     dev = minipar.device()

@@ -474,7 +474,7 @@ def pipeline_messages(schedule: str, v: int):
     def case():
         import torch
 
-        from minipar.comm.base import wait_all
+        from minipar.comm.transport.base import wait_all
         from minipar.parallel.pipeline import schedules as S
 
         w = world()

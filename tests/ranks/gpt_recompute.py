@@ -21,7 +21,7 @@ import tempfile
 import torch
 
 import minipar
-from minipar.comm import chrome_trace
+from minipar.comm.trace import chrome_trace
 from minipar.models import memory, training
 from minipar.models.config import GPTConfig, RunSpec
 from minipar.models.data import Batches, dp_slice, load_tokens

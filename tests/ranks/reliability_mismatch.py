@@ -2,7 +2,7 @@
 minipar.testing and docs/errors.md, "Mismatches without debug mode").
 
 Every collective tag carries a hash of the call's signature, so disagreeing ranks' messages never
-match, and the watchdog (minipar/comm/watchdog.py) names both calls. The cases:
+match, and the watchdog (minipar/comm/guards/watchdog.py) names both calls. The cases:
 
 - `mismatch.<mistake>`: the four mistakes of issue 16's table (root, op, same bytes in another
   dtype, different counts), a few more (another collective, another algorithm, a skipped call),
@@ -368,7 +368,7 @@ def p2p_timeout_says():
 def threads():
     """minipar's own threads: the watchdog (one look every PERIOD = 0.1 s) and the progress
     thread; the stalled-wait questions run on the waiting thread and the watchdog's."""
-    from minipar.comm import watchdog
+    from minipar.comm.guards import watchdog
 
     w = world()
     minipar.all_reduce(np.ones(2))

@@ -1,8 +1,8 @@
-"""The single-copy shared-memory transport (minipar/comm/shm.py, collectives/fast/windows.py) on
-real ranks: the collectives matrix's cases (numpy references, bitwise identity, every dtype and
-op) forced onto the windows with `algorithm="ring@shm"`, pieces and blocks, sub-groups, async
-calls in flight with blocking ones, the transport switch, and waits that time out or catch a
-mismatched call, naming the collective and the peer.
+"""The single-copy shared-memory transport (minipar/comm/transport/shm.py,
+collectives/fast/windows.py) on real ranks: the collectives matrix's cases (numpy references,
+bitwise identity, every dtype and op) forced onto the windows with `algorithm="ring@shm"`, pieces
+and blocks, sub-groups, async calls in flight with blocking ones, the transport switch, and waits
+that time out or catch a mismatched call, naming the collective and the peer.
 """
 
 import os
@@ -11,7 +11,7 @@ import numpy as np
 from collectives import kinds_dtypes, large_case, moving_case, reducing_case, same_everywhere
 
 import minipar
-from minipar.comm import shm
+from minipar.comm.transport import shm
 from minipar.errors import CommTimeoutError, MismatchError
 
 SHM = ["all_reduce", "all_gather", "reduce_scatter"]

@@ -405,7 +405,7 @@ def torch_mesh():
     if not dist.is_initialized():
         from mpi4py import MPI
 
-        from minipar.comm.torch import init_from_mpi
+        from minipar.comm.transport.torch import init_from_mpi
 
         init_from_mpi(MPI.COMM_WORLD)
     return init_device_mesh("cpu", (dist.get_world_size(),))

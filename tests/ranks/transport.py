@@ -139,7 +139,7 @@ def short_buffer():
     """A receive buffer smaller (or larger) than the message is an error, never a truncation."""
     w = minipar.init()
     if w.size < 2 or w.rank > 1 or minipar.get_backend() != "mpi":
-        return  # gloo aborts the process on a size mismatch instead (see comm/torch.py)
+        return  # gloo aborts the process on a size mismatch instead (see comm/transport/torch.py)
     if w.rank == 0:
         w.send(np.arange(8.0), 1, tag=3)
         w.send(np.arange(2.0), 1, tag=4)

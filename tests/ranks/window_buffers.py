@@ -1,5 +1,5 @@
-"""Buffers that live in the node's shared window (minipar.empty, comm/shm_buffers.py) on real
-ranks, and the collectives that read them in place (collectives/fast/in_place.py):
+"""Buffers that live in the node's shared window (minipar.empty, comm/transport/shm_buffers.py) on
+real ranks, and the collectives that read them in place (collectives/fast/in_place.py):
 
 - a buffer from minipar.empty really is in the window: its first byte lies in this rank's
   segment of one of the node's windows, at the same offset on every rank;
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 import minipar
-from minipar.comm import shm_buffers
+from minipar.comm.transport import shm_buffers
 from minipar.errors import MismatchError
 from minipar.parallel import DistributedDataParallel, FullyShardedDataParallel
 

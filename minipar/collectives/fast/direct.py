@@ -1,8 +1,8 @@
 """Fast path: one step's messages straight on mpi4py's requests, the short way for numpy buffers.
 
 A step of a collective receives one buffer and sends another. Through the transport's Request
-objects (comm/base.py) that costs about 4 us of Python on top of the 3 us the two messages cost
-in bare mpi4py: two Request objects, a Status each, a wait loop over a list. Most steps finish
+objects (comm/transport/base.py) that costs about 4 us of Python on top of the 3 us the two messages
+cost in bare mpi4py: two Request objects, a Status each, a wait loop over a list. Most steps finish
 within microseconds, so `exchange` posts mpi4py's own requests and polls them a little; only a
 step still pending after that is wrapped in Request objects and handed to `wait_all`, which
 yields the core, notices a mismatch found by the watchdog, and times out naming the peer.
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import threading
 
-from minipar.comm.base import SPIN_SECONDS, abandon, wait_all
-from minipar.comm.mpi_requests import MPIRequest, check_count, module, raise_if_truncated
+from minipar.comm.transport.base import SPIN_SECONDS, abandon, wait_all
+from minipar.comm.transport.mpi_requests import MPIRequest, check_count, module, raise_if_truncated
 
 # A blocking MPI_Send of this few bytes returns at once in every MPI (the message goes eagerly,
 # buffered at the receiver). Larger sends may wait for the receiver (rendezvous): Isends, whose
@@ -66,7 +66,7 @@ def failed(comm, error, recv, send, tag: int, sendbuf, dst, recvbuf, src) -> Non
     """Raise `error` (MPI's truncation said as MessageSizeError) after abandoning the step's
     requests still in flight: their buffers are kept alive, as MPI may still touch them."""
     abandon(_wrap(comm, recv, send, tag, sendbuf, dst, recvbuf, src))
-    comm._told = True  # the program sees this group fail (comm/ending.py)
+    comm._told = True  # the program sees this group fail (comm/guards/ending.py)
     if recvbuf is not None and isinstance(error, module().Exception):
         raise_if_truncated(error, comm, src, tag, recvbuf.nbytes)
     raise error

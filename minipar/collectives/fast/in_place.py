@@ -1,9 +1,9 @@
 """All-reduce, all-gather and reduce-scatter of buffers that live in a shared window already.
 
-A buffer from `minipar.empty(...)` (DDP's buckets, FSDP's flat vectors: comm/shm_buffers.py)
-lies in this rank's segment of a window every rank of the node maps, at the same offset on every
-rank. So nothing is copied in: each rank reads its peers' buffers where they are, as NCCL's P2P
-transport reads a peer GPU's buffer. For n bytes on p ranks, per rank:
+A buffer from `minipar.empty(...)` (DDP's buckets, FSDP's flat vectors:
+comm/transport/shm_buffers.py) lies in this rank's segment of a window every rank of the node maps,
+at the same offset on every rank. So nothing is copied in: each rank reads its peers' buffers where
+they are, as NCCL's P2P transport reads a peer GPU's buffer. For n bytes on p ranks, per rank:
 
 - all-reduce: reduce my chunk (n/p) from the p buffers into mine; copy the p-1 other final
   chunks out of their owners' buffers. (p-1)/p n reduced, (p-1)/p n copied: the roofline's
@@ -26,9 +26,9 @@ from __future__ import annotations
 from minipar.collectives import layout, workspace
 from minipar.collectives.fast import windows
 from minipar.collectives.fast.windows import ring_fold, ring_spans, view
-from minipar.comm import buffers, shm
-from minipar.comm.shm import READY, REDUCED
-from minipar.comm.shm_buffers import address
+from minipar.comm.transport import buffers, shm
+from minipar.comm.transport.shm import READY, REDUCED
+from minipar.comm.transport.shm_buffers import address
 
 PATH = "shm-in-place"
 

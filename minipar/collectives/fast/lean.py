@@ -38,8 +38,9 @@ from minipar.collectives import layout, registry
 from minipar.collectives.fast import routing
 from minipar.collectives.fast.direct import EAGER_BYTES, SPINS, failed, still_pending
 from minipar.collectives.reduce_op import ReduceOp, check_op, numpy_kernel
-from minipar.comm import buffers, signature
-from minipar.comm.mpi_requests import check_count, module
+from minipar.comm.trace import signature
+from minipar.comm.transport import buffers
+from minipar.comm.transport.mpi_requests import check_count, module
 from minipar.state import process
 
 MAX_BYTES = 64 << 10  # the latency regime; a plan keeps a scratch buffer of this size at most

@@ -1,7 +1,7 @@
 """Fast path: which transport carries a collective call, MPI messages (the reference) or windows.
 
-Inside one node the single-copy windows of comm/shm.py move a byte with one copy where an MPI
-message takes two. Only the bandwidth algorithms of the collectives that move the most bytes
+Inside one node the single-copy windows of comm/transport/shm.py move a byte with one copy where an
+MPI message takes two. Only the bandwidth algorithms of the collectives that move the most bytes
 take them (the ring's all-reduce, all-gather and reduce-scatter: the windows reduce each element
 in the ring's order, so the results are the same bits either way), and `auto`
 (also what `algorithm="auto"` resolves to) does so when every rank of the group shares this
@@ -19,7 +19,7 @@ The trace shows the choice: a call that went through the windows is recorded wit
 "<name>@shm", and its messages (what each peer read) with path "shm".
 
 A buffer that lives in a window already (`minipar.empty`, DDP's buckets, FSDP's flat vectors:
-comm/shm_buffers.py) is reduced where it lies, with no copy in (in_place.py; path
+comm/transport/shm_buffers.py) is reduced where it lies, with no copy in (in_place.py; path
 "shm-in-place"): `window_of` finds it, from the buffer alone and with the fast paths on or off,
 and for it `auto` means the ring (collectives/api.py), so the switch changes no bits.
 """
@@ -32,7 +32,7 @@ from minipar import cost
 from minipar.collectives import registry
 from minipar.collectives.fast import in_place, windows
 from minipar.collectives.registry import split
-from minipar.comm import buffers, shm, shm_buffers
+from minipar.comm.transport import buffers, shm, shm_buffers
 from minipar.state import process
 
 ENV = "MINIPAR_TRANSPORT"

@@ -1,4 +1,5 @@
-"""All-reduce, all-gather and reduce-scatter over shared windows (comm/shm.py), one copy a hop.
+"""All-reduce, all-gather and reduce-scatter over shared windows (comm/transport/shm.py), one copy a
+hop.
 
 In shared memory every peer is one hop away, so the ring's p-1 relays buy nothing: each rank
 publishes its data once in its own segment and then reads what it needs straight out of its
@@ -12,7 +13,7 @@ peers' segments. For a buffer of n bytes on p ranks, per rank:
 - reduce-scatter (n = the whole input): copy n in; reduce my block from the p segments. 2 waits.
 
 Messages larger than a segment (shm.MAX_SEGMENT) go in pieces, a round each. A buffer that
-lives in a window already (comm/shm_buffers.py) skips the copy in: in_place.py.
+lives in a window already (comm/transport/shm_buffers.py) skips the copy in: in_place.py.
 
 The trace records what the peers read as the messages it replaces (`log`): rank q reading my
 data is a message from me to q, with path "shm" (through my segment). The bytes are the ring's,
@@ -31,8 +32,9 @@ import zlib
 
 from minipar.collectives import layout
 from minipar.collectives.reduce_op import reduce_into
-from minipar.comm import buffers, ledger, shm
-from minipar.comm.shm import DONE, READY, REDUCED
+from minipar.comm.trace import ledger
+from minipar.comm.transport import buffers, shm
+from minipar.comm.transport.shm import DONE, READY, REDUCED
 from minipar.state import process
 
 

@@ -17,8 +17,8 @@ import numpy as np
 
 import minipar
 from minipar.collectives.fast import routing
-from minipar.comm import shm
-from minipar.comm.cuda import mpi_cuda_aware
+from minipar.comm.transport import shm
+from minipar.comm.transport.cuda import mpi_cuda_aware
 from minipar.runtime import devices
 from minipar.state import process
 
@@ -42,7 +42,7 @@ def all_reduce_ok(comm) -> bool:
 
 
 def shm_ok(comm):
-    """The all-reduce over shared windows (comm/shm.py): True if right, None if this group
+    """The all-reduce over shared windows (comm/transport/shm.py): True if right, None if this group
     cannot share memory (it spans nodes, or has one rank)."""
     if comm.size == 1 or shm.node_of(comm) is None:
         return None

@@ -20,7 +20,7 @@ import numpy as np
 
 import minipar
 from minipar import cost
-from minipar.comm.base import Request
+from minipar.comm.transport.base import Request
 from minipar.course.lessons import planted
 from minipar.course.lessons.page import Page, fmt_bytes, fmt_time
 from minipar.errors import CommTimeoutError

@@ -19,7 +19,7 @@ import numpy as np
 
 import minipar
 from minipar import cost, launcher
-from minipar.comm import shm
+from minipar.comm.transport import shm
 from minipar.cost import roofline
 from minipar.course.lessons import planted
 from minipar.course.lessons.page import Page, fmt_bytes, fmt_rate, fmt_time

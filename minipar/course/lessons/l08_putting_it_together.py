@@ -15,7 +15,7 @@ The end (not with --quick) trains the tiny GPT on the lesson's own mesh, checks 
 against the dense run and sets its step time beside the planner's; then one step with each
 recomputation policy (none, selective, full): the same loss, the bytes autograd kept per block
 against minipar's formula (models/memory.py), the step time, and a trace of every rank
-(comm/chrome_trace.py) to open in Perfetto.
+(comm/trace/chrome_trace.py) to open in Perfetto.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import numpy as np
 import minipar
 from minipar.collectives import layout
 from minipar.collectives.reduce_op import reduce_
-from minipar.comm import buffers
+from minipar.comm.transport import buffers
 
 
 def ring_shift_send_first(comm, x, out) -> None:

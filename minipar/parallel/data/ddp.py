@@ -25,8 +25,8 @@ parameter alone.
 
 Where the buckets live: on a group whose ranks share one node over MPI (with the fast paths
 on), all the CPU buckets sit in one buffer from `collectives.empty`, in the node's shared
-window (comm/shm_buffers.py), and the all-reduce reads the peers' buckets where they lie, with
-no copy in (collectives/fast/in_place.py; the trace's path "shm-in-place"). Elsewhere (over
+window (comm/transport/shm_buffers.py), and the all-reduce reads the peers' buckets where they lie,
+with no copy in (collectives/fast/in_place.py; the trace's path "shm-in-place"). Elsewhere (over
 the torch transport, across nodes, fast paths off) the buffer is private and the all-reduce
 goes over messages. Either way `auto` means the ring for a bucket above 64 KiB
 (`reduction_algorithm`), so the two give bitwise the same gradients.
@@ -61,7 +61,7 @@ from torch import nn
 
 from minipar import collectives, cost, runtime
 from minipar.collectives.reduce_op import ReduceOp
-from minipar.comm import ledger
+from minipar.comm.trace import ledger
 from minipar.parallel import replicas
 
 

@@ -40,7 +40,7 @@ from torch import nn
 
 from minipar import collectives, runtime
 from minipar.collectives.reduce_op import ReduceOp
-from minipar.comm import ledger
+from minipar.comm.trace import ledger
 from minipar.parallel import activation_memory, replicas
 from minipar.parallel.data.ddp import (
     broadcast_tensors,

@@ -27,8 +27,8 @@ from __future__ import annotations
 import time
 
 from minipar import runtime
-from minipar.comm import ledger
-from minipar.comm.base import wait_all
+from minipar.comm.trace import ledger
+from minipar.comm.transport.base import wait_all
 from minipar.parallel import activation_memory
 from minipar.parallel.pipeline import schedules as S
 from minipar.parallel.pipeline.interpreter import plan

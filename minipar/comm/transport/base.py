@@ -19,21 +19,24 @@ import threading
 import time
 import weakref
 
-from minipar.comm import buffers, ledger, signature
+from minipar.comm.trace import ledger, signature
+from minipar.comm.transport import buffers
 from minipar.errors import CommTimeoutError, MiniparError, MismatchError
 from minipar.state import process
 
 COLLECTIVE_TAG_BASE = 1 << 15  # user tags live in [0, 2**15), as MPI guarantees at least that
 CONTROL_TAG = COLLECTIVE_TAG_BASE  # debug mode's fingerprints
-NOTICE_TAG = COLLECTIVE_TAG_BASE + 1  # mismatch notices between watchdogs (comm/watchdog.py)
-REPLY_TAG_BASE = COLLECTIVE_TAG_BASE + 16  # answers to a stalled rank's questions (comm/stall.py),
+NOTICE_TAG = COLLECTIVE_TAG_BASE + 1  # mismatch notices between watchdogs (comm/guards/watchdog.py)
+REPLY_TAG_BASE = (
+    COLLECTIVE_TAG_BASE + 16
+)  # answers to a stalled rank's questions (comm/guards/stall.py),
 REPLY_TAGS = 1 << 14  # one tag per question, so two threads never take each other's answer
 SEQ_BITS = 12  # a call's tag keeps its sequence number modulo 4096
 SEQ_MASK = (1 << SEQ_BITS) - 1
 _cached_hash = signature._HASHES.get
 DEFAULT_TIMEOUT = 300.0  # seconds; generous, because a first CUDA call or a cold start is slow
 DEFAULT_MISMATCH_AFTER = 1.0  # seconds a collective waits before asking its peers (stall.py)
-STALL_AFTER = 0.01  # seconds after which a wait counts as stuck (comm/stall.py registers it)
+STALL_AFTER = 0.01  # seconds after which a wait counts as stuck (comm/guards/stall.py registers it)
 # odd, so history -> (history * M xor hash) mod 2^H is one-to-one; small, so that with H <= 18
 # every intermediate value stays below 2^30, one digit of a Python int (no big-int arithmetic)
 HISTORY_MULTIPLIER = 2531
@@ -77,7 +80,7 @@ def env_timeout() -> float:
 
 def env_mismatch_after() -> float:
     """MINIPAR_MISMATCH_AFTER: seconds a collective call waits before it asks its peers which
-    call they are in (comm/stall.py); default 1."""
+    call they are in (comm/guards/stall.py); default 1."""
     return env_seconds("MINIPAR_MISMATCH_AFTER", DEFAULT_MISMATCH_AFTER)
 
 
@@ -207,7 +210,7 @@ def wait_all(requests, timeout: float, context="") -> None:
     except BaseException:
         abandon(requests)
         if requests:
-            requests[0].comm._told = True  # the program saw this group fail (comm/ending.py)
+            requests[0].comm._told = True  # the program saw this group fail (comm/guards/ending.py)
         raise
 
 
@@ -313,7 +316,7 @@ class Communicator:
         # the watchdog compares a peer's foreign tag (and a peer's notice) against
         self._calls: list = [None] * (SEQ_MASK + 1)
         self._failure: str | None = None  # set once a mismatch is found: every later wait raises
-        self._told = False  # an error on this group reached the program (comm/ending.py)
+        self._told = False  # an error on this group reached the program (comm/guards/ending.py)
         process.groups[gid] = weakref.ref(self)
 
     def __repr__(self) -> str:
@@ -360,7 +363,7 @@ class Communicator:
     # -- collectives bookkeeping --------------------------------------------------------
     def next_collective_tag(self, sig, sig_hash=None) -> tuple[int, int]:
         """(sequence number, tag) for the next collective call on this group, whose signature
-        (comm/signature.py) is `sig` (`sig_hash` its tag_hash, if the caller kept it); raises
+        (comm/trace/signature.py) is `sig` (`sig_hash` its tag_hash, if the caller kept it); raises
         MismatchError once the group has seen a mismatch.
 
         The tag's hash bits are the group's history: the signature's hash chained onto the
@@ -387,7 +390,7 @@ class Communicator:
     def recent_calls(self, upto: int, count: int = 16) -> list:
         """(seq, signature in plain values, history) of this rank's calls #upto-count+1 ..
         #upto on this group that its table still holds: what ranks compare to find the first
-        call where they parted (comm/signature.py first_difference)."""
+        call where they parted (comm/trace/signature.py first_difference)."""
         out = []
         for seq in range(max(0, upto - count + 1), min(upto, self._seq - 1) + 1):
             entry = self._calls[seq & SEQ_MASK]
@@ -402,7 +405,7 @@ class Communicator:
 
     def _stall(self, pending):
         """A wait on this group has lasted STALL_AFTER seconds: an object whose poll() may ask
-        the peers what they are doing (comm/stall.py), or None where the transport cannot."""
+        the peers what they are doing (comm/guards/stall.py), or None where the transport cannot."""
         return None
 
     def _peer_state(self, request, stall) -> str:

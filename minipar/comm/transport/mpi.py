@@ -3,8 +3,8 @@
 Every buffer crosses as raw bytes (`MPI.BYTE`), so every dtype works, bfloat16 and float16
 included, and the receiver checks that exactly as many bytes arrived as its buffer holds.
 CUDA tensors go straight to MPI when it is CUDA-aware, else through pinned host buffers
-(see comm/cuda.py), chunk by chunk with the copies overlapped for messages larger than one
-chunk (see comm/staging.py and comm/mpi_staged.py).
+(see comm/transport/cuda.py), chunk by chunk with the copies overlapped for messages larger than one
+chunk (see comm/transport/staging.py and comm/transport/mpi_staged.py).
 """
 
 from __future__ import annotations
@@ -17,16 +17,18 @@ import time
 
 import numpy as np
 
-from minipar.comm import buffers, cuda, ledger, staging, stall, watchdog
-from minipar.comm.base import Communicator, NonMember, Request, check_ranks, wait_all
-from minipar.comm.mpi_requests import (
+from minipar.comm.guards import stall, watchdog
+from minipar.comm.trace import ledger
+from minipar.comm.transport import buffers, cuda, staging
+from minipar.comm.transport.base import Communicator, NonMember, Request, check_ranks, wait_all
+from minipar.comm.transport.mpi_requests import (
     MPIAnySourceRequest,
     MPIBarrierRequest,
     MPIControlRequest,
     MPIRequest,
     module,
 )
-from minipar.comm.mpi_staged import PipelinedRecv, PipelinedSend
+from minipar.comm.transport.mpi_staged import PipelinedRecv, PipelinedSend
 from minipar.errors import MiniparError
 
 ABORT_GRACE = 0.5  # seconds between a rank's last words and MPI_Abort
@@ -47,9 +49,9 @@ class MPICommunicator(Communicator):
         self._pool = None
         self._asked: set = set()  # (peer, seq) the watchdog already sent a notice about
         self._notices: list = []  # notices, questions and answers in flight, kept alive
-        self._questions = itertools.count()  # numbers this rank's questions (comm/stall.py)
+        self._questions = itertools.count()  # numbers this rank's questions (comm/guards/stall.py)
         self._late: list = []  # (peer, reply tag, when asked): answers a finished wait left
-        watchdog.watch(self)  # finds ranks that disagree about a call (comm/watchdog.py)
+        watchdog.watch(self)  # finds ranks that disagree about a call (comm/guards/watchdog.py)
         self._chunk = staging.chunk_bytes()  # the same on every rank: both ends cut alike
         self._stage_host = staging.stage_host()  # tests: CPU tensors take the chunked path
         self._lean: dict = {}  # collectives/lean.py's plans for this group
@@ -62,8 +64,8 @@ class MPICommunicator(Communicator):
 
     def _pipelined(self, buf) -> bool:
         """Whether a torch tensor on a GPU (or any, under MINIPAR_STAGE_HOST) crosses in chunks
-        with overlapped copies (comm/staging.py). Callers test the cheap part first, so numpy
-        arrays and CPU tensors pay one isinstance and one attribute read."""
+        with overlapped copies (comm/transport/staging.py). Callers test the cheap part first, so
+        numpy arrays and CPU tensors pay one isinstance and one attribute read."""
         if buf.is_cuda and cuda.mpi_cuda_aware()[0]:
             return False
         return len(staging.bounds(buffers.nbytes(buf), self._chunk)) > 1

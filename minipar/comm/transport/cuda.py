@@ -17,8 +17,8 @@ import ctypes
 import functools
 import os
 
-from minipar.comm import buffers
-from minipar.comm.mpisetup import loaded_mpi_library  # (its home: no numpy for the launcher)
+from minipar.comm.setup.mpisetup import loaded_mpi_library  # (its home: no numpy for the launcher)
+from minipar.comm.transport import buffers
 
 MPIX_GPU_SUPPORT_CUDA = 0
 

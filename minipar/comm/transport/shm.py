@@ -20,9 +20,9 @@ meanwhile), so it never holds the core the peer needs. Every wait is bounded by 
 timeout and names the collective, the peer and what it waited for. `MPI_Win_sync` orders the
 data before the counter (a memory barrier on weakly ordered CPUs; nearly free on x86).
 
-A buffer that lives in a window of its own (comm/shm_buffers.py: minipar.empty, DDP's buckets,
-FSDP's slots) takes rounds of its own (`begin_in_place` / `end_in_place`): nothing is copied
-in, the header also names the window and the offset (peers whose twins lie elsewhere raise
+A buffer that lives in a window of its own (comm/transport/shm_buffers.py: minipar.empty, DDP's
+buckets, FSDP's slots) takes rounds of its own (`begin_in_place` / `end_in_place`): nothing is
+copied in, the header also names the window and the offset (peers whose twins lie elsewhere raise
 MismatchError), and the round ends only when every peer has finished reading, so the caller may
 write into its buffer as soon as the call returns.
 
@@ -39,8 +39,8 @@ import time
 
 import numpy as np
 
-from minipar.comm.base import patience, pause, wait_all
-from minipar.comm.mpi_requests import module
+from minipar.comm.transport.base import patience, pause, wait_all
+from minipar.comm.transport.mpi_requests import module
 from minipar.errors import CommTimeoutError, MismatchError
 
 HEADER = 4096  # bytes before the data: a page, so the data is page-aligned
@@ -87,7 +87,7 @@ class SharedNode:
         self.win, self.capacity, self.round = None, 0, 0
         self.blocks = 0  # blocks finished in earlier rounds: READY and REDUCED count blocks
         self.segments, self.headers = [], []
-        self.buffers = []  # comm/shm_buffers.py: the windows buffers live in, in allocation order
+        self.buffers = []  # shm_buffers.py: the windows buffers live in, in allocation order
         self.windows_made = 0  # their serial numbers (the same on every rank)
         self._order = threading.Condition()
         self._issued = self._turn = 0
@@ -180,7 +180,7 @@ class SharedNode:
 
     def _poll(self, head, slot, k, q, what) -> None:
         start, timeout = time.monotonic(), self.comm.timeout
-        spin, nap = patience()  # the progress thread naps at once: comm/base.py
+        spin, nap = patience()  # the progress thread naps at once: comm/transport/base.py
         while head[slot] < k:
             failure = getattr(self.comm, "_failure", None)  # the MPI watchdog saw a mismatch
             if failure is not None:

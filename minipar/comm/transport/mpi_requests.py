@@ -9,9 +9,9 @@ imported on first use: importing it initialises MPI, which minipar leaves to `mi
 
 from __future__ import annotations
 
-from minipar.comm import buffers
-from minipar.comm.base import Request
-from minipar.comm.mpisetup import no_library
+from minipar.comm.setup.mpisetup import no_library
+from minipar.comm.transport import buffers
+from minipar.comm.transport.base import Request
 from minipar.errors import MessageSizeError
 
 _module_cache = []  # a cache: mpi4py.MPI once imported (an import in the function costs ~0.5 us)

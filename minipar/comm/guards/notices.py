@@ -1,7 +1,8 @@
 """The control messages between ranks about a mismatch: small pickled notices, and failing a group.
 
-Ranks that find a mismatch (the watchdog, comm/watchdog.py, from a foreign tag; a stalled wait,
-comm/stall.py, from a peer's answer) tell each other on NOTICE_TAG, a tag no data ever uses:
+Ranks that find a mismatch (the watchdog, comm/guards/watchdog.py, from a foreign tag; a stalled
+wait, comm/guards/stall.py, from a peer's answer) tell each other on NOTICE_TAG, a tag no data ever
+uses:
 
     ("call", seq, recent calls)   "my call #seq and the calls before it: is yours the same?"
     ("query", qid, seq)           "which call are you in?" (answered on its own reply tag)
@@ -9,12 +10,12 @@ comm/stall.py, from a peer's answer) tell each other on NOTICE_TAG, a tag no dat
 
 `fail` marks a group failed on this rank (every later wait on it raises MismatchError) and sends
 ("abort", text) to its other ranks. While this rank compares its groups at the end of the job
-(comm/ending.py), a failure also stops that comparison, which then reports it.
+(comm/guards/ending.py), a failure also stops that comparison, which then reports it.
 """
 
 from __future__ import annotations
 
-from minipar.comm.base import NOTICE_TAG
+from minipar.comm.transport.base import NOTICE_TAG
 from minipar.state import process
 
 

@@ -46,7 +46,7 @@ import time
 
 from minipar.state import process
 
-CLOCK_TAG = (1 << 15) + 2  # beside comm/base.py's control tags, below every collective's
+CLOCK_TAG = (1 << 15) + 2  # beside comm/transport/base.py's control tags, below every collective's
 ROUNDS = 8
 FLOW = "message"  # the name and category of every flow event
 BETWEEN = "message between nodes"  # the name of a flow from one node to another

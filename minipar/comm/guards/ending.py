@@ -4,8 +4,8 @@ A mismatch in a call where every rank returned without receiving anything (both 
 broadcast only send; every "root" of a scatter keeps its own piece) leaves messages that nobody
 receives. The group's next call cannot match (its tags carry the history, base.py), and the
 watchdog names the call that differed; but a program may make no next call. So at finalize() and
-at exit (comm/leaving.py) every rank sends every other, in one control all-gather on the world,
-what each of its groups saw:
+at exit (comm/guards/leaving.py) every rank sends every other, in one control all-gather on the
+world, what each of its groups saw:
 
     (group id, name, world ranks, this rank's place, calls made, their chained history,
      "told" / a failure nobody raised / None, the last RECENT calls' signatures)
@@ -19,8 +19,8 @@ it and ends with status 1, so a job that ends this way never ends with status 0.
 
 While the ranks wait for each other here, the watchdog still runs: a peer stalled in a call this
 rank never made asks, hears that this rank is at its end, and fails the group, which stops this
-comparison too (comm/notices.py): both sides raise. A rank that does not come within the world's
-timeout is not waited for longer: the comparison is skipped, saying so.
+comparison too (comm/guards/notices.py): both sides raise. A rank that does not come within the
+world's timeout is not waited for longer: the comparison is skipped, saying so.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from minipar.comm import signature
+from minipar.comm.trace import signature
 from minipar.errors import CommTimeoutError, MiniparError, MismatchError
 from minipar.state import process
 

@@ -1,13 +1,13 @@
 """A collective wait that lasts: ask the peers which call they are in, and name the mismatch that
 no tag shows (MPI transport).
 
-The watchdog (comm/watchdog.py) sees a mismatch when a peer's message carries a foreign tag. Some
-mismatches send nothing at all: ranks that disagree on reduce's `dst` all wait to receive and none
-sends; ranks that call the same collective on two different groups each wait on a group the other
-never calls. So a wait inside a collective that has lasted `process.mismatch_after` seconds
+The watchdog (comm/guards/watchdog.py) sees a mismatch when a peer's message carries a foreign tag.
+Some mismatches send nothing at all: ranks that disagree on reduce's `dst` all wait to receive and
+none sends; ranks that call the same collective on two different groups each wait on a group the
+other never calls. So a wait inside a collective that has lasted `process.mismatch_after` seconds
 (about a second: minipar.init(mismatch_after=), MINIPAR_MISMATCH_AFTER) asks each peer it waits
-for, on the notice tag (comm/notices.py), which call it is in. The peer's watchdog answers within
-a period, on a reply tag of this question's own (REPLY_TAG_BASE + question number), with:
+for, on the notice tag (comm/guards/notices.py), which call it is in. The peer's watchdog answers
+within a period, on a reply tag of this question's own (REPLY_TAG_BASE + question number), with:
 
     its next call number on the group, its recent calls up to the asked one (signature, history),
     the waits it is stuck in (group id and name, call number, signature, peers, for how long),
@@ -37,8 +37,9 @@ from __future__ import annotations
 import threading
 import time
 
-from minipar.comm import signature
-from minipar.comm.base import (
+from minipar.comm.guards.notices import fail, send
+from minipar.comm.trace import signature
+from minipar.comm.transport.base import (
     COLLECTIVE_TAG_BASE,
     CONTROL_TAG,
     REPLY_TAG_BASE,
@@ -46,7 +47,6 @@ from minipar.comm.base import (
     SEQ_MASK,
     STALL_AFTER,
 )
-from minipar.comm.notices import fail, send
 from minipar.state import process
 
 ASK_AGAIN = 0.25  # seconds before a peer is asked again, doubled after each answer (up to 2 s)

@@ -12,8 +12,8 @@ algorithm: the messages a rank posts before it must wait for the previous round'
 the ledger against the formulas in each algorithm's docstring and in `minipar.cost`, so an
 algorithm that computes the right answer the wrong way (too many bytes, extra rounds) fails.
 
-The ledger also keeps time, for the timeline (comm/chrome_trace.py: `t.save("x.json")` opens in
-Perfetto): when each message was posted and each receive completed (`Message.clock`), when each
+The ledger also keeps time, for the timeline (comm/trace/chrome_trace.py: `t.save("x.json")` opens
+in Perfetto): when each message was posted and each receive completed (`Message.clock`), when each
 collective call ran and on which thread (`Call.start`, `.end`), the spans the strategies mark
 (`span(name, cat)`: a pipeline instruction, an FSDP unit's forward, a DDP bucket's wait) and
 counter values (`counter(name, value)`: the saved activation bytes). Every clock is
@@ -29,7 +29,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from minipar.comm import chrome_trace
+from minipar.comm.trace import chrome_trace
 from minipar.state import process
 
 now = time.perf_counter  # the ledger's clock
@@ -62,7 +62,8 @@ class Message:
     # (CUDA-aware), "staged" (one pinned-host copy each way) or "staged-pipelined" (chunked);
     # inside a node's shared windows (collectives/fast/windows.py) "shm" (copied into the
     # sender's segment, read there by the receiver) or "shm-in-place" (read by the receiver
-    # straight out of the sender's own buffer, which lives in a window: comm/shm_buffers.py)
+    # straight out of the sender's own buffer, which lives in a window:
+    # comm/transport/shm_buffers.py)
     path: str = "host"
     tag: int = -1  # a point-to-point message's tag (a collective's messages: its seq says which)
     # whether the peer runs on another node (the world's node map, runtime/nodes.py): the
@@ -134,7 +135,7 @@ class Trace:
     def save(self, path: str, group=None) -> str | None:
         """Write every rank's part of this trace as one Chrome trace-event JSON file (Perfetto,
         chrome://tracing), clocks aligned: collective over `group` (default the world), rank 0
-        writes `path`; see comm/chrome_trace.py. Returns the path on the writing rank."""
+        writes `path`; see comm/trace/chrome_trace.py. Returns the path on the writing rank."""
         return chrome_trace.save(self, path, group)
 
     def _add(self, message: Message) -> None:

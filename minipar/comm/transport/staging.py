@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-from minipar.comm import buffers
+from minipar.comm.transport import buffers
 
 DEFAULT_CHUNK = 2 << 20  # 2 MiB: ~80 us over PCIe 4, long enough to hide an MPI message's start
 

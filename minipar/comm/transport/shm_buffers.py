@@ -1,10 +1,10 @@
 """Buffers that live in a node's shared memory from the start, so that peers read them in place.
 
-A user's tensor sits in private memory: to reduce it over shared windows (comm/shm.py) each rank
-first copies it into its segment. A buffer minipar owns (DDP's buckets, FSDP's flat vectors, a
-user's `minipar.empty(...)`) can instead be allocated in a shared window of its own, one segment
-per rank, so the peers reduce or copy straight out of it: no copy in, as NCCL's P2P transport
-reads a peer GPU's buffer.
+A user's tensor sits in private memory: to reduce it over shared windows (comm/transport/shm.py)
+each rank first copies it into its segment. A buffer minipar owns (DDP's buckets, FSDP's flat
+vectors, a user's `minipar.empty(...)`) can instead be allocated in a shared window of its own, one
+segment per rank, so the peers reduce or copy straight out of it: no copy in, as NCCL's P2P
+transport reads a peer GPU's buffer.
 
     mine = allocate(node, nbytes, what)      # collective over the node's group, same nbytes:
                                              # my segment, a uint8 numpy array to view as I like
@@ -29,7 +29,7 @@ import weakref
 
 import numpy as np
 
-from minipar.comm.mpi_requests import module
+from minipar.comm.transport.mpi_requests import module
 
 ALIGN = 64  # byte alignment of the buffers carved out of one window (a cache line)
 

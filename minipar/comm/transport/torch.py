@@ -22,8 +22,9 @@ import socket
 import sys
 import time
 
-from minipar.comm import buffers, signature
-from minipar.comm.base import Communicator, NonMember, Request, check_ranks, wait_all
+from minipar.comm.trace import signature
+from minipar.comm.transport import buffers
+from minipar.comm.transport.base import Communicator, NonMember, Request, check_ranks, wait_all
 from minipar.errors import CommTimeoutError, MessageSizeError, MismatchError
 
 # seconds a timed-out rank waits to hear what its peer was doing; never more than the group's

@@ -1,4 +1,4 @@
-"""The MPI transport's requests for a pipelined staged message (see comm/staging.py): one
+"""The MPI transport's requests for a pipelined staged message (see comm/transport/staging.py): one
 logical send or receive made of k chunk messages, each a plain MPIRequest with its size check.
 
 An 8-byte header message, the whole message's size, goes first: chunk sizes alone cannot tell a
@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from minipar.comm import buffers, ledger, staging
-from minipar.comm.base import Request
-from minipar.comm.mpi_requests import MPIAnySourceRequest, MPIRequest, module
+from minipar.comm.trace import ledger
+from minipar.comm.transport import buffers, staging
+from minipar.comm.transport.base import Request
+from minipar.comm.transport.mpi_requests import MPIAnySourceRequest, MPIRequest, module
 from minipar.errors import MessageSizeError
 
 

@@ -13,9 +13,9 @@ So at exit, once no async collective is in flight, each rank probes COMM_WORLD f
 from every peer. If some arrived unreceived for a call this rank never made (their tag carries
 the call's number), the rank prints which peers sent them and for which call, and aborts the job:
 the waiting ranks are doomed anyway, and learn nothing by waiting out their timeout. Otherwise
-the ranks compare what each of their groups saw (comm/ending.py, unless finalize() did): a
+the ranks compare what each of their groups saw (comm/guards/ending.py, unless finalize() did): a
 mismatch no wait raised is printed by every rank of its group, which ends with status 1; a peer
-that waits for this rank meanwhile asks it what it is doing (comm/stall.py), hears that it is
+that waits for this rank meanwhile asks it what it is doing (comm/guards/stall.py), hears that it is
 leaving, and both raise. Then the watchdog stops and the answers to questions that came late
 are taken. Leftovers of calls this rank already saw fail (a mismatch the program was told of)
 are nobody's wait: MPI_Finalize is then left to mpi4py, which ignores its failure, as before.
@@ -33,8 +33,8 @@ import re
 import sys
 import time
 
-from minipar.comm import ending, watchdog
-from minipar.comm.base import CONTROL_TAG, NOTICE_TAG, SEQ_BITS
+from minipar.comm.guards import ending, watchdog
+from minipar.comm.transport.base import CONTROL_TAG, NOTICE_TAG, SEQ_BITS
 from minipar.state import process
 
 REPORT_GRACE = 0.3  # seconds between a rank's report at exit and its exit (the others print too)

@@ -12,7 +12,7 @@ group this process is in:
        A collective tag whose sequence number is one of this rank's recent calls but whose hash
        bits (the call's signature chained with the group's history, base.next_collective_tag)
        are not that call's means the peer made another call there, or another call before it.
-    2. Suspicion -> a notice to that peer on NOTICE_TAG (comm/notices.py): ("call", seq, my
+    2. Suspicion -> a notice to that peer on NOTICE_TAG (comm/guards/notices.py): ("call", seq, my
        calls up to #seq: signature and history of each of the last few).
     3. A rank receiving it compares with its own calls (full numbers, from its table of recent
        signatures): where they part, the mismatch is certain. It fails the group (every later
@@ -22,11 +22,11 @@ group this process is in:
 So every rank raises within about three periods (suspicion, confirmation, abort), wherever it
 is waiting, or at its next call on that group (whose tags, carrying the history, no longer
 match: it waits until the abort comes); one that never calls minipar again hears of it when the
-ranks compare their groups at the end (comm/ending.py). Nothing is sent unless a tag disagrees
-or a wait lasts, and a call pays only for hashing its signature. The same thread answers the
-questions of a peer whose wait has lasted (("query", ...), comm/stall.py) and takes the answers
-that came after the wait that asked had ended. A message from a peer more than 2048 calls ahead
-can look like a recent one (sequence numbers wrap at 4096): its notice is then harmless, since
+ranks compare their groups at the end (comm/guards/ending.py). Nothing is sent unless a tag
+disagrees or a wait lasts, and a call pays only for hashing its signature. The same thread answers
+the questions of a peer whose wait has lasted (("query", ...), comm/guards/stall.py) and takes the
+answers that came after the wait that asked had ended. A message from a peer more than 2048 calls
+ahead can look like a recent one (sequence numbers wrap at 4096): its notice is then harmless, since
 the peer's call #seq is checked by full number.
 """
 
@@ -37,9 +37,10 @@ import threading
 import time
 import weakref
 
-from minipar.comm import signature, stall
-from minipar.comm.base import NOTICE_TAG, REPLY_TAG_BASE, REPLY_TAGS, SEQ_BITS
-from minipar.comm.notices import fail, send
+from minipar.comm.guards import stall
+from minipar.comm.guards.notices import fail, send
+from minipar.comm.trace import signature
+from minipar.comm.transport.base import NOTICE_TAG, REPLY_TAG_BASE, REPLY_TAGS, SEQ_BITS
 from minipar.state import process
 
 __all__ = ["Watchdog", "fail", "look", "oldest", "send", "shutdown", "watch"]
