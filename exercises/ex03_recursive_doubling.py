@@ -17,6 +17,8 @@ Grade it: minipar grade 03
 
 from minipar.collectives.reduce_op import reduce_
 from minipar.comm.transport import buffers
+
+
 def all_reduce_recursive_doubling(call, x, op) -> None:
     """In place: x becomes the reduction of every rank's x, in log2 p steps (p a power of two)."""
     p = call.size

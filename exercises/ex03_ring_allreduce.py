@@ -25,6 +25,7 @@ Grade it: minipar grade 03
 from minipar.collectives import layout
 from minipar.collectives.reduce_op import reduce_
 from minipar.comm.transport import buffers
+
 PHASES = ("reduce-scatter", "all-gather")  # names of the call.rounds() loops, for the grader
 
 
