@@ -129,6 +129,24 @@ def test_each_launcher_is_told_the_nodes_and_the_transport(flavor, tmp_path):
         assert "--mca btl self,sm,tcp" in joined and "btl_tcp_if_include eth0" in joined
 
 
+@pytest.mark.parametrize("flavor", ["mpich", "openmpi"])
+def test_ranks_dealt_round_the_nodes(flavor, tmp_path):
+    cluster = _Cluster(str(tmp_path))
+    cluster.fill = "cyclic"
+    args, _ = mpi_args.for_cluster(flavor, cluster, 4)
+    joined = " ".join(args)
+    if flavor == "mpich":  # one slot a host: hydra wraps round them
+        assert "-hosts 10.200.0.1:1,10.200.0.2:1" in joined
+    else:
+        assert "--map-by node" in joined
+    made = EmulatedCluster(2, "unlimited", fill="cyclic")  # nothing made until up()
+    assert made.ranks_on(5) == [[0, 2, 4], [1, 3]]
+    assert made.describe(4) == "node0 10.200.0.1 ranks 0,2, node1 10.200.0.2 ranks 1,3"
+    assert EmulatedCluster(2).ranks_on(5) == [[0, 1, 2], [3, 4]]
+    with pytest.raises(ValueError, match="--fill must be one of block, cyclic, got 'round'"):
+        EmulatedCluster(2, fill="round")
+
+
 def test_real_hosts_pass_through(tmp_path):
     assert mpi_args.for_hosts("mpich", "a:8,b:8", None) == ["-hosts", "a:8,b:8"]
     assert mpi_args.for_hosts("openmpi", "a:8,b:8", None) == ["--host", "a:8,b:8"]

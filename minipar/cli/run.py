@@ -35,6 +35,7 @@ examples:
   minipar run -n 4 --trace out script.py      every rank's timeline: out/trace.json (Perfetto)
   minipar run --nodes 2 -n 4 script.py        2 emulated nodes of 2 ranks, a 2 Gbit/s link
   minipar run --nodes 2 -n 4 --link 500mbit script.py    a slower link (tc's spellings)
+  minipar run --nodes 2 -n 4 --fill cyclic script.py     ranks dealt round: 0,2 | 1,3
   minipar run --hosts a:8,b:8 -n 16 train.py  real hosts, passed to the MPI's launcher
 
 Every line a rank prints arrives whole (never mixed with another rank's); MINIPAR_TAG_OUTPUT=1
@@ -65,6 +66,9 @@ def configure(parser) -> None:
     parser.add_argument("--link", default=None, metavar="RATE",
                         help="the link between emulated nodes: 2gbit (default), 500mbit, "
                              "unlimited")  # fmt: skip
+    parser.add_argument("--fill", default="block", choices=["block", "cyclic"],
+                        help="emulated nodes: consecutive ranks a node (block, as launchers "
+                             "do) or dealt round (cyclic)")  # fmt: skip
     parser.add_argument("--hosts", default=None, metavar="H:N,...",
                         help="real hosts for the MPI's launcher (a:8,b:8)")  # fmt: skip
     parser.add_argument("--hostfile", default=None, metavar="FILE",
@@ -113,7 +117,7 @@ def main(args) -> int:
     if args.nodes is None:
         return _job(args, err, None)
     try:
-        with emulated(args.nodes, args.link or link.DEFAULT) as cluster:
+        with emulated(args.nodes, args.link or link.DEFAULT, args.fill) as cluster:
             return _job(args, err, cluster)
     except (ValueError, EmulationError) as error:
         err.fail(str(error))

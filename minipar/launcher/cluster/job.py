@@ -28,8 +28,8 @@ class Terminated(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def emulated(n_nodes: int, link: str):
-    cluster = EmulatedCluster(n_nodes, link)  # the arguments checked first
+def emulated(n_nodes: int, link: str, fill: str = "block"):
+    cluster = EmulatedCluster(n_nodes, link, fill=fill)  # the arguments checked first
     needs.check()
     leftovers.sweep()
     with _signals_raise() as state:

@@ -9,9 +9,10 @@
 | on which interface       | UCX_NET_DEVICES=eth0              | --mca btl_tcp_if_include eth0   |
 
 Both launchers fill the hosts in order (ranks 0..k-1 on the first), as a cluster's launcher
-fills nodes. The transport must be forced: the mpich wheel's UCX finds /dev/shm, which every
-emulated node shares (one machine), and would move the "inter-node" bytes through memory,
-bypassing the link. Inside a node both MPIs use shared memory, as on a real node.
+fills nodes; `--fill cyclic` deals them round instead (hydra: one slot a host, wrapped; Open
+MPI: --map-by node), which puts a mesh's tp neighbours on different nodes. The transport must
+be forced: the mpich wheel's UCX finds /dev/shm, which every emulated node shares (one
+machine), and would move the "inter-node" bytes through memory, bypassing the link. Inside a node both MPIs use shared memory, as on a real node.
 """
 
 from __future__ import annotations
@@ -48,16 +49,22 @@ def write_stand_in(folder: str) -> str:
 
 def for_cluster(flavor: str, cluster, n: int) -> tuple[list[str], dict]:
     """(launcher arguments, environment) for n ranks on an EmulatedCluster."""
-    hosts = host_list(cluster.hosts, slots(n, cluster.n_nodes))
+    cyclic = getattr(cluster, "fill", "block") == "cyclic"
+    counts = slots(n, cluster.n_nodes)
     agent = write_stand_in(cluster.folder)
     env = {TABLE_ENV: cluster.table(), HOSTS_ENV: cluster.hosts_file}
     if flavor == "openmpi":
-        args = ["--host", hosts, "--bind-to", "none", "--prtemca", "plm_ssh_agent", agent,
+        args = ["--host", host_list(cluster.hosts, counts), "--bind-to", "none",
+                *(["--map-by", "node"] if cyclic else []),
+                "--prtemca", "plm_ssh_agent", agent,
                 "--mca", "pml", "ob1", "--mca", "btl", "self,sm,tcp",
                 "--mca", "btl_tcp_if_include", INTERFACE]  # fmt: skip
         return args, env
     env.update(UCX_TLS="tcp,self", UCX_NET_DEVICES=INTERFACE, FI_PROVIDER="tcp")
     env.update(FI_TCP_IFACE=INTERFACE)
+    if cyclic:  # one slot a host: hydra deals the ranks round the hosts
+        counts = [1] * cluster.n_nodes
+    hosts = host_list(cluster.hosts, counts)
     return ["-launcher", "ssh", "-launcher-exec", agent, "-hosts", hosts], env
 
 

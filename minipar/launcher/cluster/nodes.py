@@ -41,6 +41,7 @@ NAME = re.compile(r"^minipar-(\d+)-([0-9a-f]+)-(node\d+|switch)$")
 SUBNET = "10.200.0"  # private, and only inside this job's namespaces
 MTU = 9000  # jumbo frames, as cluster networks use: less of the link spent on headers
 NETNS_DIR = "/run/netns"
+FILLS = ("block", "cyclic")  # consecutive ranks on a node (launchers' default), or dealt round
 
 
 class EmulationError(RuntimeError):
@@ -61,10 +62,14 @@ def run_ip(args: list[str], what: str) -> str:
 class EmulatedCluster:
     """N emulated nodes on a switch, each cable shaped at `link` (tc's spelling)."""
 
-    def __init__(self, n_nodes: int, link: str = links.DEFAULT, owner: int | None = None):
+    def __init__(
+        self, n_nodes: int, link: str = links.DEFAULT, owner: int | None = None, fill="block"
+    ):
         if not isinstance(n_nodes, int) or isinstance(n_nodes, bool) or not 1 <= n_nodes <= 64:
             raise ValueError(f"--nodes must be an integer from 1 to 64, got {n_nodes!r}")
-        self.n_nodes = n_nodes
+        if fill not in FILLS:
+            raise ValueError(f"--fill must be one of {', '.join(FILLS)}, got {fill!r}")
+        self.n_nodes, self.fill = n_nodes, fill
         self.rate = links.parse(link)
         self.owner = os.getpid() if owner is None else owner
         self.job = secrets.token_hex(3)
@@ -96,8 +101,23 @@ class EmulatedCluster:
             f"{self.address(k)}={self.namespace(k)}={self.hostname(k)}" for k in range(self.n_nodes)
         )
 
+    def ranks_on(self, n: int) -> list[list[int]]:
+        """The ranks of a job of n on each node: in blocks, or dealt round (--fill cyclic)."""
+        if self.fill == "cyclic":
+            return [list(range(k, n, self.n_nodes)) for k in range(self.n_nodes)]
+        counts, first, out = slots(n, self.n_nodes), 0, []
+        for count in counts:
+            out.append(list(range(first, first + count)))
+            first += count
+        return out
+
     def describe(self, n: int) -> str:
         """'node0 10.200.0.1 ranks 0-1, node1 10.200.0.2 ranks 2-3' for a job of n ranks."""
+        if self.fill == "cyclic":
+            return ", ".join(
+                f"{self.hostname(k)} {self.address(k)} ranks {','.join(map(str, ranks))}"
+                for k, ranks in enumerate(self.ranks_on(n))
+            )
         parts, first = [], 0
         for k, count in enumerate(slots(n, self.n_nodes)):
             ranks = f"rank {first}" if count == 1 else f"ranks {first}-{first + count - 1}"
