@@ -12,7 +12,8 @@ Both launchers fill the hosts in order (ranks 0..k-1 on the first), as a cluster
 fills nodes; `--fill cyclic` deals them round instead (hydra: one slot a host, wrapped; Open
 MPI: --map-by node), which puts a mesh's tp neighbours on different nodes. The transport must
 be forced: the mpich wheel's UCX finds /dev/shm, which every emulated node shares (one
-machine), and would move the "inter-node" bytes through memory, bypassing the link. Inside a node both MPIs use shared memory, as on a real node.
+machine), and would move the "inter-node" bytes through memory, bypassing the link. Inside a
+node both MPIs use shared memory, as on a real node.
 """
 
 from __future__ import annotations
