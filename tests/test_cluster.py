@@ -334,13 +334,18 @@ def test_nothing_is_left_behind(kind):
 
 
 # -- faults only a cluster has ------------------------------------------------------------------
+def _fault(mode: str) -> tuple[str, float]:
+    """A fault job's whole output and how long it took; it must fail."""
+    start = time.monotonic()
+    proc = _job("nodes_faults.py", mode)
+    out = _finish(proc)
+    assert proc.returncode != 0, out
+    return out, time.monotonic() - start
+
+
 @emulation
 def test_a_pulled_cable_is_named_within_the_timeout():
-    start = time.monotonic()
-    proc = _job("nodes_faults.py", "link_down")
-    out = _finish(proc)
-    took = time.monotonic() - start
-    assert proc.returncode != 0, out
+    out, took = _fault("link_down")
     assert "pulled node0's cable" in out, out
     for rank in range(2):  # every rank names what it lost, and that it is across the link
         assert f"[rank {rank}]" in out and "CommTimeoutError" in out, out
@@ -350,11 +355,7 @@ def test_a_pulled_cable_is_named_within_the_timeout():
 
 @emulation
 def test_a_killed_node_ends_the_job_at_once_and_is_named():
-    start = time.monotonic()
-    proc = _job("nodes_faults.py", "node_killed")
-    out = _finish(proc)
-    took = time.monotonic() - start
-    assert proc.returncode != 0, out
+    out, took = _fault("node_killed")
     account = out.split("minipar run: the emulated nodes were")[0]
     assert "node1" in account, out  # the launcher's own account names it (or its address)
     assert "node1 10.200.0.2 rank 1" in out, out
