@@ -209,7 +209,8 @@ def test_router_gates_by_hand():
     for top_k, experts, gates in ((1, [3], [0.4]), (2, [3, 2], [4 / 7, 3 / 7])):
         router = Router(1, 4, top_k).double()
         with torch.no_grad():
-            router.gate.weight.copy_(torch.tensor([[math.log(n)] for n in (1, 2, 3, 4)], dtype=torch.float64))
+            logs = [[math.log(n)] for n in (1, 2, 3, 4)]
+            router.gate.weight.copy_(torch.tensor(logs, dtype=torch.float64))
         r = router(torch.ones(1, 1, dtype=torch.float64))
         assert r.experts.tolist() == [experts], (top_k, r.experts)
         assert r.weights.detach()[0].tolist() == pytest.approx(gates, abs=1e-12), r.weights
