@@ -2,7 +2,9 @@
 ep = 1, 2, 4 on MPI and ep = 2 over the torch.distributed transport (tests/ranks/expert.py
 has the cases and the tolerance), then the single-process pieces: DenseMoE against a loop over
 tokens, the capacity queue, the dispatch by hand, the load statistics, a skewed router and the
-auxiliary loss pulling it back, the group layout for ep < dp.
+auxiliary loss pulling it back, the group layout for ep < dp; and the router on its own (MoE
+and DenseMoE share it): gates and auxiliary loss against numpy, its gradient against finite
+differences.
 """
 
 import math
@@ -177,3 +179,110 @@ def test_bench_moe_summary():
     assert (ep["min_ms"], ep["median_ms"], ep["max_ms"]) == pytest.approx((100, 200, 300))
     assert ep["comm_share"] == pytest.approx(0.25) and ep["x_local"] == pytest.approx(0.5)
     assert local["comm_share"] == 0 and local["x_local"] == pytest.approx(1.0)
+
+
+# -- the router on its own: MoE and DenseMoE share it, so their comparison cannot see its rule --
+
+
+def hand_routing(x, w, top_k):
+    """The docstring's rule in numpy, from the numbers: softmax of x w^T per token, its top_k
+    largest (descending), the gates p (top-1) or p / sum(p) (top-k > 1)."""
+    import numpy as np
+
+    logits = x @ w.T
+    e = np.exp(logits - logits.max(1, keepdims=True))
+    probs = e / e.sum(1, keepdims=True)
+    chosen = np.argsort(-probs, axis=1, kind="stable")[:, :top_k]
+    p = np.take_along_axis(probs, chosen, 1)
+    return chosen, (p if top_k == 1 else p / p.sum(1, keepdims=True)), probs
+
+
+def test_router_gates_by_hand():
+    """One token whose logits are log 1..4: probabilities 0.1, 0.2, 0.3, 0.4, so top-1 picks
+    expert 3 at gate 0.4 (Switch keeps the raw probability) and top-2 picks 3, 2 at 4/7, 3/7."""
+    import math
+
+    import torch
+
+    from minipar.parallel.expert.router import Router
+
+    for top_k, experts, gates in ((1, [3], [0.4]), (2, [3, 2], [4 / 7, 3 / 7])):
+        router = Router(1, 4, top_k).double()
+        with torch.no_grad():
+            logs = [[math.log(n)] for n in (1, 2, 3, 4)]
+            router.gate.weight.copy_(torch.tensor(logs, dtype=torch.float64))
+        r = router(torch.ones(1, 1, dtype=torch.float64))
+        assert r.experts.tolist() == [experts], (top_k, r.experts)
+        assert r.weights.detach()[0].tolist() == pytest.approx(gates, abs=1e-12), r.weights
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 3])
+def test_router_against_numpy(top_k):
+    """Experts, gates and the auxiliary loss (E * sum_e f_e P_e per group, then the mean over
+    groups) for 9 tokens in groups of 4 and 5, against hand_routing and the formula in numpy."""
+    import numpy as np
+    import torch
+
+    from minipar.parallel.expert.router import Router
+
+    torch.manual_seed(top_k)
+    E, H = 5, 6
+    router = Router(H, E, top_k).double()
+    x = torch.randn(9, H, dtype=torch.float64)
+    r = router(x, [4, 5])
+    chosen, gates, probs = hand_routing(x.numpy(), router.gate.weight.detach().numpy(), top_k)
+    assert np.array_equal(r.experts.numpy(), chosen)
+    assert np.abs(r.weights.detach().numpy() - gates).max() < 1e-12
+    aux = []
+    for rows in (slice(0, 4), slice(4, 9)):
+        f = np.bincount(chosen[rows].ravel(), minlength=E) / chosen[rows].size
+        aux.append(E * (f * probs[rows].mean(0)).sum())
+    assert abs(r.aux_loss.item() - np.mean(aux)) < 1e-12, (r.aux_loss.item(), aux)
+    assert r.routed.tolist() == [np.bincount(chosen[g].ravel(), minlength=E).tolist()
+                                 for g in (slice(0, 4), slice(4, 9))]  # fmt: skip
+
+
+def finite_difference(f, param, eps=1e-6):
+    """d f / d param by central differences, entry by entry (float64)."""
+    import torch
+
+    grad = torch.zeros_like(param)
+    with torch.no_grad():
+        for i in range(param.numel()):
+            was = param.view(-1)[i].item()
+            param.view(-1)[i] = was + eps
+            up = f().item()
+            param.view(-1)[i] = was - eps
+            down = f().item()
+            param.view(-1)[i] = was
+            grad.view(-1)[i] = (up - down) / (2 * eps)
+    return grad
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_router_gradient_against_finite_differences(top_k):
+    """The gate weight's gradient, through the gates alone (a random weighting of them), through
+    the auxiliary loss, and through DenseMoE's output: autograd against central differences in
+    float64 (eps 1e-6, error about eps^2 ~ 1e-12, here asked within 1e-7), and not zero: the
+    router learns from the output, top-1 included (Switch)."""
+    import torch
+
+    from minipar.parallel.expert import DenseMoE
+
+    torch.manual_seed(10 + top_k)
+    moe = DenseMoE(6, 8, 4, top_k).double()
+    w = moe.router.gate.weight
+    x = torch.randn(7, 6, dtype=torch.float64)
+    c = torch.randn(7, top_k, dtype=torch.float64)
+    dy = torch.randn(7, 6, dtype=torch.float64)
+    losses = {
+        "gates": lambda: (moe.router(x).weights * c).sum(),
+        "aux": lambda: moe.router(x, [3, 4]).aux_loss,
+        "moe output": lambda: (moe(x) * dy).sum(),
+    }
+    for what, f in losses.items():
+        (got,) = torch.autograd.grad(f(), [w])
+        want = finite_difference(f, w)
+        assert want.abs().max() > 1e-3, f"{what}: the router gets no gradient"
+        err = (got - want).abs().max().item()
+        assert err < 1e-7 * want.abs().max().item(), f"{what}: gradient off by {err:.3g}"

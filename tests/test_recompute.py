@@ -4,6 +4,9 @@
   same gradients; the bytes each block keeps per micro-batch equal models/memory.py's formula
   (to the byte; asked: within 10%), for several micro-batch sizes; nothing left after backward;
 - a second backward through a retained graph recomputes again (zero-bubble's W after B);
+- the mechanism counted, not only its results: one replay per recorded forward (per backward
+  through a retained graph), every recomputed tensor released, no slot left filled and no
+  Frame alive after backward, nothing recorded under no_grad;
 - the planner's per-layer terms: Korthikanti et al.'s for 16-bit with dropout (the GPU
   presets), within 1% of the measured formula for minipar's GPT (fp32, no dropout);
 - the counter itself: two views of one storage count once, parameters not at all.
@@ -74,6 +77,51 @@ def test_retained_graph_recomputes_again():
     gw = [torch.autograd.grad(o, list(m.parameters())) for o, m in zip(outs, (block, plain))]
     assert torch.equal(gx[0], gx[1])
     assert all(torch.equal(a, b) for a, b in zip(*gw))
+
+
+def test_replays_and_releases_are_counted():
+    """Two steps of the tiny GPT, full and selective: each recomputed module replays once per
+    forward, hands every tensor it saved to backward, and leaves no Frame, no filled slot and
+    no saved byte behind; a forward under no_grad records nothing."""
+    for policy in ("full", "selective"):
+        model = build_gpt(SMALL, 0)
+        names = recompute.apply(model, policy, blocks=(Block,))
+        modules = [model.get_submodule(n) for n in names]
+        assert len(modules) == SMALL.n_layers, names
+        x = torch.randint(0, SMALL.vocab_size, (2, SMALL.seq_len))
+        for step in (1, 2):
+            with activation_memory.ActivationMemory(model.parameters()) as mem:
+                lm_loss(model(x), x).backward()
+            assert mem.live == 0, (policy, mem.live)
+            for name, m in zip(names, modules):
+                c = recompute.counts(m)
+                assert c.calls == c.replays == step, (policy, name, c)
+                assert c.saved > 0 and c.released == c.saved, (policy, name, c)
+                assert recompute.live(m) == (0, 0, 0), (policy, name, recompute.live(m))
+        with torch.no_grad():
+            model(x)
+        assert all(recompute.counts(m).calls == 2 for m in modules), policy
+    with pytest.raises(ValueError, match="Block is not recomputed"):
+        recompute.counts(Block(SMALL))
+
+
+def test_a_second_backward_replays_again():
+    """Through a retained graph: after the first backward the Frame lives on (the graph holds
+    it) with its slots empty; the second backward replays again rather than reusing what the
+    first one recomputed; the Frame goes with the graph."""
+    torch.manual_seed(0)
+    block = recompute.recomputed(Block(SMALL))
+    x = torch.randn(2, SMALL.seq_len, SMALL.hidden, requires_grad=True)
+    out = block(x).pow(2).sum()
+    saved = recompute.counts(block).saved
+    assert recompute.counts(block) == recompute.Counts(1, saved, 0, 0) and saved > 0
+    assert recompute.live(block) == (1, 0, 0)
+    for k in (1, 2):
+        torch.autograd.grad(out, [x], retain_graph=True)
+        assert recompute.counts(block) == recompute.Counts(1, saved, k, k * saved)
+        assert recompute.live(block) == (1, 0, 0), recompute.live(block)
+    del out
+    assert recompute.live(block) == (0, 0, 0)
 
 
 def test_a_planted_difference_in_the_replay_is_caught():

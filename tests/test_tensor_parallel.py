@@ -1,7 +1,8 @@
 """Tensor parallelism (minipar.parallel.tensor) on real ranks: every layer against its dense
 twin at TP = 1, 2, 3, 4 on MPI, a spread of cases over the torch.distributed transport (2
 ranks; 3 and 4 too with MINIPAR_EXTENDED=1), and torch.distributed.tensor.parallel on the same
-weights (see tests/ranks/tensor_parallel.py for the cases and the tolerance).
+weights (see tests/ranks/tensor_parallel.py for the cases and the tolerance). One process: the
+dense twins themselves against torch (they share causal_attention with the parallel layers).
 """
 
 import os
@@ -44,3 +45,38 @@ def test_bench_tp_summary():
     assert mlp["x_torch"] == pytest.approx(0.5) and mlp["comm_share"] == pytest.approx(0.25)
     assert rows["attention", "minipar"]["x_torch"] == pytest.approx(2.0)
     assert rows["attention", "torch"]["comm_share"] == pytest.approx(0.2)
+
+
+def test_dense_twins_against_torch():
+    """The dense twins every parallel layer is compared with, checked on their own (they share
+    causal_attention with the parallel attention, so that comparison cannot see it): the
+    attention core against torch's scaled_dot_product_attention (is_causal), outputs and q, k,
+    v gradients; DenseSelfAttention against its projections around it; DenseMLP against
+    fc2(gelu(fc1(x))) written out. float64, within 1e-10."""
+    import torch
+    from torch.nn import functional as F
+
+    from minipar.parallel.tensor import DenseMLP, DenseSelfAttention
+    from minipar.parallel.tensor.dense import causal_attention
+
+    def close(a, b, what):
+        err = (a - b).abs().max().item()
+        assert err < 1e-10 * (b.abs().max().item() or 1.0), f"{what}: off by {err:.3g}"
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4, dtype=torch.float64, requires_grad=True) for _ in "qkv")
+    dy = torch.randn(2, 3, 5, 4, dtype=torch.float64)
+    ours = causal_attention(q, k, v)
+    theirs = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    close(ours, theirs, "causal attention")
+    for a, b, name in zip(torch.autograd.grad(ours, [q, k, v], dy),
+                          torch.autograd.grad(theirs, [q, k, v], dy), "qkv"):  # fmt: skip
+        close(a, b, f"d{name}")
+    attn = DenseSelfAttention(12, 3).double()
+    x = torch.randn(2, 5, 12, dtype=torch.float64)
+    qs, ks, vs = (t.view(2, 5, 3, 4).transpose(1, 2) for t in attn.qkv(x).split(12, dim=-1))
+    heads = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+    close(attn(x), attn.proj(heads.transpose(1, 2).reshape(2, 5, 12)), "self-attention")
+    mlp = DenseMLP(12, 20).double()
+    by_hand = F.gelu(x @ mlp.fc1.weight.T + mlp.fc1.bias) @ mlp.fc2.weight.T + mlp.fc2.bias
+    close(mlp(x), by_hand, "MLP")

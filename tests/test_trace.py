@@ -6,6 +6,10 @@
 - the validator fails what it must (a flow arriving before it left, an unpaired flow, a missing
   field, slices that overlap without nesting): its silence means something;
 - the merge orders every message even when a rank's measured clock offset is off;
+- the clock offset's estimate itself (Cristian's) on a simulated clock with a skew imposed and
+  the delays known: the offset recovered exactly as derived; a merge of ranks 1,000 s apart
+  whose measured offsets are right: no correction, and every message's latency as it was
+  (real ranks with skewed clocks: tests/ranks/transport.py, clock_skew);
 - nothing is recorded while no trace is open (the ledger's hot path stays a test of a list).
 
 A real consumer: Perfetto's Python package (pip install perfetto) reads traces through
@@ -134,3 +138,65 @@ def test_messages_between_nodes_are_named_and_coloured_apart():
     assert starts[1]["name"] == "message between nodes" and starts[1]["cname"] == "terrible"
     assert starts[1]["args"]["between_nodes"] and not starts[0]["args"]["between_nodes"]
     assert {e["cat"] for e in doc["traceEvents"] if e["ph"] in "sf"} == {"message"}
+
+
+def simulated(skew, delays):
+    """(ask, clock) of a rank whose clock reads the reference's + skew, each question taking
+    d_out to arrive and its answer d_back (the pairs in `delays`, in turn)."""
+    now, pending = [1000.0], list(delays)
+
+    def clock():
+        return now[0] + skew
+
+    def ask():
+        d_out, d_back = pending.pop(0)
+        now[0] += d_out
+        answer = now[0]  # the reference's clock, when it answers
+        now[0] += d_back
+        return answer
+
+    return ask, clock
+
+
+@pytest.mark.parametrize("skew", [5.0, -3.25])
+def test_clock_estimate_recovers_an_imposed_skew(skew):
+    """The true offset is -skew. The fastest round trip wins; the estimate is then the true one
+    + (d_out - d_back) / 2 (chrome_trace.estimate_offset's docstring), exact when the two
+    delays are equal, and the error bound is half that round trip."""
+    slow, fast = (4e-3, 1e-3), (2e-4, 2e-4)  # round trips 5 ms and 0.4 ms
+    ask, clock = simulated(skew, [slow, fast, (3e-3, 3e-3), slow])
+    offset, error = chrome_trace.estimate_offset(ask, clock, rounds=4)
+    assert abs(offset - (-skew)) < 1e-9, offset
+    assert abs(error - 2e-4) < 1e-12, error
+    lopsided = (1e-4, 5e-4)  # the fastest, 0.6 ms, its answer five times slower than its question
+    ask, clock = simulated(skew, [slow, lopsided, (2e-3, 1e-4)])
+    offset, error = chrome_trace.estimate_offset(ask, clock, rounds=3)
+    assert abs(offset - (-skew + (1e-4 - 5e-4) / 2)) < 1e-9, offset
+    assert abs(error - 3e-4) < 1e-12 and abs(offset + skew) <= error, (offset, error)
+
+
+def test_merge_of_ranks_1000_s_apart():
+    """Rank 1's clock reads 1,000 s ahead; its measured offset is -1,000 s + 10 us (within its
+    error bound). Messages both ways, 300 us each: the merge needs no correction and shows each
+    latency as 300 us +- the offset's 10 us; a wrong offset (a sign, a rank's offset not
+    applied, a correction from zero) moves them by up to 2,000 s."""
+    skew, missed = 1000.0, 1e-5
+    sends = [
+        ["world", 0, "p2p", -1, "send", 1, 8, 5, 10.000, 7, None, None, None],
+        ["world", 0, "p2p", -1, "recv", 1, 8, 6, 10.0005, 7, 10.0013, 7, None],
+    ]
+    recvs = [
+        ["world", 1, "p2p", -1, "recv", 0, 8, 5, 9.9990 + skew, 7, 10.0003 + skew, 7, None],
+        ["world", 1, "p2p", -1, "send", 0, 8, 6, 10.0010 + skew, 7, None, None, None],
+    ]
+    spans0 = [["Send", "p2p", 9.9995, 10.0015, 7, {}]]
+    spans1 = [["Recv", "p2p", 9.9985 + skew, 10.0012 + skew, 7, {}]]
+    doc = chrome_trace.merge([part(0, 0.0, sends, spans0), part(1, -skew + missed, recvs, spans1)])
+    assert chrome_trace.validate(doc) == []
+    assert doc["otherData"]["clock_correction_s"] == 0.0
+    assert doc["otherData"]["clock_offsets_s"]["1"] == -skew + missed
+    flows = {(e["id"], e["ph"]): e["ts"] for e in doc["traceEvents"] if e["ph"] in ("s", "f")}
+    gaps = sorted(flows[i, "f"] - flows[i, "s"] for i in (0, 1))  # 1 -> 0 first, then 0 -> 1
+    assert gaps == pytest.approx([300 - 10, 300 + 10], abs=0.01), gaps
+    spans = {e["name"]: e for e in doc["traceEvents"] if e["ph"] == "X"}
+    assert spans["Recv"]["ts"] - spans["Send"]["ts"] == pytest.approx(-1000 + 10, abs=0.01)

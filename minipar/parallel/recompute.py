@@ -25,16 +25,30 @@ In backward, the first node that unpacks a token makes the Frame run the module'
 on the kept inputs (grad enabled, so every op saves the same tensors in the same order) and
 hands out what it saved; the ordinary graph's nodes compute the ordinary gradients from those.
 The same kernels on the same numbers: the loss and every gradient are bitwise the run's without
-recomputation (tests/ranks/recompute.py checks it in every layout the tiny GPT trains in).
+recomputation (tests/ranks/gpt_recompute.py checks it in every layout the tiny GPT trains in).
 
 A recomputed module's own hooks run again with it: FSDP all-gathers the unit's weights (as its
 backward does anyway), a tensor-parallel block all-reduces again in its forward. A second
 backward through the same graph (retain_graph: zero-bubble's W after B) recomputes again. The
 module must compute the same numbers twice: minipar's models draw no random numbers (dropout
 would need its generator's state kept and restored, as torch.utils.checkpoint does).
+
+What the mechanism did is counted, per recomputed module (a few integer additions a call):
+
+    recompute.counts(block)    # Counts(calls=1, saved=24, replays=1, released=24)
+    recompute.live(block)      # (0, 0, 0): Frames alive, recomputed tensors waiting, their bytes
+
+After a forward and its backward, replays == calls (one replay per recorded forward; k
+backwards through a retained graph: k replays) and released == saved x replays (every
+recomputed tensor handed to backward, and dropped by its Frame); live is (0, 0, 0) once the
+graph is gone, and between two backwards through a retained graph no recomputed tensor waits
+in a slot (the second one replays again instead of reusing the first's).
 """
 
 from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
 
 import torch
 
@@ -65,6 +79,35 @@ def apply(module: torch.nn.Module, policy: str, blocks: tuple = ()) -> list[str]
     return names
 
 
+@dataclass
+class Counts:
+    """What one recomputed module's mechanism did, since it was made recomputed."""
+
+    calls: int = 0  # forwards run under grad through a Frame (not the replays)
+    saved: int = 0  # tensors those forwards saved for backward, each kept as a token
+    replays: int = 0  # forwards run again in backward
+    released: int = 0  # recomputed tensors handed to backward (and dropped by their Frame)
+
+
+def counts(module: torch.nn.Module) -> Counts:
+    """The Counts of a module that `recomputed` changed (ValueError for any other)."""
+    return _owner(module).counts
+
+
+def live(module: torch.nn.Module) -> tuple[int, int, int]:
+    """(Frames alive, recomputed tensors waiting in their slots, those tensors' bytes)."""
+    frames = list(_owner(module).frames)
+    waiting = [t for f in frames for t in f.slots.values()]
+    return len(frames), len(waiting), sum(t.numel() * t.element_size() for t in waiting)
+
+
+def _owner(module) -> _Recomputed:
+    owner = module.__dict__.get("forward")
+    if not isinstance(owner, _Recomputed):
+        raise ValueError(f"{type(module).__name__} is not recomputed (recompute.recomputed)")
+    return owner
+
+
 def recomputed(module: torch.nn.Module, name: str = "") -> torch.nn.Module:
     """`module`, its forward made to keep only its inputs (the module itself, changed in place:
     its parameters and their names stay as they were)."""
@@ -79,11 +122,14 @@ class _Recomputed:
     def __init__(self, module, forward, name: str):
         self.module, self.forward, self.name = module, forward, name
         self.replaying = False  # True while a Frame runs the forward again
+        self.counts, self.frames = Counts(), weakref.WeakSet()
 
     def __call__(self, *inputs):
         if self.replaying or not torch.is_grad_enabled():
             return self.forward(*inputs)
         frame = Frame(self, inputs)
+        self.counts.calls += 1
+        self.frames.add(frame)
         with activation_memory.hooks(frame.pack, frame.unpack):
             return self.forward(*inputs)
 
@@ -103,12 +149,14 @@ class Frame:
 
     def pack(self, _tensor):
         self.saved += 1
+        self.owner.counts.saved += 1
         return (self, self.saved - 1)
 
     def unpack(self, token):
         _, slot = token
         if slot not in self.slots:
             self.replay()
+        self.owner.counts.released += 1
         return self.slots.pop(slot)
 
     def replay(self) -> None:
@@ -124,6 +172,7 @@ class Frame:
             return len(caught) - 1
 
         owner = self.owner
+        owner.counts.replays += 1
         catching = torch.autograd.graph.saved_tensors_hooks(catch, caught.__getitem__)
         with ledger.span(f"recompute {owner.name}", "recompute"), torch.enable_grad(), catching:
             owner.replaying = True

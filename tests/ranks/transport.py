@@ -1,4 +1,5 @@
-"""Transport cases (run on every rank by minipar.testing): point-to-point over MPI or torch."""
+"""Transport cases (run on every rank by minipar.testing): point-to-point over MPI or torch; and
+the trace's clock exchange (chrome_trace.clock_offset) between ranks whose clocks are skewed."""
 
 import numpy as np
 import pytest
@@ -150,6 +151,22 @@ def short_buffer():
             w.recv(np.zeros(4), 0, tag=4)
 
 
+def clock_skew():
+    """chrome_trace.clock_offset with each rank's clock set 7 s x rank ahead on purpose. One host
+    has one perf_counter underneath, so the true offset is -7 s x rank: recovered within the
+    error it reports (half the fastest round trip; Cristian's bound holds exactly, whatever
+    the delays), and that error small (a millisecond-scale round trip, 50 ms allowed)."""
+    import time
+
+    from minipar.comm.trace import chrome_trace
+
+    w = minipar.init()
+    skew = 7.0 * w.rank
+    offset, error = chrome_trace.clock_offset(w, clock=lambda: time.perf_counter() + skew)
+    assert abs(offset + skew) <= error + 1e-9, (w.rank, offset, error)
+    assert (error == 0.0) if w.rank == 0 else (0.0 < error < 0.05), (w.rank, error)
+
+
 def cases(size):
     table = {}
     for dtype in NUMPY_DTYPES:
@@ -165,4 +182,6 @@ def cases(size):
         bad_type=bad_type,
         short_buffer=short_buffer,
     )
+    if size in (2, 3):  # rank 0 answers each rank in turn: larger worlds add only waiting
+        table["clock_skew"] = clock_skew
     return table

@@ -5,6 +5,9 @@ vocab cut), on real ranks at TP = 1, 2 and 4 (tests/test_vocab_padding.py).
   nn.Linear, F.cross_entropy) for V = 67 padded to a multiple of 1, 8 or 128 x tp: outputs,
   loss and gradients equal the dense ones; padded rows are zero, get exactly zero gradient,
   their logits are -inf and never win an argmax, even where every real logit is negative;
+- inert.*: the layers built directly (no from_dense to load zeros): padded rows zero from the
+  start, the loss over the V real classes alone, no gradient, still zero after an AdamW step
+  (and train.*: still zero after training on the mesh);
 - gpt.*: the tiny GPT with V = 67, 251 (tied) and GPT-2's 50,257 built on a mesh of tp = the
   world (build_chunks): loss and every parameter's gradient equal the dense model's (each
   dense gradient cut by sharding.shard, padding included, so the padded rows must be zero),
@@ -161,6 +164,38 @@ def cross_entropy_vocab_size():
     close(mine.grad[..., :real], dense_logits.grad[..., r * rows : r * rows + real], "grad")
 
 
+def inert_padding(multiple):
+    """Layers built directly, not from a dense one (from_dense loads zero padding whatever the
+    constructor left): the padded rows start at zero (weight and bias); an embedding and head
+    forward and backward: the padded logits are -inf, the loss is the log-softmax over the V
+    real columns alone (computed here in float64 from the gathered logits), the padded rows
+    get exactly zero gradient and stay exactly zero after an AdamW step with weight decay."""
+
+    def case():
+        torch.manual_seed(4)
+        emb = VocabParallelEmbedding(V, H, vocab_multiple=multiple)
+        head = VocabParallelHead(H, V, bias=True, vocab_multiple=multiple)
+        rows = [(emb.weight, emb.real_rows, "embedding"), (head.weight, head.real_rows, "head"),
+                (head.bias, head.real_rows, "head bias")]  # fmt: skip
+        for q, real, what in rows:
+            check_padded_rows(q, None, real, f"{what} as constructed")
+        ids, target = torch.randint(0, V, (2, B, S))
+        logits = head(emb(ids))
+        loss = vocab_parallel_cross_entropy(logits, target)
+        loss.backward()
+        everything = all_logits(logits)
+        assert (everything[..., V:] == float("-inf")).all(), "a padded logit is not -inf"
+        real = everything[..., :V].double()
+        picked = real.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+        close(loss.double(), (real.logsumexp(-1) - picked).mean(), "loss over V classes", LOSS_RTOL)
+        opt = torch.optim.AdamW([emb.weight, head.weight, head.bias], lr=0.1, weight_decay=0.1)
+        opt.step()
+        for q, real, what in rows:
+            check_padded_rows(q, q.grad, real, f"{what} after a step")
+
+    return case
+
+
 # -- the GPT -----------------------------------------------------------------------------------
 def gpt_case(vocab, tied=False):
     def case():
@@ -227,6 +262,15 @@ def train_case(dp, tp):
         ref_losses, dense, _ = training.train_dense(spec)
         problems = training.compare(losses, ref_losses, state, dense.state_dict())
         assert not problems, problems
+        vocab = [
+            m
+            for c in part.chunks
+            for m in c.modules()
+            if isinstance(m, VocabParallelEmbedding | VocabParallelHead)
+        ]
+        assert vocab, "no vocabulary-parallel layer found"
+        for m in vocab:  # the dense state drops the padding: still zero after the steps?
+            check_padded_rows(m.weight, None, m.real_rows, f"{type(m).__name__} after training")
 
     return case
 
@@ -287,6 +331,8 @@ def cases(size):
         table[f"head.m{multiple}.bias"] = head_case(multiple, True)
     table["head.m1.nobias"] = head_case(1, False)
     table["cross_entropy.vocab_size"] = cross_entropy_vocab_size
+    table["inert.m1"] = inert_padding(1)
+    table["inert.m8"] = inert_padding(8)
     table["gpt.V67"] = gpt_case(67)
     table["gpt.V251.tied"] = gpt_case(251, tied=True)
     table["gpt.V50257"] = gpt_case(50257)

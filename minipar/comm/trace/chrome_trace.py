@@ -53,10 +53,11 @@ BETWEEN = "message between nodes"  # the name of a flow from one node to another
 COLOURS = {False: "good", True: "terrible"}  # cname: trace viewers' reserved colour names
 
 
-def clock_offset(comm, rounds: int = ROUNDS) -> tuple[float, float]:
-    """(offset, error): seconds to add to this rank's perf_counter to read group rank 0's, and
-    the bound on its error (half the fastest round trip). Collective: rank 0 answers each rank
-    in turn, `rounds` times; 16 bytes a round, outside the ledger. Rank 0: (0.0, 0.0)."""
+def clock_offset(comm, rounds: int = ROUNDS, clock=time.perf_counter) -> tuple[float, float]:
+    """(offset, error): seconds to add to this rank's clock to read group rank 0's, and the
+    bound on its error (half the fastest round trip). Collective: rank 0 answers each rank in
+    turn, `rounds` times; 16 bytes a round, outside the ledger. Rank 0: (0.0, 0.0). `clock`:
+    time.perf_counter (the ledger's), or another in tests (a skew imposed on purpose)."""
     # here, not at the top of the file: numpy loads only when used
     import numpy as np
 
@@ -67,16 +68,31 @@ def clock_offset(comm, rounds: int = ROUNDS) -> tuple[float, float]:
         for peer in range(1, comm.size):
             for _ in range(rounds):
                 comm._post_recv(stamp, peer, CLOCK_TAG).wait()
-                stamp[0] = time.perf_counter()
+                stamp[0] = clock()
                 comm._post_send(stamp, peer, CLOCK_TAG).wait()
         return 0.0, 0.0
-    best = (float("inf"), 0.0)
-    for _ in range(rounds):
-        t0 = time.perf_counter()
+
+    def ask() -> float:
         comm._post_send(stamp, 0, CLOCK_TAG).wait()
         comm._post_recv(stamp, 0, CLOCK_TAG).wait()
-        t1 = time.perf_counter()
-        best = min(best, (t1 - t0, stamp[0] - (t0 + t1) / 2))
+        return float(stamp[0])
+
+    return estimate_offset(ask, clock, rounds)
+
+
+def estimate_offset(ask, clock, rounds: int = ROUNDS) -> tuple[float, float]:
+    """Cristian's estimate: `rounds` times read t0 = clock(), ask the reference its time s
+    (ask()), read t1 = clock(); keep the fastest round trip and return (s - (t0 + t1) / 2,
+    (t1 - t0) / 2). If the question took d_out to arrive and the answer d_back, the reference
+    answered at our t0 + d_out, and the estimate is the true offset + (d_out - d_back) / 2:
+    exact for equal delays, never off by more than half the round trip (d_out + d_back) / 2,
+    the error returned."""
+    best = (float("inf"), 0.0)
+    for _ in range(rounds):
+        t0 = clock()
+        s = ask()
+        t1 = clock()
+        best = min(best, (t1 - t0, s - (t0 + t1) / 2))
     return best[1], best[0] / 2
 
 
