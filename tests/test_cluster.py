@@ -103,7 +103,7 @@ def test_stand_in_refuses_an_unknown_host(monkeypatch, capsys):
 
 
 class _Cluster:  # enough of an EmulatedCluster for the launcher's arguments
-    n_nodes, hosts, hosts_file = 2, ["10.200.0.1", "10.200.0.2"], "/h"
+    n_nodes, hosts, hosts_file, fill = 2, ["10.200.0.1", "10.200.0.2"], "/h", "block"
 
     def __init__(self, folder):
         self.folder = folder

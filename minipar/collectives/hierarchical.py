@@ -97,8 +97,7 @@ def members(comm) -> list[list[int]]:
     cached = getattr(comm, "_members_by_node", None)
     if cached is not None and cached[0] is world_map:
         return cached[1]
-    owner = [world_map.node_of[g] for g in comm.global_ranks]
-    found = [[r for r in range(comm.size) if owner[r] == n] for n in dict.fromkeys(owner)]
+    found = world_map.by_node(comm.global_ranks)
     comm._members_by_node = (world_map, found)
     return found
 
@@ -106,18 +105,12 @@ def members(comm) -> list[list[int]]:
 def shape(comm) -> tuple[int, int] | None:
     """(nodes, ranks per node) when the group spans nodes of equal size, else None: what `auto`
     prices two-level schemes by (and the trace shows). Reads the node map init() found."""
-    world_map = process.nodes
-    if world_map is None or comm.size == 1:
+    if process.nodes is None or comm.size == 1:
         return None
-    cached = getattr(comm, "_node_shape", None)
-    if cached is not None and cached[0] is world_map:
-        return cached[1]
-    by_node = members(comm)
-    found = None
+    by_node = members(comm)  # cached on the group
     if len(by_node) > 1 and len({len(m) for m in by_node}) == 1:
-        found = len(by_node), len(by_node[0])
-    comm._node_shape = (world_map, found)
-    return found
+        return len(by_node), len(by_node[0])
+    return None
 
 
 def levels(call, by_node):

@@ -336,7 +336,7 @@ def _nodes_of(comm) -> tuple | None:
     world_map, ranks = process.nodes, getattr(comm, "global_ranks", None)
     if world_map is None or ranks is None:
         return None
-    owner = tuple(world_map.node_of[g] for g in ranks)
+    owner = tuple(world_map.of_group(ranks))
     return owner if len(set(owner)) > 1 else None
 
 

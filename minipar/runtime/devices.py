@@ -15,8 +15,9 @@ wins, so an MPI launcher started inside a Slurm or torchrun job is believed over
 | torchrun                      | LOCAL_RANK                  |
 | Slurm's srun                  | SLURM_LOCALID               |
 
-With none of them set (a launcher we do not know), the MPI transport asks MPI itself: the rank in
-a shared-memory split of the world (MPI_COMM_TYPE_SHARED) is the local rank. Several ranks on
+With none of them set (a launcher we do not know), the node map init() found (runtime/nodes.py:
+under MPI, a shared-memory split of the world, MPI_COMM_TYPE_SHARED) gives the local rank: this
+rank's index among its node's ranks. Several ranks on
 one GPU (more local ranks than devices) is allowed: they take turns on it, and `minipar doctor`
 says so. torch is imported only when a device is asked for, or when the caller has imported it.
 """
@@ -27,6 +28,7 @@ import os
 import sys
 
 from minipar.errors import NotInitializedError
+from minipar.runtime import nodes
 from minipar.state import process
 
 LOCAL_RANK_ENV = (
@@ -74,7 +76,7 @@ def ranks_per_device(local_size: int, count: int) -> int:
 
 
 def remember(comm) -> None:
-    """Called by init(): find the local rank (environment, else MPI's shared-memory split) and,
+    """Called by init(): find the local rank (environment, else the node map) and,
     if the caller has imported torch already, pick and set the device now. What is found is
     kept in `process.local_rank`, `.local_rank_source` and `.device` (minipar.state)."""
     found = local_rank_from_env(os.environ)
@@ -91,16 +93,9 @@ def forget() -> None:
 
 
 def _shared_memory_rank(comm) -> tuple[int, str]:
-    mpi_comm = getattr(comm, "mpi", None)
-    if mpi_comm is None:  # the torch transport without LOCAL_RANK: assume one node
-        return comm.rank, "the world rank (no launcher variable, not MPI)"
-    from mpi4py import MPI
-
-    node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, comm.rank)
-    try:
-        return node.Get_rank(), "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)"
-    finally:
-        node.Free()
+    """(local rank, what said so) from the node map: one shared-memory split, made once."""
+    found = nodes.nodes()
+    return found.local_rank(comm.global_ranks[comm.rank]), found.source
 
 
 def local_rank() -> int:

@@ -43,6 +43,15 @@ class NodeMap:
     def ranks_on(self, node: int) -> list[int]:
         return [r for r, n in enumerate(self.node_of) if n == node]
 
+    def of_group(self, global_ranks) -> list[int]:
+        """The node of each rank of a group (its world ranks, in group-rank order)."""
+        return [self.node_of[g] for g in global_ranks]
+
+    def by_node(self, global_ranks) -> list[list[int]]:
+        """A group's ranks (group numbering) by node, nodes in the order of their first rank."""
+        owner = self.of_group(global_ranks)
+        return [[r for r, n in enumerate(owner) if n == node] for node in dict.fromkeys(owner)]
+
     def local_rank(self, rank: int) -> int:
         return self.ranks_on(self.node_of[rank]).index(rank)
 
@@ -82,7 +91,8 @@ def _node_key(comm):
 
         node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, comm.rank)
         try:  # the node's lowest world rank names it
-            return node.allreduce(comm.rank, op=MPI.MIN), "MPI_Comm_split_type(SHARED)"
+            low = node.allreduce(comm.rank, op=MPI.MIN)
+            return low, "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)"
         finally:
             node.Free()
     if os.environ.get("GROUP_RANK", "") != "":
@@ -126,21 +136,9 @@ def local_world_size() -> int:
     return nodes().local_size(_world_rank())
 
 
-def node_name() -> str:
-    """This rank's node's host name."""
-    return nodes().names[node_rank()]
-
-
 def node_map(group=None) -> list[int]:
     """The node of each rank of `group` (default: the world), in group-rank order."""
-    comm = _group(group)
-    node_of = nodes().node_of
-    return [node_of[g] for g in comm.global_ranks]
-
-
-def spans_nodes(group=None) -> bool:
-    """True when the group's ranks are on more than one node."""
-    return len(set(node_map(group))) > 1
+    return nodes().of_group(_group(group).global_ranks)
 
 
 @dataclass
@@ -162,20 +160,16 @@ def node_groups(group=None) -> NodeGroups:
     cached = getattr(comm, "_node_groups", None)
     if cached is not None:
         return cached
-    owner = node_map(comm)
-    order = list(dict.fromkeys(owner))  # the nodes, in order of their first group rank
-    members = [[r for r in range(comm.size) if owner[r] == node] for node in order]
+    members = nodes().by_node(comm.global_ranks)
     intra = inter = None
-    for ranks in members:
-        made = comm.split(ranks, f"{comm.name}:node{owner[ranks[0]]}")
+    for k, ranks in enumerate(members):
+        made = comm.split(ranks, f"{comm.name}:node{k}")
         if comm.rank in ranks:
-            intra = made
-    position = members[order.index(owner[comm.rank])].index(comm.rank)
+            intra, position = made, ranks.index(comm.rank)
     for j in range(max(len(m) for m in members)):
-        ranks = [m[j] for m in members if j < len(m)]
-        made = comm.split(ranks, f"{comm.name}:across{j}")
+        made = comm.split([m[j] for m in members if j < len(m)], f"{comm.name}:across{j}")
         if j == position:
             inter = made
-    found = NodeGroups(intra, inter, len(order), len({len(m) for m in members}) == 1)
+    found = NodeGroups(intra, inter, len(members), len({len(m) for m in members}) == 1)
     comm._node_groups = found
     return found

@@ -94,16 +94,15 @@ def init(
         mpisetup.check_before_init()  # a launcher of another MPI: say so, before MPI_Init aborts
         comm = mpi.world(seconds)
         mpisetup.check_world(comm.size)  # n singletons where the launcher started n ranks
-        leaving.arm(
-            comm
-        )  # a rank leaving while others wait for it says so (comm/guards/leaving.py)
+        # a rank leaving while others wait for it says so (comm/guards/leaving.py)
+        leaving.arm(comm)
         process.world = comm
     else:
         if not torch_comm.torch_dist().is_initialized():
             torch_comm.init_from_env(timeout=seconds)
         process.world = torch_comm.TorchCommunicator(None, "world", seconds)
-    devices.remember(process.world)  # the local rank; the GPU too if torch is imported already
     nodes.remember(process.world)  # which node each rank runs on (one small all-gather)
+    devices.remember(process.world)  # the local rank; the GPU too if torch is imported already
     _install_excepthook()
     run_trace.start(process.world)  # `minipar run --trace DIR`: this rank's whole run traced
     return process.world

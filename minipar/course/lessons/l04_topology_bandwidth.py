@@ -22,6 +22,7 @@ from minipar import cost, launcher
 from minipar.comm.transport import shm
 from minipar.cost import roofline
 from minipar.course.lessons import planted
+from minipar.course.lessons.l01_hierarchy import peers, ping_pong
 from minipar.course.lessons.page import Page, fmt_bytes, fmt_rate, fmt_time
 
 GRADIENTS_7B = 7e9 * 2  # a 7B-parameter model's bf16 gradients, bytes
@@ -208,33 +209,18 @@ def cluster_section(page: Page) -> None:
 
 
 def measured_link(page: Page, peer: int, nbytes: int = 8 << 20, name: str = "") -> cost.Link:
-    """A link measured between rank 0 and `peer`: ping-pong of 8 B (alpha) and of nbytes (beta),
-    the best of a few each."""
-    buf = np.zeros(nbytes, dtype=np.uint8)
-
-    def one_way(n: int, reps: int) -> float:
-        best = float("inf")
-        for _ in range(reps):
-            page.comm.barrier()
-            t0 = time.perf_counter()
-            if page.rank == 0:
-                page.comm.send(buf[:n], peer)
-                page.comm.recv(buf[:n], peer)
-            elif page.rank == peer:
-                page.comm.recv(buf[:n], 0)
-                page.comm.send(buf[:n], 0)
-            best = min(best, (time.perf_counter() - t0) / 2)
-        return best
-
-    alpha, big = page.gather((one_way(8, 20), one_way(nbytes, 5)))[0]
+    """A link measured between rank 0 and `peer`: lesson 01's ping-pong of 8 B (alpha) and of
+    nbytes (beta), the best of a few each."""
+    alpha = ping_pong(page.comm, 8, 20, peer)
+    big = ping_pong(page.comm, nbytes, 5, peer)
+    alpha, big = page.gather((alpha, big))[0]  # rank 0 timed them
     beta = max(big - alpha, 1e-12) / nbytes
     return cost.Link(name or f"measured, rank 0 - {peer}", alpha, beta, cost.default_link().gamma)
 
 
 def link_between_nodes(page: Page, node_of) -> cost.Link:
     """The link between nodes, measured from rank 0 to the first rank of another node."""
-    peer = next(r for r in range(page.size) if node_of[r] != node_of[0])
-    return measured_link(page, peer, name="measured between nodes")
+    return measured_link(page, peers(node_of)[1], name="measured between nodes")
 
 
 def nodes_section(page: Page) -> None:

@@ -50,7 +50,7 @@ def write_stand_in(folder: str) -> str:
 
 def for_cluster(flavor: str, cluster, n: int) -> tuple[list[str], dict]:
     """(launcher arguments, environment) for n ranks on an EmulatedCluster."""
-    cyclic = getattr(cluster, "fill", "block") == "cyclic"
+    cyclic = cluster.fill == "cyclic"
     counts = slots(n, cluster.n_nodes)
     agent = write_stand_in(cluster.folder)
     env = {TABLE_ENV: cluster.table(), HOSTS_ENV: cluster.hosts_file}

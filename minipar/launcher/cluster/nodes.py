@@ -105,24 +105,21 @@ class EmulatedCluster:
         """The ranks of a job of n on each node: in blocks, or dealt round (--fill cyclic)."""
         if self.fill == "cyclic":
             return [list(range(k, n, self.n_nodes)) for k in range(self.n_nodes)]
-        counts, first, out = slots(n, self.n_nodes), 0, []
-        for count in counts:
-            out.append(list(range(first, first + count)))
-            first += count
-        return out
+        counts = slots(n, self.n_nodes)
+        return [list(range(sum(counts[:k]), sum(counts[: k + 1]))) for k in range(self.n_nodes)]
 
     def describe(self, n: int) -> str:
-        """'node0 10.200.0.1 ranks 0-1, node1 10.200.0.2 ranks 2-3' for a job of n ranks."""
-        if self.fill == "cyclic":
-            return ", ".join(
-                f"{self.hostname(k)} {self.address(k)} ranks {','.join(map(str, ranks))}"
-                for k, ranks in enumerate(self.ranks_on(n))
-            )
-        parts, first = [], 0
-        for k, count in enumerate(slots(n, self.n_nodes)):
-            ranks = f"rank {first}" if count == 1 else f"ranks {first}-{first + count - 1}"
-            parts.append(f"{self.hostname(k)} {self.address(k)} {ranks}")
-            first += count
+        """'node0 10.200.0.1 ranks 0-1, node1 10.200.0.2 ranks 2-3' for a job of n ranks
+        ('ranks 0,2' where they are dealt round)."""
+        parts = []
+        for k, ranks in enumerate(self.ranks_on(n)):
+            if len(ranks) == 1:
+                said = f"rank {ranks[0]}"
+            elif ranks[-1] - ranks[0] == len(ranks) - 1:
+                said = f"ranks {ranks[0]}-{ranks[-1]}"
+            else:
+                said = "ranks " + ",".join(map(str, ranks))
+            parts.append(f"{self.hostname(k)} {self.address(k)} {said}")
         return ", ".join(parts)
 
     def __enter__(self):
