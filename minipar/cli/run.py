@@ -62,7 +62,7 @@ def configure(parser) -> None:
     parser.add_argument("--trace", metavar="DIR",
                         help="trace every rank; merged into DIR/trace.json at the end")  # fmt: skip
     parser.add_argument("--nodes", type=int, default=None, metavar="N",
-                        help="emulated nodes on this machine, ranks filled in order")  # fmt: skip
+                        help="emulated nodes on this machine (docs/cluster.md)")  # fmt: skip
     parser.add_argument("--link", default=None, metavar="RATE",
                         help="the link between emulated nodes: 2gbit (default), 500mbit, "
                              "unlimited")  # fmt: skip

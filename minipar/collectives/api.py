@@ -122,9 +122,7 @@ def run_call(
             runtime.exit_inside_collective(call, leaving)
             raise
         except MiniparError:  # the program hears of it (a wait on shared windows, say):
-            comm._told = (
-                True  # the end-of-job comparison leaves this group be (comm/guards/ending.py)
-            )
+            comm._told = True  # the end-of-job comparison leaves this group be (guards/ending.py)
             raise
         if finish is not None:
             finish()

@@ -26,9 +26,7 @@ from minipar.launcher import stop
 RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 DRAIN_SECONDS = 2.0  # after the job ends: how long to wait for its last bytes
 ABORT_WAIT = 10.0  # after a rank said it aborts: how long the MPI's launcher has to end the job
-FOLDER_ENV = (
-    "MINIPAR_RELAY_FOLDER"  # where a rank says it aborts (comm/transport/mpi.py: say_aborted)
-)
+FOLDER_ENV = "MINIPAR_RELAY_FOLDER"  # where a rank says it aborts (transport/mpi.py's say_aborted)
 
 
 def tag_from_env() -> bool:

@@ -10,8 +10,7 @@ where its result is bitwise the plain one's:
     direct.py   a step on numpy buffers over MPI posts mpi4py's own requests instead of
                 minipar's Request objects (Call.send / recv / sendrecv take it)
     routing.py  inside one node, the bandwidth algorithms of all-reduce, all-gather and
-    windows.py  reduce-scatter run over shared windows (comm/transport/shm.py), one copy a hop, when
-    the
+    windows.py  reduce-scatter run over shared windows (transport/shm.py), one copy a hop, when the
                 cost model prices that cheaper (or when asked: "ring@shm", MINIPAR_TRANSPORT)
     in_place.py and a buffer that lives in a window (minipar.empty: DDP's buckets, FSDP's
                 flat vectors) is reduced where it lies, with no copy at all

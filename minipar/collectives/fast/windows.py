@@ -1,5 +1,4 @@
-"""All-reduce, all-gather and reduce-scatter over shared windows (comm/transport/shm.py), one copy a
-hop.
+"""All-reduce, all-gather and reduce-scatter over shared windows (transport/shm.py), one copy a hop.
 
 In shared memory every peer is one hop away, so the ring's p-1 relays buy nothing: each rank
 publishes its data once in its own segment and then reads what it needs straight out of its

@@ -1,8 +1,7 @@
 """The control messages between ranks about a mismatch: small pickled notices, and failing a group.
 
 Ranks that find a mismatch (the watchdog, comm/guards/watchdog.py, from a foreign tag; a stalled
-wait, comm/guards/stall.py, from a peer's answer) tell each other on NOTICE_TAG, a tag no data ever
-uses:
+wait, guards/stall.py, from a peer's answer) tell each other on NOTICE_TAG, a tag no data ever uses:
 
     ("call", seq, recent calls)   "my call #seq and the calls before it: is yours the same?"
     ("query", qid, seq)           "which call are you in?" (answered on its own reply tag)

@@ -13,8 +13,7 @@ when a signature is first hashed, sent to a peer or shown.
 `tag_hash` folds it into a few bits of the call's tag (see base.TagLayout), chained with the
 group's earlier calls, so two ranks that disagree on any field post messages under different
 tags: the messages no longer match, and the watchdog (comm/guards/watchdog.py) sees a peer's message
-under a foreign tag, or a rank that waits too long asks (comm/guards/stall.py), and both calls are
-named.
+under a foreign tag, or a rank that waits too long asks (guards/stall.py), and both calls are named.
 `first_difference` finds the call where two ranks' recent calls part; `mismatch_text`,
 `groups_text`, `history_text` and `missing_text` render the errors.
 """

@@ -1,5 +1,4 @@
-"""A merged trace (comm/trace/chrome_trace.py) drawn as a PNG: the timeline Perfetto shows, on
-paper.
+"""A merged trace (trace/chrome_trace.py) drawn as a PNG: the timeline Perfetto shows, on paper.
 
     save_png("trace.json", "trace.png")      # needs matplotlib (the plot extra)
 

@@ -26,10 +26,8 @@ from minipar.state import process
 
 COLLECTIVE_TAG_BASE = 1 << 15  # user tags live in [0, 2**15), as MPI guarantees at least that
 CONTROL_TAG = COLLECTIVE_TAG_BASE  # debug mode's fingerprints
-NOTICE_TAG = COLLECTIVE_TAG_BASE + 1  # mismatch notices between watchdogs (comm/guards/watchdog.py)
-REPLY_TAG_BASE = (
-    COLLECTIVE_TAG_BASE + 16
-)  # answers to a stalled rank's questions (comm/guards/stall.py),
+NOTICE_TAG = COLLECTIVE_TAG_BASE + 1  # mismatch notices between watchdogs (guards/watchdog.py)
+REPLY_TAG_BASE = COLLECTIVE_TAG_BASE + 16  # answers to stalled ranks' questions (guards/stall.py),
 REPLY_TAGS = 1 << 14  # one tag per question, so two threads never take each other's answer
 SEQ_BITS = 12  # a call's tag keeps its sequence number modulo 4096
 SEQ_MASK = (1 << SEQ_BITS) - 1
