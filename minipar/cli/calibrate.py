@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import os
 
+from minipar import launcher
 from minipar.cost import calibration
+from minipar.course.formats import fmt_rate, fmt_time
+from minipar.launcher.cluster import link as links
+from minipar.launcher.cluster.job import emulated
+from minipar.launcher.cluster.nodes import EmulationError
 
 EXAMPLES = """\
 examples:
@@ -39,8 +44,6 @@ def configure(parser) -> None:
 
 def rows(record: dict) -> list[tuple[str, str]]:
     """(quantity, value) lines of a calibration record, for `--show` and `minipar doctor`."""
-    from minipar.course.formats import fmt_rate, fmt_time
-
     load = record.get("load", {})
     out = [
         ("measured", f"{record.get('date')} on {record.get('host')}, minipar "
@@ -77,10 +80,7 @@ def show(console, where=None) -> bool:
 
 
 def main(args) -> int:
-    from minipar import launcher
-    from minipar.launcher.cluster import link as links
-    from minipar.launcher.cluster.job import emulated
-    from minipar.launcher.cluster.nodes import EmulationError
+    # here, not at the top of the file: rich loads only when used
     from minipar.term import Console
 
     console, err = Console(highlight=False), Console(stderr=True, highlight=False)

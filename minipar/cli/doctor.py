@@ -16,7 +16,9 @@ import sys
 from dataclasses import asdict, dataclass
 
 from minipar import launcher
+from minipar.cli import calibrate
 from minipar.comm.setup import mpisetup
+from minipar.cost import calibration
 from minipar.errors import MPISetupError
 from minipar.launcher.cluster import leftovers, needs
 
@@ -132,9 +134,6 @@ def machine_checks() -> list[Check]:
 def calibration_checks() -> list[Check]:
     """The stored calibration (`minipar calibrate`) the lessons' "this machine" predictions use,
     and its age; a warning when there is none or it is older than a month."""
-    from minipar.cli import calibrate
-    from minipar.cost import calibration
-
     record = calibration.load()
     if record is None:
         return [Check("calibration", "none", "warn", "run `minipar calibrate` (half a minute): "
