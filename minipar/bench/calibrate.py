@@ -26,8 +26,12 @@ import os
 import socket
 import time
 
+import numpy as np
+import torch
+
 import minipar
 from minipar import cost, launcher
+from minipar.comm.transport import shm
 from minipar.cost import calibration, roofline
 from minipar.models.config import GPTConfig
 
@@ -48,7 +52,6 @@ def copy_rates(comm, nbytes: int = COPY_BYTES, min_seconds: float = 0.02) -> tup
 def one_way(comm, nbytes: int, reps: int, a: int, b: int, raw: bool = False) -> float:
     """The fastest one-way time (half a round trip) of nbytes from rank a to rank b and back,
     known on every rank; raw: mpi4py's Send/Recv instead of minipar's transport."""
-    import numpy as np  # here, not at the top of the file: numpy loads only when used
 
     buf = np.zeros(max(nbytes, 1), np.uint8)
     send, recv = (comm.mpi.Send, comm.mpi.Recv) if raw else (comm.send, comm.recv)
@@ -74,7 +77,6 @@ def link_sweep(comm, a: int, b: int, sizes=LINK_SIZES) -> calibration.LinkFit:
 
 def all_reduce_time(comm, nbytes: int, reps: int, algorithm: str) -> float:
     """The median over reps of the slowest rank's time of one all-reduce (after one untimed)."""
-    import numpy as np  # here, not at the top of the file: numpy loads only when used
 
     x = np.zeros(max(1, nbytes // 4), np.float32)
     minipar.all_reduce(x, algorithm=algorithm)
@@ -91,7 +93,6 @@ def shm_fit(comm, gamma: float):
     """The shared windows' alpha, beta: their ring all-reduce at LINK_SIZES, the bytes reduced
     priced at gamma and taken off, the rest fitted on waits (steps) and bytes copied. None when
     this group cannot share memory (it spans nodes)."""
-    from minipar.comm.transport import shm  # here: numpy and MPI load only when used
 
     if shm.node_of(comm, "minipar calibrate") is None:
         return None
@@ -116,8 +117,6 @@ def step_cost(comm) -> tuple[float, float]:
 
 def matmul_rate(comm, reps: int = 20) -> float:
     """FLOP/s of the tiny GPT's MLP matmul, every rank at once, the fastest run."""
-    # here, not at the top of the file: torch loads only when used
-    import torch
 
     config = GPTConfig()
     tokens = 8 * config.seq_len
