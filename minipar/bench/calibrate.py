@@ -27,13 +27,11 @@ import socket
 import time
 
 import numpy as np
-import torch
 
 import minipar
 from minipar import cost, launcher
 from minipar.comm.transport import shm
 from minipar.cost import calibration, roofline
-from minipar.models.config import GPTConfig
 
 LINK_SIZES = [8, 4 << 10, 64 << 10, 1 << 20, 4 << 20]
 COPY_BYTES = 32 << 20  # beyond the caches: the copy streams from memory
@@ -117,6 +115,11 @@ def step_cost(comm) -> tuple[float, float]:
 
 def matmul_rate(comm, reps: int = 20) -> float:
     """FLOP/s of the tiny GPT's MLP matmul, every rank at once, the fastest run."""
+
+    # here, not at the top of the file: torch loads only when used
+    import torch
+
+    from minipar.models.config import GPTConfig
 
     config = GPTConfig()
     tokens = 8 * config.seq_len

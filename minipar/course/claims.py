@@ -37,8 +37,8 @@ FAILING = ("outside", "impossible")
 @dataclass(frozen=True)
 class Tolerance:
     """How close is close enough. kind: "relative" (|measured/predicted - 1| <= value),
-    "exact" (equal), "at_least" / "at_most" (one-sided, measured >= / <= predicted x (1 -/+
-    value))."""
+    "absolute" (|measured - predicted| <= value, e.g. a bubble fraction within 0.1), "exact"
+    (equal), "at_least" / "at_most" (one-sided, measured >= / <= predicted x (1 -/+ value))."""
 
     kind: str
     value: float = 0.0
@@ -50,6 +50,8 @@ class Tolerance:
             if predicted == 0:
                 return measured == 0
             return abs(measured / predicted - 1) <= self.value
+        if self.kind == "absolute":
+            return abs(measured - predicted) <= self.value
         if self.kind == "at_least":
             return measured >= predicted * (1 - self.value)
         if self.kind == "at_most":
@@ -61,6 +63,7 @@ class Tolerance:
         return {
             "exact": "exact",
             "relative": f"+-{self.value:.0%}",
+            "absolute": f"+-{self.value:g}",
             "at_least": f">= predicted{slack}",
             "at_most": f"<= predicted{slack.replace('-', '+')}",
         }[self.kind]
@@ -74,6 +77,11 @@ def relative(fraction: float) -> Tolerance:
 EXACT = Tolerance("exact")
 BANDWIDTH_BOUND = relative(0.25)
 LATENCY_BOUND = relative(0.5)
+
+
+def absolute(margin: float) -> Tolerance:
+    """+-margin in the claim's own unit (a fraction's points, a count)."""
+    return Tolerance("absolute", margin)
 
 
 def at_least(slack: float = 0.0) -> Tolerance:
@@ -135,6 +143,7 @@ class Claim:
     basis: str = ""
     verdict: str = ""
     cause: str = ""
+    holds: bool | None = None  # within the tolerance, whatever the verdict (None: impossible)
     causes_seen: list[str] = field(default_factory=list)
 
     @property
@@ -175,14 +184,19 @@ def judge(claim: Claim, load: Load | None = None, causes=()) -> Claim:
         raise ValueError(f"claim kind {claim.kind!r} is none of {KINDS}")
     why = impossible(claim)
     timing = claim.kind == "time"
+    if not why and claim.predicted is not None:
+        claim = replace(claim, holds=bool(claim.tolerance.holds(claim.predicted, claim.measured)))
     if why:
         busy = timing and load is not None and load.busy and math.isfinite(claim.measured)
         if busy and claim.measured >= 0:  # the bound itself was measured on a busy machine
             return replace(claim, verdict="not judged", cause=f"{why}; {load.describe()}")
         return replace(claim, verdict="impossible", cause=why)
     if timing and load is not None and load.busy:
-        return replace(claim, verdict="not judged", cause=f"load-sensitive: {load.describe()}")
-    if claim.predicted is None or claim.tolerance.holds(claim.predicted, claim.measured):
+        held = "would be within" if claim.holds else "would be outside"
+        return replace(
+            claim, verdict="not judged", cause=f"load-sensitive ({held}): {load.describe()}"
+        )
+    if claim.predicted is None or claim.holds:
         return replace(claim, verdict="within", cause="")
     found = [c for c in causes if c]
     if timing and load is not None and max(load.before, load.during) >= 0.5:
