@@ -193,8 +193,11 @@ def judge(claim: Claim, load: Load | None = None, causes=()) -> Claim:
         return replace(claim, verdict="impossible", cause=why)
     if timing and load is not None and load.busy:
         held = "would be within" if claim.holds else "would be outside"
+        seen = "; ".join(c for c in causes if c) if not claim.holds else ""
         return replace(
-            claim, verdict="not judged", cause=f"load-sensitive ({held}): {load.describe()}"
+            claim,
+            verdict="not judged",
+            cause=f"load-sensitive ({held}): {load.describe()}" + (f"; {seen}" if seen else ""),
         )
     if claim.predicted is None or claim.holds:
         return replace(claim, verdict="within", cause="")
