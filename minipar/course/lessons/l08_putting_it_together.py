@@ -243,6 +243,7 @@ def measured_run_section(page: Page, mesh: DeviceMesh, microbatches: int) -> Non
         "one process; predicted: the planner on the 'cpu' cluster with this CPU's measured "
         "matmul rate shared by the ranks; measured: the median step (the first excluded)",
     )
+    page.observe("measured step / predicted step", measured / predicted, "x")
     page.claim(f"{layout}: step time against the planner's", predicted, measured, "s",
                C.relative(0.5), basis="planner, 'cpu' cluster at this CPU's matmul rate",
                causes=["Python between the ops (20 us each in the planner) and the memory "

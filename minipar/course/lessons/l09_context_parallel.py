@@ -413,6 +413,11 @@ def nodes_section(page: Page) -> None:
         rows.append((f"{length:,}", fmt_bytes(2 * B * HEADS * length * D * FLOAT),
                      f"{computed * 1e3:.1f} ms", f"{waited * 1e3:.1f} ms",
                      f"{100 * exposed[-1]:.0f} %"))  # fmt: skip
+    page.observe("matmul rate (float32)", rate, "FLOP/s")
+    page.observe("link bandwidth between nodes", 1 / link.beta, "B/s")
+    page.observe("tokens per rank at which the K/V block hides", hides_at, "tokens")
+    for length, share in zip((128, 512) if page.quick else (128, 512, 1024, 2048), exposed):
+        page.observe(f"exposed share at {length} tokens per rank", share, "%")
     page.measurement("one forward per length (the slowest rank's waits and compute)")
     page.table(None, ["tokens/rank>", "K/V block>", "compute>", "waited>", "exposed>"], rows)
     page.claim("longer sequences hide more of the K/V messages (exposed share, longest / "

@@ -51,6 +51,7 @@ class Page:
         self.console = Console(quiet=self.rank != 0, highlight=False)
         self.failures: list[str] = []
         self.records: list[Claim] = []
+        self.observations: list[dict] = []  # measured, not predicted: for the lessons' texts
         self.cores = launcher.cores()
         self.load = self.gather(self._load_now())[0]  # rank 0's reading decides for all
         mode = f"break-it lab: {self.lab}" if self.lab else ("quick" if self.quick else "full")
@@ -140,6 +141,13 @@ class Page:
             self.failures.append(what)
         return record
 
+    def observe(self, what: str, value: float, unit: str = "") -> float:
+        """Keep a measured number the lesson's text quotes (no prediction, no verdict): it goes
+        into the --json records beside the claims, where scripts/lesson_numbers.py reads it."""
+        self.observations.append({"lesson": self.number, "claim": what, "measured": value,
+                                  "unit": unit})  # fmt: skip
+        return value
+
     def _one_machine(self) -> bool:
         """Every rank on this machine (one node, or emulated nodes that share its cores)."""
         return minipar.local_world_size() == self.size or bool(os.environ.get(LINK_ENV))
@@ -165,6 +173,7 @@ class Page:
             "busy": self.load.busy,
             "tally": claims.tally([r.record() for r in self.records]),
             "claims": [r.record() for r in self.records],
+            "observations": self.observations,
         }
         with open(path, "w") as out:
             json.dump(data, out, indent=1)
