@@ -119,6 +119,7 @@ def matmul_rate(comm, reps: int = 20) -> float:
     # here, not at the top of the file: torch loads only when used
     import torch
 
+    # here too: minipar.models loads torch
     from minipar.models.config import GPTConfig
 
     config = GPTConfig()

@@ -18,6 +18,7 @@ import time
 import minipar
 from minipar.course import claims as C
 from minipar.course.lessons import planted
+from minipar.course.lessons.l01_hierarchy import ping_pong
 from minipar.course.lessons.page import Page, fmt_bytes
 from minipar.parallel.pipeline import Pipeline, Timeline, split
 from minipar.parallel.pipeline import schedules as S
@@ -104,8 +105,6 @@ def run_schedule(page: Page, name: str, m: int, v: int, t: float):
 def message_latency(page: Page) -> float:
     """One small message's one-way time between two stages here (ping-pong of 8 B, the best of
     20): the latency the replay charges each send."""
-    from minipar.course.lessons.l01_hierarchy import ping_pong
-
     return page.gather(ping_pong(page.comm, 8, 20))[0] if page.size > 1 else 0.0
 
 
