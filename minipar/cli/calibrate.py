@@ -113,4 +113,11 @@ def main(args) -> int:
         return 2
     if status == 0:
         show(console, where)
+        record = calibration.load(where) or {}
+        load = record.get("load", {})
+        if max(load.get("before", 0), load.get("during", 0)) > record.get("cores", 1):
+            console.print(
+                "[yellow]measured on a busy machine (load average above the cores): the "
+                "lessons will say so; run it again when the machine is quiet[/]"
+            )
     return status

@@ -56,7 +56,9 @@ def this_machine(comm, copy_bytes: int = measuring.COPY_BYTES) -> Machine:
     if record is not None:
         message = calibration.calibrated_link(record, "mpi", 1 / add)
         step = record["step_s"]
-        basis = f"calibrated on {record['host']}, {record['date']} (minipar calibrate)"
+        load = max(record["load"]["before"], record["load"]["during"])
+        busy = f", under load {load:.1f}" if load > record["cores"] else ""
+        basis = f"calibrated on {record['host']}, {record['date']}{busy} (minipar calibrate)"
         emulated = calibration.calibrated_link(record, "emulated", 1 / add)
         rate = os.environ.get(measuring.LINK_ENV)
         link_rate = (record["links"].get("emulated") or {}).get("rate_bits")
