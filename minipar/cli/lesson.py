@@ -93,7 +93,7 @@ def run_lesson(
 def _run(n, argv, cluster, timeout, capture):
     before = os.getloadavg()[0]  # the machine's load before the lesson's ranks add theirs
     cmd, env = launcher.command(n, argv, cluster=cluster)
-    env["MINIPAR_LOAD_BEFORE"] = f"{before:.2f}"
+    env.setdefault("MINIPAR_LOAD_BEFORE", f"{before:.2f}")  # unless the caller measured it
     if cluster is not None:
         rate = links.describe(cluster.rate)
         print(f"minipar lesson: {cluster.n_nodes} emulated nodes joined by a {rate} link")
