@@ -424,7 +424,7 @@ def main(argv=None) -> int:
     if page.enough and page.lab:
         lab_no_wait(page)
     elif page.enough:
-        machine = this_machine(page.comm, max(sizes(page.quick)))
+        machine = this_machine(page.comm)  # the one memory copy: 32 MiB, every rank
         inter = between_nodes(page, machine)
         predict_section(page, machine)
         fits = bench_section(page, machine, inter)
