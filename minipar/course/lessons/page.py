@@ -128,7 +128,10 @@ class Page:
         what this lesson measured that explains a miss (more ranks than cores is added for
         timing claims); fields: bound=(lo, hi), spread=(min, median, max), basis="..."."""
         if kind == "time":
-            self.load = self.load.sampled(self.size if self._one_machine() else 0)
+            # rank 0's reading for all, so every rank reaches the same verdict (collective:
+            # timing claims are made by every rank, as checks are)
+            mine = self.load.sampled(self.size if self._one_machine() else 0)
+            self.load = self.gather(mine)[0]
             causes = [*causes, *claims.environment_causes(self.size, self.cores)]
         record = claims.judge(
             Claim(self.number, what, predicted, measured, unit, tolerance, kind, **fields),
