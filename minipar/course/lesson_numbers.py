@@ -22,7 +22,8 @@ from pathlib import Path
 from minipar.course import claims
 from minipar.course.formats import fmt_value
 
-MARKED = re.compile(r"(\S+?)<!-- ([\w-]+): (.+?) -->")
+# a number and its unit joined by a no-break space (as written here), then the marker
+MARKED = re.compile(r"([^ \t\n<|]+?)<!-- ([\w-]+): (.+?) -->")
 SCALE = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "kB/s": 1e3, "MB/s": 1e6, "GB/s": 1e9, "TB/s": 1e12,
          "x": 1.0, "%": 0.01, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}  # fmt: skip
 OBSERVED = claims.relative(0.25)
@@ -56,9 +57,10 @@ def find(data: dict, name: str) -> dict:
 def shown(row: dict, field: str) -> str:
     """The number as the text writes it (the unit the printed table uses)."""
     value = row[field]
-    if row.get("unit") in ("", "tokens", "FLOP/s"):
-        scale = 1e9 if row.get("unit") == "FLOP/s" else 1
-        return f"{value / scale:.2f}" if row["claim"] == "@load" else f"{value / scale:,.0f}"
+    if row.get("unit") == "FLOP/s":
+        return f"{value / 1e9:.3g}\u00a0GFLOP/s"
+    if row.get("unit") in ("", "tokens"):
+        return f"{value:.2f}" if row["claim"] == "@load" else f"{value:,.0f}"
     return fmt_value(value, row["unit"]).replace(" ", "\u00a0")
 
 
