@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -73,3 +74,26 @@ def test_calibrate_measures_and_doctor_shows_it(tmp_path):
     assert record["copy_Bps"] > 1e8 and record["matmul_flops"] > 1e8 and record["gamma"] > 0
     assert record["cores"] >= 1 and "before" in record["load"]
     assert "link mpi" in done.stdout and "memory copy" in done.stdout
+
+
+def test_doctor_shows_the_calibration_its_age_and_a_busy_one(tmp_path, monkeypatch):
+    from minipar.cli import doctor
+
+    where = tmp_path / "c.json"
+    monkeypatch.setenv(calibration.PATH_ENV, str(where))
+    none = doctor.calibration_checks()
+    assert (
+        none[0].value == "none" and none[0].status == "warn" and "minipar calibrate" in none[0].note
+    )
+    record = {"host": "h", "date": "d", "minipar": "0", "cores": 2, "ranks": 2,
+              "load": {"before": 0.2, "during": 0.4}, "links": {}, "gamma": 1e-10,
+              "copy_Bps": 9e9, "matmul_flops": 5e10}  # fmt: skip
+    calibration.save({**record, "time": time.time() - 7200})
+    fresh = doctor.calibration_checks()
+    assert fresh[0].status == "ok" and "2 hours ago" in fresh[0].value
+    assert any(c.name.strip() == "memory copy" and c.value == "9 GB/s" for c in fresh)
+    calibration.save({**record, "time": time.time(), "load": {"before": 3.5, "during": 0.1}})
+    busy = doctor.calibration_checks()[0]
+    assert busy.status == "warn" and "busy" in busy.note
+    calibration.save({**record, "time": time.time() - 40 * 86400})
+    assert "older than a month" in doctor.calibration_checks()[0].note

@@ -139,10 +139,13 @@ def calibration_checks() -> list[Check]:
         return [Check("calibration", "none", "warn", "run `minipar calibrate` (half a minute): "
                       "the lessons predict this machine from it")]  # fmt: skip
     old = calibration.age_seconds(record) > 30 * 86400
+    load = record.get("load", {})
+    busy = max(load.get("before", 0), load.get("during", 0)) > record.get("cores", 1)
+    note = ("older than a month: run `minipar calibrate` again" if old else
+            "measured on a busy machine: run `minipar calibrate` again when it is quiet"
+            if busy else str(calibration.path()))  # fmt: skip
     lines = calibrate.rows(record)
-    return [Check("calibration", lines[0][1], "warn" if old else "ok",
-                  "older than a month: run `minipar calibrate` again" if old else
-                  str(calibration.path()))] + [
+    return [Check("calibration", lines[0][1], "warn" if old or busy else "ok", note)] + [
         Check(f"  {name}", value) for name, value in lines[1:]
     ]  # fmt: skip
 
