@@ -269,10 +269,14 @@ def test_rows_across_nodes_price_both_links_and_the_links_roofline():
     ]  # fmt: skip
     two, _ = report.records(events, "float32", cost.SHARED_MEMORY, rate)
     link = cost.SHARED_MEMORY
+    between = cost.Link("2 Gbit/s", cost.inter_link().alpha, 1 / rate, link.gamma)
     assert two["predicted_s"] == pytest.approx(
-        cost.predict_on_nodes("all_reduce", "hierarchical", n, 2, 2, link)
+        cost.predict_on_nodes("all_reduce", "hierarchical", n, 2, 2, link, between)
     )
+    # priced on the job's link, never below what the link alone needs: 2 (N-1)/N S at its rate
+    assert two["predicted_s"] >= n / rate
     assert two["link_roofline_fraction"] == pytest.approx(n / rate / 0.4)
+    assert two["roofline_fraction"] == pytest.approx(n / rate / 0.4)  # the link's floor
     goals = {g[0]: g[1] for g in report.goals([two, _])}
     assert goals["hierarchical all_reduce 64 MiB across nodes: fraction of the link's roofline"]
     assert goals["hierarchical all_reduce >= 1 MiB across nodes: time / MPI (worst size)"] == (

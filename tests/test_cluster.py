@@ -13,6 +13,7 @@ uneven nodes, the strategies' suites (DDP, FSDP, TP, PP, CP, EP, the mesh) on 2x
 every ending, and 3D training with --check across 2 nodes.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -367,18 +368,24 @@ def test_a_killed_node_ends_the_job_at_once_and_is_named():
 @pytest.mark.parametrize(
     "lesson,passed",
     [
-        ("01", "the link between nodes is slower"),
+        ("01", "the link between nodes is the slower one at 16 MiB"),
         ("04", "the two-level all-reduce beats the flat ring across nodes"),
         ("08", "tp across nodes is slower"),
         ("09", "longer sequences hide more of the K/V messages"),
     ],
 )
-def test_lessons_measure_the_link_between_nodes(lesson, passed):
-    cmd = [sys.executable, "-m", "minipar", "lesson", lesson, "--quick", "--nodes", "2"]
+def test_lessons_measure_the_link_between_nodes(lesson, passed, tmp_path):
+    """The claim about the link is made and not failed: PASS on a quiet machine, NOT JUDGED on
+    a busy one (a timing claim; lessons/README.md), and the link's rate is printed."""
+    out = tmp_path / "claims.json"
+    cmd = [sys.executable, "-m", "minipar", "lesson", lesson, "--quick", "--nodes", "2",
+           "--json", str(out)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200"))  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert f"PASS  {passed}" in done.stdout, done.stdout[-3000:]
+    assert "2 Gbit/s" in done.stdout, done.stdout[-3000:]
+    made = [c for c in json.loads(out.read_text())["claims"] if c["claim"].startswith(passed)]
+    assert made and all(c["verdict"] in ("within", "not judged") for c in made), made
 
 
 @emulation

@@ -141,7 +141,8 @@ def main(argv=None) -> int:
 
         init_from_mpi(comm.mpi, "gloo", timeout=comm.timeout)
         dist = torch.distributed
-    out.emit("header", **header(comm, dist), link=cost.default_link().name)
+    out.emit("header", **header(comm, dist), link=cost.default_link().name,
+             link_Bps=job.get("link_Bps"))  # fmt: skip
     if job["fit"]:
         measured = fit.measure(comm, timer)
         link = fit.as_link(measured)

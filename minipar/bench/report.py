@@ -9,7 +9,10 @@ ratio_torch, prediction_error, iters, chosen).
     ratio_mpi = time / MPI's time (same collective and size), ratio_torch likewise; the
     *_min ratios compare the fastest iterations (less sensitive to other processes' load)
     prediction_error = (predicted - measured) / measured (and *_min: against the fastest)
-    roofline_fraction = roofline.lower_bound(...) / time
+    roofline_fraction = roofline.lower_bound(...) / time; across emulated nodes whose link's
+        rate the job knows, the larger floor of the two: memory's or the link's
+    predicted_s across nodes: the part between nodes priced on the job's link (its rate; the
+        alpha of --fit's between-node link, else the assumed one), not the in-node link
     window_roofline_fraction = the same floor priced at the rates of reading a peer's freshly
         written window buffer (roofline.peer_rates): what single-copy windows allow here
 """
@@ -63,8 +66,9 @@ def _record(event: dict, p: int, dtype: str, link, roofs, shape=None, link_Bps=N
             if transport == "shm":  # the shared windows' own link (cost.SHARED_WINDOW)
                 owned = event["algorithm"].endswith("+window")  # read in place: bench/ops.py
                 predicted = cost.predict_shm(collective, n, p, in_place=owned)
-            elif shape:  # across nodes: the in-node link and the one between (--fit's, if any)
-                predicted = cost.predict_on_nodes(collective, base, n, *shape, link)
+            elif shape:  # across nodes: the in-node link and the one between, at its rate
+                between = emulated_link(link_Bps, link) if link_Bps else None
+                predicted = cost.predict_on_nodes(collective, base, n, *shape, link, between)
             else:
                 predicted = cost.predict(collective, base, n, p, link)
         except (ValueError, KeyError):  # a user-registered algorithm has no formula
@@ -75,6 +79,8 @@ def _record(event: dict, p: int, dtype: str, link, roofs, shape=None, link_Bps=N
     record["prediction_error_min"] = (predicted - fastest) / fastest if predicted else None
     roof = roofs.get((collective, n))
     floor = roof and roofline.lower_bound(collective, n, p, roof["copy_Bps"], roof["add_Bps"])
+    link_floor = shape and link_Bps and _link_floor(collective, n, shape[0], link_Bps)
+    floor = max(floor or 0, link_floor or 0) or None  # the link's floor, where it is higher
     record["roofline_fraction"] = floor / median if floor else None
     peer = (
         roof
@@ -82,12 +88,24 @@ def _record(event: dict, p: int, dtype: str, link, roofs, shape=None, link_Bps=N
         and roofline.lower_bound(collective, n, p, roof["peer_copy_Bps"], roof["peer_add_Bps"])
     )
     record["window_roofline_fraction"] = peer / median if peer else None
-    link_floor = shape and link_Bps and _link_floor(collective, n, shape[0], link_Bps)
     record["link_roofline_fraction"] = link_floor / median if link_floor else None
     record["iters"] = len(times)
     if event.get("chosen"):
         record["chosen"] = event["chosen"]
     return record
+
+
+def emulated_link(link_Bps: float, inside) -> cost.Link:
+    """The link between emulated nodes as the job knows it: beta from its rate (--link), alpha
+    from --fit's between-node link when there is one, else the assumed BETWEEN_NODES'."""
+    known = cost.inter_link()
+    return cost.Link(
+        f"emulated {link_Bps * 8 / 1e9:g} Gbit/s",
+        known.alpha,
+        1 / link_Bps,
+        inside.gamma,
+        "the job's --link rate; alpha: " + (known.source or known.name),
+    )
 
 
 def label(r: dict) -> str:

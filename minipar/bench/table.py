@@ -46,10 +46,15 @@ def header(console, head: dict, link_name: str) -> None:
     if head.get("nodes"):
         n, k = head["nodes"]
         between = cost.inter_link()
+        rate = head.get("link_Bps")
+        priced = (
+            f"the emulated link at its rate, {rate * 8 / 1e9:g} Gbit/s ({rate / 1e9:.3g} GB/s)"
+            if rate
+            else f"link {between.name!r} ({1 / between.beta / 1e9:.2f} GB/s)"
+        )
         lines.append(
-            f"nodes    {n} of {k} ranks; between them link {between.name!r} "
-            f"({1 / between.beta / 1e9:.2f} GB/s, {between.alpha * 1e6:.0f} us): predictions "
-            "price both links, auto chooses on them"
+            f"nodes    {n} of {k} ranks; between them {priced}, {between.alpha * 1e6:.0f} us "
+            f"a message: predictions price both links; auto chooses on {between.name!r}"
         )
     if head.get("load", [0])[0] > max(1.0, head["cores"] - head["world_size"] + 1):
         lines.append(

@@ -27,6 +27,7 @@ from minipar.errors import MPISetupError
 COMMANDS = {
     "run": ("minipar.cli.run", "run a script, module or any program on N ranks under mpiexec"),
     "doctor": ("minipar.cli.doctor", "check MPI, torch and CUDA, and run a 2-rank smoke job"),
+    "calibrate": ("minipar.cli.calibrate", "measure this machine for the lessons' predictions"),
     "tour": ("minipar.cli.tour", "the guided demo: ping-pong, ring shift, collectives, lessons"),
     "lesson": ("minipar.cli.lesson", "run one lesson and print what moved where"),
     "bench": ("minipar.cli.bench", "time the collectives' algorithms against the cost model"),

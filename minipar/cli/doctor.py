@@ -16,7 +16,9 @@ import sys
 from dataclasses import asdict, dataclass
 
 from minipar import launcher
+from minipar.cli import calibrate
 from minipar.comm.setup import mpisetup
+from minipar.cost import calibration
 from minipar.errors import MPISetupError
 from minipar.launcher.cluster import leftovers, needs
 
@@ -129,6 +131,25 @@ def machine_checks() -> list[Check]:
     ]
 
 
+def calibration_checks() -> list[Check]:
+    """The stored calibration (`minipar calibrate`) the lessons' "this machine" predictions use,
+    and its age; a warning when there is none or it is older than a month."""
+    record = calibration.load()
+    if record is None:
+        return [Check("calibration", "none", "warn", "run `minipar calibrate` (half a minute): "
+                      "the lessons predict this machine from it")]  # fmt: skip
+    old = calibration.age_seconds(record) > 30 * 86400
+    load = record.get("load", {})
+    busy = max(load.get("before", 0), load.get("during", 0)) > record.get("cores", 1)
+    note = ("older than a month: run `minipar calibrate` again" if old else
+            "measured on a busy machine: run `minipar calibrate` again when it is quiet"
+            if busy else str(calibration.path()))  # fmt: skip
+    lines = calibrate.rows(record)
+    return [Check("calibration", lines[0][1], "warn" if old or busy else "ok", note)] + [
+        Check(f"  {name}", value) for name, value in lines[1:]
+    ]  # fmt: skip
+
+
 def smoke_checks(ranks: int = 2, timeout: float = 60) -> list[Check]:
     """Launch the smoke job and turn what its rank 0 printed into checks."""
     # here, not at the top of the file: numpy loads only when used
@@ -236,7 +257,7 @@ def collect(smoke: bool = True, timeout: float = 60) -> dict:
     """Every check, and whether minipar can run ("ok": no check failed)."""
     checks = mpi_checks()
     mpi_ok = all(c.status != "fail" for c in checks)
-    checks += torch_checks() + machine_checks() + emulation_checks()
+    checks += torch_checks() + machine_checks() + emulation_checks() + calibration_checks()
     if mpi_ok:
         checks += smoke_checks(2 if smoke else 1, timeout)
     checks += path_checks(checks)

@@ -5,6 +5,7 @@
     minipar lesson 03 -n 8 --quick          more ranks, the short version
     minipar lesson 03 --break wrong-chunk   the lesson's break-it lab
     minipar lesson 03 --read                the lesson's text (lessons/03_ring_and_tree.md)
+    minipar lesson 03 --json claims.json    its claim records: predicted, measured, verdict
 
 `tour_steps()` gives `minipar tour` the short version of every lesson that exists.
 """
@@ -12,12 +13,14 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import sys
 from pathlib import Path
 
 from minipar import launcher
 from minipar.course.lessons import LESSONS, LessonInfo, find
+from minipar.launcher.cluster import link as links
 from minipar.launcher.cluster.job import emulated
 from minipar.launcher.cluster.nodes import EmulationError
 
@@ -29,6 +32,8 @@ examples:
   minipar lesson 03 --quick               the short version (what the tour runs)
   minipar lesson 03 --break wrong-chunk   a planted bug and the check that catches it
   minipar lesson 04 --read                print the lesson's text
+  minipar lesson 04 --quick --json c.json its claims (predicted, measured, tolerance, verdict,
+                                          cause) as JSON; lessons/README.md reads a verdict
 """
 
 
@@ -61,9 +66,11 @@ def run_lesson(
     capture: bool = False,
     nodes: int | None = None,
     link: str = "2gbit",
+    json: str | None = None,
 ):
     """Run a lesson's module under the launcher (on `nodes` emulated nodes when given: 2 ranks
-    a node unless n says otherwise); returns the CompletedProcess."""
+    a node unless n says otherwise); returns the CompletedProcess. json: a file for the claim
+    records."""
     lesson = find(key)
     if not exists(lesson):
         raise ValueError(f"lesson {lesson.number} ({lesson.title}) is not written yet")
@@ -75,6 +82,7 @@ def run_lesson(
         lesson.module,
         *(["--quick"] if quick else []),
         *(["--break", lab] if lab else []),
+        *(["--json", os.path.abspath(json)] if json else []),
     ]
     if nodes is None:
         return _run(n or lesson.ranks, argv, None, timeout, capture)
@@ -83,7 +91,13 @@ def run_lesson(
 
 
 def _run(n, argv, cluster, timeout, capture):
+    before = os.getloadavg()[0]  # the machine's load before the lesson's ranks add theirs
     cmd, env = launcher.command(n, argv, cluster=cluster)
+    env.setdefault("MINIPAR_LOAD_BEFORE", f"{before:.2f}")  # unless the caller measured it
+    if cluster is not None:
+        rate = links.describe(cluster.rate)
+        print(f"minipar lesson: {cluster.n_nodes} emulated nodes joined by a {rate} link")
+        env["MINIPAR_LINK_BITS"] = "" if cluster.rate is None else f"{cluster.rate:g}"
     if sys.stdout.isatty() and not capture:  # ranks print through a pipe: keep colour and width
         env.setdefault("FORCE_COLOR", "1")
         env.setdefault("COLUMNS", str(shutil.get_terminal_size().columns))
@@ -145,6 +159,12 @@ def configure(parser) -> None:
     )
     parser.add_argument("--read", action="store_true", help="print the lesson's text")
     parser.add_argument(
+        "--json",
+        default=None,
+        metavar="FILE",
+        help="write the lesson's claim records (predicted, measured, tolerance, verdict, cause)",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=None,
@@ -196,7 +216,14 @@ def main(args) -> int:
             console.print(Markdown(path.read_text()))
             return 0
         done = run_lesson(
-            args.which, args.n, args.quick, args.lab, args.timeout, nodes=args.nodes, link=args.link
+            args.which,
+            args.n,
+            args.quick,
+            args.lab,
+            args.timeout,
+            nodes=args.nodes,
+            link=args.link,
+            json=getattr(args, "json", None),
         )
     except (ValueError, FileNotFoundError, EmulationError) as error:
         err.print(f"[bold red]minipar lesson:[/] {error}")

@@ -118,6 +118,9 @@ def main(args) -> int:
         return _job(args, err, None)
     try:
         with emulated(args.nodes, args.link or link.DEFAULT, args.fill) as cluster:
+            # the rate in use, so the job's numbers can be read against it
+            print(f"minipar run: {args.nodes} emulated nodes, link {link.describe(cluster.rate)}",
+                  file=sys.stderr, flush=True)  # fmt: skip
             return _job(args, err, cluster)
     except (ValueError, EmulationError) as error:
         err.fail(str(error))

@@ -20,8 +20,10 @@ import numpy as np
 import minipar
 from minipar import cost, launcher
 from minipar.collectives import ring
+from minipar.course import claims as C
 from minipar.course.lessons import planted
 from minipar.course.lessons.page import Page, fmt_bytes, fmt_rate, fmt_time
+from minipar.course.machine import this_machine
 
 ALL_REDUCE = ["linear", "tree", "ring", "recursive_doubling", "rabenseifner", "double_tree"]
 FORMULAS = {  # (steps, bytes sent by the busiest rank), n = buffer bytes, p a power of two
@@ -233,23 +235,26 @@ def time_all_reduce(page: Page, algorithm: str, nbytes: int, reps: int) -> float
 
 
 def crossover_section(page: Page) -> None:
-    p, link = page.size, cost.default_link()
+    machine = this_machine(page.comm)
+    p, link = page.size, machine.collective
     pair = ("recursive_doubling", "ring")
     n_star = crossover(*pair, p, link)
-    page.prediction(f"where the ring starts to beat recursive doubling (link {link.name})")
+    page.prediction(f"where the ring starts to beat recursive doubling ({link.name})")
+    page.say(f"[dim]{machine.basis}[/]")
     page.say(
         f"alpha {fmt_time(link.alpha)}, 1/beta {1 / link.beta / 1e9:.3g} GB/s: the model's "
         f"crossover on {p} ranks is at {fmt_bytes(n_star)}. Below it the log2 p latency "
         "terms win; above it the ring's 2(p-1)/p n bytes do."
     )
     sizes = [8, 16 << 10, 256 << 10, 4 << 20] if page.quick else [8 << k for k in range(0, 23, 2)]
-    rows, winners = [], []
+    rows, winners, judged = [], [], []
     for nbytes in sizes:
         reps = 20 if nbytes <= 64 << 10 else 3
         times = [time_all_reduce(page, a, nbytes, reps) for a in pair]
         model = [cost.predict("all_reduce", a, nbytes, p, link) for a in pair]
         winners.append(pair[int(np.argmin(times))])
         rows.append((fmt_bytes(nbytes), *map(fmt_time, model), *map(fmt_time, times), winners[-1]))
+        judged.append((nbytes, model, times))
     page.measurement("both algorithms on this machine")
     page.table(
         None,
@@ -261,6 +266,12 @@ def crossover_section(page: Page) -> None:
             "[yellow]More ranks than cores: every step waits for the scheduler, so the "
             "latency terms are inflated and the measured crossover moves up.[/]"
         )
+    knee = link.alpha / link.beta * p
+    for nbytes, model, times in judged:
+        tolerance = C.LATENCY_BOUND if nbytes < knee else C.BANDWIDTH_BOUND
+        for algorithm, predicted, measured in zip(pair, model, times):
+            page.claim(f"{algorithm} all-reduce of {fmt_bytes(nbytes)}", predicted, measured,
+                       "s", tolerance, basis=machine.basis)  # fmt: skip
 
 
 # -- the break-it labs ---------------------------------------------------------------------------

@@ -19,11 +19,15 @@ import numpy as np
 
 import minipar
 from minipar import cost, launcher
+from minipar.bench import calibrate as measuring
 from minipar.comm.transport import shm
-from minipar.cost import roofline
+from minipar.cost import calibration, roofline
+from minipar.course import claims as C
 from minipar.course.lessons import planted
 from minipar.course.lessons.l01_hierarchy import peers, ping_pong
 from minipar.course.lessons.page import Page, fmt_bytes, fmt_rate, fmt_time
+from minipar.course.machine import link_bits, this_machine
+from minipar.launcher.cluster import link as links
 
 GRADIENTS_7B = 7e9 * 2  # a 7B-parameter model's bf16 gradients, bytes
 
@@ -77,6 +81,12 @@ def claims() -> list[str]:
 
 def timed(page: Page, op, reps: int) -> float:
     """Median over reps of (barrier; op()), each iteration's time the slowest rank's."""
+    return spread(page, op, reps)[1]
+
+
+def spread(page: Page, op, reps: int) -> tuple[float, float, float]:
+    """(min, median, max) over reps of (barrier; op()), each the slowest rank's time, after one
+    untimed warm-up call."""
     op()  # warm up
     mine = []
     for _ in range(reps):
@@ -84,7 +94,8 @@ def timed(page: Page, op, reps: int) -> float:
         t0 = time.perf_counter()
         op()
         mine.append(time.perf_counter() - t0)
-    return float(np.median(np.max(np.array(page.gather(mine)), axis=0)))
+    slowest = np.max(np.array(page.gather(mine)), axis=0)
+    return float(slowest.min()), float(np.median(slowest)), float(slowest.max())
 
 
 def implementations(page: Page, x: np.ndarray) -> dict:
@@ -102,10 +113,9 @@ def implementations(page: Page, x: np.ndarray) -> dict:
 
 
 def kernel_rates(page: Page, nbytes: int) -> tuple[float, float]:
-    """This machine's copy and add bandwidth (bytes/s), every rank at once."""
-    return roofline.kernel_rates(
-        nbytes, "float32", page.comm.barrier, lambda t: max(page.gather(t)), min_seconds=0.02
-    )
+    """This machine's copy and add bandwidth (bytes/s), every rank at once: the one way every
+    lesson measures them (bench.calibrate.copy_rates)."""
+    return measuring.copy_rates(page.comm, nbytes)
 
 
 def sizes(quick: bool) -> list[int]:
@@ -115,9 +125,10 @@ def sizes(quick: bool) -> list[int]:
 # -- sections --------------------------------------------------------------------------------------
 
 
-def predict_section(page: Page) -> None:
-    p, link = page.size, cost.default_link()
-    page.prediction(f"ring all-reduce on {p} ranks, link {link.name}")
+def predict_section(page: Page, machine) -> None:
+    p, link = page.size, machine.collective
+    page.prediction(f"ring all-reduce on {p} ranks, {link.name}")
+    page.say(f"[dim]{machine.basis}[/]")
     page.say(
         f"algbw = bytes / time; busbw = algbw x 2(p-1)/p = algbw x {bus_factor(p):g}. The model: "
         f"2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma, with alpha {fmt_time(link.alpha)}, "
@@ -135,10 +146,34 @@ def predict_section(page: Page) -> None:
     )
 
 
-def bench_section(page: Page) -> list[tuple]:
+def shape(page: Page) -> tuple[int, int] | None:
+    """(nodes, ranks a node) when the ranks span nodes of equal size, else None."""
+    node_of = minipar.node_map()
+    n_nodes, k = len(set(node_of)), node_of.count(node_of[0])
+    return (n_nodes, k) if n_nodes > 1 and n_nodes * k == page.size else None
+
+
+def between_nodes(page: Page, machine) -> cost.Link | None:
+    """The link between nodes as a collective's step pays it: measured by ping-pong (rank 0 to
+    the first rank of another node), plus minipar's Python per step. None on one node."""
+    if shape(page) is None:
+        return None
+    wire = link_between_nodes(page, minipar.node_map())
+    return cost.Link(wire.name, wire.alpha + machine.step_s, wire.beta, machine.collective.gamma)
+
+
+def ring_model(page: Page, machine, nbytes: int, inter, algorithm: str = "ring") -> float:
+    """The model's time of one all-reduce here: on this machine's link, or on both links when
+    the ranks span nodes (every ring step then waits for the link between them)."""
+    if inter is None:
+        return cost.predict("all_reduce", algorithm, nbytes, page.size, machine.collective)
+    return cost.predict_on_nodes("all_reduce", algorithm, nbytes, *shape(page),
+                                 machine.collective, inter)  # fmt: skip
+
+
+def bench_section(page: Page, machine, inter=None) -> list[tuple]:
     p = page.size
-    big = max(sizes(page.quick))
-    copy_rate, add_rate = kernel_rates(page, big)
+    copy_rate, add_rate = machine.copy_Bps, machine.add_Bps
     page.measurement("this machine's memory (the roofline's two kernels, all ranks at once)")
     page.table(
         None, ["kernel", "bandwidth>"], [("copy", fmt_rate(copy_rate)), ("add", fmt_rate(add_rate))]
@@ -146,16 +181,18 @@ def bench_section(page: Page) -> list[tuple]:
     if p > launcher.cores():
         page.say(
             f"[yellow]{p} ranks on {launcher.cores()} cores: oversubscribed, so these times "
-            "measure the scheduler as much as the algorithms. Make no claims from them.[/]"
+            "measure the scheduler as much as the algorithms (the verdicts say so).[/]"
         )
-    rows, fits = [], []
+    link = inter or machine.collective  # across nodes, the slow link sets the knee
+    knee = link.alpha / link.beta * p
+    rows, fits, judged = [], [], []
     for n in sizes(page.quick):
         x = np.ones(max(n // 4, 1), np.float32)
         floor = roofline.lower_bound("all_reduce", x.nbytes, p, copy_rate, add_rate)
-        model = cost.predict("all_reduce", "ring", x.nbytes, p)
+        model = ring_model(page, machine, x.nbytes, inter)
         reps = 5 if page.quick else (20 if n < 1 << 20 else 5)
         for name, op in implementations(page, x).items():
-            t = timed(page, op, reps)
+            lo, t, hi = spread(page, op, reps)
             algbw = x.nbytes / t
             rows.append(
                 (
@@ -170,6 +207,7 @@ def bench_section(page: Page) -> list[tuple]:
             )
             if name == "minipar ring":
                 fits.append((2 * (p - 1), 2 * (p - 1) / p * x.nbytes, t))
+                judged.append((x.nbytes, model, t, (lo, t, hi), floor))
     page.measurement(f"all-reduce, float32, {p} ranks (median of the slowest rank)")
     page.table(
         None,
@@ -177,22 +215,43 @@ def bench_section(page: Page) -> list[tuple]:
         rows,
         caption="roofline: the floor's time / the measured time",
     )
+    for n, model, t, times, floor in judged:
+        bound = "latency" if n < knee else "bandwidth"
+        page.claim(f"ring all-reduce of {fmt_bytes(n)} ({bound}-bound)", model, t, "s",
+                   C.LATENCY_BOUND if n < knee else C.BANDWIDTH_BOUND, spread=times,
+                   bound=(floor, float("inf")), basis=machine.basis)  # fmt: skip
     return fits
 
 
-def fit_section(page: Page, fits) -> None:
-    alpha, beta = fit_alpha_beta(*zip(*fits))
-    page.measurement("alpha and beta fitted to the ring's times (least squares)")
-    model = cost.default_link()
+def fit_section(page: Page, fits, machine, inter=None) -> None:
+    p = page.size
+    gamma = (p - 1) / p * machine.collective.gamma  # the reduction's share, priced apart
+    steps, sent, seconds = zip(*fits)
+    rest = [t - s * p / (2 * (p - 1)) * gamma for _, s, t in fits]
+    fit = calibration.fit_link(steps, sent, [max(r, 1e-9) for r in rest])
+    page.measurement("alpha and beta fitted to the ring's times (least squares, alpha >= 0)")
+    model = machine.collective
+    fitted = (
+        ("fitted here", fmt_time(fit.alpha), fmt_rate(fit.bandwidth))
+        if fit.physical
+        else ("fitted here", "unphysical", f"[red]{fit.why}[/]")
+    )
     page.table(
         None,
         ["", "alpha>", "bandwidth 1/beta>"],
-        [
-            ("fitted here", fmt_time(alpha), fmt_rate(1 / beta) if beta > 0 else "n/a"),
-            (f"model ({model.name})", fmt_time(model.alpha), fmt_rate(1 / model.beta)),
-        ],
+        [fitted, ("this machine (calibration)", fmt_time(model.alpha), fmt_rate(1 / model.beta))],
     )
-    page.check(np.isfinite(alpha) and np.isfinite(beta), "the fit produced finite numbers")
+    if inter is not None:
+        page.say("[dim]The ring crosses both links here: its fit mixes them, so it is shown, "
+                 "not judged against this machine's in-node link.[/]")  # fmt: skip
+    elif fit.physical:
+        page.claim("fitted alpha (per step)", model.alpha, fit.alpha, "s", C.LATENCY_BOUND,
+                   basis=machine.basis)  # fmt: skip
+        page.claim("fitted bandwidth 1/beta", 1 / model.beta, fit.bandwidth, "B/s",
+                   C.BANDWIDTH_BOUND, basis=machine.basis)  # fmt: skip
+    else:
+        page.claim("the fit is physical (alpha >= 0, beta > 0)", True, False, "",
+                   C.EXACT, causes=[fit.why])  # fmt: skip
 
 
 def cluster_section(page: Page) -> None:
@@ -223,7 +282,7 @@ def link_between_nodes(page: Page, node_of) -> cost.Link:
     return measured_link(page, peers(node_of)[1], name="measured between nodes")
 
 
-def nodes_section(page: Page) -> None:
+def nodes_section(page: Page, machine, inter) -> None:
     """On emulated (or real) nodes: the flat ring against the two-level all-reduce across them,
     predicted from the two measured links, then measured."""
     node_of = minipar.node_map()
@@ -231,12 +290,14 @@ def nodes_section(page: Page) -> None:
     if n_nodes < 2 or n_nodes * k != page.size:
         page.say("(`minipar lesson 04 --nodes 2` as root measures the two-level all-reduce.)")
         return
-    inter, intra = link_between_nodes(page, node_of), cost.default_link()
+    wire = cost.Link(inter.name, inter.alpha - machine.step_s, inter.beta, inter.gamma)
+    intra = machine.collective
     n = (16 if page.quick else 64) << 20
     page.prediction(f"all-reduce of {fmt_bytes(n)} on {n_nodes} nodes x {k} ranks, two links")
     page.say(
-        f"between nodes (measured here): alpha {fmt_time(inter.alpha)}, 1/beta "
-        f"{fmt_rate(1 / inter.beta)}; inside: the model's {intra.name} link. The ring crosses "
+        f"between nodes (measured here, on an emulated link of {links.describe(link_bits())}): "
+        f"alpha {fmt_time(wire.alpha)}, 1/beta {fmt_rate(1 / wire.beta)}; inside: this "
+        f"machine's ({fmt_rate(1 / intra.beta)}). The ring crosses "
         "every node's cable with 2(p-1)/p of the buffer; the two-level scheme sends only "
         "2(S/k)(N-1)/N from each rank across, all k ranks of a node at once."
     )
@@ -244,15 +305,23 @@ def nodes_section(page: Page) -> None:
                  for a in ("ring", "hierarchical")}  # fmt: skip
     x = np.ones(n // 4, dtype=np.float32)
     reps = 2 if page.quick else 5
-    measured = {a: timed(page, lambda a=a: minipar.all_reduce(x, algorithm=a), reps)
+    measured = {a: spread(page, lambda a=a: minipar.all_reduce(x, algorithm=a), reps)
                 for a in predicted}  # fmt: skip
     page.measurement(f"the same, median of {reps} (slowest rank)")
-    rows = [(a, fmt_time(predicted[a]), fmt_time(measured[a])) for a in predicted]
-    rows.append(("ring / hierarchical", f"{predicted['ring'] / predicted['hierarchical']:.2f}x",
-                 f"{measured['ring'] / measured['hierarchical']:.2f}x"))  # fmt: skip
+    rows = [(a, fmt_time(predicted[a]), fmt_time(measured[a][1])) for a in predicted]
+    ratio = predicted["ring"] / predicted["hierarchical"]
+    seen = measured["ring"][1] / measured["hierarchical"][1]
+    rows.append(("ring / hierarchical", f"{ratio:.2f}x", f"{seen:.2f}x"))
     page.table(None, ["algorithm", "predicted>", "measured>"], rows)
-    page.check(measured["hierarchical"] < measured["ring"],
-               "the two-level all-reduce beats the flat ring across nodes")  # fmt: skip
+    tcp = "TCP's window and headers on the emulated link"
+    for a in predicted:
+        page.claim(f"{a} all-reduce of {fmt_bytes(n)} across {n_nodes} nodes", predicted[a],
+                   measured[a][1], "s", C.BANDWIDTH_BOUND, spread=measured[a],
+                   basis=machine.basis, causes=[tcp])  # fmt: skip
+    page.claim(f"ring / hierarchical at {fmt_bytes(n)} on {n_nodes} x {k}", ratio, seen, "x",
+               C.BANDWIDTH_BOUND, basis=machine.basis)  # fmt: skip
+    page.claim("the two-level all-reduce beats the flat ring across nodes", 1.0, seen, "x",
+               C.at_least())  # fmt: skip
 
 
 def one_copy_section(page: Page) -> None:
@@ -355,12 +424,14 @@ def main(argv=None) -> int:
     if page.enough and page.lab:
         lab_no_wait(page)
     elif page.enough:
-        predict_section(page)
-        fits = bench_section(page)
-        fit_section(page, fits)
+        machine = this_machine(page.comm)  # the one memory copy: 32 MiB, every rank
+        inter = between_nodes(page, machine)
+        predict_section(page, machine)
+        fits = bench_section(page, machine, inter)
+        fit_section(page, fits, machine, inter)
         one_copy_section(page)
         cluster_section(page)
-        nodes_section(page)
+        nodes_section(page, machine, inter)
         page.try_this(
             [
                 "minipar bench all_reduce -n 2 --against mpi,torch: the full sweep, with gloo.",

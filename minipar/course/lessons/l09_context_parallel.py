@@ -21,9 +21,12 @@ import torch
 from torch.nn import functional as F
 
 import minipar
+from minipar.course import claims as C
 from minipar.course.lessons import planted
 from minipar.course.lessons.l04_topology_bandwidth import link_between_nodes
 from minipar.course.lessons.page import Page, fmt_bytes, fmt_rate
+from minipar.course.machine import link_bits
+from minipar.launcher.cluster import link as wires
 from minipar.parallel.activation_memory import saved_bytes
 from minipar.parallel.context import (
     ContextStats,
@@ -392,6 +395,7 @@ def nodes_section(page: Page) -> None:
     link, rate = link_between_nodes(page, node_of), min(page.gather(flop_rate(512)))
     hides_at = 2 * link.beta * rate  # 4 L^2 d H / F = 2 L d H 4 bytes * beta, per block
     page.prediction(f"ring attention over {page.size} ranks on {len(set(node_of))} nodes")
+    page.say(f"The nodes are joined by an emulated link of {wires.describe(link_bits())}.")
     page.say(
         f"A step computes 4 L^2 d FLOPs per head and forwards 2 L d float32 (K and V) per head: "
         f"compute {rate / 1e9:.3g} GFLOP/s here, the link {fmt_rate(1 / link.beta)} between "
@@ -409,9 +413,16 @@ def nodes_section(page: Page) -> None:
         rows.append((f"{length:,}", fmt_bytes(2 * B * HEADS * length * D * FLOAT),
                      f"{computed * 1e3:.1f} ms", f"{waited * 1e3:.1f} ms",
                      f"{100 * exposed[-1]:.0f} %"))  # fmt: skip
+    page.observe("matmul rate (float32)", rate, "FLOP/s")
+    page.observe("link bandwidth between nodes", 1 / link.beta, "B/s")
+    page.observe("tokens per rank at which the K/V block hides", hides_at, "tokens")
+    for length, share in zip((128, 512) if page.quick else (128, 512, 1024, 2048), exposed):
+        page.observe(f"exposed share at {length} tokens per rank", share, "%")
     page.measurement("one forward per length (the slowest rank's waits and compute)")
     page.table(None, ["tokens/rank>", "K/V block>", "compute>", "waited>", "exposed>"], rows)
-    page.check(exposed[-1] < exposed[0], "longer sequences hide more of the K/V messages")
+    page.claim("longer sequences hide more of the K/V messages (exposed share, longest / "
+               "shortest)", 1.0, exposed[-1] / max(exposed[0], 1e-12), "x", C.at_most(),
+               basis=f"link between nodes {wires.describe(link_bits())}")  # fmt: skip
 
 
 def main(argv=None) -> int:

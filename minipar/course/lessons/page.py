@@ -15,14 +15,25 @@ same exit status.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import socket
 import sys
+import time
 
 from rich import box
 from rich.panel import Panel
 from rich.table import Table
 
 import minipar
+from minipar import launcher
+from minipar.course import claims
+from minipar.course.claims import Claim
+from minipar.course.formats import fmt_bytes, fmt_rate, fmt_time  # noqa: F401 (the lessons')
 from minipar.term import Console
+
+LOAD_BEFORE_ENV = "MINIPAR_LOAD_BEFORE"  # the load average `minipar lesson` read before launching
+LINK_ENV = "MINIPAR_LINK_BITS"  # the emulated link's rate, bits/s, when run with --nodes
 
 
 class Page:
@@ -30,13 +41,19 @@ class Page:
         parser = argparse.ArgumentParser(prog=f"minipar lesson {number}")
         parser.add_argument("--quick", action="store_true", help="the short version (tour)")
         parser.add_argument("--break", dest="lab", choices=list(breaks) or None, default=None)
+        parser.add_argument("--json", dest="json", default=None, metavar="FILE")
         self.args = parser.parse_args(sys.argv[1:] if argv is None else argv)
         self.quick, self.lab = self.args.quick, self.args.lab
+        self.number, self.title = number, title
         self.started = not minipar.is_initialized()  # finish() ends only what the page began
         self.comm = minipar.init()
         self.rank, self.size = self.comm.rank, self.comm.size
         self.console = Console(quiet=self.rank != 0, highlight=False)
         self.failures: list[str] = []
+        self.records: list[Claim] = []
+        self.observations: list[dict] = []  # measured, not predicted: for the lessons' texts
+        self.cores = launcher.cores()
+        self.load = self.gather(self._load_now())[0]  # rank 0's reading decides for all
         mode = f"break-it lab: {self.lab}" if self.lab else ("quick" if self.quick else "full")
         self.console.print(
             Panel(
@@ -45,6 +62,11 @@ class Page:
                 expand=False,
             )
         )
+        if self.load.busy:
+            self.say(
+                f"[yellow]This machine is busy ({self.load.describe()}): timing claims are "
+                "shown but not judged (load-sensitive); bytes, steps and values still are.[/]"
+            )
         self.enough = self.size >= min_ranks
         if not self.enough:
             self.say(
@@ -88,43 +110,90 @@ class Page:
         return self.comm.allgather_object(obj)
 
     def check(self, ok: bool, what: str) -> bool:
-        """Print a pass/fail line; a failed check makes the lesson exit 1."""
-        mark = "[green]PASS[/]" if ok else "[bold red]FAIL[/]"
-        self.console.print(f"  {mark}  {what}")
-        if not ok:
+        """A value claim: print PASS or FAIL; a failed check makes the lesson exit 1."""
+        return not self.claim(what, True, bool(ok), kind="value", tolerance=claims.EXACT).failed
+
+    def claim(
+        self,
+        what: str,
+        predicted,
+        measured,
+        unit: str = "",
+        tolerance: claims.Tolerance = claims.BANDWIDTH_BOUND,
+        kind: str = "time",
+        causes=(),
+        **fields,
+    ) -> Claim:
+        """Judge one predict-then-measure pair, print its verdict and keep its record. causes:
+        what this lesson measured that explains a miss (more ranks than cores is added for
+        timing claims); fields: bound=(lo, hi), spread=(min, median, max), basis="..."."""
+        if kind == "time":
+            # rank 0's reading for all, so every rank reaches the same verdict (collective:
+            # timing claims are made by every rank, as checks are)
+            mine = self.load.sampled(self.size if self._one_machine() else 0)
+            self.load = self.gather(mine)[0]
+            causes = [*causes, *claims.environment_causes(self.size, self.cores)]
+        record = claims.judge(
+            Claim(self.number, what, predicted, measured, unit, tolerance, kind, **fields),
+            self.load,
+            causes,
+        )
+        self.records.append(record)
+        self.console.print(claims.verdict_line(record))
+        if record.failed:
             self.failures.append(what)
-        return ok
+        return record
+
+    def observe(self, what: str, value: float, unit: str = "") -> float:
+        """Keep a measured number the lesson's text quotes (no prediction, no verdict): it goes
+        into the --json records beside the claims, where scripts/lesson_numbers.py reads it."""
+        self.observations.append({"lesson": self.number, "claim": what, "measured": value,
+                                  "unit": unit})  # fmt: skip
+        return value
+
+    def _one_machine(self) -> bool:
+        """Every rank on this machine (one node, or emulated nodes that share its cores)."""
+        return minipar.local_world_size() == self.size or bool(os.environ.get(LINK_ENV))
+
+    def _load_now(self) -> claims.Load:
+        before = os.environ.get(LOAD_BEFORE_ENV)
+        own = self.size if self._one_machine() else minipar.local_world_size()
+        return claims.Load.now(self.cores, own, None if before is None else float(before))
+
+    def write_records(self, path: str) -> None:
+        """The lesson's claim records as JSON (rank 0 writes)."""
+        data = {
+            "lesson": self.number,
+            "title": self.title,
+            "host": socket.gethostname(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "minipar": minipar.__version__,
+            "ranks": self.size,
+            "cores": self.cores,
+            "quick": self.quick,
+            "link_bits": float(os.environ[LINK_ENV]) if os.environ.get(LINK_ENV) else None,
+            "load": {"before": self.load.before, "during": self.load.during},
+            "busy": self.load.busy,
+            "tally": claims.tally([r.record() for r in self.records]),
+            "claims": [r.record() for r in self.records],
+            "observations": self.observations,
+        }
+        with open(path, "w") as out:
+            json.dump(data, out, indent=1)
 
     def finish(self) -> int:
         status = 0 if not self.failures and self.enough else 1
+        counts = claims.tally([r.record() for r in self.records])
+        self.say(
+            f"\n{counts['claims']} claims: {counts['within']} within tolerance, "
+            f"{counts['explained']} outside with a measured cause, {counts['not judged']} not "
+            f"judged (load), {counts['outside'] + counts['impossible']} failed. "
+            "[dim](How to read a verdict: lessons/README.md)[/]"
+        )
         if self.failures:
-            self.say(f"\n[bold red]{len(self.failures)} check(s) failed.[/]")
+            self.say(f"[bold red]{len(self.failures)} check(s) failed.[/]")
+        if self.args.json and self.rank == 0:
+            self.write_records(self.args.json)
         if self.started:  # a program that started minipar itself (a test's ranks) keeps it
             minipar.finalize()
         return status
-
-
-def fmt_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB' (powers of two, as message sizes are)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
-
-
-def fmt_time(seconds: float) -> str:
-    """Seconds in the unit that reads best: 12.3 us, 4.56 ms, 1.23 s."""
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.3g} us"
-    if seconds < 1:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds:.3g} s"
-
-
-def fmt_rate(bytes_per_second: float) -> str:
-    """Bytes per second in decimal units, as datasheets quote bandwidth: 900 GB/s, 1.8 TB/s."""
-    for unit, scale in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
-        if bytes_per_second >= scale:
-            return f"{bytes_per_second / scale:.3g} {unit}"
-    return f"{bytes_per_second:.3g} B/s"

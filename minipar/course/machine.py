@@ -1,0 +1,87 @@
+"""This machine as the lessons predict it: the calibration (`minipar calibrate`), or, where there
+is none, the same measurements made at the start of the lesson, and said so.
+
+    m = this_machine(page.comm)      # collective: every rank calls it
+    m.message                        # minipar's bare message inside a node (alpha, beta)
+    m.collective                     # a collective's step: the message plus minipar's Python
+    m.copy_Bps                       # THE memory-copy bandwidth (bench.calibrate.copy_rates)
+    m.basis                          # "calibrated on HOST, DATE" or "measured at the start ..."
+
+Predictions about real clusters keep the presets (cost.NVLINK5, cost.IB_NDR, ...) and say so;
+only "this machine" reads from here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from minipar import cost, launcher
+from minipar.bench import calibrate as measuring
+from minipar.cost import calibration
+
+QUICK_SIZES = [8, 64 << 10, 1 << 20]
+FRESH_SECONDS = 7 * 86400  # an older calibration is measured again at the lesson's start
+
+
+@dataclass(frozen=True)
+class Machine:
+    message: cost.Link  # one message between two ranks of this node, minipar's transport
+    collective: cost.Link  # one step of a collective: the message + minipar's own Python
+    step_s: float  # minipar's Python per step
+    copy_Bps: float  # memory copy, every rank at once, measured now the one way
+    add_Bps: float
+    basis: str
+    emulated: cost.Link | None = None  # the link between emulated nodes, if calibrated
+
+
+def _stored(comm) -> dict | None:
+    """Rank 0's calibration, if it is this machine's and fresh; the same on every rank."""
+    record = calibration.load() if comm.rank == 0 else None
+    fresh = (
+        record is not None
+        and record.get("cores") == launcher.cores()
+        and calibration.age_seconds(record) < FRESH_SECONDS
+        and calibration.calibrated_link(record, "mpi") is not None
+        and record.get("step_s") is not None
+    )
+    return comm.allgather_object(record if fresh else None)[0]
+
+
+def this_machine(comm, copy_bytes: int = measuring.COPY_BYTES) -> Machine:
+    """The machine's links and rates (collective). The memory rates are always measured now
+    (they move most with the load); the links come from the calibration when there is one."""
+    copy, add = measuring.copy_rates(comm, copy_bytes)
+    record = _stored(comm)
+    if record is not None:
+        message = calibration.calibrated_link(record, "mpi", 1 / add)
+        step = record["step_s"]
+        load = max(record["load"]["before"], record["load"]["during"])
+        busy = f", under load {load:.1f}" if load > record["cores"] else ""
+        basis = f"calibrated on {record['host']}, {record['date']}{busy} (minipar calibrate)"
+        emulated = calibration.calibrated_link(record, "emulated", 1 / add)
+        rate = os.environ.get(measuring.LINK_ENV)
+        link_rate = (record["links"].get("emulated") or {}).get("rate_bits")
+        if emulated is not None and (not rate or float(rate) != link_rate):
+            emulated = None  # measured at another rate than this job's
+    else:
+        peer = measuring.peers(comm)[0]
+        fit = None
+        if peer is not None:
+            fit, _ = measuring.link_sweep(comm, 0, peer, QUICK_SIZES)
+        if fit is None or not fit.physical:  # one node's worth of ranks: nothing to fit
+            fit = calibration.LinkFit(cost.default_link().alpha, cost.default_link().beta, True)
+        message = cost.Link("this machine (mpi)", fit.alpha, fit.beta, 1 / add, "measured now")
+        step = measuring.step_cost(comm)[0] if peer == 1 else 0.0
+        basis = "measured at the start of this lesson (no calibration: `minipar calibrate`)"
+        emulated = None
+    collective = cost.Link(
+        "this machine (collective step)", message.alpha + step, message.beta, 1 / add, basis
+    )
+    return Machine(message, collective, step, copy, add, basis, emulated)
+
+
+def link_bits() -> float | None:
+    """The emulated link's rate in bits/s this job runs on (`--nodes`), or None."""
+    rate = os.environ.get(measuring.LINK_ENV)
+    return float(rate) if rate else None
