@@ -1,0 +1,188 @@
+"""Does the emulated link behave like a wire under minipar's waits? (docs/cluster.md, issue 62)
+
+    python scripts/wire_table.py [--rates unlimited,2gbit,500mbit] [--per-node 1,2] [--busy]
+
+As root (emulated nodes). For each link rate and ranks per node, one job on 2 nodes: rank 0 and
+the first rank of node1 ping-pong, an idle pause before each exchange (as between a step's
+collectives) while the other ranks wait in minipar's barrier, with minipar's send/recv and with
+raw mpi4py Send/Recv on the same ranks in the same job. It prints
+  (a) minipar's round trip against raw mpi4py's, 64 KiB .. 64 MiB;
+  (b) the wire table: minipar's one-way time / (alpha + n / rate), alpha the 8 B one-way time
+      measured in the same job, rate the link's (shaped links only).
+--busy runs every job again beside one busy process (a spinning Python). Each cell is the median
+of its repeats; the machine's load average is printed beside each job.
+
+    python scripts/wire_table.py --steps
+
+times what the naps made fast, to compare before and after a change to the waits: the
+two-level all-reduce against MPI_Allreduce across 2 nodes x 2 ranks (minipar bench, 1-64 MiB,
+--repeat 3), lesson 01's 1 MiB across the link, a pipeline step with its two stages on
+different nodes, and the tiny GPT's 3D step on 8 ranks on one node.
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+SIZES = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+WIRE_SIZES = [64 << 10, 1 << 20, 4 << 20, 64 << 20]
+PAUSE = 0.002  # seconds idle before each exchange, on both ranks
+
+
+def round_trip(send, recv, buf, peer: int, first: bool, reps: int) -> float:
+    """The median round trip (seconds) of `buf` between this rank and `peer`."""
+    times = []
+    for _ in range(reps + 1):  # the first is a warm-up
+        time.sleep(PAUSE)
+        t0 = time.perf_counter()
+        if first:
+            send(buf, peer)
+            recv(buf, peer)
+        else:
+            recv(buf, peer)
+            send(buf, peer)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def rank_main(sizes):
+    """Rank 0 and the first rank of node1 ping-pong; rank 0 prints one RESULT line."""
+    import numpy as np
+    from mpi4py import MPI
+
+    import minipar
+
+    comm = minipar.init()
+    raw = MPI.COMM_WORLD
+    peer = minipar.node_map().index(1)  # node1's first rank
+    result = {"minipar": {}, "raw": {}}
+    for nbytes in [8, *sizes]:
+        buf = np.zeros(nbytes, dtype=np.uint8)
+        reps = 20 if nbytes <= 1 << 20 else 5 if nbytes <= 4 << 20 else 3
+        for name, send, recv in (
+            ("minipar", comm.send, comm.recv),
+            (
+                "raw",
+                lambda b, p: raw.Send([b, MPI.BYTE], p),
+                lambda b, p: raw.Recv([b, MPI.BYTE], p),
+            ),
+        ):
+            if comm.rank in (0, peer):
+                other = peer if comm.rank == 0 else 0
+                result[name][nbytes] = round_trip(send, recv, buf, other, comm.rank == 0, reps)
+            minipar.barrier()  # the other ranks wait here meanwhile
+    if comm.rank == 0:
+        print("RESULT " + json.dumps(result), flush=True)
+    minipar.finalize()
+
+
+def load() -> str:
+    return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def job(rate: str, per_node: int, sizes, busy: bool) -> dict:
+    """One `minipar run --nodes 2` job of rank_main; its RESULT."""
+    cmd = [sys.executable, "-m", "minipar", "run", "--nodes", "2", "-n", str(2 * per_node),
+           "--link", rate, __file__, "--rank", "--sizes", ",".join(map(str, sizes))]  # fmt: skip
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                              env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
+    line = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    if done.returncode or not line:
+        sys.exit(f"job {cmd} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return {k: {int(n): t for n, t in v.items()} for k, v in json.loads(line[0][7:]).items()}
+
+
+def size_name(nbytes: int) -> str:
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
+def pingpong(args):
+    from minipar.launcher.cluster import link
+
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else SIZES
+    for busy in (False, True) if args.busy else (False,):
+        for rate in args.rates.split(","):
+            for per_node in (int(k) for k in args.per_node.split(",")):
+                before = load()
+                res = job(rate, per_node, sizes, busy)
+                where = (
+                    f"{rate}, {per_node} rank(s) a node{', beside a busy process' if busy else ''}"
+                )
+                print(f"\n{where} ({before} before, {load()} after)")
+                print("  size      minipar RT   raw RT      minipar/raw" + (
+                    "   one-way / (alpha + n/rate)" if rate != "unlimited" else ""))  # fmt: skip
+                alpha = res["minipar"][8] / 2
+                bits = link.parse(rate)
+                for n in sizes:
+                    mine, raw = res["minipar"][n], res["raw"][n]
+                    wire = ""
+                    if bits:
+                        wire = f"   {mine / 2 / (alpha + n * 8 / bits):.2f}"
+                        wire += "" if n in WIRE_SIZES else " (not in the goal's table)"
+                    print(f"  {size_name(n):8} {mine * 1e3:9.2f} ms {raw * 1e3:9.2f} ms"
+                          f"   {mine / raw:6.2f}x{wire}")  # fmt: skip
+                print(f"  alpha (8 B one-way): minipar {alpha * 1e6:.0f} us, "
+                      f"raw {res['raw'][8] / 2 * 1e6:.0f} us")  # fmt: skip
+
+
+def run(cmd, timeout=600) -> str:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200"))  # fmt: skip
+    if done.returncode:
+        sys.exit(f"{cmd} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def steps(args):
+    """What the naps made fast, and what crosses nodes, as printed by minipar's own tools."""
+    me = [sys.executable, "-m", "minipar"]
+    print(f"two-level all-reduce vs MPI_Allreduce, 2 nodes x 2 ranks, 2gbit ({load()})")
+    out = run(me + ["bench", "all_reduce", "--nodes", "2", "-n", "4", "--sizes",
+                    "1MiB,4MiB,16MiB,64MiB", "--algorithms", "hierarchical", "--against", "mpi",
+                    "--repeat", "3"])  # fmt: skip
+    print(out)
+    print(f"lesson 01 --quick --nodes 2 ({load()})")
+    out = run(me + ["lesson", "01", "--quick", "--nodes", "2"])
+    print("\n".join(ln for ln in out.splitlines() if re.search(r"across|node|link", ln)))
+    train = ["train", "--steps", "6", "--layers", "4", "--batch-size", "16", "--seq", "128"]
+    for what, launch, layout in (
+        ("pipeline, its 2 stages on 2 nodes (2gbit)", ["--nodes", "2", "-n", "2"], ["--pp", "2"]),
+        ("3D step, 8 ranks on one node", ["-n", "8"], ["--dp", "2", "--tp", "2", "--pp", "2"]),
+    ):
+        print(f"{what} ({load()})")
+        out = run(me + ["run", *launch, sys.executable, "-m", "minipar", *train, *layout])
+        print("\n".join(ln for ln in out.splitlines() if re.search(r"step|ms", ln))[-2000:])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rates", default="unlimited,2gbit,500mbit")
+    parser.add_argument("--per-node", default="1,2")
+    parser.add_argument(
+        "--sizes", default="", help="bytes, comma separated (default 64 KiB..64 MiB)"
+    )
+    parser.add_argument("--busy", action="store_true", help="again, beside one busy process")
+    parser.add_argument("--steps", action="store_true", help="the steps the naps made fast")
+    parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank:
+        rank_main([int(s) for s in args.sizes.split(",")])
+    elif args.steps:
+        steps(args)
+    else:
+        pingpong(args)
+
+
+if __name__ == "__main__":
+    main()
