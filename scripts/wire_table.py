@@ -9,15 +9,16 @@ raw mpi4py Send/Recv on the same ranks in the same job. It prints
   (a) minipar's round trip against raw mpi4py's, 64 KiB .. 64 MiB;
   (b) the wire table: minipar's one-way time / (alpha + n / rate), alpha the 8 B one-way time
       measured in the same job, rate the link's (shaped links only).
---busy runs every job again beside one busy process (a spinning Python). Each cell is the median
-of its repeats; the machine's load average is printed beside each job.
+--busy runs every job beside one busy process (a spinning Python). Each cell is the median of
+its repeats; the machine's load average is printed beside each job.
 
-    python scripts/wire_table.py --steps
+    python scripts/wire_table.py --steps --trees BEFORE,AFTER
 
-times what the naps made fast, to compare before and after a change to the waits: the
-two-level all-reduce against MPI_Allreduce across 2 nodes x 2 ranks (minipar bench, 1-64 MiB,
---repeat 3), lesson 01's 1 MiB across the link, a pipeline step with its two stages on
-different nodes, and the tiny GPT's 3D step on 8 ranks on one node.
+times what the naps made fast, and what crosses nodes, with minipar imported from each checkout
+in turn (so that before and after see the same load): the two-level all-reduce against
+MPI_Allreduce across 2 nodes x 2 ranks (minipar bench, 1-64 MiB, --repeat 3), lesson 01's
+ping-pong across the link, a pipeline step with its two stages on different nodes, and the
+tiny GPT's 3D step on 8 ranks on one node.
 """
 
 import argparse
@@ -108,61 +109,75 @@ def size_name(nbytes: int) -> str:
 
 
 def pingpong(args):
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else SIZES
+    for rate in args.rates.split(","):
+        for per_node in (int(k) for k in args.per_node.split(",")):
+            before = load()
+            res = job(rate, per_node, sizes, args.busy)
+            beside = ", beside a busy process" if args.busy else ""
+            print(f"\n{rate}, {per_node} rank(s) a node{beside} ({before} before, {load()} after)")
+            table(res, sizes, rate)
+
+
+def table(res, sizes, rate: str) -> None:
+    """(a) minipar's round trip against raw's; (b) on a shaped link, one-way / the wire's."""
     from minipar.launcher.cluster import link
 
-    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else SIZES
-    for busy in (False, True) if args.busy else (False,):
-        for rate in args.rates.split(","):
-            for per_node in (int(k) for k in args.per_node.split(",")):
-                before = load()
-                res = job(rate, per_node, sizes, busy)
-                where = (
-                    f"{rate}, {per_node} rank(s) a node{', beside a busy process' if busy else ''}"
-                )
-                print(f"\n{where} ({before} before, {load()} after)")
-                print("  size      minipar RT   raw RT      minipar/raw" + (
-                    "   one-way / (alpha + n/rate)" if rate != "unlimited" else ""))  # fmt: skip
-                alpha = res["minipar"][8] / 2
-                bits = link.parse(rate)
-                for n in sizes:
-                    mine, raw = res["minipar"][n], res["raw"][n]
-                    wire = ""
-                    if bits:
-                        wire = f"   {mine / 2 / (alpha + n * 8 / bits):.2f}"
-                        wire += "" if n in WIRE_SIZES else " (not in the goal's table)"
-                    print(f"  {size_name(n):8} {mine * 1e3:9.2f} ms {raw * 1e3:9.2f} ms"
-                          f"   {mine / raw:6.2f}x{wire}")  # fmt: skip
-                print(f"  alpha (8 B one-way): minipar {alpha * 1e6:.0f} us, "
-                      f"raw {res['raw'][8] / 2 * 1e6:.0f} us")  # fmt: skip
+    bits = link.parse(rate)
+    alpha = res["minipar"][8] / 2
+    print("  size      minipar RT   raw RT      minipar/raw" + (
+        "   one-way / (alpha + n/rate)" if bits else ""))  # fmt: skip
+    for n in sizes:
+        mine, raw = res["minipar"][n], res["raw"][n]
+        wire = ""
+        if bits:
+            wire = f"   {mine / 2 / (alpha + n * 8 / bits):.2f}"
+            wire += "" if n in WIRE_SIZES else " (not in the goal's table)"
+        print(f"  {size_name(n):8} {mine * 1e3:9.2f} ms {raw * 1e3:9.2f} ms"
+              f"   {mine / raw:6.2f}x{wire}")  # fmt: skip
+    print(f"  alpha (8 B one-way): minipar {alpha * 1e6:.0f} us, "
+          f"raw {res['raw'][8] / 2 * 1e6:.0f} us")  # fmt: skip
 
 
-def run(cmd, timeout=600) -> str:
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200"))  # fmt: skip
+def run(cmd, tree: str, timeout=600) -> str:
+    """`cmd`'s output, with minipar imported from `tree` (a checkout's root)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200", PYTHONPATH=tree)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if done.returncode:
         sys.exit(f"{cmd} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return done.stdout
 
 
+def grep(out: str, pattern: str) -> str:
+    return "\n".join(ln.rstrip() for ln in out.splitlines() if re.search(pattern, ln))
+
+
 def steps(args):
-    """What the naps made fast, and what crosses nodes, as printed by minipar's own tools."""
+    """What the naps made fast, and what crosses nodes, each with every tree in turn (so that
+    before and after see the same load), as minipar's own tools print them."""
     me = [sys.executable, "-m", "minipar"]
-    print(f"two-level all-reduce vs MPI_Allreduce, 2 nodes x 2 ranks, 2gbit ({load()})")
-    out = run(me + ["bench", "all_reduce", "--nodes", "2", "-n", "4", "--sizes",
-                    "1MiB,4MiB,16MiB,64MiB", "--algorithms", "hierarchical", "--against", "mpi",
-                    "--repeat", "3"])  # fmt: skip
-    print(out)
-    print(f"lesson 01 --quick --nodes 2 ({load()})")
-    out = run(me + ["lesson", "01", "--quick", "--nodes", "2"])
-    print("\n".join(ln for ln in out.splitlines() if re.search(r"across|node|link", ln)))
-    train = ["train", "--steps", "6", "--layers", "4", "--batch-size", "16", "--seq", "128"]
-    for what, launch, layout in (
-        ("pipeline, its 2 stages on 2 nodes (2gbit)", ["--nodes", "2", "-n", "2"], ["--pp", "2"]),
-        ("3D step, 8 ranks on one node", ["-n", "8"], ["--dp", "2", "--tp", "2", "--pp", "2"]),
-    ):
-        print(f"{what} ({load()})")
-        out = run(me + ["run", *launch, sys.executable, "-m", "minipar", *train, *layout])
-        print("\n".join(ln for ln in out.splitlines() if re.search(r"step|ms", ln))[-2000:])
+    train = [sys.executable, "-m", "minipar", "train", "--steps", "6", "--layers", "4",
+             "--batch-size", "16", "--seq", "128"]  # fmt: skip
+    checks = [
+        ("two-level all-reduce vs MPI_Allreduce, 2 nodes x 2 ranks, 2gbit",
+         me + ["bench", "all_reduce", "--nodes", "2", "-n", "4", "--sizes",
+               "1MiB,4MiB,16MiB,64MiB", "--algorithms", "hierarchical", "--against", "mpi",
+               "--repeat", "3"], r"MiB +(hierarchical|MPI)|run \d|min time"),
+        ("lesson 01 --quick --nodes 2", me + ["lesson", "01", "--quick", "--nodes", "2"],
+         r"rank 0 - |PASS|FAIL"),
+        ("pipeline, its 2 stages on 2 nodes (2gbit)",
+         me + ["run", "--nodes", "2", "-n", "2", *train, "--pp", "2"], "step time"),
+        ("3D step, 8 ranks on one node",
+         me + ["run", "-n", "8", *train, "--dp", "2", "--tp", "2", "--pp", "2"], "step time"),
+    ]  # fmt: skip
+    for what, cmd, pattern in checks:
+        for tree in args.trees.split(","):
+            before = load()
+            out = grep(run(cmd, tree), pattern)
+            print(
+                f"\n{what}: {os.path.basename(tree.rstrip('/'))} ({before} before, {load()} after)"
+            )
+            print(out)
 
 
 def main():
@@ -172,8 +187,9 @@ def main():
     parser.add_argument(
         "--sizes", default="", help="bytes, comma separated (default 64 KiB..64 MiB)"
     )
-    parser.add_argument("--busy", action="store_true", help="again, beside one busy process")
+    parser.add_argument("--busy", action="store_true", help="beside one busy process")
     parser.add_argument("--steps", action="store_true", help="the steps the naps made fast")
+    parser.add_argument("--trees", default=".", help="--steps: checkouts to compare, comma list")
     parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank:
