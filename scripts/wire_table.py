@@ -28,6 +28,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 SIZES = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
@@ -35,8 +36,8 @@ WIRE_SIZES = [64 << 10, 1 << 20, 4 << 20, 64 << 20]
 PAUSE = 0.002  # seconds idle before each exchange, on both ranks
 
 
-def round_trip(send, recv, buf, peer: int, first: bool, reps: int) -> float:
-    """The median round trip (seconds) of `buf` between this rank and `peer`."""
+def round_trip(send, recv, buf, peer: int, first: bool, reps: int) -> list[float]:
+    """[min, median] round trip (seconds) of `buf` between this rank and `peer`."""
     times = []
     for _ in range(reps + 1):  # the first is a warm-up
         time.sleep(PAUSE)
@@ -48,7 +49,7 @@ def round_trip(send, recv, buf, peer: int, first: bool, reps: int) -> float:
             recv(buf, peer)
             send(buf, peer)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:])
+    return [min(times[1:]), statistics.median(times[1:])]
 
 
 def rank_main(sizes):
@@ -120,23 +121,28 @@ def pingpong(args):
 
 
 def table(res, sizes, rate: str) -> None:
-    """(a) minipar's round trip against raw's; (b) on a shaped link, one-way / the wire's."""
+    """(a) minipar's median round trip against raw's; (b) on a shaped link, minipar's one-way
+    time / (alpha + n / rate), alpha its 8 B one-way time, from the medians and from the mins
+    (the mins are what a busy machine distorts least)."""
     from minipar.launcher.cluster import link
 
     bits = link.parse(rate)
-    alpha = res["minipar"][8] / 2
     print("  size      minipar RT   raw RT      minipar/raw" + (
-        "   one-way / (alpha + n/rate)" if bits else ""))  # fmt: skip
+        "   one-way / (alpha + n/rate): median (min)" if bits else ""))  # fmt: skip
     for n in sizes:
-        mine, raw = res["minipar"][n], res["raw"][n]
+        (low, mine), raw = res["minipar"][n], res["raw"][n][1]
         wire = ""
         if bits:
-            wire = f"   {mine / 2 / (alpha + n * 8 / bits):.2f}"
+            ratios = [
+                t / 2 / (a / 2 + n * 8 / bits)
+                for t, a in ((mine, res["minipar"][8][1]), (low, res["minipar"][8][0]))
+            ]
+            wire = f"   {ratios[0]:.2f} ({ratios[1]:.2f})"
             wire += "" if n in WIRE_SIZES else " (not in the goal's table)"
         print(f"  {size_name(n):8} {mine * 1e3:9.2f} ms {raw * 1e3:9.2f} ms"
               f"   {mine / raw:6.2f}x{wire}")  # fmt: skip
-    print(f"  alpha (8 B one-way): minipar {alpha * 1e6:.0f} us, "
-          f"raw {res['raw'][8] / 2 * 1e6:.0f} us")  # fmt: skip
+    print(f"  alpha (8 B one-way, median): minipar {res['minipar'][8][1] / 2 * 1e6:.0f} us, "
+          f"raw {res['raw'][8][1] / 2 * 1e6:.0f} us")  # fmt: skip
 
 
 def run(cmd, tree: str, timeout=600) -> str:
@@ -152,6 +158,31 @@ def grep(out: str, pattern: str) -> str:
     return "\n".join(ln.rstrip() for ln in out.splitlines() if re.search(pattern, ln))
 
 
+def spread(values, scale=1e3) -> str:
+    v = sorted(values)
+    return " / ".join(f"{x * scale:.3g}" for x in (v[0], statistics.median(v), v[-1]))
+
+
+def all_reduce_runs(tree: str) -> str:
+    """The two-level all-reduce and MPI_Allreduce across 2 x 2 nodes, 3 runs of minipar bench:
+    each size's median time, min / median / max over the runs, and their ratio."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "rows.json")
+        run([sys.executable, "-m", "minipar", "bench", "all_reduce", "--nodes", "2", "-n", "4",
+             "--sizes", "1MiB,4MiB,16MiB,64MiB", "--algorithms", "hierarchical", "--against",
+             "mpi", "--repeat", "3", "--json", path], tree)  # fmt: skip
+        with open(path) as f:
+            rows = json.load(f)
+    lines = ["  size     hierarchical ms      MPI_Allreduce ms     hierarchical / MPI"]
+    for n in sorted({r["nbytes"] for r in rows}):
+        mine = [r for r in rows if r["nbytes"] == n and r["algorithm"] == "hierarchical"]
+        mpi = [r for r in rows if r["nbytes"] == n and r["algorithm"] == "native"]
+        lines.append(f"  {size_name(n):8} {spread([r['time_s_median'] for r in mine]):20} "
+                     f"{spread([r['time_s_median'] for r in mpi]):20} "
+                     f"{spread([r['ratio_mpi'] for r in mine], 1)}")  # fmt: skip
+    return "\n".join(lines)
+
+
 def steps(args):
     """What the naps made fast, and what crosses nodes, each with every tree in turn (so that
     before and after see the same load), as minipar's own tools print them."""
@@ -159,25 +190,23 @@ def steps(args):
     train = [sys.executable, "-m", "minipar", "train", "--steps", "6", "--layers", "4",
              "--batch-size", "16", "--seq", "128"]  # fmt: skip
     checks = [
-        ("two-level all-reduce vs MPI_Allreduce, 2 nodes x 2 ranks, 2gbit",
-         me + ["bench", "all_reduce", "--nodes", "2", "-n", "4", "--sizes",
-               "1MiB,4MiB,16MiB,64MiB", "--algorithms", "hierarchical", "--against", "mpi",
-               "--repeat", "3"], r"MiB +(hierarchical|MPI)|run \d|min time"),
-        ("lesson 01 --quick --nodes 2", me + ["lesson", "01", "--quick", "--nodes", "2"],
-         r"rank 0 - |PASS|FAIL"),
-        ("pipeline, its 2 stages on 2 nodes (2gbit)",
-         me + ["run", "--nodes", "2", "-n", "2", *train, "--pp", "2"], "step time"),
-        ("3D step, 8 ranks on one node",
-         me + ["run", "-n", "8", *train, "--dp", "2", "--tp", "2", "--pp", "2"], "step time"),
+        ("two-level all-reduce vs MPI_Allreduce, 2 nodes x 2 ranks, 2gbit", all_reduce_runs),
+        ("lesson 01 --quick --nodes 2", lambda tree: grep(run(
+            me + ["lesson", "01", "--quick", "--nodes", "2"], tree), r"rank 0 - |PASS|FAIL")),
+        ("pipeline, its 2 stages on 2 nodes (2gbit)", lambda tree: grep(run(
+            me + ["run", "--nodes", "2", "-n", "2", *train, "--pp", "2"], tree), "step time")),
+        ("3D step, 8 ranks on one node", lambda tree: grep(run(
+            me + ["run", "-n", "8", *train, "--dp", "2", "--tp", "2", "--pp", "2"], tree),
+            "step time")),
     ]  # fmt: skip
-    for what, cmd, pattern in checks:
+    for what, measure in checks:
         for tree in args.trees.split(","):
             before = load()
-            out = grep(run(cmd, tree), pattern)
+            out = measure(tree)
             print(
                 f"\n{what}: {os.path.basename(tree.rstrip('/'))} ({before} before, {load()} after)"
             )
-            print(out)
+            print(out, flush=True)
 
 
 def main():
