@@ -95,8 +95,8 @@ def keep_moving(nap: float) -> None:
     sched_yield hands the core to any rank with work to do (the kernel runs the yielder after
     it) and polls again at once when none has: the link runs at its rate, and ranks computing
     beside lose almost nothing. Waits inside a node still nap (pause), to leave the core to the
-    very peer they wait for. The progress thread keeps its short nap (patience): a yield would
-    keep the GIL from its caller's work.
+    very peer they wait for. The progress thread keeps its short nap (patience): polling in a
+    tight loop, it would contend for the GIL with its caller's work (DDP's backward).
     """
     if nap:
         time.sleep(nap)
