@@ -4,7 +4,8 @@
   arguments, the refusal when the machine lacks what emulation needs, the owner check;
 - on emulated nodes (root, ip, tc, namespaces; skipped with the reason where they cannot be
   made): every rank knows its node, the bytes between nodes cross the shaped link and match the
-  ledger, those inside a node do not, every collective gives the bits it gives on one node;
+  ledger, those inside a node do not, every collective gives the bits it gives on one node, a
+  wait across nodes keeps the link moving (a 1 MiB exchange near the wire's time);
 - nothing left behind after every ending (success, a failing rank, Ctrl-C, SIGTERM, SIGKILL of
   `minipar run` and the next job's sweep), counted: namespaces, links, queues, folders;
 - the faults only a cluster has: a cable pulled mid-job, a whole node killed.
