@@ -186,6 +186,29 @@ def test_bad_cluster_arguments_are_named(capsys):
     assert "give --nodes N too" in capsys.readouterr().err
 
 
+def test_a_wait_knows_which_peers_are_across_the_link(monkeypatch):
+    """Group ranks are translated to world ranks before the node map is read: in the group of
+    world ranks [1, 2, 3] (nodes 0, 1, 1), group rank 0 is across the link from group rank 1."""
+    from types import SimpleNamespace
+
+    from minipar.comm.transport.base import Request, crosses_nodes
+    from minipar.runtime.nodes import NodeMap
+    from minipar.state import process
+
+    monkeypatch.setattr(process, "nodes", NodeMap((0, 0, 1, 1), ("node0", "node1"), "test"))
+    group = SimpleNamespace(global_ranks=[1, 2, 3], rank=1)  # world rank 2, on node1
+
+    def waiting_for(*peers):
+        return [Request(group, "recv", peer, 0, 8) for peer in peers]
+
+    assert crosses_nodes(waiting_for(0))  # world rank 1, node0
+    assert not crosses_nodes(waiting_for(2))  # world rank 3, node1
+    assert crosses_nodes(waiting_for(2, 0))
+    assert not crosses_nodes(waiting_for(-1))  # any source, or a barrier: no one peer
+    monkeypatch.setattr(process, "nodes", NodeMap((0, 0, 0, 0), ("node0",), "test"))
+    assert not crosses_nodes(waiting_for(0))
+
+
 def test_a_dead_owner_is_told_from_a_live_one():
     now = time.time()
     assert leftovers.owner_alive(os.getpid(), now)
