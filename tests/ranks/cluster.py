@@ -1,6 +1,6 @@
 """On emulated nodes (minipar run --nodes; tests/test_cluster.py): every rank knows its node, the
-bytes between nodes cross the shaped link and those inside a node do not, and every collective
-gives the same bits as on one node.
+bytes between nodes cross the shaped link and those inside a node do not, a ping-pong across
+the link is timed against raw mpi4py's, and every collective gives the same bits as on one node.
 
 Run on one node too: there the facts say one node, and the digests are the reference the
 emulated run must match bit for bit.
@@ -9,6 +9,7 @@ emulated run must match bit for bit.
 import hashlib
 import os
 import socket
+import time
 
 import numpy as np
 
@@ -112,6 +113,45 @@ def inside_node_case():
     del comm
 
 
+EXCHANGE_BYTES, EXCHANGES, IDLE = 1 << 20, 12, 0.002
+
+
+def exchange_across_case():
+    """Rank 0 and node1's first rank ping-pong 1 MiB with minipar's send/recv and with raw
+    mpi4py Send/Recv in turns, an idle pause before each (as between a step's collectives),
+    while the other ranks wait in minipar's barrier; rank 0 prints every round trip. The pytest
+    side holds minipar's against the wire and raw's (issue 62: waits that napped between polls
+    starved the link, which moves bytes only while polled)."""
+    from mpi4py import MPI
+
+    comm = world()
+    if minipar.num_nodes() < 2:
+        return  # on one node nothing crosses a link
+    peer = minipar.node_map().index(1)  # node1's first rank
+    if comm.rank in (0, peer):
+        other, first = (peer, True) if comm.rank == 0 else (0, False)
+        raw, buf = MPI.COMM_WORLD, np.zeros(EXCHANGE_BYTES, dtype=np.uint8)
+        ways = {
+            "minipar": (comm.send, comm.recv),
+            "raw": (
+                lambda b, p: raw.Send([b, MPI.BYTE], p),
+                lambda b, p: raw.Recv([b, MPI.BYTE], p),
+            ),
+        }
+        times = {name: [] for name in ways}
+        for _ in range(EXCHANGES + 1):  # the first is a warm-up
+            for name, (send, recv) in ways.items():
+                time.sleep(IDLE)
+                start = time.perf_counter()
+                for step in (send, recv) if first else (recv, send):
+                    step(buf, other)
+                times[name].append(time.perf_counter() - start)
+        if comm.rank == 0:
+            for name, seconds in times.items():
+                print(f"EXCHANGE {name} " + " ".join(f"{t:.6f}" for t in seconds[1:]))
+    minipar.barrier()
+
+
 def windows_stay_inside_case():
     """A shared-memory window cannot span nodes: forced on the world it is refused with a
     clear error (on every rank, before any byte moves), on a node's own group it works."""
@@ -182,6 +222,7 @@ def cases(size):
         "facts": facts_case,
         "link_bytes": link_bytes_case,
         "inside_node": inside_node_case,
+        "exchange_across": exchange_across_case,
         "windows_stay_inside": windows_stay_inside_case,
         "digest": digest_case,
     }
