@@ -11,7 +11,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
