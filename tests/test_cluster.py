@@ -14,6 +14,7 @@ every ending, and 3D training with --check across 2 nodes.
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -259,9 +260,10 @@ def _machine() -> dict:
 def _left_by(owner: int) -> list[str]:
     """What the job whose `minipar run` had pid `owner` left: namespaces (their links and
     queues with them), its nodes' folder, its ranks' pipes. Other jobs' are not counted: they
-    may run beside this test."""
-    folders = [n for n in os.listdir(tempfile.gettempdir()) if leftovers.OWNED.match(n)]
-    mine = [n for n in folders if leftovers.OWNED.match(n).group(1) == str(owner)]
+    may run beside this test. The folders by a pattern of this test's own (relay.py's
+    minipar-io-PID-*, the nodes' minipar-PID-JOB-files-*), not the sweep's."""
+    ours = re.compile(rf"^minipar-(io-)?{owner}-")
+    mine = [n for n in os.listdir(tempfile.gettempdir()) if ours.match(n)]
     return [n for n in namespaces() if n.startswith(f"minipar-{owner}-")] + mine
 
 
