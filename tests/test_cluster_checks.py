@@ -1,8 +1,8 @@
 """The emulated cluster (minipar/launcher/cluster/) checked from outside its own code: a dead
 job's folders of every kind found by a pattern written here, a cable's rate measured in both
 directions against the rate asked for, ranks on 3 nodes of 2 placed where a hand-written table
-says (and `auto` taking the two-level all-reduce there); 2 nodes of 3 and unequal nodes under
-MINIPAR_EXTENDED=1 (CI's cluster step)."""
+says (and `auto` taking the two-level all-reduce there), launched from this process as from a
+notebook; 2 nodes of 3 and unequal nodes under MINIPAR_EXTENDED=1 (CI's cluster step)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from minipar.launcher.cluster import leftovers, needs
-from minipar.launcher.cluster.nodes import EmulatedCluster, EmulationError
+from minipar.launcher.cluster.nodes import EmulatedCluster, EmulationError, namespaces
 
 EXTENDED = os.environ.get("MINIPAR_EXTENDED") == "1"
 
@@ -122,11 +122,13 @@ def test_a_cable_is_shaped_out_of_the_node_and_into_it():
     """At 100 Mbit/s (12.5 MB/s each way): two nodes sending to a third at once share its cable
     in (not 25 MB/s: the switch shapes its port to the node), one node sending to two at once
     shares its cable out (its eth0 shapes it); either way 2 x FLOW bytes take at least 2 x FLOW
-    / 12.5 MB/s (a slow machine only makes it longer); one flow alone reaches half the rate."""
+    / 12.5 MB/s (a slow machine only makes it longer), and less than 4x that (a rate read in
+    bytes would be 8x slower)."""
+    least = 0.85 * 2 * FLOW * 8 / RATE
     with EmulatedCluster(3, "100mbit") as cluster:
         first, last, total = _receive(cluster, 0, [1, 2], 5001)  # into node 0
         assert total == 2 * FLOW
-        assert last - first >= 0.85 * 2 * FLOW * 8 / RATE, f"into a node: {last - first:.3f} s"
+        assert least <= last - first <= 4 * least, f"into a node: {last - first:.3f} s"
         results = []  # out of node 0, to nodes 1 and 2 at once
         threads = [
             threading.Thread(target=lambda k=k: results.append(_receive(cluster, k, [0], 5002)))
@@ -138,9 +140,7 @@ def test_a_cable_is_shaped_out_of_the_node_and_into_it():
             thread.join(timeout=60)
         assert sorted(r[2] for r in results) == [FLOW, FLOW]
         took = max(r[1] for r in results) - min(r[0] for r in results)
-        assert took >= 0.85 * 2 * FLOW * 8 / RATE, f"out of a node: {took:.3f} s"
-        first, last, _ = _receive(cluster, 2, [1], 5003)  # alone: about the rate
-        assert 0.85 * FLOW * 8 / RATE <= last - first <= 4 * FLOW * 8 / RATE, last - first
+        assert least <= took <= 4 * least, f"out of a node: {took:.3f} s"
 
 
 # -- ranks on 3 nodes of 2, 2 of 3, 3 + 2 --------------------------------------------------------
@@ -177,9 +177,12 @@ PLACES = {(6, 3): [0, 0, 1, 1, 2, 2], (6, 2): [0, 0, 0, 1, 1, 1], (5, 2): [0, 0,
 
 
 def _check_places(n: int, nodes: int):
+    """minipar.launch from this process (as from a notebook) on emulated nodes: every rank's
+    place against PLACES, and the nodes gone once it returns."""
     import minipar
 
     got = minipar.launch(_where, n=n, nodes=nodes, timeout=120)
+    assert [m for m in namespaces() if m.startswith(f"minipar-{os.getpid()}-")] == []
     node_of = PLACES[(n, nodes)]
     sizes = [node_of.count(k) for k in range(nodes)]
     even = len(set(sizes)) == 1
