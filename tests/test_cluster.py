@@ -13,6 +13,7 @@ uneven nodes, the strategies' suites (DDP, FSDP, TP, PP, CP, EP, the mesh) on 2x
 every ending, and 3D training with --check across 2 nodes.
 """
 
+import functools
 import os
 import re
 import signal
@@ -352,13 +353,29 @@ def test_nothing_is_left_behind():
 
 
 # -- faults only a cluster has ------------------------------------------------------------------
+FAULTS = ("link_down", "node_killed")
+
+
+@functools.cache
+def _faults() -> dict:
+    """Both fault jobs, run at once (each on nodes of its own; the pulled cable's mostly waits
+    out its timeout): mode -> (its whole output, how long it took, its exit status)."""
+
+    def one(mode):
+        start = time.monotonic()
+        proc = _job("nodes_faults.py", mode)
+        out = _finish(proc)
+        return out, time.monotonic() - start, proc.returncode
+
+    with ThreadPoolExecutor(len(FAULTS)) as pool:
+        return dict(zip(FAULTS, pool.map(one, FAULTS)))
+
+
 def _fault(mode: str) -> tuple[str, float]:
     """A fault job's whole output and how long it took; it must fail."""
-    start = time.monotonic()
-    proc = _job("nodes_faults.py", mode)
-    out = _finish(proc)
-    assert proc.returncode != 0, out
-    return out, time.monotonic() - start
+    out, took, returncode = _faults()[mode]
+    assert returncode != 0, out
+    return out, took
 
 
 @emulation
