@@ -6,11 +6,16 @@
   made): every rank knows its node, the bytes between nodes cross the shaped link and match the
   ledger, those inside a node do not, every collective gives the bits it gives on one node;
 - nothing left behind after every ending (success, a failing rank, Ctrl-C, SIGTERM, SIGKILL of
-  `minipar run` and the next job's sweep), counted: namespaces, links, queues, folders;
-- the faults only a cluster has: a cable pulled mid-job, a whole node killed.
+  `minipar run` and the next job's sweep; the five jobs at once), counted: namespaces, links,
+  queues, folders (found by this file's own pattern, not the sweep's);
+- the faults only a cluster has: a cable pulled mid-job, a whole node killed (both jobs at once);
+- minipar.launch from this process on 3 nodes of 2 (a node's size is not the number of nodes):
+  every rank's host, node, local rank and node size against a table written here, and `auto`
+  taking the two-level all-reduce across a slow link.
 MINIPAR_EXTENDED=1 (CI's cluster step) adds the collectives matrix on 2x2, 2x3 and 4x1 nodes,
 uneven nodes, the strategies' suites (DDP, FSDP, TP, PP, CP, EP, the mesh) on 2x2, 20 jobs of
-every ending, and 3D training with --check across 2 nodes.
+every ending, 3D training with --check across 2 nodes, and the launch on 2 nodes of 3 and on
+3 + 2 ranks.
 """
 
 import functools
@@ -425,3 +430,66 @@ def test_3d_training_checks_across_two_nodes():
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=660,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def _where():
+    import socket
+
+    import numpy as np
+
+    import minipar
+    from minipar import cost
+    from minipar.collectives import hierarchical
+    from minipar.runtime.devices import local_rank_from_env
+
+    x = np.ones(1 << 20, np.float32)  # 4 MiB
+    cost.set_inter_link(cost.Link("slow", 50e-6, 1 / 0.25e9, 1 / 5e9))  # 2 Gbit/s
+    with minipar.trace() as t:
+        minipar.all_reduce(x, algorithm="auto")
+    said = local_rank_from_env(os.environ)
+    return (
+        minipar.get_rank(),
+        socket.gethostname(),
+        minipar.node_rank(),
+        minipar.local_rank(),
+        minipar.local_world_size(),
+        said and said[0],
+        hierarchical.shape(minipar.runtime.world.default_group()),
+        t.calls[-1].algorithm,
+        float(x[0]),
+    )
+
+
+# rank -> node, written out: consecutive ranks fill the nodes in blocks, the first ones larger
+PLACES = {(6, 3): [0, 0, 1, 1, 2, 2], (6, 2): [0, 0, 0, 1, 1, 1], (5, 2): [0, 0, 0, 1, 1]}
+
+
+def _check_places(n: int, nodes: int):
+    """minipar.launch from this process (as from a notebook) on emulated nodes: every rank's
+    place against PLACES, and the nodes gone once it returns."""
+    import minipar
+
+    got = minipar.launch(_where, n=n, nodes=nodes, timeout=120)
+    assert _ours() == []
+    node_of = PLACES[(n, nodes)]
+    sizes = [node_of.count(k) for k in range(nodes)]
+    even = len(set(sizes)) == 1
+    for rank, row in enumerate(got):
+        node = node_of[rank]
+        local = node_of[:rank].count(node)
+        shape = (nodes, sizes[0]) if even else None
+        assert row[:7] == (rank, f"node{node}", node, local, sizes[node], local, shape), row
+        assert row[7] == "hierarchical" if even else row[7] != "hierarchical", row
+        assert row[8] == n, row
+
+
+@emulation
+def test_ranks_on_three_nodes_of_two():
+    _check_places(6, 3)
+
+
+@emulation
+@pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's cluster step)")
+@pytest.mark.parametrize("n,nodes", [(6, 2), (5, 2)])
+def test_ranks_on_two_nodes_of_three_and_unequal(n, nodes):
+    _check_places(n, nodes)

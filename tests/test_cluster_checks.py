@@ -1,9 +1,7 @@
 """The emulated cluster (minipar/launcher/cluster/) checked from outside its own code: a dead
 job's folders of every kind found by a pattern written here; a cable's rate in both directions
-(the kernel's shapers, and the time many flows through one cable take) against the rate asked;
-ranks on 3 nodes of 2 placed where a hand-written table says (and `auto` taking the two-level
-all-reduce there), launched from this process as from a notebook; 2 nodes of 3 and unequal
-nodes under MINIPAR_EXTENDED=1 (CI's cluster step)."""
+(the kernel's shapers, and the time many flows through one cable take) against the rate asked.
+(Ranks on 3 nodes of 2, 2 of 3 and 3 + 2 against a written table: tests/test_cluster.py.)"""
 
 from __future__ import annotations
 
@@ -16,9 +14,7 @@ import sys
 import pytest
 
 from minipar.launcher.cluster import leftovers, needs
-from minipar.launcher.cluster.nodes import EmulatedCluster, EmulationError, namespaces
-
-EXTENDED = os.environ.get("MINIPAR_EXTENDED") == "1"
+from minipar.launcher.cluster.nodes import EmulatedCluster, EmulationError
 
 
 def _can_emulate() -> str:
@@ -161,67 +157,3 @@ def test_a_cable_is_shaped_out_of_the_node_and_into_it():
         assert took >= 0.75 * need, f"out of a node: {took:.3f} s, not {need} s"
         q = _shaper(cluster.namespace(0), "eth0")
         assert q["bytes"] >= 3 * FLOW and q["overlimits"] > 0, q
-
-
-# -- ranks on 3 nodes of 2, 2 of 3, 3 + 2 --------------------------------------------------------
-def _where():
-    import socket
-
-    import numpy as np
-
-    import minipar
-    from minipar import cost
-    from minipar.collectives import hierarchical
-    from minipar.runtime.devices import local_rank_from_env
-
-    x = np.ones(1 << 20, np.float32)  # 4 MiB
-    cost.set_inter_link(cost.Link("slow", 50e-6, 1 / 0.25e9, 1 / 5e9))  # 2 Gbit/s
-    with minipar.trace() as t:
-        minipar.all_reduce(x, algorithm="auto")
-    said = local_rank_from_env(os.environ)
-    return (
-        minipar.get_rank(),
-        socket.gethostname(),
-        minipar.node_rank(),
-        minipar.local_rank(),
-        minipar.local_world_size(),
-        said and said[0],
-        hierarchical.shape(minipar.runtime.world.default_group()),
-        t.calls[-1].algorithm,
-        float(x[0]),
-    )
-
-
-# rank -> node, written out: consecutive ranks fill the nodes in blocks, the first ones larger
-PLACES = {(6, 3): [0, 0, 1, 1, 2, 2], (6, 2): [0, 0, 0, 1, 1, 1], (5, 2): [0, 0, 0, 1, 1]}
-
-
-def _check_places(n: int, nodes: int):
-    """minipar.launch from this process (as from a notebook) on emulated nodes: every rank's
-    place against PLACES, and the nodes gone once it returns."""
-    import minipar
-
-    got = minipar.launch(_where, n=n, nodes=nodes, timeout=120)
-    assert [m for m in namespaces() if m.startswith(f"minipar-{os.getpid()}-")] == []
-    node_of = PLACES[(n, nodes)]
-    sizes = [node_of.count(k) for k in range(nodes)]
-    even = len(set(sizes)) == 1
-    for rank, row in enumerate(got):
-        node = node_of[rank]
-        local = node_of[:rank].count(node)
-        shape = (nodes, sizes[0]) if even else None
-        assert row[:7] == (rank, f"node{node}", node, local, sizes[node], local, shape), row
-        assert row[7] == "hierarchical" if even else row[7] != "hierarchical", row
-        assert row[8] == n, row
-
-
-@emulation
-def test_ranks_on_three_nodes_of_two():
-    _check_places(6, 3)
-
-
-@emulation
-@pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's cluster step)")
-@pytest.mark.parametrize("n,nodes", [(6, 2), (5, 2)])
-def test_ranks_on_two_nodes_of_three_and_unequal(n, nodes):
-    _check_places(n, nodes)
