@@ -138,3 +138,20 @@ def test_clip_near_zero_norm_uses_torchs_epsilon(tiny):
     factor = min(1.0, max_norm / (tiny + 1e-6))  # the formula, written out
     torch.testing.assert_close(got, torch.full((4,), tiny / 2 * factor, dtype=torch.float64))
     torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+
+
+def test_a_dense_fp16_run_whose_scale_overflows_skips_its_steps():
+    """The dense run itself (train_dense: the loss scaled, backward through float16 matmuls,
+    unscale, the finisher) from a scale of 2^40: every gradient overflows float16's 65504, so,
+    as GradScaler does, no step moves a weight and each halves the scale."""
+    from minipar.models.training import train_dense
+
+    config = GPTConfig(seq_len=8, hidden=16, n_layers=1, n_heads=2)
+    spec = RunSpec(steps=3, dtype="fp16", model=config)
+    stats = {}
+    _, model, _ = train_dense(spec, stats=stats, scaler_state={"scale": 2.0**40, "good_steps": 7})
+    assert stats["skipped"] == [True, True, True]
+    assert stats["scaler"] == {"scale": 2.0**37, "good_steps": 0}
+    start = build_gpt(config, spec.seed).state_dict()
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, start[name]), f"{name} moved on a skipped step"
