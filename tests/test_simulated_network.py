@@ -23,7 +23,7 @@ NDR = 400e9 / 8  # InfiniBand NDR (ConnectX-7): 400 Gb/s a port
 DATASHEETS = [("pcie", PCIE5_X16, NDR), ("h100", NVLINK4, NDR), ("b200", NVLINK5, NDR)]
 
 
-@pytest.mark.parametrize("name,inside,between", DATASHEETS)
+@pytest.mark.parametrize("name,inside,between", DATASHEETS, ids=[d[0] for d in DATASHEETS])
 def test_a_presets_messages_take_the_datasheets_time(name, inside, between):
     """1 GB inside a node and 1 GB to the next node, each alone on its ports: n / bandwidth
     (the latency, microseconds, is far below the 2% allowed; PCIe's preset rounds 63 up to 64)."""
