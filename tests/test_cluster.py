@@ -7,21 +7,29 @@
   ledger, those inside a node do not, every collective gives the bits it gives on one node, a
   wait across nodes keeps the link moving (a 1 MiB exchange near the wire's time);
 - nothing left behind after every ending (success, a failing rank, Ctrl-C, SIGTERM, SIGKILL of
-  `minipar run` and the next job's sweep), counted: namespaces, links, queues, folders;
-- the faults only a cluster has: a cable pulled mid-job, a whole node killed.
+  `minipar run` and the next job's sweep; the five jobs at once), counted: namespaces, links,
+  queues, folders (found by this file's own pattern, not the sweep's);
+- the faults only a cluster has: a cable pulled mid-job, a whole node killed (both jobs at once);
+- minipar.launch from this process on 3 nodes of 2 (a node's size is not the number of nodes):
+  every rank's host, node, local rank and node size against a table written here, and `auto`
+  taking the two-level all-reduce across a slow link.
 MINIPAR_EXTENDED=1 (CI's cluster step) adds the collectives matrix on 2x2, 2x3 and 4x1 nodes,
 uneven nodes, the strategies' suites (DDP, FSDP, TP, PP, CP, EP, the mesh) on 2x2, 20 jobs of
-every ending, and 3D training with --check across 2 nodes.
+every ending, 3D training with --check across 2 nodes, and the launch on 2 nodes of 3 and on
+3 + 2 ranks.
 """
 
+import functools
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import ranks_suite
@@ -161,18 +169,22 @@ def test_real_hosts_pass_through(tmp_path):
         mpi_args.for_hosts("mpich", None, str(tmp_path / "none"))
 
 
+def _ours() -> list[str]:
+    """The namespaces this process made (minipar-PID-...) and did not remove."""
+    return [n for n in namespaces() if n.startswith(f"minipar-{os.getpid()}-")]
+
+
 def test_a_machine_without_what_emulation_needs_is_refused_first(monkeypatch, capsys):
     from minipar import cli
 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     real_which = needs.shutil.which
     monkeypatch.setattr(needs.shutil, "which", lambda t: None if t == "tc" else real_which(t))
-    before = namespaces()
     status = cli.main(["run", "--nodes", "2", "-n", "4", os.path.join(SCRIPTS, "nodes_ok.py")])
     said = capsys.readouterr().err
     assert status == 2
     assert "root" in said and "`tc`" in said and "(no --nodes)" in said
-    assert namespaces() == before  # nothing was made
+    assert _ours() == []  # nothing was made (other jobs on this machine may make theirs)
 
 
 def test_bad_cluster_arguments_are_named(capsys):
@@ -311,9 +323,10 @@ def _machine() -> dict:
 def _left_by(owner: int) -> list[str]:
     """What the job whose `minipar run` had pid `owner` left: namespaces (their links and
     queues with them), its nodes' folder, its ranks' pipes. Other jobs' are not counted: they
-    may run beside this test."""
-    folders = [n for n in os.listdir(tempfile.gettempdir()) if leftovers.OWNED.match(n)]
-    mine = [n for n in folders if leftovers.OWNED.match(n).group(1) == str(owner)]
+    may run beside this test. The folders by a pattern of this test's own (relay.py's
+    minipar-io-PID-*, the nodes' minipar-PID-JOB-files-*), not the sweep's."""
+    ours = re.compile(rf"^minipar-(io-)?{owner}-")
+    mine = [n for n in os.listdir(tempfile.gettempdir()) if ours.match(n)]
     return [n for n in namespaces() if n.startswith(f"minipar-{owner}-")] + mine
 
 
@@ -375,24 +388,51 @@ def _ending(kind: str) -> int:
 ENDINGS = ["ok", "rank_fails", "ctrl_c", "sigterm", "sigkill"]
 
 
+def _named_ending(kind: str) -> int:
+    try:
+        return _ending(kind)
+    except AssertionError as error:
+        raise AssertionError(f"ending {kind}: {error}") from None
+
+
 @emulation
-@pytest.mark.parametrize("kind", ENDINGS)
-def test_nothing_is_left_behind(kind):
+def test_nothing_is_left_behind():
+    """The five endings at once, one job each on nodes of its own (mostly waiting: start-ups,
+    signals, clean-ups; at once they take about what one takes alone), and none leaves
+    anything, nor touches another job's."""
     before = _machine()
-    for _ in range(20 if EXTENDED else 1):
-        owner = _ending(kind)
-        assert _left_by(owner) == [], kind
+    with ThreadPoolExecutor(len(ENDINGS)) as pool:
+        for _ in range(20 if EXTENDED else 1):
+            owners = dict(zip(ENDINGS, pool.map(_named_ending, ENDINGS)))
+            for kind, owner in owners.items():
+                assert _left_by(owner) == [], kind
     assert _machine() == before
 
 
 # -- faults only a cluster has ------------------------------------------------------------------
+FAULTS = ("link_down", "node_killed")
+
+
+@functools.cache
+def _faults() -> dict:
+    """Both fault jobs, run at once (each on nodes of its own; the pulled cable's mostly waits
+    out its timeout): mode -> (its whole output, how long it took, its exit status)."""
+
+    def one(mode):
+        start = time.monotonic()
+        proc = _job("nodes_faults.py", mode)
+        out = _finish(proc)
+        return out, time.monotonic() - start, proc.returncode
+
+    with ThreadPoolExecutor(len(FAULTS)) as pool:
+        return dict(zip(FAULTS, pool.map(one, FAULTS)))
+
+
 def _fault(mode: str) -> tuple[str, float]:
     """A fault job's whole output and how long it took; it must fail."""
-    start = time.monotonic()
-    proc = _job("nodes_faults.py", mode)
-    out = _finish(proc)
-    assert proc.returncode != 0, out
-    return out, time.monotonic() - start
+    out, took, returncode = _faults()[mode]
+    assert returncode != 0, out
+    return out, took
 
 
 @emulation
@@ -453,16 +493,61 @@ def test_3d_training_checks_across_two_nodes():
 def _where():
     import socket
 
+    import numpy as np
+
+    import minipar
+    from minipar import cost
+    from minipar.collectives import hierarchical
+    from minipar.runtime.devices import local_rank_from_env
+
+    x = np.ones(1 << 20, np.float32)  # 4 MiB
+    cost.set_inter_link(cost.Link("slow", 50e-6, 1 / 0.25e9, 1 / 5e9))  # 2 Gbit/s
+    with minipar.trace() as t:
+        minipar.all_reduce(x, algorithm="auto")
+    said = local_rank_from_env(os.environ)
+    return (
+        minipar.get_rank(),
+        socket.gethostname(),
+        minipar.node_rank(),
+        minipar.local_rank(),
+        minipar.local_world_size(),
+        said and said[0],
+        hierarchical.shape(minipar.runtime.world.default_group()),
+        t.calls[-1].algorithm,
+        float(x[0]),
+    )
+
+
+# rank -> node, written out: consecutive ranks fill the nodes in blocks, the first ones larger
+PLACES = {(6, 3): [0, 0, 1, 1, 2, 2], (6, 2): [0, 0, 0, 1, 1, 1], (5, 2): [0, 0, 0, 1, 1]}
+
+
+def _check_places(n: int, nodes: int):
+    """minipar.launch from this process (as from a notebook) on emulated nodes: every rank's
+    place against PLACES, and the nodes gone once it returns."""
     import minipar
 
-    return minipar.get_rank(), minipar.node_rank(), minipar.local_rank(), socket.gethostname()
+    got = minipar.launch(_where, n=n, nodes=nodes, timeout=120)
+    assert _ours() == []
+    node_of = PLACES[(n, nodes)]
+    sizes = [node_of.count(k) for k in range(nodes)]
+    even = len(set(sizes)) == 1
+    for rank, row in enumerate(got):
+        node = node_of[rank]
+        local = node_of[:rank].count(node)
+        shape = (nodes, sizes[0]) if even else None
+        assert row[:7] == (rank, f"node{node}", node, local, sizes[node], local, shape), row
+        assert row[7] == "hierarchical" if even else row[7] != "hierarchical", row
+        assert row[8] == n, row
 
 
 @emulation
-def test_launch_from_a_notebook_on_emulated_nodes():
-    import minipar
+def test_ranks_on_three_nodes_of_two():
+    _check_places(6, 3)
 
-    before = namespaces()
-    got = minipar.launch(_where, n=4, nodes=2, timeout=60)
-    assert got == [(0, 0, 0, "node0"), (1, 0, 1, "node0"), (2, 1, 0, "node1"), (3, 1, 1, "node1")]
-    assert namespaces() == before
+
+@emulation
+@pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's cluster step)")
+@pytest.mark.parametrize("n,nodes", [(6, 2), (5, 2)])
+def test_ranks_on_two_nodes_of_three_and_unequal(n, nodes):
+    _check_places(n, nodes)

@@ -50,3 +50,29 @@ def test_bad_schedules_are_refused(kwargs, words):
         assert word in str(info.value)
     with pytest.raises(ValueError, match="clip must be a positive number"):
         RunSpec(clip=0.0).validate()
+
+
+def test_the_step_finisher_steps_at_the_scheduled_rate():
+    """training.finish_step on plain SGD: the rate each step really took, read from how far a
+    weight moved (w -= lr g, with g = 1), is the schedule's formula written out here: warm-up
+    peak (s + 1) / W, then cosine from peak to the floor over total - W steps."""
+    import torch
+
+    from minipar.models.training import finish_step
+
+    peak, floor, warmup, total = 0.5, 0.05, 2, 6
+    spec = RunSpec(steps=total, lr=peak, warmup=warmup, lr_schedule="cosine", min_lr=floor)
+    w = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([w], lr=123.0)  # overwritten by the schedule before every step
+    taken = []
+    for step in range(total):
+        before = w.item()
+        w.grad = torch.ones(1)
+        finish_step(opt, [w], spec, step, 0, None, None, True)
+        taken.append(before - w.item())
+    want = [peak * (s + 1) / warmup for s in range(warmup)]
+    want += [
+        floor + (peak - floor) * (1 + math.cos(math.pi * (s - warmup) / (total - warmup))) / 2
+        for s in range(warmup, total)
+    ]
+    assert taken == pytest.approx(want, rel=1e-6)

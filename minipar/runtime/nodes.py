@@ -143,33 +143,27 @@ def node_map(group=None) -> list[int]:
 
 @dataclass
 class NodeGroups:
-    """A group cut by node: `intra` holds this rank's peers on its node, `inter` the ranks of
-    the group with the same position on their nodes (one per node), `uniform` says every node
-    holds the same number of the group's ranks (what the two-level algorithms need)."""
+    """A group cut by node: `intra` holds this rank's peers on its node, `uniform` says every
+    node holds the same number of the group's ranks (what the two-level algorithms need)."""
 
     intra: object
-    inter: object
     n_nodes: int
     uniform: bool
 
 
 def node_groups(group=None) -> NodeGroups:
     """The group cut by node (cached on the group). Every rank of the group calls it: it makes
-    one sub-group per node and one per position on a node, each a split of the group."""
+    one sub-group per node, each a split of the group."""
     comm = _group(group)
     cached = getattr(comm, "_node_groups", None)
     if cached is not None:
         return cached
     members = nodes().by_node(comm.global_ranks)
-    intra = inter = None
+    intra = None
     for k, ranks in enumerate(members):
         made = comm.split(ranks, f"{comm.name}:node{k}")
         if comm.rank in ranks:
-            intra, position = made, ranks.index(comm.rank)
-    for j in range(max(len(m) for m in members)):
-        made = comm.split([m[j] for m in members if j < len(m)], f"{comm.name}:across{j}")
-        if j == position:
-            inter = made
-    found = NodeGroups(intra, inter, len(members), len({len(m) for m in members}) == 1)
+            intra = made
+    found = NodeGroups(intra, len(members), len({len(m) for m in members}) == 1)
     comm._node_groups = found
     return found

@@ -12,6 +12,7 @@ minipar.cost.traffic_on_nodes (the table in collectives/hierarchical.py); `auto`
 """
 
 import contextlib
+import os
 
 import numpy as np
 from collectives import Digests, assert_close, make, reference, values, world
@@ -19,7 +20,8 @@ from collectives import Digests, assert_close, make, reference, values, world
 import minipar
 from minipar import cost
 from minipar.collectives.reduce_op import ReduceOp
-from minipar.runtime import nodes
+from minipar.runtime import devices, nodes
+from minipar.runtime.devices import LOCAL_RANK_ENV
 from minipar.state import process
 
 SUM = ReduceOp.SUM
@@ -148,7 +150,33 @@ def auto_case():
     assert 1.3 < flat / two < 1.6, f"ring / hierarchical predicted {flat / two:.2f} on 2 x 2"
 
 
+def local_rank_case():
+    """local_rank() where no launcher said it (none of Open MPI's, Hydra's, MVAPICH's,
+    torchrun's or Slurm's variables): this rank's index among the ranks of its node, counted
+    here from the map, on nodes of interleaved and of unequal ranks."""
+    w = world()
+    saved_env = {name: os.environ.pop(name) for name, _ in LOCAL_RANK_ENV if name in os.environ}
+    saved = (process.local_rank, process.local_rank_source, process.device)
+    try:
+        for owner in (MAPS["2x2_interleaved"], MAPS["unequal_3+1"]):
+            mine = [q for q in range(w.size) if owner[q] == owner[w.rank]]
+            with node_map(owner):
+                devices.forget()
+                assert minipar.local_rank() == mine.index(w.rank), (owner, minipar.local_rank())
+                assert process.local_rank_source == "set by the test"
+                assert minipar.local_world_size() == len(mine)
+                assert minipar.node_rank() == sorted(set(owner)).index(owner[w.rank])
+    finally:
+        os.environ.update(saved_env)
+        process.local_rank, process.local_rank_source, process.device = saved
+
+
 def cases(size):
     if size != 4:
         return {}
-    return {"nodes.results": results_case, "nodes.ledger": ledger_case, "nodes.auto": auto_case}
+    return {
+        "nodes.results": results_case,
+        "nodes.ledger": ledger_case,
+        "nodes.auto": auto_case,
+        "nodes.local_rank": local_rank_case,
+    }
