@@ -118,6 +118,7 @@ def main(args) -> int:
         return _job(args, err, None)
     try:
         with emulated(args.nodes, args.link or link.DEFAULT, args.fill) as cluster:
+            sys.stderr.write(f"minipar run: {args.nodes} emulated nodes, {link.line(args.link)}\n")
             return _job(args, err, cluster)
     except (ValueError, EmulationError) as error:
         err.fail(str(error))
