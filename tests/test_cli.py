@@ -342,3 +342,29 @@ def test_bad_input_is_refused_before_anything_starts_naming_the_flag():
         assert all(w in flat for w in words), (argv, text)
         assert len(text.strip().splitlines()) <= 2 and "usage:" not in text, (argv, text)
         assert not torch_loaded, argv
+
+
+# -- doctor on a machine without a GPU (issue 56) ---------------------------------------------
+def test_doctor_says_what_is_true_without_a_gpu():
+    """No CUDA device: the tensor path says so and what would happen on one; NCCL built into
+    torch is not called available where it cannot run."""
+    import torch
+
+    from minipar.cli import doctor
+    from minipar.comm.transport import staging
+
+    chunk = staging.chunk_bytes() >> 10
+    aware = doctor.Check("CUDA-aware MPI", "no")
+    none = [aware, doctor.Check("CUDA devices", "none")]
+    (path,) = doctor.path_checks(none)
+    assert path.value == "none here (no CUDA device)", path
+    assert path.note.startswith(f"on a GPU: staged, pipelined above {chunk} KiB"), path
+    (path,) = doctor.path_checks([aware, doctor.Check("CUDA devices", "1 x NVIDIA H100")])
+    assert path.value == f"staged, pipelined above {chunk} KiB", path
+    built_only = doctor.nccl_check(True, False)
+    assert built_only.value == "built in, unusable here" and "no CUDA" not in built_only.value
+    assert "needs a CUDA device" in built_only.note and "gloo" in built_only.note
+    assert doctor.nccl_check(True, True).value == "available"
+    here = {c.name: c for c in doctor.torch_checks()}
+    if not torch.cuda.is_available():  # this machine, as doctor reports it
+        assert here["CUDA devices"].value == "none" and here["nccl"].value != "available"
