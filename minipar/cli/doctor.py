@@ -125,7 +125,7 @@ def torch_checks() -> list[Check]:
 def nccl_check(built: bool, gpus: bool) -> Check:
     """NCCL as it is here: built into torch is not usable without a CUDA device."""
     if not built:
-        return Check("nccl", "not available", note="not in this build of torch: gloo is the backend")
+        return Check("nccl", "not available", note="not in this torch build: gloo is the backend")
     if not gpus:
         return Check("nccl", "built in, unusable here", note="NCCL needs a CUDA device per "
                      "rank and there is none: gloo is the backend here")  # fmt: skip
