@@ -229,13 +229,13 @@ def test_one_writer_per_events_file(tmp_path):
 @pytest.mark.own_job
 @pytest.mark.timeout(150)
 def test_two_benches_at_once_with_long_records(tmp_path):
-    """Issue 56's crash came under load: two jobs at once, rows of 3,000 times each (64 kB, more
-    than one write): both finish, each with its own rows, whole."""
+    """Issue 56's crash came under load: two jobs at once, rows of 600 times each (~13 kB,
+    more than one buffered write): both finish, each with its own rows, whole."""
     procs = []
     for k in range(2):
         argv = [*warm_python(["-m", "minipar"]), "bench", "all_reduce", "-n", "2",
-                "--sizes", "8,64KiB", "--algorithms", "ring,auto", "--against", "mpi",
-                "--iters", "3000", "--warmup", "1", "--json", str(tmp_path / f"{k}.json"),
+                "--sizes", "8", "--algorithms", "ring", "--against", "mpi",
+                "--iters", "600", "--warmup", "1", "--json", str(tmp_path / f"{k}.json"),
                 "--timeout", "120"]  # fmt: skip
         procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))  # fmt: skip
@@ -245,9 +245,9 @@ def test_two_benches_at_once_with_long_records(tmp_path):
         assert "unreadable" not in err, err
         rows = json.loads((tmp_path / f"{k}.json").read_text())
         cells = {(r["nbytes"], r["implementation"], r["algorithm"]) for r in rows}
-        assert len(rows) == len(cells) == 8, cells  # 2 sizes x (ring, auto, MPI, floor), once
-        assert {(8, "minipar", "ring"), (65536, "mpi", "native")} <= cells, cells
-        assert all(r["iters"] == 3000 for r in rows)
+        assert len(rows) == len(cells) == 3, cells  # ring, MPI and the floor, once each
+        assert {(8, "minipar", "ring"), (8, "mpi", "native")} <= cells, cells
+        assert all(r["iters"] == 600 for r in rows)
 
 
 def test_window_roofline_and_the_window_buffer_row():
