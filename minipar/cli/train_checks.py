@@ -7,6 +7,7 @@ flags the user typed, in one or two lines.
 
 from __future__ import annotations
 
+import os
 import re
 
 FLAGS = {  # RunSpec's and GPTConfig's names -> the option that sets them
@@ -54,10 +55,24 @@ def _positive(args) -> str | None:
     return None
 
 
+def _paths(args) -> str | None:
+    """A checkpoint to resume that is not there, an output whose folder is not (found at the end
+    of the run, after the training, were it not checked here)."""
+    resume = getattr(args, "resume", None)
+    if resume and not os.path.isfile(resume):
+        return f"--resume {resume}: no such file"
+    for dest in ("json", "plot", "save", "trace"):
+        path = getattr(args, dest, None)
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            return f"--{dest} {path}: no folder {folder} to write it in"
+    return None
+
+
 def problem(args, spec_from_args) -> str | None:
     """What is wrong with the options, said with their flags (None: nothing found);
     spec_from_args(args) makes the RunSpec (train.py's)."""
-    said = _positive(args)
+    said = _positive(args) or _paths(args)
     if said:
         return said
     if args.resume:  # the checkpoint's model is checked once it is read, on the ranks
