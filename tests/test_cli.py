@@ -331,6 +331,7 @@ def test_bad_input_is_refused_before_anything_starts_naming_the_flag():
         (["train", "--resume", "no_such.pt"], ["--resume no_such.pt: no such file"]),
         (["train", "--json", "no_such_folder/x.json"],
          ["--json no_such_folder/x.json: no folder", "no_such_folder to write it in"]),
+        (["run", "--timeout", "-1", "-n", "2", "job.py"], ["--timeout -1: give a positive"]),
         (["simulate", "all_reduce", "--algorithms", "ring,ringz"],
          ["--algorithms: no all_reduce algorithm named 'ringz'; choose from",
           "ring", "tree", "double_tree", "hierarchical", "rings"]),

@@ -111,6 +111,10 @@ def program(args) -> list[str]:
 def main(args) -> int:
     """`minipar run`: the job's output streams through as it happens; returns the job's status."""
     err = _Errors()
+    if args.timeout is not None and not args.timeout > 0:  # before anything starts
+        err.print(f"[bold red]minipar run:[/] --timeout {args.timeout:g}: give a positive "
+                  "number of seconds")  # fmt: skip
+        return 2
     if args.nodes is None and args.link is not None:
         err.print("[bold red]minipar run:[/] --link shapes emulated nodes: give --nodes N too")
         return 2
