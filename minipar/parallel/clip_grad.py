@@ -6,7 +6,7 @@ factor for all of them.
 Roughly, for the 2-norm:
 
     local = sum of g^2 over the numbers this rank counts        (no communication)
-    total = all_reduce(local, SUM) over the mesh's ranks    (two float64: the sum and a flag)
+    total = all_reduce(local, SUM) over the mesh's ranks        (two float64: the sum, a flag)
     norm  = sqrt(total);  every gradient *= min(1, max_norm / (norm + 1e-6))
 
 A number counts on exactly one rank (replicas.py), by Megatron-LM's rule: a parameter nobody
@@ -19,13 +19,15 @@ of a tied head is marked a copy over pp. Summing the counted numbers over all th
 then gives the dense model's sum, the number torch.nn.utils.clip_grad_norm_ returns on the dense
 model (up to the order of the float sums); the all-reduce gives every rank the same bits, so
 every rank computes the same norm and the same factor, and scales its own pieces by it.
-Megatron-LM sums over its model-parallel group (tp x pp, after the dp reduction) and skips tp
-copies by rank; counting every copy once on one rank makes a single reduction over the whole
-mesh enough, whatever the layout, FSDP's shards over dp included (16 bytes, a few latency
-steps: nothing next to the gradients' own reduction). Marks that leave a copy's ranks open (a
-shard over part of the dp line with no group for its copies) raise, on every rank, saying what
-to mark: a silently wrong norm is the one outcome not allowed. The norm is that of the gradients
-as they are: called before the dp reduction, it is the dp rank 0's local gradient's.
+Megatron-LM sums over its model-parallel group (tp x pp, after the dp reduction) and skips tp copies
+by rank (clip_grads.py: a parameter without its `tensor_model_parallel` attribute counts only where
+the tp rank is 0, `param_is_not_tensor_parallel_duplicate`); counting every copy once on one rank
+makes a single reduction over the whole mesh enough, whatever the layout, FSDP's shards over dp
+included (16 bytes, a few latency steps: nothing next to the gradients' own reduction). Marks that
+leave a copy's ranks open (a shard over part of the dp line with no group for its copies) raise, on
+every rank, saying what to mark: a silently wrong norm is the one outcome not allowed. The norm is
+that of the gradients as they are: called before the dp reduction, it is the dp rank 0's local
+gradient's.
 
 Other norms as torch: p-norms sum |g|^p (one all-reduce, SUM); inf takes the largest |g| and
 -inf the smallest (MAX, MIN); 0 is refused (torch's counts the tensors whose gradient
