@@ -159,6 +159,97 @@ def test_two_rank_run(tmp_path):
     assert png.stat().st_size > 1000
 
 
+def _record(i: int, n: int = 4000) -> dict:
+    """A row as long as a fast size's (thousands of times: tens of kB, more than one write)."""
+    return {"type": "row", "i": i, "times": [1e-5 + j * 1.2345678e-9 for j in range(n)]}
+
+
+def test_the_events_reader_never_crashes_on_a_torn_line(tmp_path):
+    """Issue 56: a line holding two records, one starting inside a record, one half written:
+    the reader keeps the whole records, counts the torn ones, and takes the half once it ends
+    (it crashed with JSONDecodeError: Extra data)."""
+    from minipar.bench import events
+    from minipar.cli import bench
+
+    path = tmp_path / "out.jsonl"
+    whole = [json.dumps(_record(k, 40)) for k in range(3)]
+    half = json.dumps(_record(3, 40))
+    path.write_text(f"{whole[0]}\n{whole[1]}{whole[2]}\n{whole[2][30:]}\n{whole[2]}\n{half[:50]}")
+    assert [e["i"] for e in bench._read(str(path))] == [0, 2]
+    follow = events.Follower(str(path))
+    assert [e["i"] for e in follow.read()] == [0, 2] and follow.unreadable == 2
+    with open(path, "a") as f:
+        f.write(half[50:] + "\n")
+    assert [e["i"] for e in follow.read()] == [0, 2, 3] and follow.unreadable == 2
+
+
+def test_a_long_record_is_followed_whole_while_written(tmp_path):
+    """Records of ~100 kB written in 4 kB pieces while the follower reads: each comes back
+    whole, once, in order, none torn."""
+    import os
+    import threading
+
+    from minipar.bench import events
+
+    path = str(tmp_path / "out.jsonl")
+    open(path, "w").close()
+    sent = [_record(k) for k in range(20)]
+
+    def write():
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        for r in sent:
+            data = (json.dumps(r) + "\n").encode()
+            for k in range(0, len(data), 4096):
+                os.write(fd, data[k : k + 4096])
+        os.close(fd)
+
+    writer = threading.Thread(target=write)
+    follow, sizes = events.Follower(path), []
+    writer.start()
+    while writer.is_alive():
+        sizes.append(len(follow.read()))
+    writer.join()
+    assert follow.read() == sent and follow.unreadable == 0
+    assert sizes == sorted(sizes)
+
+
+def test_one_writer_per_events_file(tmp_path):
+    from minipar.bench import events
+
+    path = str(tmp_path / "out.jsonl")
+    first = events.Writer(path)
+    with pytest.raises(RuntimeError, match="another process writes the bench events file"):
+        events.Writer(path)
+    first.emit("row", times=[0.5] * 3000)  # longer than Python's 8 kB buffer: one write
+    first.close()
+    assert events.read(path) == [{"type": "row", "times": [0.5] * 3000}]
+    events.Writer(path).close()  # the lock went with the first
+
+
+@pytest.mark.own_job
+@pytest.mark.timeout(150)
+def test_two_benches_at_once_with_long_records(tmp_path):
+    """Issue 56's crash came under load: two jobs at once, rows of 600 times each (~13 kB,
+    more than one buffered write): both finish, each with its own rows, whole."""
+    procs = []
+    for k in range(2):
+        argv = [*warm_python(["-m", "minipar"]), "bench", "all_reduce", "-n", "2",
+                "--sizes", "8", "--algorithms", "ring", "--against", "mpi",
+                "--iters", "600", "--warmup", "1", "--json", str(tmp_path / f"{k}.json"),
+                "--timeout", "120"]  # fmt: skip
+        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))  # fmt: skip
+    for k, proc in enumerate(procs):
+        out, err = proc.communicate(timeout=140)
+        assert proc.returncode == 0, out[-2000:] + err[-2000:]
+        assert "unreadable" not in err, err
+        rows = json.loads((tmp_path / f"{k}.json").read_text())
+        cells = {(r["nbytes"], r["implementation"], r["algorithm"]) for r in rows}
+        assert len(rows) == len(cells) == 3, cells  # ring, MPI and the floor, once each
+        assert {(8, "minipar", "ring"), (8, "mpi", "native")} <= cells, cells
+        assert all(r["iters"] == 600 for r in rows)
+
+
 def test_window_roofline_and_the_window_buffer_row():
     """A roof event with peer-read rates prices the window roofline; a "ring+window" row (a
     buffer from minipar.empty) is priced in place and feeds the owned-buffer goals."""

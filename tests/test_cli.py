@@ -297,3 +297,78 @@ def test_import_minipar_is_light_and_fast():
         assert heavy.strip() == "[]", f"import minipar pulled in {heavy.strip()}"
         seconds.append(float(took))
     assert min(seconds) < 0.3, f"import minipar took {min(seconds):.3f} s"
+
+
+# -- bad input answered at once (issue 56) ----------------------------------------------------
+BAD_INPUT = """
+import contextlib, io, json, sys
+from minipar import cli
+said = []
+for argv in json.loads(sys.argv[1]):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            status = cli.main(argv)
+        except SystemExit as end:
+            status = end.code
+    said.append([status, out.getvalue(), "torch" in sys.modules])
+print(json.dumps(said))
+"""
+
+
+def test_bad_input_is_refused_before_anything_starts_naming_the_flag():
+    """Each refused in one or two lines, by its flag, with the choices where there are some,
+    before any rank starts or torch loads (`--clip -1` was refused by the ranks after 8.8 s,
+    `--dtype fp8` after 18 lines of usage, `--algorithms ringz` with no list)."""
+    cases = [
+        (["train", "--clip", "-1"], ["--clip must be a positive number, got -1.0"]),
+        (["train", "--dp", "3", "--tp", "2", "--pp", "2"],
+         ["--batch-size 8 is not divisible by --dp 3 x --microbatches 1",
+          "--batch-size 9 would do"]),
+        (["train", "--dtype", "fp8"], ["--dtype", "'fp8'", "'fp32', 'bf16', 'fp16'"]),
+        (["train", "--tp", "3"], ["--heads 8 is not divisible by --tp 3"]),
+        (["train", "--min-lr", "5"], ["--min-lr 5.0 must lie in 0 .. --lr 0.001"]),
+        (["train", "--resume", "no_such.pt"], ["--resume no_such.pt: no such file"]),
+        (["train", "--json", "no_such_folder/x.json"],
+         ["--json no_such_folder/x.json: no folder", "no_such_folder to write it in"]),
+        (["run", "--timeout", "-1", "-n", "2", "job.py"], ["--timeout -1: give a positive"]),
+        (["simulate", "all_reduce", "--algorithms", "ring,ringz"],
+         ["--algorithms: no all_reduce algorithm named 'ringz'; choose from",
+          "ring", "tree", "double_tree", "hierarchical", "rings"]),
+    ]  # fmt: skip
+    argvs = json.dumps([argv for argv, _ in cases])
+    done = subprocess.run([sys.executable, "-c", BAD_INPUT, argvs], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for (argv, words), (status, text, torch_loaded) in zip(cases, json.loads(done.stdout)):
+        flat = " ".join(text.split())  # rich wraps at 80 columns off a terminal
+        assert status == 2, (argv, text)
+        assert all(w in flat for w in words), (argv, text)
+        assert len(text.strip().splitlines()) <= 2 and "usage:" not in text, (argv, text)
+        assert not torch_loaded, argv
+
+
+# -- doctor on a machine without a GPU (issue 56) ---------------------------------------------
+def test_doctor_says_what_is_true_without_a_gpu():
+    """No CUDA device: the tensor path says so and what would happen on one; NCCL built into
+    torch is not called available where it cannot run."""
+    import torch
+
+    from minipar.cli import doctor
+    from minipar.comm.transport import staging
+
+    chunk = staging.chunk_bytes() >> 10
+    aware = doctor.Check("CUDA-aware MPI", "no")
+    none = [aware, doctor.Check("CUDA devices", "none")]
+    (path,) = doctor.path_checks(none)
+    assert path.value == "none here (no CUDA device)", path
+    assert path.note.startswith(f"on a GPU: staged, pipelined above {chunk} KiB"), path
+    (path,) = doctor.path_checks([aware, doctor.Check("CUDA devices", "1 x NVIDIA H100")])
+    assert path.value == f"staged, pipelined above {chunk} KiB", path
+    built_only = doctor.nccl_check(True, False)
+    assert built_only.value == "built in, unusable here" and "no CUDA" not in built_only.value
+    assert "needs a CUDA device" in built_only.note and "gloo" in built_only.note
+    assert doctor.nccl_check(True, True).value == "available"
+    here = {c.name: c for c in doctor.torch_checks()}
+    if not torch.cuda.is_available():  # this machine, as doctor reports it
+        assert here["CUDA devices"].value == "none" and here["nccl"].value != "available"

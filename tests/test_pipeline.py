@@ -89,6 +89,27 @@ def test_pipeline_ranks(size, name):
     harness.run_suite(SUITE, size, "mpi").check(name)
 
 
+@pytest.mark.parametrize("name", ["1f1b", "zb-h1"])
+def test_timeline_reads_without_colour(name):
+    """Issue 56: forward and backward were digits told apart by colour alone (lost when piped).
+    Without colour each rank's row names every task, kind and micro-batch, in the order the
+    verifier scheduled it; '-' and '.' tell a task going on from idle."""
+    import re
+
+    from minipar.parallel.pipeline import Timeline
+
+    report = V.verify(S.program(name, 4, 8))
+    letter = {"Forward": "F", "Backward": "B", "BackwardInput": "b", "BackwardWeight": "w"}
+    text = Timeline.simulated(report).text(width=240).plain  # room for two slots a task
+    rows = [line.split(" ", 2)[2].rsplit("  bubble", 1)[0] for line in text.splitlines()[:4]]
+    for rank, row in enumerate(rows):
+        order = sorted(report.events[rank], key=lambda event: event[1])
+        want = [f"{letter[type(ins).__name__]}{ins.mb}" for ins, _, _ in order]
+        assert re.findall(r"[FBbw]\d", row) == want, (rank, row)
+        assert set(row) <= set("FBbw0123456789-."), row
+    assert "F3 micro-batch 3's forward" in text and "w weight grad" in text
+
+
 def test_timeline_draws_what_the_verifier_predicts(tmp_path):
     from minipar.parallel.pipeline import Timeline
 
@@ -98,7 +119,7 @@ def test_timeline_draws_what_the_verifier_predicts(tmp_path):
     text = timeline.text(width=54).plain
     rows = [line for line in text.splitlines() if line.startswith("rank ")]
     assert len(rows) == 4 and all("bubble" in row for row in rows)
-    assert rows[3][7 + 52 :].startswith("77")  # the last rank's last slots: micro-batch 7's W
+    assert rows[3][7 + 52 :].startswith("w7")  # the last rank's last slots: micro-batch 7's W
     pytest.importorskip("matplotlib")
     timeline.save_png(str(tmp_path / "zb.png"))
     assert (tmp_path / "zb.png").stat().st_size > 1000

@@ -44,6 +44,18 @@ def test_list_names_the_steps(capsys):
     ]
 
 
+def test_the_all_reduce_step_counts_what_the_demo_runs(capsys):
+    """Issue 56: the step said "six algorithms" over a table of seven (hierarchical came)."""
+    import minipar
+
+    runs = [a for a in minipar.algorithms("all_reduce") if a != "auto"]  # the demo's own list
+    word = {5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine", 10: "ten"}[len(runs)]
+    assert tour.main(_args(list=True, no_lessons=True)) == 0
+    assert f"All-reduce: {word} algorithms, one answer" in capsys.readouterr().out
+    step = next(s for s in tour.core_steps() if s.name == "all-reduce")
+    assert f"computed {word} ways" in step.text
+
+
 def test_unknown_step_is_an_error(capsys):
     assert tour.main(_args(only=["nope"], no_lessons=True)) == 2
     assert "no step named nope" in capsys.readouterr().out

@@ -4,9 +4,9 @@
 
 For each collective and size: the roofline kernels, then every cell (each minipar algorithm,
 MPI's own collective, torch's with gloo brought up inside this MPI job) taking turns, each run
-of calls a phase between barriers, never two at once (timing.py). Rank 0 appends one JSON line
-per finished cell to OUT, which the launching process follows (the progress bar) and turns into
-the table.
+of calls a phase between barriers, never two at once (timing.py). Rank 0 alone appends one JSON
+line per finished cell to OUT (events.py), which the launching process follows (the progress
+bar) and turns into the table.
 """
 
 from __future__ import annotations
@@ -18,21 +18,21 @@ import sys
 
 import minipar
 from minipar import cost, launcher
-from minipar.bench import fit, ops, spec
+from minipar.bench import events, fit, ops, spec
 from minipar.bench.timing import Timer
 from minipar.cost import roofline
 
 
 class Out:
-    """Rank 0's JSON-lines log; the other ranks write nothing."""
+    """Rank 0's JSON-lines log (events.Writer: one writer, a record one write); the other
+    ranks write nothing."""
 
     def __init__(self, path: str, rank: int):
-        self.file = open(path, "a") if rank == 0 else None  # noqa: SIM115
+        self.writer = events.Writer(path) if rank == 0 else None
 
     def emit(self, kind: str, **fields) -> None:
-        if self.file is not None:
-            self.file.write(json.dumps({"type": kind, **fields}) + "\n")
-            self.file.flush()
+        if self.writer is not None:
+            self.writer.emit(kind, **fields)
 
 
 def header(comm, dist) -> dict:

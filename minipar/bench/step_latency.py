@@ -37,6 +37,7 @@ import time
 
 import minipar
 from minipar import cost, launcher, runtime
+from minipar.models.config import GPTConfig
 
 SMALL, LARGE_PER_STEP = 8, 32 << 10  # bytes: a whole small call; a large call's bytes per step
 SLEEP = 0.5  # seconds (at least) the other ranks sleep while rank 0 computes alone
@@ -123,7 +124,6 @@ def gpt_work(reps: int = 4):
     import torch
 
     # here, not at the top of the file: torch loads only when used
-    from minipar.models.config import GPTConfig
     from minipar.models.gpt import build_gpt, lm_loss
 
     config = GPTConfig()

@@ -70,6 +70,15 @@ def _selected(argv: list[str]) -> str | None:
     return None
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser whose errors take two lines, the one that matters first (argparse
+    prints the whole usage before it: 18 lines for `minipar train`)."""
+
+    def error(self, message: str):
+        message = message.removeprefix("argument ")
+        self.exit(2, f"{self.prog}: {message}\n({self.prog} --help lists every option)\n")
+
+
 def build_parser(selected: str | None = None):
     """The parser; only the `selected` command's module is imported to configure its parser."""
     parser = argparse.ArgumentParser(
@@ -79,7 +88,7 @@ def build_parser(selected: str | None = None):
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"minipar {minipar.__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_CommandParser)
     for name, (module_name, summary) in COMMANDS.items():
         if name != selected and not available(name):
             continue

@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
 
 from minipar import cost, launcher
 from minipar.bench import context, ddp, fit, fsdp, moe, ops, pipeline, plot, ranks, report, spec, tp
+from minipar.bench.events import Follower
 from minipar.launcher.cluster import link
 from minipar.launcher.cluster.job import emulated
 
@@ -159,18 +161,25 @@ def _launch(job: dict, n: int, timeout: float, progress, cluster) -> tuple[list[
             )
         )
         worker.start()
+        follow = Follower(out_path)  # new records only, a half-written one kept
         while worker.is_alive():
             worker.join(0.2)
             if progress is not None:
-                progress(_read(out_path))
+                progress(follow.read())
         return _read(out_path), done[0]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def _read(path: str) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.endswith("\n")]
+    """A finished job's records; a line that is not one (never written by the ranks' Writer)
+    left out, with a warning, not raised."""
+    follow = Follower(path)
+    found = follow.read()
+    if follow.unreadable:
+        print(f"minipar bench: {follow.unreadable} unreadable lines in {path} left out",
+              file=sys.stderr)  # fmt: skip
+    return found
 
 
 def run_with_progress(job: dict, args, console) -> tuple[list[dict], object]:

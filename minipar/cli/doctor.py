@@ -112,14 +112,26 @@ def torch_checks() -> list[Check]:
         return checks + [Check("torch.distributed", "not built in", "warn")]
     yes = {True: "available", False: "not available"}
     checks.append(Check("gloo", yes[dist.is_gloo_available()]))
-    checks.append(Check("nccl", yes[dist.is_nccl_available()]))
-    if torch.cuda.is_available():
+    gpus = torch.cuda.is_available()
+    checks.append(nccl_check(dist.is_nccl_available(), gpus))
+    if gpus:
         names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         summary = f"{len(names)} x {names[0]}" if len(set(names)) == 1 else ", ".join(names)
         checks.append(Check("CUDA devices", summary, note=f"CUDA {torch.version.cuda}"))
     else:
-        checks.append(Check("CUDA devices", "none", note="CPU tensors only"))
+        built = f"torch built for CUDA {torch.version.cuda}, " if torch.version.cuda else ""
+        checks.append(Check("CUDA devices", "none", note=f"{built}CPU tensors only"))
     return checks
+
+
+def nccl_check(built: bool, gpus: bool) -> Check:
+    """NCCL as it is here: built into torch is not usable without a CUDA device."""
+    if not built:
+        return Check("nccl", "not available", note="not in this torch build: gloo is the backend")
+    if not gpus:
+        return Check("nccl", "built in, unusable here", note="NCCL needs a CUDA device per "
+                     "rank and there is none: gloo is the backend here")  # fmt: skip
+    return Check("nccl", "available")
 
 
 def machine_checks() -> list[Check]:
@@ -231,10 +243,20 @@ def device_checks(facts: dict) -> list[Check]:
 
 
 def path_checks(checks: list[Check]) -> list[Check]:
-    """How CUDA tensors will cross MPI: direct, or staged (pipelined above one chunk)."""
+    """How CUDA tensors will cross MPI: direct, or staged (pipelined above one chunk); with no
+    CUDA device, that there is none, and what would happen on one."""
     aware = next((c for c in checks if c.name == "CUDA-aware MPI"), None)
     if aware is None:
         return []
+    found = _cuda_path(aware)
+    cuda = next((c for c in checks if c.name == "CUDA devices"), None)
+    if cuda is not None and cuda.value != "none":
+        return found
+    return [Check("CUDA tensor path", "none here (no CUDA device)",
+                  note=f"on a GPU: {c.value}; {c.note}") for c in found]  # fmt: skip
+
+
+def _cuda_path(aware: Check) -> list[Check]:
     # here, not at the top of the file: numpy loads only when used
     from minipar.comm.transport import staging
 

@@ -111,6 +111,10 @@ def program(args) -> list[str]:
 def main(args) -> int:
     """`minipar run`: the job's output streams through as it happens; returns the job's status."""
     err = _Errors()
+    if args.timeout is not None and not args.timeout > 0:  # before anything starts
+        err.print(f"[bold red]minipar run:[/] --timeout {args.timeout:g}: give a positive "
+                  "number of seconds")  # fmt: skip
+        return 2
     if args.nodes is None and args.link is not None:
         err.print("[bold red]minipar run:[/] --link shapes emulated nodes: give --nodes N too")
         return 2
@@ -118,9 +122,7 @@ def main(args) -> int:
         return _job(args, err, None)
     try:
         with emulated(args.nodes, args.link or link.DEFAULT, args.fill) as cluster:
-            # the rate in use, so the job's numbers can be read against it
-            print(f"minipar run: {args.nodes} emulated nodes, link {link.describe(cluster.rate)}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            sys.stderr.write(f"minipar run: {args.nodes} emulated nodes, {link.line(args.link)}\n")
             return _job(args, err, cluster)
     except (ValueError, EmulationError) as error:
         err.fail(str(error))

@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 
 from minipar.bench.spec import parse_sizes
+from minipar.collectives import registry
 from minipar.planning.planner import CLUSTERS, ModelSpec, best, plan_layouts
 from minipar.simulate import cluster as clusters
 from minipar.simulate import plot
-from minipar.simulate.sweep import all_reduce_sweep, available
+from minipar.simulate.sweep import RINGS, all_reduce_sweep, available
 from minipar.term import Console
 
 DEFAULT_ALGORITHMS = "ring,tree,double_tree,hierarchical"
@@ -87,15 +88,15 @@ def main(args) -> int:
         if not asked:
             raise ValueError("--algorithms is empty")
         names, missing = available(asked)
-        if not names:
+        if missing:  # every name checked before any rank is simulated
+            known = ", ".join(dict.fromkeys([*registry.ALGORITHMS["all_reduce"], RINGS]))
             raise ValueError(
-                f"--algorithms {args.algorithms!r}: no registered all_reduce algorithm"
+                f"--algorithms: no all_reduce algorithm named {', '.join(map(repr, missing))}; "
+                f"choose from {known}"
             )
     except ValueError as error:
-        console.print(f"[bold red]minipar simulate:[/] {error}", highlight=False)
+        console.print(f"[bold red]minipar simulate:[/] {error}", highlight=False, soft_wrap=True)
         return 2
-    for name in missing:
-        console.print(f"[yellow]skipped[/] {name}: not a registered all_reduce algorithm here")
     console.print(
         f"all_reduce on {args.ranks} simulated ranks, {cluster.describe()}", highlight=False
     )

@@ -5,7 +5,7 @@ The tour is a list of steps run in order. The first ones are minipar's own:
     doctor       is MPI, torch and CUDA set up; can two ranks talk?
     ping-pong    latency and bandwidth between two ranks        (course/demos/ping_pong.py, 2)
     ring-shift   who sends what to whom in a ring                (course/demos/ring_shift.py, 4)
-    all-reduce   six all-reduce algorithms: ledger vs cost model (course/demos/all_reduce.py, 4)
+    all-reduce   every all-reduce algorithm: ledger vs cost model (course/demos/all_reduce.py, 4)
 
 Then the short version of each lesson, from `minipar.cli.lesson.tour_steps()`.
 That function returns a list whose items are any of:
@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from minipar import launcher
 from minipar.cli import doctor, lesson
@@ -100,12 +100,26 @@ CORE_STEPS = [
         "Four ranks in a ring; each passes the letter it holds to the right and receives one "
         "from the left, three times. Every link is busy in every step, and afterwards every "
         "rank has every letter: the ring all-gather.")),
-    Step("all-reduce", "All-reduce: six algorithms, one answer",
+    Step("all-reduce", "All-reduce: {n} algorithms, one answer",
          lambda t: t.demo(4, "minipar.course.demos.all_reduce"), text=(
-        "The same sum computed six ways. The trace ledger counts each algorithm's steps and the "
+        "The same sum computed {n} ways. The trace ledger counts each algorithm's steps and the "
         "bytes the busiest rank sends; the cost model predicts both, and the time. Few steps win "
         "for small vectors (latency), few bytes for large ones (bandwidth).")),
 ]  # fmt: skip
+
+
+NUMBERS = "no one two three four five six seven eight nine ten eleven twelve".split()
+
+
+def core_steps() -> list[Step]:
+    """CORE_STEPS with {n}, the number of all-reduce algorithms the demo runs (every registered
+    one but auto), in words: the text follows the registry instead of a count written once."""
+    # here, not at the top of the file: numpy loads only when used
+    from minipar.collectives import registry
+
+    count = len([a for a in registry.algorithms("all_reduce") if a != "auto"])
+    n = NUMBERS[count] if count < len(NUMBERS) else str(count)
+    return [replace(s, title=s.title.format(n=n), text=s.text.format(n=n)) for s in CORE_STEPS]
 
 
 # -- steps from the lessons ---------------------------------------------------------------------
@@ -224,7 +238,7 @@ def main(args) -> int:
     if console.is_terminal:  # the ranks' rich output then matches this terminal
         os.environ.setdefault("FORCE_COLOR", "1")
         os.environ.setdefault("COLUMNS", str(console.width))
-    steps = CORE_STEPS + ([] if args.no_lessons else lesson_steps())
+    steps = core_steps() + ([] if args.no_lessons else lesson_steps())
     if args.list:
         for step in steps:
             console.print(f"{step.name:14} {step.title}")

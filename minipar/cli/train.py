@@ -21,7 +21,8 @@ import time
 
 import minipar
 from minipar import launcher
-from minipar.cli import train_view
+from minipar.cli import train_checks, train_view
+from minipar.models.config import GPTConfig, RunSpec
 
 EXAMPLES = """\
 examples:
@@ -173,9 +174,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def spec_from_args(args):
-    # here, not at the top of the file: torch and numpy load only when used
-    from minipar.models.config import GPTConfig, RunSpec
-
     model = GPTConfig(
         seq_len=args.seq,
         hidden=args.hidden,
@@ -222,14 +220,12 @@ def main(args) -> int:
     if args.dp is None:  # the experts shard over the dp ranks: --ep 2 alone means dp = 2
         args.dp = args.ep
     n = args.dp * args.cp * args.tp * args.pp
+    said = None if os.environ.get(_LAUNCHED) else train_checks.problem(args, spec_from_args)
+    if said:  # before any rank starts, torch not loaded (a checkpoint's model: on the ranks)
+        print(f"minipar train: {said}", file=sys.stderr)
+        return 2
     if inside_launch() or os.environ.get(_LAUNCHED) or n == 1:
         return run_here(args)
-    try:  # a wrong layout fails here, before any rank starts (a checkpoint's model: on the ranks)
-        if not args.resume:
-            spec_from_args(args).validate()
-    except ValueError as error:
-        print(f"minipar train: {error}", file=sys.stderr)
-        return 2
 
     cmd, env = launcher.command(n, ["-m", "minipar.cli.train", *to_argv(args)])
     env[_LAUNCHED] = "1"

@@ -6,20 +6,28 @@ factor for all of them.
 Roughly, for the 2-norm:
 
     local = sum of g^2 over the numbers this rank counts        (no communication)
-    total = all_reduce(local, SUM) over the mesh's ranks        (one float64: 8 bytes)
+    total = all_reduce(local, SUM) over the mesh's ranks        (two float64: the sum, a flag)
     norm  = sqrt(total);  every gradient *= min(1, max_norm / (norm + 1e-6))
 
-A number counts on exactly one rank (replicas.py): a tensor-parallel slice, an FSDP shard, a
-pipeline stage's layer and a rank's experts count where they are; a tensor copied over a group
-(a LayerNorm over tp, everything DDP averages over dp, experts over the ranks sharing them)
-counts on that group's rank 0 only. Which is which, the layers that made the tensors marked:
-no list is kept here. Summing the counted squares over all the mesh's ranks then gives the dense
-model's sum, the number torch.nn.utils.clip_grad_norm_ returns on the dense model (up to the
-order of the float sums); the all-reduce gives every rank the same bits, so every rank computes
-the same norm and the same factor, and scales its own pieces by it. Megatron-LM sums over its
-model-parallel group (tp x pp) and skips tp copies by rank; counting every copy once on one
-rank makes a single reduction over the whole mesh enough, whatever the layout (8 bytes, a
-few latency steps: nothing next to the gradients' own reduction).
+A number counts on exactly one rank (replicas.py), by Megatron-LM's rule: a parameter nobody
+marked is a copy over its tensor-parallel group and, its gradient reduced over dp (by DDP,
+FSDP or by hand), over its dp x cp group, and counts on the rank that is rank 0 of both (a
+plain torch.nn.LayerNorm beside the parallel layers is right with no mark). The pieces that
+differ between ranks are marked by the layers that cut them: tensor-parallel slices, FSDP
+shards, experts (sharded over ep, copied over expert_dp), pipeline stages; the last stage's copy
+of a tied head is marked a copy over pp. Summing the counted numbers over all the mesh's ranks
+then gives the dense model's sum, the number torch.nn.utils.clip_grad_norm_ returns on the dense
+model (up to the order of the float sums); the all-reduce gives every rank the same bits, so
+every rank computes the same norm and the same factor, and scales its own pieces by it.
+Megatron-LM sums over its model-parallel group (tp x pp, after the dp reduction) and skips tp copies
+by rank (clip_grads.py: a parameter without its `tensor_model_parallel` attribute counts only where
+the tp rank is 0, `param_is_not_tensor_parallel_duplicate`); counting every copy once on one rank
+makes a single reduction over the whole mesh enough, whatever the layout, FSDP's shards over dp
+included (16 bytes, a few latency steps: nothing next to the gradients' own reduction). Marks that
+leave a copy's ranks open (a shard over part of the dp line with no group for its copies) raise, on
+every rank, saying what to mark: a silently wrong norm is the one outcome not allowed. The norm is
+that of the gradients as they are: called before the dp reduction, it is the dp rank 0's local
+gradient's.
 
 Other norms as torch: p-norms sum |g|^p (one all-reduce, SUM); inf takes the largest |g| and
 -inf the smallest (MAX, MIN); 0 is refused (torch's counts the tensors whose gradient
@@ -56,15 +64,18 @@ def _check(max_norm, norm_type) -> float:
     return norm_type
 
 
-def _local(grads, norm_type: float) -> torch.Tensor:
+def _local(grads, norm_type: float, resolver) -> torch.Tensor:
     """This rank's part of the reduction, a float64 scalar on the CPU: the sum of |g|^p (the
-    largest / smallest |g| for +-inf) over the numbers it counts. One copy to the host at the
-    end, not one per tensor (a GPU would wait for each)."""
+    largest / smallest |g| for +-inf) over the numbers it counts (`resolver` None: all of
+    them, one process alone). One copy to the host at the end, not one per tensor (a GPU would
+    wait for each)."""
     parts = []
     for g, spans in grads:
         flat = g.detach().reshape(-1)
-        for start, stop, groups in spans:
-            if start == stop or not replicas.counted_here(groups):
+        for start, stop, mark in spans:
+            if start == stop:
+                continue
+            if resolver and not replicas.counted_here(resolver.counting_groups(mark, g.shape)):
                 continue
             a = flat[start:stop].double().abs()
             if norm_type == math.inf:
@@ -84,20 +95,44 @@ def _local(grads, norm_type: float) -> torch.Tensor:
     return stacked.sum().reshape(1).cpu()
 
 
+def _reduce(t, problem, op, group) -> torch.Tensor:
+    """The all-reduce of this rank's part with a flag beside it: a rank whose marks were
+    ambiguous raises its error, and every other rank a pointer to it, instead of waiting."""
+    bad, good = (0.0, 1.0) if op == ReduceOp.MIN else (1.0, 0.0)  # the op keeps a bad flag
+    both = torch.cat([t, torch.tensor([bad if problem else good], dtype=torch.float64)])
+    collectives.all_reduce(both, op, group=group)
+    if problem is not None:
+        raise problem
+    if both[1].item() != good:
+        raise replicas.AmbiguousCopies(
+            "another rank of the mesh holds a parameter whose copies the gradient norm cannot "
+            "tell (that rank's error names it and says what to mark)"
+        )
+    return both[:1]
+
+
 def total_norm(parameters, norm_type: float = 2.0, mesh=None) -> torch.Tensor:
     """The whole model's gradient norm, the same bits on every rank of the mesh's group (None:
     the default group, or this process alone before minipar.init()), on the gradients' device,
-    in their dtype (as torch returns it). Collective: one all-reduce of one float64 (8 bytes)
+    in their dtype (as torch returns it). Collective: one all-reduce of two float64 (16 bytes)
     on the host."""
     norm_type = _check(1.0, norm_type)
     params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
     grads = [(q.grad, replicas.pieces(q)) for q in params if q.grad is not None]
     group = reduction_group(mesh)
     op = {math.inf: ReduceOp.MAX, -math.inf: ReduceOp.MIN}.get(norm_type, ReduceOp.SUM)
-    t = _local(grads, norm_type)
-    alone = group is None and not runtime.is_initialized()  # one process, as torch's
-    if not alone and runtime.get_world_size(group) > 1:
-        collectives.all_reduce(t, op, group=group)
+    if group is None and not runtime.is_initialized():  # one process, as torch's
+        t = _local(grads, norm_type, None)
+    else:
+        resolver = replicas.Resolver(replicas.default_lines(mesh), mesh)
+        try:
+            t, problem = _local(grads, norm_type, resolver), None
+        except replicas.AmbiguousCopies as error:
+            t, problem = _local([], norm_type, None), error
+        if runtime.get_world_size(group) > 1:
+            t = _reduce(t, problem, op, group)
+        elif problem is not None:
+            raise problem
     if norm_type not in (math.inf, -math.inf):
         t = t.pow(1.0 / norm_type)
     like = grads[0][0] if grads else torch.zeros(())

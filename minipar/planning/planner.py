@@ -70,6 +70,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from minipar import cost
+from minipar.models.config import RunSpec
 from minipar.planning import axes, step_messages
 
 GB = 1e9
@@ -602,7 +603,6 @@ def measure_compute(rate: float, steps: int = 4) -> dict:
 
     # here, not at the top of the file: torch and numpy load only when used
     from minipar.models import training
-    from minipar.models.config import RunSpec
     from minipar.models.data import Batches, load_tokens
     from minipar.models.gpt import build_gpt
 

@@ -12,6 +12,7 @@ before the clip (fp16). And fp16 training with the loss scaler against the dense
 rank's overflow skips the step on every rank), DDP's bf16 reduction at half the bytes.
 """
 
+import copy
 import dataclasses
 import functools
 import math
@@ -32,6 +33,8 @@ from minipar.parallel import (
     replicas,
 )
 from minipar.parallel.loss_scale import LossScaler
+from minipar.parallel.mesh import DeviceMesh
+from minipar.parallel.tensor import ColumnParallelLinear, RowParallelLinear
 
 TINY = GPTConfig(seq_len=16, hidden=32, n_layers=2, n_heads=4)
 NORM_RTOL = 1e-5
@@ -61,13 +64,15 @@ def step_once(spec, group=None, plant=None):
     part.forward_backward(inputs, targets)
     part.sync_grads()
     params = part.parameters()
-    if plant == "tp_copy_counted":  # LayerNorms, biases: counted on every tp rank
+    if plant == "tp_copy_counted":  # LayerNorms, biases marked pieces: counted per tp rank
         for q in params:
-            kept = tuple(g for g in replicas.replicated_over(q) if g is not mesh.tp_group)
-            setattr(q, replicas.ATTRIBUTE, kept)
-    if plant == "experts_per_dp":  # experts: counted on every data-parallel replica
+            sharded = replicas.marks(q)[0]
+            if not any(g is mesh.tp_group for g in sharded):
+                setattr(q, replicas.SHARDED, (*sharded, mesh.tp_group))
+    if plant == "experts_per_dp":  # experts marked each dp rank's own: counted per replica
         for q in params:
             if getattr(q, "expert_parallel", False):
+                setattr(q, replicas.SHARDED, (*replicas.marks(q)[0], mesh.dp_cp_group))
                 setattr(q, replicas.ATTRIBUTE, ())
     if plant == "one_stage_clipped":  # the other stages keep their gradients unscaled
         norm = clip_grad.total_norm(params, 2.0, mesh)
@@ -106,6 +111,7 @@ LAYOUTS = {  # name -> the 4-rank run
     "dp2_tp1_pp2_moe_ep2": spec_of(2, 1, 2, experts=4, ep=2),
     "dp2_tp2_pp1_fsdp": spec_of(2, 2, 1, fsdp=True),
     "dp1_cp2_tp2": spec_of(1, 2, 1, cp=2),
+    "dp4_moe_ep2": spec_of(4, 1, 1, experts=4, ep=2),  # experts cut over half the dp line
 }
 PLANTS = {  # mistake -> the layout that shows it
     "tp_copy_counted": "dp1_tp2_pp2_tied",
@@ -171,6 +177,87 @@ def norms_case():
         raise AssertionError("a NaN gradient did not raise")
     norm = clip_grad_norm_(part.parameters(), 1.0, mesh=mesh)
     assert math.isnan(norm.item()) and all(q.grad.isnan().all() for q in part.parameters())
+
+
+def plain_block(mesh):
+    """(dense, part, x): a plain torch.nn.LayerNorm beside Column/RowParallelLinear cut from the
+    dense block on mesh.tp_group, and 8 input rows (the same on every rank)."""
+    torch.manual_seed(0)
+    dense = torch.nn.Sequential(
+        torch.nn.LayerNorm(16), torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16)
+    )
+    part = torch.nn.Sequential(
+        copy.deepcopy(dense[0]),
+        ColumnParallelLinear.from_dense(dense[1], mesh.tp_group),
+        torch.nn.GELU(),
+        RowParallelLinear.from_dense(dense[3], mesh.tp_group),
+    )
+    return dense, part, torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+
+
+def plain_modules_case():
+    """Issue 56: the block above on dp 2 x tp 2, its gradients averaged over dp by hand (as
+    exercise 05 does), nothing marked by the user: the norm and the clipped gradients are
+    torch.nn.utils.clip_grad_norm_'s on the dense block (counting the LayerNorm on every rank
+    made the norm sqrt(2) too large)."""
+    minipar.init()
+    mesh = DeviceMesh(dp=2, tp=2, pp=1)
+    dense, part, x = plain_block(mesh)
+    rows = slice(4 * mesh.dp_rank, 4 * mesh.dp_rank + 4)
+    part(x[rows]).square().mean().backward()
+    for q in part.parameters():
+        minipar.all_reduce(q.grad, group=mesh.dp_group)
+        q.grad /= mesh.dp
+    dense(x).square().mean().backward()
+    want = torch.nn.utils.clip_grad_norm_(dense.parameters(), MAX_NORM)
+    got = clip_grad_norm_(part.parameters(), MAX_NORM, mesh=mesh)
+    assert abs(got.item() - want.item()) <= NORM_RTOL * want.item(), (got.item(), want.item())
+    t, n = mesh.tp_rank, mesh.tp
+    cut = {  # each part's piece of the dense gradient (plan.py's contiguous slices)
+        "0.weight": lambda g: g, "0.bias": lambda g: g,
+        "1.weight": lambda g: g.chunk(n, 0)[t], "1.bias": lambda g: g.chunk(n, 0)[t],
+        "3.weight": lambda g: g.chunk(n, 1)[t], "3.bias": lambda g: g,
+    }  # fmt: skip
+    ref = dict(dense.named_parameters())
+    for name, q in part.named_parameters():
+        torch.testing.assert_close(q.grad, cut[name](ref[name].grad), rtol=1e-4, atol=1e-7)
+
+
+def ambiguous_case():
+    """Marks that leave a copy's ranks open raise on every rank, saying what to mark: the
+    column layer without a mesh (cut over 2 of the 4 ranks of the default group), experts cut
+    over ep = 2 of dp = 4 with their expert_dp mark gone; a rank whose own parameters are fine
+    is told another rank's are not (and nobody waits)."""
+    minipar.init()
+    mesh = DeviceMesh(dp=2, tp=2, pp=1)
+    _, part, x = plain_block(mesh)
+    part(x).square().mean().backward()
+    params = list(part.parameters())
+    for held, said in ((params, "pass mesh="), (params if mesh.rank == 0 else params[:2], None)):
+        try:
+            clip_grad_norm_(held, MAX_NORM)
+        except replicas.AmbiguousCopies as error:
+            text = str(error)
+        else:
+            raise AssertionError("marks with no place for the copies were taken")
+        if said or mesh.rank == 0:
+            assert "pass mesh=" in text and "mark_replicated" in text, text
+            assert "sharded over ranks" in text and "(16, 16)" in text, text
+        else:
+            assert "another rank" in text, text
+    spec = LAYOUTS["dp4_moe_ep2"]
+    moe_mesh = training.mesh_for(spec)
+    chunk = mesh_model.MeshGPT(spec, moe_mesh)
+    for q in chunk.parameters():
+        q.grad = torch.ones_like(q)
+        if getattr(q, "expert_parallel", False):
+            setattr(q, replicas.ATTRIBUTE, ())  # the expert_dp mark forgotten
+    try:
+        clip_grad_norm_(chunk.parameters(), MAX_NORM, mesh=moe_mesh)
+    except replicas.AmbiguousCopies as error:
+        assert "expert_dp_group" in str(error) and "of the dp x cp line" in str(error), error
+    else:
+        raise AssertionError("experts over part of the dp line with no copies' group were taken")
 
 
 FP16 = dataclasses.replace(
@@ -315,6 +402,8 @@ def cases(size):
     table = {f"layout.{name}": layout_case(name) for name in LAYOUTS}
     table.update({f"plant.{name}": plant_case(name) for name in PLANTS})
     table["norms"] = norms_case
+    table["plain_modules.dp2_tp2"] = plain_modules_case
+    table["plain_modules.ambiguous"] = ambiguous_case
     table["fp16.tp2_pp2"] = fp16_case
     table["bf16.dp2_tp2_reduce_bf16"] = bf16_case
     table["plant.scale_not_undone"] = scale_not_undone_case

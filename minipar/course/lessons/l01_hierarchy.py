@@ -23,6 +23,7 @@ from minipar.course.lessons import hardware
 from minipar.course.lessons.page import Page, fmt_bytes, fmt_rate, fmt_time
 from minipar.course.machine import link_bits, this_machine
 from minipar.launcher.cluster import link as links
+from minipar.models.config import GPTConfig, RunSpec
 
 # Mixed-precision training with Adam keeps, per parameter (the ZeRO paper's accounting):
 BYTES_PER_PARAM = {
@@ -218,7 +219,6 @@ def measured_state(dtype: str = "bf16") -> dict:
     left per parameter (minipar.models.state_bytes)."""
     # here, not at the top of the file: torch loads only when used
     from minipar.models import precision, state_bytes, training
-    from minipar.models.config import GPTConfig, RunSpec
 
     model = GPTConfig(seq_len=16, hidden=32, n_layers=2, n_heads=4)
     spec = RunSpec(steps=1, batch_size=2, model=model, dtype=dtype)

@@ -101,6 +101,12 @@ class _Gather(torch.autograd.Function):
         return None, None
 
 
+def _shard_marks(p, mine: tuple) -> tuple:
+    """p's marks (replicas.py) with the shard's group added to what it is cut over."""
+    sharded, copied = replicas.marks(p)
+    return (*sharded, *mine), copied
+
+
 class Unit:
     """One sharding unit: its parameters as a flat vector, block `rank` of it kept here (the
     original parameters are not kept: only their place, shape and name)."""
@@ -119,8 +125,10 @@ class Unit:
             offset += p.numel()
         start = comm.rank * self.block
         self.shard = nn.Parameter(flat[start : start + self.block].clone())
-        # the tensors' copies (a LayerNorm over tp) in the shard: for the gradient norm
-        marks = [(off, shape.numel(), replicas.replicated_over(p)) for (p, _), (off, shape, *_)
+        # for the gradient norm: each tensor's marks (a tp slice beside a LayerNorm), and the
+        # shard a piece of its own on every rank of the group
+        mine = (owner.group,) if comm.size > 1 else ()
+        marks = [(off, shape.numel(), _shard_marks(p, mine)) for (p, _), (off, shape, *_)
                  in zip(params, self.layout)]  # fmt: skip
         self.shard.replica_pieces = replicas.flat_pieces(marks, start, start + self.block)
         self.full, self.slots = None, []  # the gathered vector, and the slots it took

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from minipar import collectives, runtime
+from minipar.parallel import replicas
 from minipar.parallel.expert import checks, dispatch, exchange
 from minipar.parallel.expert.dense import DenseMoE
 from minipar.parallel.expert.experts import Experts
@@ -79,6 +80,7 @@ class MoE(nn.Module):
         self.first = rank * self.n_local  # this rank's experts: first .. first + n_local - 1
         self.router = Router(hidden, n_experts, top_k, capacity_factor)
         self.experts = Experts(self.n_local, hidden, ffn_hidden)
+        replicas.mark_sharded(self.experts.parameters(), group)  # each rank its own experts
         if self.ep > 1:  # the router is replicated: start every rank from group rank 0's
             collectives.broadcast(self.router.gate.weight.data, src=0, group=group)
         self.aux_loss, self.last_stats = None, None
@@ -101,6 +103,7 @@ class MoE(nn.Module):
         with torch.no_grad():
             moe.router.gate.weight.copy_(gate)
         moe.experts = dense.experts.shard(moe.first, moe.n_local)
+        replicas.mark_sharded(moe.experts.parameters(), group)
         return moe
 
     @property

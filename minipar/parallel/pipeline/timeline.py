@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 LETTERS = {"Forward": "F", "Backward": "B", "BackwardInput": "b", "BackwardWeight": "w"}
 COLOURS = {"F": "cyan", "B": "magenta", "b": "green", "w": "yellow"}
+KEY = "F3 micro-batch 3's forward, B backward, b input grad, w weight grad; - going on, . idle"
 
 
 @dataclass
@@ -63,8 +64,10 @@ class Timeline:
         return sum(self.bubble) / len(self.rows) if self.rows else 0.0
 
     def text(self, width: int = 72):
-        """A rich Text: one line per rank, one character per time slot, the micro-batch's last
-        digit coloured by kind (F forward, B backward, b input grad, w weight grad), '.' idle."""
+        """A rich Text: one line per rank, one character per time slot. Each task opens with its
+        kind's letter and the micro-batch's last digit ('F3': micro-batch 3's forward), '-' while
+        it lasts, '.' idle: readable without colour (piped, printed); the colour (by kind) only
+        helps the eye. A task of one slot shows its letter alone."""
         from rich.text import Text
 
         span = self.makespan or 1.0
@@ -72,15 +75,17 @@ class Timeline:
         for rank, row in enumerate(self.rows):
             cells = [(".", "dim")] * width
             for kind, mb, _, s, e in row:
-                first = int(s / span * width)
-                last = max(first, int(e / span * width) - 1)
-                for i in range(first, min(last, width - 1) + 1):
-                    cells[i] = (str(mb % 10), f"bold {COLOURS[kind]}")
+                first = min(int(s / span * width), width - 1)
+                last = min(max(first, int(e / span * width) - 1), width - 1)
+                label = f"{kind}{mb % 10}"
+                for i in range(first, last + 1):
+                    char = label[i - first] if i - first < len(label) else "-"
+                    cells[i] = (char, f"bold {COLOURS[kind]}")
             out.append(f"rank {rank} ", style="bold")
             for char, style in cells:
                 out.append(char, style=style)
             out.append(f"  bubble {self.bubble[rank]:.0%}\n")
-        out.append("F forward  B backward  b input grad  w weight grad  (digit: micro-batch)")
+        out.append(KEY)
         return out
 
     def print(self, console=None, width: int = 72) -> None:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from minipar.parallel import replicas
 from minipar.parallel.tensor import operators as ops
 from minipar.parallel.tensor import plan
 from minipar.parallel.tensor.linear import group_size_and_rank
@@ -44,6 +45,7 @@ class VocabParallelEmbedding(nn.Module):
         rows = self.padded_vocab_size // p
         self.vocab_start, self.vocab_end = r * rows, (r + 1) * rows
         self.weight = nn.Parameter(torch.empty(rows, embedding_dim))
+        replicas.mark_sharded(self.weight, group)  # rows: the gradient norm sums them
         nn.init.normal_(self.weight)  # nn.Embedding's default
         with torch.no_grad():
             self.weight[self.real_rows :] = 0.0

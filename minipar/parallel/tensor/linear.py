@@ -76,6 +76,7 @@ class ColumnParallelLinear(nn.Module):
         )
         self.weight = nn.Parameter(torch.empty(out_features // p, in_features))
         self.bias = nn.Parameter(torch.empty(out_features // p)) if bias else None
+        replicas.mark_sharded(self.parameters(), group)  # slices: the gradient norm sums them
         _init_(self.weight, self.bias, in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -138,8 +139,7 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         if self.bias is not None and sequence_parallel:
             self.bias.sequence_parallel = True  # its gradient covers this rank's tokens only
-        if self.bias is not None:  # whole on every rank: the gradient norm counts it once
-            replicas.mark_replicated(self.bias, group)
+        replicas.mark_sharded(self.weight, group)  # the bias, whole on every rank, is a copy
         _init_(self.weight, self.bias, in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ import time
 from minipar import runtime
 from minipar.comm.trace import ledger
 from minipar.comm.transport.base import wait_all
-from minipar.parallel import activation_memory
+from minipar.parallel import activation_memory, replicas
 from minipar.parallel.pipeline import schedules as S
 from minipar.parallel.pipeline.interpreter import plan
 
@@ -55,6 +55,7 @@ class Pipeline:
         self.schedule, self.n_microbatches = schedule, n_microbatches
         self.virtual_stages, self.loss_fn = virtual_stages, loss_fn
         self.chunks = _chunks(stage_module, virtual_stages)
+        replicas.mark_sharded(self.parameters(), group)  # each rank its own layers: the norm
         self.device = _device(self.chunks)  # where received activations and gradients land
         self.program = S.instructions(schedule, self.rank, self.p, n_microbatches, virtual_stages)
         self._shapes = {}  # (inputs spec, targets spec) -> every stage's input spec
