@@ -32,6 +32,7 @@ import minipar
 from minipar import cost, launcher
 from minipar.comm.transport import shm
 from minipar.cost import calibration, roofline
+from minipar.models.config import GPTConfig
 
 LINK_SIZES = [8, 4 << 10, 64 << 10, 1 << 20, 4 << 20]
 COPY_BYTES = 32 << 20  # beyond the caches: the copy streams from memory
@@ -120,9 +121,6 @@ def matmul_rate(comm, reps: int = 20) -> float:
 
     # here, not at the top of the file: torch loads only when used
     import torch
-
-    # here too: minipar.models loads torch
-    from minipar.models.config import GPTConfig
 
     config = GPTConfig()
     tokens = 8 * config.seq_len
