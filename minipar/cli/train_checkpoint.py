@@ -74,12 +74,13 @@ def resume(args, spec, mesh, comm, log):
     """(spec with the checkpoint's model and the steps left, dense model, start step,
     AdamW state, loss scaler state, the folder) from the newest whole checkpoint; the spec
     as given and Nones when there is none. Collective (every rank)."""
+    # here, not at the top of the file: torch loads only when used
     from minipar.models import checkpoint_loader
 
     folder, manifest = checkpoint_loader.choose(args.checkpoint_dir, comm, log)
     if folder is None:
         return spec, None, 0, None, None, None
-    from minipar.models.config import GPTConfig
+    from minipar.models.config import GPTConfig  # here: torch loads only when used
 
     spec = dataclasses.replace(spec, model=GPTConfig(**manifest["config"]))
     model, opt_state, start, extra = checkpoint_loader.load_for_mesh(folder, manifest, spec, mesh)
@@ -94,6 +95,7 @@ def resume(args, spec, mesh, comm, log):
 def dense_start(folder: str):
     """(dense GPT, {"optimizer": AdamW state by name}, loss scaler state) of a sharded
     checkpoint, on one process: --check's dense twin starts there."""
+    # here, not at the top of the file: torch loads only when used
     from minipar.models import checkpoint_loader
     from minipar.models.config import GPTConfig
     from minipar.models.gpt import GPT
@@ -116,7 +118,7 @@ class Checkpointing:
     file; `summary` is the line rank 0 prints at the end."""
 
     def __init__(self, args, spec, mesh, start: int, stats: dict, log):
-        from minipar.models.checkpoint_saver import ShardedSaver
+        from minipar.models.checkpoint_saver import ShardedSaver  # here: torch, when used
 
         self.every, self.end = args.checkpoint_every, start + spec.steps
         self.spec, self.stats, self.rank = spec, stats, mesh.group.rank
