@@ -169,13 +169,12 @@ class Supervisor:
     # -- the account ------------------------------------------------------------------------
     def restarts(self) -> list[dict]:
         """One record per restart: what died, when, the step reached, the checkpoint resumed
-        from, the steps and seconds lost."""
-        out, first_done = [], {}
-        for a in self.attempts:
-            for step, t in a.progress:
-                first_done.setdefault(step, t)
+        from, the steps lost (done twice) and the seconds lost: from the last step done before
+        the failure to the first one done after, less one step, plus the steps done twice (each
+        a median step)."""
+        out, step_s = [], median_step(self.attempts)
         for before, after in zip(self.attempts, self.attempts[1:]):
-            reached = before.progress[-1][0] if before.progress else 0
+            reached, last = before.progress[-1] if before.progress else (0, before.began)
             record = {
                 "died": before.fault or f"exit {before.returncode}",
                 "at_s": round(before.ended - self.began, 2),
@@ -185,9 +184,9 @@ class Supervisor:
             }
             if after.progress:
                 resumed = after.progress[0][0] - 1
-                again = after.progress[0][1]
-                lost = round(again - first_done.get(resumed + 1, again), 2)
-                record.update(resumed_from=resumed, steps_lost=reached - resumed, seconds_lost=lost)
+                redone = reached - resumed
+                lost = after.progress[0][1] - last - step_s + redone * step_s
+                record.update(resumed_from=resumed, steps_lost=redone, seconds_lost=round(lost, 2))
             out.append(record)
         return out
 
@@ -211,6 +210,17 @@ class Supervisor:
     def write(self, path: str) -> None:
         with open(path, "w") as f:
             json.dump(self.report(), f, indent=1)
+
+
+def median_step(attempts) -> float:
+    """The median seconds between two steps done in a row, over every attempt (0: none)."""
+    gaps = sorted(
+        t1 - t0
+        for a in attempts
+        for (s0, t0), (s1, t1) in zip(a.progress, a.progress[1:])
+        if s1 == s0 + 1
+    )
+    return gaps[len(gaps) // 2] if gaps else 0.0
 
 
 def read_progress(path: str) -> list[tuple[int, float]]:
