@@ -127,7 +127,8 @@ class Supervisor:
             watcher.join()
 
     def _watch(self, attempt, cluster, progress, stop) -> None:
-        """Fire the first fault due (one per attempt), then end the job if it lingers."""
+        """Fire the next fault (in the order given) once it is due, at most one per attempt,
+        then end the job if it lingers."""
         fired_at = None
         while not stop.wait(0.05):
             if fired_at is not None:
@@ -139,10 +140,9 @@ class Supervisor:
             done = read_progress(progress)
             step = done[-1][0] if done else None
             elapsed = time.time() - attempt.began
-            for fault in self.faults:
-                if fault.due(step, elapsed) and self._fire(fault, attempt, cluster, progress):
-                    fired_at = time.monotonic()
-                    break
+            fault = next((f for f in self.faults if not f.fired), None)  # in the order given
+            if fault and fault.due(step, elapsed) and self._fire(fault, attempt, cluster, progress):
+                fired_at = time.monotonic()
 
     def _fire(self, fault, attempt, cluster, progress) -> bool:
         if fault.kind == "kill-rank":
