@@ -35,6 +35,10 @@ def minipar(*argv, timeout=60):
         (["run", "-n", "2", "--fault", "kill-node:1@step=3", "hostname"], "needs emulated nodes"),
         (["run", "-n", "2", "--fault", "kill-rank:5@2s", "hostname"], "rank 5 is not one of 0..1"),
         (["run", "-n", "2", "--max-restarts", "-1", "hostname"], "--max-restarts must be 0"),
+        (
+            ["run", "-n", "2", "--spare-nodes", "1", "--max-restarts", "1", "hostname"],
+            "--spare-nodes 1: 0 or more, with --nodes N",
+        ),
         (["train", "--checkpoint-every", "0", "--checkpoint-dir", "x"], "--checkpoint-every must"),
         (["train", "--checkpoint-every", "3"], "--checkpoint-every needs --checkpoint-dir"),
         (["train", "--keep", "0", "--checkpoint-dir", "x"], "--keep must be at least 1"),

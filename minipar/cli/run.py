@@ -89,6 +89,9 @@ def add_restart_flags(parser) -> None:
     parser.add_argument("--max-restarts", type=int, default=None, metavar="N",
                         help="start the job again, up to N times, when a rank, node or link "
                              "dies (dead nodes dropped; docs/checkpoints.md)")  # fmt: skip
+    parser.add_argument("--spare-nodes", type=int, default=0, metavar="N",
+                        help="with --max-restarts: N spare emulated nodes replace dead ones "
+                             "(the layout kept) before nodes are dropped")  # fmt: skip
     parser.add_argument("--fault", action="append", default=[], metavar="SPEC",
                         help="inject a fault: kill-node:1@step=5, pull-link:0@20s, "
                              "kill-rank:3@step=4, kill-node:random@step=9")  # fmt: skip
@@ -104,6 +107,8 @@ def restart_problems(args) -> list[str]:
     found = []
     if args.max_restarts is not None and args.max_restarts < 0:
         found.append(f"--max-restarts must be 0 or more, got {args.max_restarts}")
+    if args.spare_nodes < 0 or (args.spare_nodes and not args.nodes):
+        found.append(f"--spare-nodes {args.spare_nodes}: 0 or more, with --nodes N")
     try:
         faults.check([faults.parse(f) for f in args.fault], args.nodes, args.n)
     except ValueError as error:
@@ -127,7 +132,7 @@ def supervised(args, err) -> int:
     sup = Supervisor(
         args.n, args.nodes, args.link or link.DEFAULT, args.fill, args.max_restarts or 0,
         [faults.parse(f) for f in args.fault], args.fault_seed, attempt,
-        lambda text: err.print(f"minipar run: {text}"),
+        lambda text: err.print(f"minipar run: {text}"), spares=args.spare_nodes,
     )  # fmt: skip
     try:
         rc = sup.run()

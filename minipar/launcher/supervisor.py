@@ -11,7 +11,8 @@ Roughly:
         a watcher fires the faults that are due (launcher/faults.py), then, if the job has
         not ended `grace` seconds later, SIGKILLs its ranks (what is left of it)
         exit 0: done.  exit 2 (the job refused its input: a layout it cannot refit): stop.
-        else: the dead node (a killed node or a pulled cable) dropped, restart, at most N times
+        else: the dead node (a killed node or a pulled cable) replaced by a spare while there
+        are spares (--spare-nodes), else dropped; restart, at most N times
 
 The training resumes from the newest whole checkpoint by itself (cli/train_checkpoint.py); the
 supervisor logs each restart: what died and when, the step it had reached, the checkpoint the
@@ -55,11 +56,12 @@ class Attempt:
 
 class Supervisor:
     def __init__(self, n, nodes, link, fill, max_restarts, faults, seed, run, say,
-                 grace=GRACE):  # fmt: skip
+                 grace=GRACE, spares=0):  # fmt: skip
         self.n, self.nodes, self.link, self.fill = n, nodes, link, fill
         self.per_node = n // nodes if nodes else n
         self.max_restarts, self.faults, self.run_attempt = max_restarts, faults, run
         self.rng, self.say, self.grace = random.Random(seed), say, grace
+        self.spares = spares  # nodes that replace dead ones, while they last
         self.attempts: list[Attempt] = []
         self.began = time.time()
 
@@ -78,7 +80,11 @@ class Supervisor:
                     elif rc not in (0, 2):
                         self.say(f"giving up after {self.max_restarts} restart(s)")
                     return rc
-                if attempt.dead_node is not None and alive:
+                if attempt.dead_node is not None and alive and self.spares:
+                    self.spares -= 1  # a spare node takes the dead one's place: same layout
+                    self.say(f"a spare node replaces node{attempt.dead_node} "
+                             f"({self.spares} spare(s) left)")  # fmt: skip
+                elif attempt.dead_node is not None and alive:
                     alive -= 1
                     if alive == 0:
                         self.say("no node left: not restarted")
