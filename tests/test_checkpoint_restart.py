@@ -118,3 +118,14 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint(tmp_path):
     _, dense, _ = training.train_dense(spec)
     for name, want in dense.state_dict().items():  # --check's weight bound (fp32)
         assert torch.allclose(state[name], want, rtol=1e-3, atol=1e-4), name
+
+
+def test_lesson_12_replays_the_fault_times():
+    """R = 2 s, 1 s steps, a checkpoint every 2 of 6: the first attempt is cut at 5 s (3 steps
+    done, 2 kept), the second does the 4 left: 5 + 2 + 4 = 11 s; a fault after the end never
+    fires."""
+    from minipar.course.lessons import l12_failures_at_scale as l12
+
+    assert l12.replay([5.0, 100.0], 2.0, 1.0, 2, 6) == pytest.approx(11.0)
+    assert l12.replay([], 2.0, 1.0, 2, 6) == pytest.approx(8.0)
+    assert l12.replay([1.0, 5.0], 2.0, 1.0, 2, 6) == pytest.approx(1 + 5 + 2 + 4)

@@ -103,9 +103,10 @@ def newest_whole(root: str) -> tuple[str | None, dict | None, list[str]]:
 
 
 def prune(root: str, keep: int) -> list[str]:
-    """Remove every checkpoint older than the newest `keep` whole ones (partial ones too);
-    returns the folders removed."""
-    whole = [s for s in steps(root) if problem(step_dir(root, s))[0] is None]
+    """Remove every checkpoint older than the newest `keep` finished ones (those with a
+    manifest; partial ones older than them too); returns the folders removed. Cheap: the
+    checksums are read on resume, not here."""
+    whole = [s for s in steps(root) if os.path.exists(os.path.join(step_dir(root, s), MANIFEST))]
     if len(whole) <= keep:
         return []
     oldest_kept = whole[-keep]
