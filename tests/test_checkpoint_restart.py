@@ -95,6 +95,17 @@ def test_the_account_of_a_restart():
     (r,) = sup.restarts()
     assert r["resumed_from"] == 4 and r["steps_lost"] == 1 and r["step_reached"] == 5
     assert r["seconds_lost"] == pytest.approx(4.0) and r["died"] == "rank 1 killed"
+    # a third attempt cut before its first step, then a fourth: nothing done twice in between
+    third, fourth = (
+        Attempt(2, None, 2, 12.0, 14.0, 9, "rank 0 killed", 2.0),
+        Attempt(3, None, 2, 15.0, 30.0, 0),
+    )
+    second.returncode, fourth.progress = 9, [(7, 25.0), (8, 26.0)]
+    second.progress = [(5, 9.0), (6, 10.0)]
+    sup.attempts = [first, second, third, fourth]
+    r2, r3 = sup.restarts()[1:]
+    assert r2["step_reached"] == 6 and "resumed_from" not in r2  # no step after it: unknown
+    assert (r3["step_reached"], r3["resumed_from"], r3["steps_lost"]) == (6, 6, 0)
 
 
 def test_a_killed_rank_restarts_from_the_last_checkpoint(tmp_path):

@@ -178,9 +178,11 @@ class Supervisor:
         from, the steps lost (done twice) and the seconds lost: from the last step done before
         the failure to the first one done after, less one step, plus the steps done twice (each
         a median step)."""
-        out, step_s = [], median_step(self.attempts)
+        out, step_s, known = [], median_step(self.attempts), 0
         for before, after in zip(self.attempts, self.attempts[1:]):
-            reached, last = before.progress[-1] if before.progress else (0, before.began)
+            # an attempt cut before its first step reached the step it would have resumed at
+            reached, last = before.progress[-1] if before.progress else (known, before.began)
+            known = max(known, reached)
             record = {
                 "died": before.fault or f"exit {before.returncode}",
                 "at_s": round(before.ended - self.began, 2),
@@ -190,6 +192,7 @@ class Supervisor:
             }
             if after.progress:
                 resumed = after.progress[0][0] - 1
+                known = resumed
                 redone = reached - resumed
                 lost = after.progress[0][1] - last - step_s + redone * step_s
                 record.update(resumed_from=resumed, steps_lost=redone, seconds_lost=round(lost, 2))
