@@ -17,6 +17,8 @@ rank r reads the pieces of tp rank r % 2 only; loaded at tp 1, both.
 
 from __future__ import annotations
 
+import shutil
+
 import torch
 
 from minipar.models import checkpoint_files as files
@@ -29,13 +31,18 @@ from minipar.models.gpt import GPT
 def choose(root: str, comm, log=print) -> tuple[str | None, dict | None]:
     """The newest whole checkpoint under root, checked by rank 0 (sizes and sha256 of every
     file) and agreed by every rank of `comm` (collective); rank 0 logs each newer one it passed
-    over and why. (None, None) when there is none."""
+    over and why, and removes them before any rank can save (this run writes those steps
+    again, never into what a dead job left). (None, None) when there is none."""
     found = None
     if comm.rank == 0:
         folder, manifest, passed = files.newest_whole(root)
         for line in passed:
             log(line)
         found = (folder, manifest)
+        start = manifest["step"] if manifest else -1
+        for step in files.steps(root):  # not whole: this run saves those steps afresh
+            if step > start:
+                shutil.rmtree(files.step_dir(root, step), ignore_errors=True)
     return tuple(comm.allgather_object(found)[0])
 
 

@@ -5,10 +5,12 @@
     saver.finish()                       # the last save on disk (rank 0: its manifest too)
 
 Roughly, a save at step s:
-    rank 0 clears a partial folder of step s left by a job that died, picks a token
-    every rank: the keys of the pieces it holds, all-gathered (a few KB of control messages),
-                so that a piece held by several ranks (dp and cp replicas) is written once,
-                by the lowest of them; rank 0's token comes along
+    (a folder of step s a job that died left behind was removed when this run chose where to
+    resume: checkpoint_loader.choose)
+    every rank: the keys of the pieces it holds, all-gathered at the first save (a few KB of
+                control messages; again once AdamW has state), so that a piece held by several
+                ranks (dp and cp replicas) is written once, by the lowest of them; rank 0's
+                token comes along, and each save's token is it and the step
     every rank: a CPU copy of its pieces (the step waits for this copy only), then a thread
                 writes shard-RANK.pt and shard-RANK.json (temporary name, fsync, rename,
                 sha256) while the next steps compute
@@ -26,7 +28,6 @@ import dataclasses
 import json
 import os
 import secrets
-import shutil
 import threading
 import time
 
@@ -47,6 +48,8 @@ class ShardedSaver:
         self.pending: threading.Thread | None = None
         self.costs: list[dict] = []  # per save: step, copy_s, wait_s, write_s
         self.errors: list[str] = []
+        self.plans: dict[bool, tuple[dict, int]] = {}  # _writers' answers
+        self.run_token = None  # rank 0's, agreed at the first save; a save's token adds its step
 
     def save(self, step: int, part, opt, extra: dict) -> None:
         """Collective (every rank of the mesh): checkpoint the state after step `step` - 1,
@@ -55,24 +58,16 @@ class ShardedSaver:
         self._wait()
         waited = time.perf_counter() - t0
         folder = files.step_dir(self.root, step)
-        if self.comm.rank == 0 and os.path.exists(folder):
-            shutil.rmtree(folder)  # a partial save of a job that died: never mixed with this one
         held = held_pieces(part, opt)
-        keys = [_key(meta) for meta, _ in held]
-        token = secrets.token_hex(4) if self.comm.rank == 0 else None
-        seen = self.comm.allgather_object((token, keys))
-        token = seen[0][0]
-        first = {}
-        for rank, (_, theirs) in enumerate(seen):
-            for key in theirs:
-                first.setdefault(key, rank)
+        first, world = self._writers(held, bool(opt.state))
+        token = f"{self.run_token}-{step}"
         mine = {}
         for meta, tensor in held:
             if first[_key(meta)] == self.comm.rank:
                 key = "/".join(map(str, _key(meta)))
                 mine[key] = (meta, tensor.to("cpu", copy=True))
         extra = dict(extra, adam_step=_adam_step(opt))
-        record = self._manifest_base(step, extra, token, len(seen)) if self.comm.rank == 0 else {}
+        record = self._manifest_base(step, extra, token, world) if self.comm.rank == 0 else {}
         cost = {"step": step, "copy_s": time.perf_counter() - t0 - waited, "wait_s": waited}
         self.costs.append(cost)
         args = (folder, mine, token, record, cost)
@@ -82,6 +77,22 @@ class ShardedSaver:
         else:
             self.pending = threading.Thread(target=self._write, args=args, daemon=True)
             self.pending.start()
+
+    def _writers(self, held, stepped: bool) -> tuple[dict, int]:
+        """{piece key: the lowest rank holding it} and the world size, from every rank's keys
+        all-gathered once per kind of save (before and after AdamW's first step: the pieces
+        change then, on every rank at once), so later saves exchange nothing."""
+        if stepped not in self.plans:
+            keys = [_key(meta) for meta, _ in held]
+            token = secrets.token_hex(4) if self.comm.rank == 0 else None
+            seen = self.comm.allgather_object((token, keys))
+            self.run_token = self.run_token or seen[0][0]
+            first = {}
+            for rank, (_, theirs) in enumerate(seen):
+                for key in theirs:
+                    first.setdefault(key, rank)
+            self.plans[stepped] = (first, len(seen))
+        return self.plans[stepped]
 
     def finish(self) -> None:
         """Wait for the save in flight (rank 0: until its manifest is written)."""
