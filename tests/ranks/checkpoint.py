@@ -96,41 +96,48 @@ def reshard(first, second, n_first=8, n_second=8):
     def case():
         comm = minipar.init()
         root = shared_dir()
-        model, states = seeded(first.model)
-        folder = checkpoint_files.step_dir(root, 3)
-        group = group_of(n_first)
-        if group is not None:
-            mesh, part, opt = build(first, group, model, states)
-            saver = ShardedSaver(root, mesh, first, keep=1, blocking=True)
-            saver.save(3, part, opt, {"note": "test"})
-            saver.finish()
-            assert not saver.errors, saver.errors
-        comm.allgather_object(None)  # the manifest is on disk before anyone looks
-        whole, manifest = checkpoint_files.problem(folder)
-        assert whole is None, whole
-        group = group_of(n_second)
-        if group is not None:
-            mesh = training.mesh_for(second, group)
-            dense, opt_state, step, extra = checkpoint_loader.load_for_mesh(
-                folder, manifest, second, mesh
-            )
-            assert step == 3 and extra["note"] == "test" and extra["adam_step"] == 3.0
-            _, part, opt = build(second, group, dense, opt_state)
-            got, got_opt = part.dense_state(), part.optimizer_state(opt)
-            if mesh.group.rank == 0:
-                expect_equal(got, model.state_dict(), f"{second.layout} weights")
-                expect_equal(got_opt, states, f"{second.layout} AdamW")
-            if second.tp == first.tp and first.tp > 1 and not first.fsdp:
-                total = sum(4 * t.numel() for t in model.state_dict().values()) * 3  # w, m, v
-                assert extra["bytes_read"] < total, (extra["bytes_read"], total)
-        if comm.rank == 0:
-            state, opt_state = checkpoint_loader.load_dense(folder)
-            expect_equal(state, model.state_dict(), "load_dense weights")
-            expect_equal(opt_state, states, "load_dense AdamW")
-            shutil.rmtree(root)
-        comm.allgather_object(None)
+        try:
+            _reshard(comm, root, first, second, n_first, n_second)
+        finally:  # a failing case leaves nothing behind either
+            if comm.rank == 0:
+                shutil.rmtree(root, ignore_errors=True)
 
     return case
+
+
+def _reshard(comm, root, first, second, n_first, n_second):
+    model, states = seeded(first.model)
+    folder = checkpoint_files.step_dir(root, 3)
+    group = group_of(n_first)
+    if group is not None:
+        mesh, part, opt = build(first, group, model, states)
+        saver = ShardedSaver(root, mesh, first, keep=1, blocking=True)
+        saver.save(3, part, opt, {"note": "test"})
+        saver.finish()
+        assert not saver.errors, saver.errors
+    comm.allgather_object(None)  # the manifest is on disk before anyone looks
+    whole, manifest = checkpoint_files.problem(folder)
+    assert whole is None, whole
+    group = group_of(n_second)
+    if group is not None:
+        mesh = training.mesh_for(second, group)
+        dense, opt_state, step, extra = checkpoint_loader.load_for_mesh(
+            folder, manifest, second, mesh
+        )
+        assert step == 3 and extra["note"] == "test" and extra["adam_step"] == 3.0
+        _, part, opt = build(second, group, dense, opt_state)
+        got, got_opt = part.dense_state(), part.optimizer_state(opt)
+        if mesh.group.rank == 0:
+            expect_equal(got, model.state_dict(), f"{second.layout} weights")
+            expect_equal(got_opt, states, f"{second.layout} AdamW")
+        if second.tp == first.tp and first.tp > 1 and not first.fsdp:
+            total = sum(4 * t.numel() for t in model.state_dict().values()) * 3  # w, m, v
+            assert extra["bytes_read"] < total, (extra["bytes_read"], total)
+    if comm.rank == 0:
+        state, opt_state = checkpoint_loader.load_dense(folder)
+        expect_equal(state, model.state_dict(), "load_dense weights")
+        expect_equal(opt_state, states, "load_dense AdamW")
+    comm.allgather_object(None)  # every rank done with the files
 
 
 FAMILIES = {  # each saved by one and loaded by the next, round the ring
@@ -159,7 +166,7 @@ def name_of(spec) -> str:
     return "_".join(parts + extra + ["tied"] * spec.model.tied_head)
 
 
-def train_segment(spec, group, steps, start=0, model=None, opt_state=None, scaler=None):
+def train_segment(spec, group, steps, start=0, model=None, opt_state=None):
     mesh = training.mesh_for(dataclasses.replace(spec, steps=steps), group)
     run = dataclasses.replace(spec, steps=steps)
     return mesh, *training.train_on_mesh(run, mesh, None, model, start, "cpu", opt_state)
@@ -172,34 +179,38 @@ def resume_case(first, second, n_first, n_second, bitwise):
     def case():
         comm = minipar.init()
         root = shared_dir()
-        group, losses = group_of(n_first), None
-        if group is not None:
-            mesh, losses, part, opt = train_segment(first, group, 2)
-            saver = ShardedSaver(root, mesh, first, keep=1)  # in a thread, as in training
-            saver.save(2, part, opt, {})
-            saver.finish()
-        losses = comm.allgather_object(losses)[0]  # also: the manifest is on disk
-        folder, manifest = checkpoint_loader.choose(root, comm)
-        assert folder == checkpoint_files.step_dir(root, 2), folder
-        group = group_of(n_second)
-        if group is not None:
-            mesh = training.mesh_for(second, group)
-            dense, opt_state, start, _ = checkpoint_loader.load_for_mesh(
-                folder, manifest, second, mesh
-            )
-            _, more, part, _ = train_segment(second, group, 2, start, dense, opt_state)
-            state, both = part.dense_state(), losses + more
-            if bitwise:
-                _, straight, whole, _ = train_segment(first, group, 4)
-                assert both == straight, (both, straight)
-                expect_equal(state, whole.dense_state(), "resumed against straight")
-            elif mesh.group.rank == 0:
-                check_dense(first, both, state)
-        comm.allgather_object(None)
-        if comm.rank == 0:
-            shutil.rmtree(root)
+        try:
+            _resume(comm, root, first, second, n_first, n_second, bitwise)
+        finally:  # a failing case leaves nothing behind either
+            if comm.rank == 0:
+                shutil.rmtree(root, ignore_errors=True)
 
     return case
+
+
+def _resume(comm, root, first, second, n_first, n_second, bitwise):
+    group, losses = group_of(n_first), None
+    if group is not None:
+        mesh, losses, part, opt = train_segment(first, group, 2)
+        saver = ShardedSaver(root, mesh, first, keep=1)  # in a thread, as in training
+        saver.save(2, part, opt, {})
+        saver.finish()
+    losses = comm.allgather_object(losses)[0]  # also: the manifest is on disk
+    folder, manifest = checkpoint_loader.choose(root, comm)
+    assert folder == checkpoint_files.step_dir(root, 2), folder
+    group = group_of(n_second)
+    if group is not None:
+        mesh = training.mesh_for(second, group)
+        dense, opt_state, start, _ = checkpoint_loader.load_for_mesh(folder, manifest, second, mesh)
+        _, more, part, _ = train_segment(second, group, 2, start, dense, opt_state)
+        state, both = part.dense_state(), losses + more
+        if bitwise:
+            _, straight, whole, _ = train_segment(first, group, 4)
+            assert both == straight, (both, straight)
+            expect_equal(state, whole.dense_state(), "resumed against straight")
+        elif mesh.group.rank == 0:
+            check_dense(first, both, state)
+    comm.allgather_object(None)  # every rank done with the files
 
 
 def check_dense(spec, losses, state):
