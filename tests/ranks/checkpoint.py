@@ -4,11 +4,11 @@
   AdamW moments (sliced by MeshGPT's own load_optimizer_state), saved sharded, loaded into
   layout B by the loader: the dense weights and moments B gathers (MeshGPT.dense_state /
   optimizer_state, collectives independent of the checkpoint code) are the seeded dense ones,
-  bit for bit; so is the one-process load_dense. Every layout of the 3D checks
-  (tests/ranks/gpt_mesh.py: dp, tp, pp of 8, interleaved, FSDP, a tied head, cp, MoE with ep)
-  is saved once and loaded once, in a ring of its family; dp 3 x tp 2 (6 of the 8 ranks) to
-  dp 2 x tp 2 and to one process. A rank reads only pieces of its own names: at an unchanged
-  tp, 1/tp of a cut tensor.
+  bit for bit; so is the one-process load_dense. Layouts of the 3D checks (tests/ranks/
+  gpt_mesh.py: dp, tp, pp of 8, interleaved, FSDP, a tied head, cp, MoE with ep) are saved once
+  and loaded once, in a ring of their family (MINIPAR_EXTENDED=1: every one of them); dp 3 x
+  tp 2 (6 of the 8 ranks) to dp 2 x tp 2 and to one process. A rank reads only pieces of its
+  own names: at an unchanged tp, 1/tp of a cut tensor.
 - resume.same: 4 steps straight against 2, a save, a load and 2 more on the same layout:
   the same losses and final weights, bitwise (the data order is a function of the step).
 - resume.dp3_tp2_to_dp2_tp2: 2 steps at dp 3 x tp 2, the checkpoint loaded at dp 2 x tp 2 for 2
@@ -142,20 +142,21 @@ def _reshard(comm, root, first, second, n_first, n_second):
 
 FAMILIES = {  # each saved by one and loaded by the next, round the ring
     "plain": [
-        spec_for(dp=8), spec_for(dp=4, tp=2), spec_for(dp=2, tp=2, pp=2, fsdp=True),
-        spec_for(tp=4, pp=2), spec_for(dp=2, pp=4, schedule="interleaved"), spec_for(tp=8),
-        spec_for(pp=8), spec_for(dp=2, tp=4), spec_for(dp=2, tp=2, pp=2),
-        spec_for(dp=4, pp=2, fsdp=True), spec_for(dp=2, cp=2, tp=2, fsdp=True),
-        spec_for(dp=4, cp=2),
+        spec_for(dp=4, tp=2), spec_for(dp=2, tp=2, pp=2, fsdp=True),
+        spec_for(dp=2, pp=4, schedule="interleaved"), spec_for(tp=8),
+        spec_for(dp=2, cp=2, tp=2, fsdp=True), spec_for(dp=2, tp=2, pp=2),
     ],
-    "tied": [
-        spec_for(tp=2, pp=4, tied=True), spec_for(dp=2, tp=2, pp=2, tied=True),
-        spec_for(dp=4, tp=2, fsdp=True, tied=True),
+    "tied": [spec_for(tp=2, pp=4, tied=True), spec_for(dp=4, tp=2, fsdp=True, tied=True)],
+    "moe": [spec_for(dp=4, tp=2, ep=2, experts=4), spec_for(dp=2, cp=2, pp=2, ep=2, experts=4)],
+}  # fmt: skip
+# MINIPAR_EXTENDED=1: the other layouts of the 3D checks, and one more of each family
+EXTENDED_FAMILIES = {
+    "plain": [
+        spec_for(dp=8), spec_for(tp=4, pp=2), spec_for(pp=8), spec_for(dp=2, tp=4),
+        spec_for(dp=4, pp=2, fsdp=True), spec_for(dp=4, cp=2),
     ],
-    "moe": [
-        spec_for(dp=4, tp=2, ep=2, experts=4), spec_for(dp=2, cp=2, pp=2, ep=2, experts=4),
-        spec_for(dp=8, ep=4, experts=4),
-    ],
+    "tied": [spec_for(dp=2, tp=2, pp=2, tied=True), spec_for(tp=2, pp=4, tied=True)],
+    "moe": [spec_for(dp=8, ep=4, experts=4), spec_for(dp=4, tp=2, ep=2, experts=4)],
 }  # fmt: skip
 
 
@@ -272,9 +273,11 @@ def corrupt():
 
 def cases(size):
     table = {}
-    for family, specs in FAMILIES.items():
-        for a, b in zip(specs, specs[1:] + specs[:1]):
-            table[f"reshard.{family}.{name_of(a)}_to_{name_of(b)}"] = reshard(a, b)
+    families = [FAMILIES] + [EXTENDED_FAMILIES] * (os.environ.get("MINIPAR_EXTENDED") == "1")
+    for group in families:
+        for family, specs in group.items():
+            for a, b in zip(specs, specs[1:] + specs[:1]):
+                table[f"reshard.{family}.{name_of(a)}_to_{name_of(b)}"] = reshard(a, b)
     table["reshard.dp3_tp2_to_dp2_tp2"] = reshard(spec_for(dp=3, tp=2), spec_for(dp=2, tp=2), 6, 4)
     table["reshard.dp3_tp2_to_dense"] = reshard(spec_for(dp=3, tp=2), spec_for(), 6, 1)
     same = spec_for(dp=2, tp=2, pp=2)
