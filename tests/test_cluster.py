@@ -551,3 +551,47 @@ def test_ranks_on_three_nodes_of_two():
 @pytest.mark.parametrize("n,nodes", [(6, 2), (5, 2)])
 def test_ranks_on_two_nodes_of_three_and_unequal(n, nodes):
     _check_places(n, nodes)
+
+
+# -- restarts on the nodes left (launcher/supervisor.py; issue 60) ------------------------------
+def _train(tmp, *run_args, layout=("--dp", "3", "--tp", "2"), steps=6, folder="ck"):
+    """`minipar run ... minipar train` of the tiny GPT (2 layers), sharded checkpoints every 2
+    steps into tmp/folder; the completed process."""
+    cmd = [sys.executable, "-m", "minipar", "run", "--timeout", "400", *run_args,
+           "-m", "minipar", "train", *layout, "--batch-size", "12", "--steps", str(steps),
+           "--layers", "2", "--checkpoint-every", "2",
+           "--checkpoint-dir", str(tmp / folder)]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", MINIPAR_TIMEOUT="10")
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=500, env=env)
+
+
+@emulation
+@pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's cluster step)")
+@pytest.mark.parametrize("fault", ["kill-node:1@step=3", "pull-link:1@step=3"])
+def test_training_restarts_on_the_nodes_left(fault, tmp_path):
+    """dp 3 x tp 2 on 3 nodes; node1 killed (or its cable pulled) after step 3: the job ends,
+    starts again on 2 nodes at dp 2 x tp 2 from the checkpoint of step 2 and finishes. Its
+    final weights are, bit for bit, those of a run that makes the same change at the same step
+    without a fault (dp 3 x tp 2 to step 2, then dp 2 x tp 2 to step 6, on one node)."""
+    import json
+
+    import torch
+
+    from minipar.models import checkpoint_files, checkpoint_loader
+
+    log = tmp_path / "restarts.json"
+    done = _train(tmp_path, "--nodes", "3", "-n", "6", "--max-restarts", "1", "--fault", fault,
+                  "--restart-log", str(log))  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    (restart,) = json.loads(log.read_text())["restarts"]
+    assert restart["nodes_after"] == 2 and restart["ranks_after"] == 4, restart
+    assert restart["resumed_from"] == 2 and restart["steps_lost"] == restart["step_reached"] - 2
+    assert "refitted to 4 ranks: dp 3 -> 2" in done.stderr, done.stderr[-3000:]
+    first = _train(tmp_path, "-n", "6", steps=2, folder="ref")
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    then = _train(tmp_path, "-n", "4", layout=("--dp", "2", "--tp", "2"), folder="ref")
+    assert then.returncode == 0, (then.stdout + then.stderr)[-3000:]
+    got, _ = checkpoint_loader.load_dense(checkpoint_files.step_dir(tmp_path / "ck", 6))
+    want, _ = checkpoint_loader.load_dense(checkpoint_files.step_dir(tmp_path / "ref", 6))
+    for name, w in want.items():
+        assert torch.equal(got[name], w), name

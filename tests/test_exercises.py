@@ -307,3 +307,39 @@ def test_ex11_nccl_rings_on_a_simulated_cluster(exercise_impl):
     fast, slow = simulate(many, size, h100, scale), simulate(one, size, h100, scale)
     assert all((x == size * (size - 1) / 2).all() for x in fast.results)
     assert slow.time > 5 * fast.time, f"one ring {slow.time:.4g} s, your rings {fast.time:.4g} s"
+
+
+# -- ex12: the checkpoint interval (one process) ---------------------------------------------------
+
+
+def ex12(impl: str):
+    return exercises.load("ex12_checkpoint_interval", impl)
+
+
+def test_ex12_checkpoint_interval_mtbi_from_llama3(exercise_impl):
+    # 419 interruptions in 54 days on 16,384 GPUs: every 54 x 24 / 419 = 3.093 hours
+    got = ex12(exercise_impl).mtbi_seconds(419, 54, 16384, 16384)
+    assert got == pytest.approx(54 * 86400 / 419, rel=1e-9)
+    assert ex12(exercise_impl).mtbi_seconds(419, 54, 16384, 1024) == pytest.approx(16 * got)
+
+
+@pytest.mark.parametrize("save,mtbi", [(10.0, 11130.0), (60.0, 3600.0), (300.0, 40000.0)])
+def test_ex12_checkpoint_interval_is_the_minimum(exercise_impl, save, mtbi):
+    mod = ex12(exercise_impl)
+    tau = mod.best_interval(save, mtbi)
+    assert tau == pytest.approx(math.sqrt(2 * save * mtbi), rel=1e-9)
+    assert mod.waste(tau, save, 600.0, mtbi) == pytest.approx(
+        save / tau + (600.0 + tau / 2) / mtbi, rel=1e-9
+    )
+    for other in (0.5 * tau, 0.9 * tau, 1.1 * tau, 2 * tau):  # the minimum, seen from both sides
+        assert mod.waste(other, save, 600.0, mtbi) > mod.waste(tau, save, 600.0, mtbi)
+
+
+def test_ex12_checkpoint_interval_goodput_is_lesson_12s(exercise_impl):
+    from minipar.course.lessons import l12_failures_at_scale as l12
+
+    mod, m = ex12(exercise_impl), l12.mtbi_hours(16384) * 3600
+    for save in l12.SAVE_COSTS:
+        want = l12.goodput(l12.young_daly(save, m), save, l12.RESTART_S, m)
+        assert mod.goodput(save, l12.RESTART_S, m) == pytest.approx(want, rel=1e-9)
+    assert mod.goodput(3000.0, 3000.0, 3600.0) == 0.0  # more is lost than the clock has

@@ -54,6 +54,12 @@ KEY_LINES = {
         "0 wrong results at p = 13, 31",
         "Try this",
     ],
+    "12": [
+        "3.09 h",
+        "the scanned best interval is sqrt(2 delta M)'s",
+        "an overlapped save costs a step less than a blocking one",
+        "Try this",
+    ],
     "07": [
         "75.0%",
         "1F1B holds at most p",

@@ -18,10 +18,12 @@ import sys
 from minipar import launcher
 from minipar.comm.trace import chrome_trace
 from minipar.errors import MPISetupError
+from minipar.launcher import faults
 from minipar.launcher.cluster import link
 from minipar.launcher.cluster.job import Terminated, emulated
 from minipar.launcher.cluster.nodes import EmulationError
 from minipar.launcher.relay import Relay, tag_from_env
+from minipar.launcher.supervisor import Supervisor
 
 EXAMPLES = """\
 examples:
@@ -75,10 +77,76 @@ def configure(parser) -> None:
                         help="a hostfile for the MPI's launcher")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true",
                         help="print the mpiexec command line instead of running it")  # fmt: skip
+    add_restart_flags(parser)
     parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE ...",
                         help="run a module (python -m MODULE), with its arguments")  # fmt: skip
     parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="program [args]",
                         help="script.py, or a program (python ...)")  # fmt: skip
+
+
+def add_restart_flags(parser) -> None:
+    """--max-restarts and the faults (launcher/supervisor.py, launcher/faults.py)."""
+    parser.add_argument("--max-restarts", type=int, default=None, metavar="N",
+                        help="start the job again, up to N times, when a rank, node or link "
+                             "dies (dead nodes dropped; docs/checkpoints.md)")  # fmt: skip
+    parser.add_argument("--spare-nodes", type=int, default=0, metavar="N",
+                        help="with --max-restarts: N spare emulated nodes replace dead ones "
+                             "(the layout kept) before nodes are dropped")  # fmt: skip
+    parser.add_argument("--fault", action="append", default=[], metavar="SPEC",
+                        help="inject a fault: kill-node:1@step=5, pull-link:0@20s, "
+                             "kill-rank:3@step=4, kill-node:random@step=9")  # fmt: skip
+    parser.add_argument("--fault-seed", type=int, default=0, metavar="S",
+                        help="the seed that draws random fault targets (default 0)")  # fmt: skip
+    parser.add_argument("--restart-log", metavar="JSON",
+                        help="write every attempt and restart (what died, steps and seconds "
+                             "lost) as JSON")  # fmt: skip
+
+
+def restart_problems(args) -> list[str]:
+    """What is wrong with --max-restarts and --fault, each naming the flag."""
+    found = []
+    if args.max_restarts is not None and args.max_restarts < 0:
+        found.append(f"--max-restarts must be 0 or more, got {args.max_restarts}")
+    if args.spare_nodes < 0 or (args.spare_nodes and not args.nodes):
+        found.append(f"--spare-nodes {args.spare_nodes}: 0 or more, with --nodes N")
+    try:
+        faults.check([faults.parse(f) for f in args.fault], args.nodes, args.n)
+    except ValueError as error:
+        found.append(str(error))
+    if args.nodes and args.n % args.nodes:
+        if args.max_restarts:
+            found.append(f"--max-restarts on --nodes {args.nodes} needs -n a multiple of it "
+                         f"(as many ranks on every node), got -n {args.n}")  # fmt: skip
+    return found
+
+
+def supervised(args, err) -> int:
+    """The job under launcher/supervisor.py: restarted on the nodes left, its account printed."""
+    for problem in restart_problems(args):
+        err.fail(problem)
+        return 2
+
+    def attempt(n, cluster):
+        return _job(argparse.Namespace(**{**vars(args), "n": n}), err, cluster)
+
+    sup = Supervisor(
+        args.n, args.nodes, args.link or link.DEFAULT, args.fill, args.max_restarts or 0,
+        [faults.parse(f) for f in args.fault], args.fault_seed, attempt,
+        lambda text: err.print(f"minipar run: {text}"), spares=args.spare_nodes,
+    )  # fmt: skip
+    try:
+        rc = sup.run()
+    except (ValueError, EmulationError) as error:
+        err.fail(str(error))
+        return 2
+    except Terminated as stopped:
+        err.print(f"minipar run: signal {stopped.signum}, job killed, nodes removed")
+        return 128 + stopped.signum
+    for line in sup.summary_lines():
+        err.print(f"minipar run: {line}")
+    if args.restart_log:
+        sup.write(args.restart_log)
+    return rc
 
 
 def program(args) -> list[str]:
@@ -118,6 +186,8 @@ def main(args) -> int:
     if args.nodes is None and args.link is not None:
         err.print("[bold red]minipar run:[/] --link shapes emulated nodes: give --nodes N too")
         return 2
+    if args.max_restarts is not None or args.fault:
+        return supervised(args, err)
     if args.nodes is None:
         return _job(args, err, None)
     try:

@@ -21,7 +21,7 @@ import time
 
 import minipar
 from minipar import launcher
-from minipar.cli import train_checks, train_view
+from minipar.cli import train_checkpoint, train_checks, train_view
 from minipar.models.config import GPTConfig, RunSpec
 
 EXAMPLES = """\
@@ -147,6 +147,7 @@ def configure(parser) -> None:
     out.add_argument("--save", metavar="PATH", help="save the dense checkpoint at the end")
     out.add_argument("--resume", metavar="PATH", help="start from a dense checkpoint")
     out.add_argument("--timeout", type=float, default=None, help="seconds the launch may take")
+    train_checkpoint.add_flags(parser)
 
 
 def to_argv(args) -> list[str]:
@@ -219,6 +220,9 @@ def inside_launch() -> bool:
 def main(args) -> int:
     if args.dp is None:  # the experts shard over the dp ranks: --ep 2 alone means dp = 2
         args.dp = args.ep
+    for problem in train_checkpoint.problems(args):  # the checkpoint flags, before any rank
+        print(f"minipar train: {problem}", file=sys.stderr)
+        return 2
     n = args.dp * args.cp * args.tp * args.pp
     said = None if os.environ.get(_LAUNCHED) else train_checks.problem(args, spec_from_args)
     if said:  # before any rank starts, torch not loaded (a checkpoint's model: on the ranks)
@@ -258,6 +262,9 @@ def run_here(args) -> int:
 
     comm = minipar.init()
     try:
+        refitted = train_checkpoint.refit(args, comm.size)  # under a supervisor: dp shrinks
+        if refitted and comm.rank == 0:
+            train_checkpoint.log_line(refitted)
         # before torch loads: a wrong size fails fast
         mesh = DeviceMesh(args.dp, args.tp, args.pp, cp=args.cp, ep=args.ep)
         spec = spec_from_args(args)
@@ -275,10 +282,24 @@ def run_here(args) -> int:
             scaler_state = record["extra"].get("loss_scaler")
             spec = dataclasses.replace(spec, model=start_model.config)
             spec.validate()
+        if args.checkpoint_dir:  # the newest whole checkpoint there, read for this layout
+            spec, start_model, start, opt_state, scaler_state, folder = train_checkpoint.resume(
+                args, spec, mesh, comm, train_checkpoint.log_line
+            )
+            if folder and args.check and comm.rank == 0:  # before pruning can remove it
+                args.dense_start = train_checkpoint.dense_start(folder)
+            if start >= args.steps:
+                if comm.rank == 0:
+                    train_checkpoint.log_line(f"all {args.steps} steps were done already")
+                minipar.finalize()
+                return 0
         training.check_supported(spec, mesh)  # before the progress bar appears
         report = Reporter(spec, comm, active=comm.rank == 0)
         report.placement = mesh.where()  # which axes stay inside a node (the node map)
         grads, stats = {}, {}  # --check: the first step's gradients, gathered dense
+        saving = train_checkpoint.Checkpointing(
+            args, spec, mesh, start, stats, train_checkpoint.log_line
+        )
 
         def keep_grads(step, part):
             if args.check and step == start:
@@ -296,7 +317,9 @@ def run_here(args) -> int:
                 keep_grads,
                 stats,
                 scaler_state,
+                after_step=saving,
             )
+        failed_saves = saving.finish()
         report.activations = train_view.activation_report(spec, mesh, model, comm)  # collective
         report.gather_state(model, opt, spec)  # collective: every rank's bytes per parameter
         state = training.dense_state(model, mesh)  # collective: every rank gathers
@@ -311,9 +334,12 @@ def run_here(args) -> int:
         if args.check and comm.rank == 0
         else []
     )
-    status = max(comm.allgather_object(1 if problems else 0))
+    status = max(comm.allgather_object(1 if problems or failed_saves else 0))
     if comm.rank == 0:
         report.summary(losses, problems if args.check else None, stats)
+        report.checkpoints = saving.costs(report.times)
+        if saving.summary(report.times):
+            print(f"checkpoints: {saving.summary(report.times)}")
         if args.save:
             checkpoint.save(
                 args.save, state, spec.model, start + spec.steps, optimizer,
@@ -338,6 +364,8 @@ def check(spec, args, losses, state, grads, start, stats) -> list[str]:
     record = checkpoint.read(args.resume) if args.resume else {}
     model = checkpoint.load(args.resume)[0] if args.resume else None
     scaler_state = record.get("extra", {}).get("loss_scaler")
+    if getattr(args, "dense_start", None):  # a sharded checkpoint: its dense state
+        model, record, scaler_state = args.dense_start
     tol = training.tolerances(spec)
     t0 = time.perf_counter()
     dense_grads = training.dense_gradients(spec, model, start)
@@ -556,6 +584,7 @@ class Reporter:
             "lrs": (stats or {}).get("lrs"),
             "skipped": (stats or {}).get("skipped"),
             "loss_scaler": (stats or {}).get("scaler"),
+            "checkpoints": getattr(self, "checkpoints", None),  # train_checkpoint's costs
         }
         with open(path, "w") as f:
             json.dump(record, f, indent=1)

@@ -220,13 +220,16 @@ def train_on_mesh(
     on_grads=None,
     stats=None,
     scaler_state=None,
+    after_step=None,
 ):
     """The same run on this rank of the mesh. Returns (losses, this rank's MeshGPT, optimizer);
     every rank gets the global batch's mean loss at every step. `on_grads(step, part)` runs on
     every rank once the step's gradients are synchronised, before the optimizer moves the
     weights (it may be collective: e.g. part.dense_grads(), to check them): unscaled (fp16),
     not yet clipped. `stats` as train_dense's: the
-    norm from minipar.parallel.clip_grad_norm_ over the mesh, the same bits on every rank."""
+    norm from minipar.parallel.clip_grad_norm_ over the mesh, the same bits on every rank.
+    `after_step(step, part, opt)` runs on every rank once the step's update is done, inside
+    the step's time (a checkpoint's save: models/checkpoint_saver.py)."""
     spec.validate()
     part = build_for_mesh(spec, mesh, model, device)
     opt = make_optimizer_for(part.parameters(), spec.lr)
@@ -250,6 +253,8 @@ def train_on_mesh(
             done = finish_step(opt, params, spec, step, start, scaler, mesh_clip(mesh), ok)
             record(stats, done, scaler)
             losses.append(part.global_loss(local))
+            if after_step:
+                after_step(step, part, opt)
         if on_step:
             on_step(step, losses[-1], time.perf_counter() - t0)
     return losses, part, opt

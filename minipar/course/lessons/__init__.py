@@ -139,6 +139,14 @@ LESSONS = [
         "ring vs tree vs double tree to 8,192 ranks, one ring vs one per NIC, simulated",
         "minipar.course.lessons.l11_at_scale",
     ),
+    LessonInfo(
+        "12",
+        "12_failures_at_scale",
+        "Failures at scale: checkpoints and restarts",
+        1,
+        "MTBI from Llama 3's failure rate, the Young/Daly interval, a save's cost, goodput",
+        "minipar.course.lessons.l12_failures_at_scale",
+    ),
 ]
 
 

@@ -1,0 +1,44 @@
+# Generated from solutions/ex12_checkpoint_interval.py by `minipar exercises --generate`: write your code where
+# it raises NotImplementedError, then check it with `minipar grade 12`.
+"""Exercise 12, the checkpoint interval (lesson 12: failures at scale).
+
+A job of G GPUs is interrupted every M seconds on average (its MTBI). Saving a checkpoint stops
+training for delta seconds; after a failure the job restarts in R seconds and redoes the work
+done since the last checkpoint, on average half an interval. Saving every tau seconds wastes
+
+    waste(tau) = delta / tau  +  (R + tau / 2) / M          (of the wall clock, to first order)
+
+Find M from a published failure count, the tau that minimises the waste (Young's interval), and
+the goodput (1 - waste). The grader checks your answers against the formulas and against
+lesson 12's own numbers.
+
+Grade it: minipar grade 12
+"""
+
+import math
+
+
+def mtbi_seconds(interruptions: int, days: float, gpus_seen: int, gpus: int) -> float:
+    """The MTBI of a job of `gpus` GPUs, if each GPU fails independently at the rate seen:
+    `interruptions` in `days` days on `gpus_seen` GPUs."""
+    raise NotImplementedError(
+        "one GPU's MTBF is the GPU-seconds observed per interruption; G independent GPUs fail G "
+        "times as often"
+    )
+
+
+def waste(interval_s: float, save_s: float, restart_s: float, mtbi_s: float) -> float:
+    """The fraction of the wall clock lost: saves, restarts and work redone."""
+    raise NotImplementedError("the formula in the docstring above, term by term")
+
+
+def best_interval(save_s: float, mtbi_s: float) -> float:
+    """The interval tau that minimises waste(tau) (it does not depend on R)."""
+    raise NotImplementedError(
+        "set the derivative of waste(tau) to zero: -delta / tau^2 + 1 / (2 M)"
+    )
+
+
+def goodput(save_s: float, restart_s: float, mtbi_s: float) -> float:
+    """The share of the wall clock that trains at the best interval (0 when nothing does)."""
+    raise NotImplementedError("1 - waste at best_interval, never below 0")

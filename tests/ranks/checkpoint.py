@@ -1,0 +1,290 @@
+"""Sharded checkpoints on real meshes (run by tests/test_checkpoint.py, one launch of 8 ranks).
+
+- reshard.A_to_B: a MeshGPT of layout A built from a seeded dense GPT (weights) and seeded dense
+  AdamW moments (sliced by MeshGPT's own load_optimizer_state), saved sharded, loaded into
+  layout B by the loader: the dense weights and moments B gathers (MeshGPT.dense_state /
+  optimizer_state, collectives independent of the checkpoint code) are the seeded dense ones,
+  bit for bit; so is the one-process load_dense. Layouts of the 3D checks (tests/ranks/
+  gpt_mesh.py: dp, tp, pp of 8, interleaved, FSDP, a tied head, cp, MoE with ep) are saved once
+  and loaded once, in a ring of their family (MINIPAR_EXTENDED=1: every one of them); dp 3 x
+  tp 2 (6 of the 8 ranks) to dp 2 x tp 2 and to one process. A rank reads only pieces of its
+  own names: at an unchanged tp, 1/tp of a cut tensor.
+- resume.same: 4 steps straight against 2, a save, a load and 2 more on the same layout:
+  the same losses and final weights, bitwise (the data order is a function of the step).
+- resume.dp3_tp2_to_dp2_tp2: 2 steps at dp 3 x tp 2, the checkpoint loaded at dp 2 x tp 2 for 2
+  more: every loss and the final weights within the dense run's bounds (the dense twin of all 4).
+- corrupt: a truncated shard, a missing manifest, a flipped byte: never loaded, the one before
+  is, and the message names what was wrong; prune keeps the newest N whole.
+"""
+
+import dataclasses
+import functools
+import os
+import shutil
+import tempfile
+
+import torch
+
+import minipar
+from minipar.models import checkpoint_files, checkpoint_loader, training
+from minipar.models.checkpoint_saver import ShardedSaver
+from minipar.models.config import GPTConfig, RunSpec
+from minipar.models.gpt import build_gpt
+from minipar.models.mesh_model import MeshGPT
+
+TINY = GPTConfig(seq_len=16, hidden=32, n_layers=8, n_heads=8)
+LOSS_RTOL, LOSS_ATOL, PARAMS_REL, PARAMS_MAX = 1e-4, 1e-5, 1e-3, 3e-3  # as gpt_mesh.py's
+
+
+@functools.cache
+def group_of(n: int):
+    """A group of the first n ranks (every rank makes it; None for ranks outside it)."""
+    world = minipar.init()
+    made = minipar.new_group(list(range(n)))
+    return made if world.rank < n else None
+
+
+def shared_dir() -> str:
+    comm = minipar.init()
+    folder = tempfile.mkdtemp(prefix="minipar-ckpt-") if comm.rank == 0 else None
+    return comm.allgather_object(folder)[0]
+
+
+def spec_for(dp=1, tp=1, pp=1, cp=1, ep=1, fsdp=False, schedule="1f1b", tied=False, experts=0):
+    model = dataclasses.replace(TINY, tied_head=tied, n_experts=experts)
+    return RunSpec(dp, tp, pp, 2 if pp > 1 else 1, schedule, fsdp, steps=2, model=model,
+                   cp=cp, ep=ep)  # fmt: skip
+
+
+@functools.cache
+def seeded(config):
+    """The dense weights and AdamW moments every layout starts from, made without any mesh."""
+    model = build_gpt(config, seed=7)
+    g = torch.Generator().manual_seed(11)
+    states = {
+        name: {
+            "exp_avg": torch.randn(q.shape, generator=g),
+            "exp_avg_sq": torch.rand(q.shape, generator=g),
+            "step": torch.tensor(3.0),
+        }
+        for name, q in model.named_parameters()
+    }
+    return model, states
+
+
+def build(spec, group, model, states):
+    """Layout `spec` on `group` from a dense model and dense AdamW state (MeshGPT's own slicing)."""
+    mesh = training.mesh_for(spec, group)
+    part = MeshGPT(spec, mesh, model)
+    opt = training.make_optimizer_for(part.parameters(), spec.lr)
+    part.load_optimizer_state(opt, states)
+    return mesh, part, opt
+
+
+def expect_equal(got: dict, want: dict, what: str) -> None:
+    assert set(got) == set(want), (what, sorted(set(got) ^ set(want)))
+    for name, ref in want.items():
+        if isinstance(ref, dict):
+            expect_equal(got[name], ref, f"{what} {name}")
+        else:
+            assert torch.equal(got[name].float(), ref.float()), (what, name)
+
+
+def reshard(first, second, n_first=8, n_second=8):
+    """Save layout `first` (on the first n_first ranks), load it into `second` (n_second)."""
+
+    def case():
+        comm = minipar.init()
+        root = shared_dir()
+        try:
+            _reshard(comm, root, first, second, n_first, n_second)
+        finally:  # a failing case leaves nothing behind either
+            if comm.rank == 0:
+                shutil.rmtree(root, ignore_errors=True)
+
+    return case
+
+
+def _reshard(comm, root, first, second, n_first, n_second):
+    model, states = seeded(first.model)
+    folder = checkpoint_files.step_dir(root, 3)
+    group = group_of(n_first)
+    if group is not None:
+        mesh, part, opt = build(first, group, model, states)
+        saver = ShardedSaver(root, mesh, first, keep=1, blocking=True)
+        saver.save(3, part, opt, {"note": "test"})
+        saver.finish()
+        assert not saver.errors, saver.errors
+    comm.allgather_object(None)  # the manifest is on disk before anyone looks
+    whole, manifest = checkpoint_files.problem(folder)
+    assert whole is None, whole
+    group = group_of(n_second)
+    if group is not None:
+        mesh = training.mesh_for(second, group)
+        dense, opt_state, step, extra = checkpoint_loader.load_for_mesh(
+            folder, manifest, second, mesh
+        )
+        assert step == 3 and extra["note"] == "test" and extra["adam_step"] == 3.0
+        _, part, opt = build(second, group, dense, opt_state)
+        got, got_opt = part.dense_state(), part.optimizer_state(opt)
+        if mesh.group.rank == 0:
+            expect_equal(got, model.state_dict(), f"{second.layout} weights")
+            expect_equal(got_opt, states, f"{second.layout} AdamW")
+        if second.tp == first.tp and first.tp > 1 and not first.fsdp:
+            total = sum(4 * t.numel() for t in model.state_dict().values()) * 3  # w, m, v
+            assert extra["bytes_read"] < total, (extra["bytes_read"], total)
+    if comm.rank == 0:
+        state, opt_state = checkpoint_loader.load_dense(folder)
+        expect_equal(state, model.state_dict(), "load_dense weights")
+        expect_equal(opt_state, states, "load_dense AdamW")
+    comm.allgather_object(None)  # every rank done with the files
+
+
+FAMILIES = {  # each saved by one and loaded by the next, round the ring
+    "plain": [
+        spec_for(dp=4, tp=2), spec_for(dp=2, tp=2, pp=2, fsdp=True),
+        spec_for(dp=2, pp=4, schedule="interleaved"), spec_for(tp=8),
+        spec_for(dp=2, cp=2, tp=2, fsdp=True), spec_for(dp=2, tp=2, pp=2),
+    ],
+    "tied": [spec_for(tp=2, pp=4, tied=True), spec_for(dp=4, tp=2, fsdp=True, tied=True)],
+    "moe": [spec_for(dp=4, tp=2, ep=2, experts=4), spec_for(dp=2, cp=2, pp=2, ep=2, experts=4)],
+}  # fmt: skip
+# MINIPAR_EXTENDED=1: the other layouts of the 3D checks, and one more of each family
+EXTENDED_FAMILIES = {
+    "plain": [
+        spec_for(dp=8), spec_for(tp=4, pp=2), spec_for(pp=8), spec_for(dp=2, tp=4),
+        spec_for(dp=4, pp=2, fsdp=True), spec_for(dp=4, cp=2),
+    ],
+    "tied": [spec_for(dp=2, tp=2, pp=2, tied=True), spec_for(tp=2, pp=4, tied=True)],
+    "moe": [spec_for(dp=8, ep=4, experts=4), spec_for(dp=4, tp=2, ep=2, experts=4)],
+}  # fmt: skip
+
+
+def name_of(spec) -> str:
+    parts = [f"{k}{getattr(spec, k)}" for k in ("dp", "cp", "tp", "pp", "ep")]
+    parts = [p for p in parts if not p.endswith("1") or p in ("dp1",)]
+    extra = ["fsdp"] * spec.fsdp + ["interleaved"] * (spec.schedule == "interleaved")
+    return "_".join(parts + extra + ["tied"] * spec.model.tied_head)
+
+
+def train_segment(spec, group, steps, start=0, model=None, opt_state=None):
+    mesh = training.mesh_for(dataclasses.replace(spec, steps=steps), group)
+    run = dataclasses.replace(spec, steps=steps)
+    return mesh, *training.train_on_mesh(run, mesh, None, model, start, "cpu", opt_state)
+
+
+def resume_case(first, second, n_first, n_second, bitwise):
+    """2 steps on `first`, saved; 2 more on `second` from the checkpoint; against 4 straight
+    on `first` (bitwise) or the dense twin of all 4 (within gpt_mesh.py's bounds)."""
+
+    def case():
+        comm = minipar.init()
+        root = shared_dir()
+        try:
+            _resume(comm, root, first, second, n_first, n_second, bitwise)
+        finally:  # a failing case leaves nothing behind either
+            if comm.rank == 0:
+                shutil.rmtree(root, ignore_errors=True)
+
+    return case
+
+
+def _resume(comm, root, first, second, n_first, n_second, bitwise):
+    group, losses = group_of(n_first), None
+    if group is not None:
+        mesh, losses, part, opt = train_segment(first, group, 2)
+        saver = ShardedSaver(root, mesh, first, keep=1)  # in a thread, as in training
+        saver.save(2, part, opt, {})
+        saver.finish()
+    losses = comm.allgather_object(losses)[0]  # also: the manifest is on disk
+    folder, manifest = checkpoint_loader.choose(root, comm)
+    assert folder == checkpoint_files.step_dir(root, 2), folder
+    group = group_of(n_second)
+    if group is not None:
+        mesh = training.mesh_for(second, group)
+        dense, opt_state, start, _ = checkpoint_loader.load_for_mesh(folder, manifest, second, mesh)
+        _, more, part, _ = train_segment(second, group, 2, start, dense, opt_state)
+        state, both = part.dense_state(), losses + more
+        if bitwise:
+            _, straight, whole, _ = train_segment(first, group, 4)
+            assert both == straight, (both, straight)
+            expect_equal(state, whole.dense_state(), "resumed against straight")
+        elif mesh.group.rank == 0:
+            check_dense(first, both, state)
+    comm.allgather_object(None)  # every rank done with the files
+
+
+def check_dense(spec, losses, state):
+    """Every loss and the final weights against the dense twin's run of as many steps."""
+    spec = dataclasses.replace(spec, dp=1, tp=1, pp=1, steps=len(losses), microbatches=1)
+    ref, dense_model, _ = training.train_dense(spec)
+    for step, (a, b) in enumerate(zip(losses, ref)):
+        assert abs(a - b) <= LOSS_ATOL + LOSS_RTOL * abs(b), (step, losses, ref)
+    for name, want in dense_model.state_dict().items():
+        diff = (state[name] - want).abs()
+        rel = (diff.norm() / want.norm().clamp_min(1e-12)).item()
+        assert rel <= PARAMS_REL and diff.max() <= PARAMS_MAX, (name, rel)
+
+
+def corrupt():
+    """Three whole checkpoints saved on one rank; each newer one broken in its own way."""
+    comm = minipar.init()
+    group = group_of(1)
+    if group is None:
+        return
+    root = tempfile.mkdtemp(prefix="minipar-ckpt-")
+    try:
+        spec = spec_for()
+        model, states = seeded(spec.model)
+        mesh, part, opt = build(spec, group, model, states)
+        saver = ShardedSaver(root, mesh, spec, keep=3, blocking=True)
+        for step in (1, 2, 3, 4):
+            saver.save(step, part, opt, {})
+        assert checkpoint_files.steps(root) == [2, 3, 4]  # keep 3: step 1 pruned
+        shard = os.path.join(checkpoint_files.step_dir(root, 4), "shard-00000.pt")
+        with open(shard, "r+b") as f:  # one flipped byte in the newest
+            f.seek(os.path.getsize(shard) // 2)
+            byte = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([byte[0] ^ 0x01]))
+        folder, _, passed = checkpoint_files.newest_whole(root)
+        assert folder == checkpoint_files.step_dir(root, 3), folder
+        assert "shard-00000.pt: sha256 differs" in passed[0] and "step-00000004" in passed[0]
+        shard = os.path.join(checkpoint_files.step_dir(root, 3), "shard-00000.pt")
+        os.truncate(shard, os.path.getsize(shard) - 100)  # a truncated one before it
+        os.remove(os.path.join(checkpoint_files.step_dir(root, 2), "manifest.json"))
+        folder, manifest, passed = checkpoint_files.newest_whole(root)
+        assert folder is None and manifest is None, folder
+        assert "truncated" in passed[1] and "step-00000003" in passed[1], passed
+        assert "no manifest.json" in passed[2] and "step-00000002" in passed[2], passed
+        saver.save(5, part, opt, {})  # a new whole one: found, and the broken ones pruned?
+        folder, _, passed = checkpoint_files.newest_whole(root)
+        assert folder == checkpoint_files.step_dir(root, 5) and not passed
+        try:
+            checkpoint_loader.load_dense(checkpoint_files.step_dir(root, 3))
+        except ValueError as error:
+            assert "truncated" in str(error), error
+        else:
+            raise AssertionError("a truncated checkpoint was loaded")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        del comm
+
+
+def cases(size):
+    table = {}
+    families = [FAMILIES] + [EXTENDED_FAMILIES] * (os.environ.get("MINIPAR_EXTENDED") == "1")
+    for group in families:
+        for family, specs in group.items():
+            for a, b in zip(specs, specs[1:] + specs[:1]):
+                table[f"reshard.{family}.{name_of(a)}_to_{name_of(b)}"] = reshard(a, b)
+    table["reshard.dp3_tp2_to_dp2_tp2"] = reshard(spec_for(dp=3, tp=2), spec_for(dp=2, tp=2), 6, 4)
+    table["reshard.dp3_tp2_to_dense"] = reshard(spec_for(dp=3, tp=2), spec_for(), 6, 1)
+    same = spec_for(dp=2, tp=2, pp=2)
+    table["resume.same.dp2_tp2_pp2"] = resume_case(same, same, 8, 8, bitwise=True)
+    table["resume.dp3_tp2_to_dp2_tp2"] = resume_case(
+        dataclasses.replace(spec_for(dp=3, tp=2), batch_size=12),
+        dataclasses.replace(spec_for(dp=2, tp=2), batch_size=12), 6, 4, bitwise=False,
+    )  # fmt: skip
+    table["corrupt"] = corrupt
+    return table

@@ -1,0 +1,142 @@
+"""Restarts (launcher/supervisor.py, launcher/faults.py, cli/train_checkpoint.py): bad flags
+refused before anything starts, fault specs read, dp refitted or refused, the supervisor's
+account of a restart, and one real restart: `minipar run --max-restarts 1` of a 2-rank training
+whose rank 1 is killed at step 3 finishes, resumed from the checkpoint of step 2, with the final
+weights of the dense twin (within --check's bounds) and nothing left behind. The restarts after
+a killed node and a pulled cable are in tests/test_cluster.py (MINIPAR_EXTENDED=1)."""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from minipar.cli import train_checkpoint
+from minipar.launcher import faults
+from minipar.launcher.supervisor import Attempt, Supervisor
+from minipar.models import checkpoint_files, checkpoint_loader, training
+from minipar.models.config import GPTConfig, RunSpec
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1", MINIPAR_TIMEOUT="20")
+
+
+def minipar(*argv, timeout=60):
+    return subprocess.run([sys.executable, "-m", "minipar", *argv], capture_output=True,
+                          text=True, timeout=timeout, env=ENV)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv,said",
+    [
+        (["run", "-n", "2", "--fault", "kill-host:1@step=3", "hostname"], "kill-host:1@step=3"),
+        (["run", "-n", "2", "--fault", "kill-node:1@step=3", "hostname"], "needs emulated nodes"),
+        (["run", "-n", "2", "--fault", "kill-rank:5@2s", "hostname"], "rank 5 is not one of 0..1"),
+        (["run", "-n", "2", "--max-restarts", "-1", "hostname"], "--max-restarts must be 0"),
+        (
+            ["run", "-n", "2", "--spare-nodes", "1", "--max-restarts", "1", "hostname"],
+            "--spare-nodes 1: 0 or more, with --nodes N",
+        ),
+        (["train", "--checkpoint-every", "0", "--checkpoint-dir", "x"], "--checkpoint-every must"),
+        (["train", "--checkpoint-every", "3"], "--checkpoint-every needs --checkpoint-dir"),
+        (["train", "--keep", "0", "--checkpoint-dir", "x"], "--keep must be at least 1"),
+    ],
+)
+def test_bad_flags_are_named_before_anything_starts(argv, said):
+    done = minipar(*argv)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert said in done.stderr, done.stderr
+
+
+def test_fault_specs():
+    f = faults.parse("kill-node:2@step=7")
+    assert (f.kind, f.target, f.step, f.seconds) == ("kill-node", 2, 7, None)
+    assert f.due(6, 100.0) is False and f.due(7, 0.0) is True
+    g = faults.parse("pull-link:random@1.5s")
+    assert g.target is None and g.seconds == 1.5 and str(g) == "pull-link:random@1.5s"
+    assert g.due(None, 1.4) is False and g.due(None, 1.5) is True
+    import random
+
+    picks = {faults.pick(g, [0, 1, 2], random.Random(3)) for _ in range(1)}
+    assert picks == {random.Random(3).choice([0, 1, 2])}  # the seed decides
+
+
+def _args(**kw):
+    base = dict(dp=3, tp=2, pp=1, cp=1, ep=1)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_dp_shrinks_first_and_other_layouts_are_refused(monkeypatch):
+    monkeypatch.setenv(train_checkpoint.REFIT_ENV, "1")
+    args = _args()
+    assert "dp 3 -> 2" in train_checkpoint.refit(args, 4) and args.dp == 2
+    assert train_checkpoint.refit(_args(), 6) is None  # nothing lost: nothing changed
+    with pytest.raises(ValueError, match="cannot refit dp=3 x cp=1 x tp=2 x pp=1 to 5 ranks"):
+        train_checkpoint.refit(_args(), 5)
+    with pytest.raises(ValueError, match="--ep 2 must divide"):
+        train_checkpoint.refit(_args(dp=4, tp=1, ep=2), 3)
+    monkeypatch.delenv(train_checkpoint.REFIT_ENV)
+    args = _args()
+    assert train_checkpoint.refit(args, 4) is None and args.dp == 3  # not supervised: as given
+
+
+def test_the_account_of_a_restart():
+    """Steps at 1 s each; the job dies after step 5 at t=5, the next attempt resumes from the
+    checkpoint of step 4 and does step 5 again at t=9: 1 step lost, 9 - 5 - 1 + 1 = 4 s lost."""
+    sup = Supervisor(2, None, None, "block", 1, [], 0, None, print)
+    sup.began = 0.0
+    first = Attempt(0, None, 2, 0.0, 5.2, 9, "rank 1 killed", 5.1)
+    first.progress = [(s, float(s)) for s in range(1, 6)]
+    second = Attempt(1, None, 2, 6.0, 12.0, 0)
+    second.progress = [(5, 9.0), (6, 10.0), (7, 11.0)]
+    sup.attempts = [first, second]
+    (r,) = sup.restarts()
+    assert r["resumed_from"] == 4 and r["steps_lost"] == 1 and r["step_reached"] == 5
+    assert r["seconds_lost"] == pytest.approx(4.0) and r["died"] == "rank 1 killed"
+    # a third attempt cut before its first step, then a fourth: nothing done twice in between
+    third, fourth = (
+        Attempt(2, None, 2, 12.0, 14.0, 9, "rank 0 killed", 2.0),
+        Attempt(3, None, 2, 15.0, 30.0, 0),
+    )
+    second.returncode, fourth.progress = 9, [(7, 25.0), (8, 26.0)]
+    second.progress = [(5, 9.0), (6, 10.0)]
+    sup.attempts = [first, second, third, fourth]
+    r2, r3 = sup.restarts()[1:]
+    assert r2["step_reached"] == 6 and "resumed_from" not in r2  # no step after it: unknown
+    assert (r3["step_reached"], r3["resumed_from"], r3["steps_lost"]) == (6, 6, 0)
+
+
+def test_a_killed_rank_restarts_from_the_last_checkpoint(tmp_path):
+    folder, log = str(tmp_path / "ck"), str(tmp_path / "restarts.json")
+    done = minipar(
+        "run", "-n", "2", "--timeout", "240", "--max-restarts", "1", "--fault",
+        "kill-rank:1@step=3", "--restart-log", log, "-m", "minipar", "train", "--dp", "2",
+        "--steps", "5", "--layers", "2", "--checkpoint-every", "2", "--checkpoint-dir", folder,
+        timeout=300,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    with open(log) as f:
+        (restart,) = json.load(f)["restarts"]
+    assert restart["died"].startswith("rank 1 killed"), restart
+    assert restart["resumed_from"] == 2 and restart["steps_lost"] == restart["step_reached"] - 2
+    assert "resumed from" in out and "step-00000002" in out, out[-3000:]
+    assert checkpoint_files.steps(folder) == [4, 5]  # --keep 2
+    state, _ = checkpoint_loader.load_dense(checkpoint_files.step_dir(folder, 5))
+    spec = RunSpec(steps=5, model=GPTConfig(n_layers=2))
+    _, dense, _ = training.train_dense(spec)
+    for name, want in dense.state_dict().items():  # --check's weight bound (fp32)
+        assert torch.allclose(state[name], want, rtol=1e-3, atol=1e-4), name
+
+
+def test_lesson_12_replays_the_fault_times():
+    """R = 2 s, 1 s steps, a checkpoint every 2 of 6: the first attempt is cut at 5 s (3 steps
+    done, 2 kept), the second does the 4 left: 5 + 2 + 4 = 11 s; a fault after the end never
+    fires."""
+    from minipar.course.lessons import l12_failures_at_scale as l12
+
+    assert l12.replay([5.0, 100.0], 2.0, 1.0, 2, 6) == pytest.approx(11.0)
+    assert l12.replay([], 2.0, 1.0, 2, 6) == pytest.approx(8.0)
+    assert l12.replay([1.0, 5.0], 2.0, 1.0, 2, 6) == pytest.approx(1 + 5 + 2 + 4)
