@@ -4,6 +4,7 @@
                                   program (relay.py: whole lines per rank)
     notebook FOLDER               load a pickled function, run it, write its result (notebook.py)
     enter [-x] HOST word ...      the stand-in for ssh on emulated nodes (cluster/enter.py)
+    hold                          PID 1 of a rootless job's namespaces (cluster/rootless.py)
 
 A module of its own so that `-m` runs it after the package is imported, not a module the package
 has imported already.
@@ -25,8 +26,12 @@ if __name__ == "__main__":
         from minipar.launcher.cluster import enter
 
         sys.exit(enter.main(rest))
+    elif what == "hold":
+        from minipar.launcher.cluster import rootless
+
+        sys.exit(rootless.hold())
     else:
         sys.exit(
             "usage: python -m minipar.launcher relay FOLDER -- program ... | notebook FOLDER"
-            " | enter HOST word ..."
+            " | enter HOST word ... | hold"
         )
