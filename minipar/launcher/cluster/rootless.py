@@ -79,6 +79,13 @@ def _sysctl(path: str) -> str:
     return path.removeprefix("/proc/sys/").replace("/", ".")
 
 
+def inside(holder: int) -> list[str]:
+    """The words that run a command in the namespaces of the holder with pid `holder`, as root
+    there, in this folder (entering a mount namespace would start it at /)."""
+    return ["nsenter", "-t", str(holder), "--user", "--mount", "--net", "--uts", "--pid",
+            "--preserve-credentials", f"--wd={os.getcwd()}", "--"]  # fmt: skip
+
+
 class Holder:
     """The job's user namespace, held by its PID 1 until this process closes the pipe."""
 
@@ -88,10 +95,7 @@ class Holder:
 
     @property
     def inside(self) -> list[str]:
-        """The words that run a command in the job's namespaces, as root there, in this
-        folder (entering a mount namespace would start it at /)."""
-        return ["nsenter", "-t", str(self.pid), "--user", "--mount", "--net", "--uts", "--pid",
-                "--preserve-credentials", f"--wd={os.getcwd()}", "--"]  # fmt: skip
+        return inside(self.pid)
 
     @classmethod
     def start(cls) -> Holder:
