@@ -11,12 +11,14 @@ The daemons' checks run with MINIPAR_EXTENDED=1 (CI's cluster step, which instal
 munge are not installed (apt-get install -y slurm-wlm munge) or without root.
 """
 
+import json
 import os
 import signal
 import sys
 import time
 
 import pytest
+from conftest import ROOT
 from test_cluster_standing import (
     FOUR_ON_TWO,
     WHERE,
@@ -29,6 +31,7 @@ from test_cluster_standing import (
 )
 
 from minipar.launcher.cluster import rootless, slurm
+from minipar.testing import harness
 
 EXTENDED = os.environ.get("MINIPAR_EXTENDED") == "1"
 LACKS = slurm.missing()
@@ -115,6 +118,34 @@ def _until_empty(cli, limit: float = 60) -> str:
         if not queue.strip() or time.monotonic() > end:
             return queue
         time.sleep(0.5)
+
+
+@emulation
+@installed
+@pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's cluster step)")
+def test_the_cluster_check_under_srun(cluster_cli):
+    """tests/ranks/cluster.py's cases (node facts, bytes on the cable against the ledger, the
+    same bits as on one node) launched by `srun -N 2 --ntasks-per-node=2 --mpi=pmi2`."""
+    suite = os.path.join(ROOT, "tests", "ranks", "cluster.py")
+    cluster_cli.ok("up", "--nodes", "2", "--slurm")
+    out = cluster_cli.ok("shell", "node0", "--", "srun", "-N", "2", "--ntasks-per-node=2",
+                         "--mpi=pmi2", sys.executable, "-m", "minipar.testing.worker", suite,
+                         cluster_cli.tmp, timeout=300)  # fmt: skip
+    ranks = {}
+    for r in range(4):
+        with open(os.path.join(cluster_cli.tmp, f"rank{r}.json")) as f:
+            ranks[r] = json.load(f)
+        os.remove(os.path.join(cluster_cli.tmp, f"rank{r}.json"))
+        os.remove(os.path.join(cluster_cli.tmp, f"rank{r}.out"))
+    names = ("facts", "link_bytes", "inside_node", "windows_stay_inside", "digest")
+    for name in names:
+        failed = {r: ranks[r][name] for r in ranks if not ranks[r].get(name, {}).get("ok")}
+        assert not failed, f"{name}: {failed}\n{out[-3000:]}"
+    cluster_cli.ok("down")
+    alone = harness.run_suite(suite, 4, "mpi")  # the same suite on one node: the same bits
+    alone.check("digest")
+    digests = [ranks[0]["digest"]["output"], alone.ranks[0]["digest"]["output"]]
+    assert digests[0].count("DIGEST") >= 15 and digests[0] == digests[1]
 
 
 @emulation
