@@ -24,7 +24,7 @@ TOOLS = {
     "mount": "util-linux",
 }
 WITHOUT = (
-    "run on one node instead: minipar run -n 4 script.py (no --nodes), or a simulated cluster: "
+    "Run on one node instead: minipar run -n 4 script.py (no --nodes), or a simulated cluster: "
     "minipar simulate all_reduce --ranks 16 --per-node 4 --cluster h100"
 )
 
