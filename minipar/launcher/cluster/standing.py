@@ -27,6 +27,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import selectors
 import signal
 import subprocess
 import sys
@@ -34,7 +35,8 @@ import tempfile
 import time
 
 from minipar.launcher.cluster import leftovers, mpi_args, needs, rootless
-from minipar.launcher.cluster.enter import HOSTS_ENV, TABLE_ENV
+from minipar.launcher.cluster import slurm as slurms
+from minipar.launcher.cluster.enter import HOSTS_ENV, TABLE_ENV, argv_on_node
 from minipar.launcher.cluster.nodes import PREFIX, EmulatedCluster, EmulationError
 
 STATE = "cluster.json"
@@ -61,8 +63,6 @@ def up(n_nodes: int, link: str, slurm: bool = False) -> dict:
     """Start a keeper that makes the cluster and holds it; its state once it is up."""
     EmulatedCluster(n_nodes, link)  # the arguments checked before anything starts
     if slurm:
-        from minipar.launcher.cluster import slurm as slurms
-
         slurms.check()
     if find() is not None:
         raise EmulationError("a cluster is up already (minipar cluster status); take it down "
@@ -75,9 +75,13 @@ def up(n_nodes: int, link: str, slurm: bool = False) -> dict:
                               start_new_session=True)  # fmt: skip
     said = _first_line(keeper, UP_LIMIT)
     if not said.startswith("up "):
-        keeper.kill()
-        rest = keeper.stdout.read() if keeper.poll() is not None else ""
-        keeper.wait()
+        keeper.terminate()  # it removes what it made; SIGKILLed, the sweep does
+        try:
+            rest = keeper.communicate(timeout=30)[0]
+        except subprocess.TimeoutExpired:
+            keeper.kill()
+            rest = keeper.communicate()[0]
+            leftovers.sweep()
         raise EmulationError(f"the cluster did not come up: {(said + rest).strip()}")
     keeper.stdout.close()  # the keeper writes to its log from now on
     with open(said[3:].strip()) as f:
@@ -85,8 +89,6 @@ def up(n_nodes: int, link: str, slurm: bool = False) -> dict:
 
 
 def _first_line(proc: subprocess.Popen, limit: float) -> str:
-    import selectors
-
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ)
         if not sel.select(limit):
@@ -127,8 +129,6 @@ def node_index(state: dict, node: str) -> int:
 
 def shell_command(state: dict, node: str, argv: list[str]) -> tuple[list[str], dict]:
     """(command line, environment) of argv (or an interactive shell) on the node."""
-    from minipar.launcher.cluster.enter import argv_on_node
-
     k = node_index(state, node)
     entry = state["nodes"][k]
     argv = argv or [os.environ.get("SHELL") or "/bin/bash", "-i"]
@@ -163,8 +163,6 @@ def keep(n_nodes: int, link: str, slurm: bool) -> int:
     try:
         cluster.up()
         if slurm:
-            from minipar.launcher.cluster import slurm as slurms
-
             daemons = slurms.start(cluster)
         path = write_state(cluster, daemons)
         print(f"up {path}", flush=True)
