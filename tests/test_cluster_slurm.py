@@ -1,7 +1,8 @@
 """Slurm on the emulated nodes (minipar cluster up --slurm; launcher/cluster/slurm.py).
 
 - `srun -N 2 --ntasks-per-node=2 --mpi=pmi2 python x.py` from node0's shell: two tasks a node,
-  minipar's node map right (MPICH learns the nodes from Slurm's PMI-2), 1 MiB all-reduced
+  minipar's node map right (MPICH learns the nodes from Slurm's PMI-2; Open MPI, under CI's
+  Open MPI part, from its PMIx: --mpi=pmix), 1 MiB all-reduced
   across the cable; `sbatch` runs the same as a batch job, `squeue` lists a second job and
   `scancel` ends it; down, then no daemon, namespace or file left;
 - the keeper killed: the next `minipar cluster status` sweeps the nodes, every daemon with them;
@@ -30,6 +31,7 @@ from test_cluster_standing import (
     where,
 )
 
+from minipar.launcher import mpiexec
 from minipar.launcher.cluster import rootless, slurm
 from minipar.testing import harness
 
@@ -39,7 +41,9 @@ installed = pytest.mark.skipif(
     bool(LACKS) or rootless.wanted(),
     reason=f"Slurm: {'not installed (' + ', '.join(LACKS) + ')' if LACKS else 'needs root'}",
 )
-SRUN = f"srun -N 2 --ntasks-per-node=2 --mpi=pmi2 {sys.executable} {WHERE}"
+# MPICH through Slurm's PMI-2, Open MPI through its PMIx (CI's Open MPI part runs this file too)
+PMI = "--mpi=pmix" if mpiexec.mpi_flavor() == "openmpi" else "--mpi=pmi2"
+SRUN = f"srun -N 2 --ntasks-per-node=2 {PMI} {sys.executable} {WHERE}"
 BATCH = f"""#!/bin/sh
 #SBATCH -N 2
 #SBATCH --ntasks-per-node=2
@@ -129,7 +133,7 @@ def test_the_cluster_check_under_srun(cluster_cli):
     suite = os.path.join(ROOT, "tests", "ranks", "cluster.py")
     cluster_cli.ok("up", "--nodes", "2", "--slurm")
     out = cluster_cli.ok("shell", "node0", "--", "srun", "-N", "2", "--ntasks-per-node=2",
-                         "--mpi=pmi2", sys.executable, "-m", "minipar.testing.worker", suite,
+                         PMI, sys.executable, "-m", "minipar.testing.worker", suite,
                          cluster_cli.tmp, timeout=300)  # fmt: skip
     ranks = {}
     for r in range(4):

@@ -165,7 +165,11 @@ def test_a_killed_keeper_is_swept(cluster_cli):
 
 @emulation
 @pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's cluster step)")
-def test_twenty_up_down_cycles_leave_nothing(cluster_cli):
+@pytest.mark.parametrize("way", ["as_is", "rootless"])
+def test_twenty_up_down_cycles_leave_nothing(cluster_cli, way):
+    """As this user is (root: namespaces named in /run/netns), and the rootless way."""
+    if way == "rootless":
+        cluster_cli.env["MINIPAR_ROOTLESS"] = "1"
     before = machine()
     for _ in range(20):
         cluster_cli.ok("up", "--nodes", "2")

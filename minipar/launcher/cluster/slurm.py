@@ -7,10 +7,12 @@
 What a course cluster runs, on one machine: `srun -N 2 --ntasks-per-node=2 --mpi=pmi2 python
 x.py` starts two tasks on each emulated node (slurmd's slurmstepd forks them inside its node's
 namespaces, so they have its hostname, its eth0 and its cable), and MPICH's ranks learn their
-node from Slurm's PMI-2 server, as on a real cluster. Debian's slurm-wlm (22.05) and munge
-(apt-get install -y slurm-wlm munge), nothing installed by minipar, nothing of the machine's own
-configuration read or written: every file (slurm.conf, munge's key and socket, the state, the
-spool, the logs) lives in the cluster's folder and goes with it.
+node from Slurm's PMI-2 server, as on a real cluster; Open MPI's from its PMIx server (`srun
+--mpi=pmix`, where libpmix-dev is installed too: Slurm's plugin opens libpmix.so). Debian's
+slurm-wlm (22.05) and munge (apt-get install -y slurm-wlm munge), nothing installed by minipar,
+nothing of the machine's own configuration read or written: every file (slurm.conf, munge's
+key and socket, the state, the spool, each node's TmpFS, the logs) lives in the cluster's
+folder and goes with it.
 
     munged      node0, a socket in the folder (a Unix socket: every node reaches it)
     slurmctld   node0 (10.200.0.1:6817), the head that is a compute node too
@@ -80,6 +82,7 @@ SlurmctldPort=6817
 SlurmdPort=6818
 StateSaveLocation={folder}/state
 SlurmdSpoolDir={folder}/spool-%n
+TmpFS={folder}/tmp
 SlurmctldPidFile={folder}/slurmctld.pid
 SlurmdPidFile={folder}/slurmd-%n.pid
 SlurmctldLogFile={folder}/slurmctld.log
@@ -147,7 +150,7 @@ def start(cluster) -> Daemons:
     idle (EmulationError with the logs' last lines otherwise; what started is stopped)."""
     check()
     folder = os.path.join(cluster.folder, "slurm")
-    for sub in ("", "state", "munge"):
+    for sub in ("", "state", "munge", "tmp"):
         os.makedirs(os.path.join(folder, sub), mode=0o700, exist_ok=True)
     daemons = Daemons(cluster, folder)
     try:
@@ -158,13 +161,24 @@ def start(cluster) -> Daemons:
         conf = daemons.env["SLURM_CONF"]
         daemons.spawn(0, ["slurmctld", "-D", "-f", conf], "slurmctld.out")
         for k in range(cluster.n_nodes):
-            daemons.spawn(k, ["slurmd", "-D", "-f", conf, "-N", cluster.hostname(k)],
+            daemons.spawn(k, _slurmd(folder, conf, cluster.hostname(k)),
                           f"slurmd-{cluster.hostname(k)}.out")  # fmt: skip
         _wait_for(lambda: _all_idle(daemons), "every node idle in sinfo", folder)
     except BaseException:
         daemons.stop()
         raise
     return daemons
+
+
+def _slurmd(folder: str, conf: str, node: str) -> list[str]:
+    """slurmd on `node`, whose TmpFS (folder/tmp, where PMIx makes each step's folder under a
+    name without the node's) is a folder of the node's own, bound there in its mount
+    namespace: the nodes share this machine's disk, a cluster's nodes would not."""
+    own, spool = os.path.join(folder, f"tmp-{node}"), os.path.join(folder, f"spool-{node}")
+    for path in (own, spool):
+        os.makedirs(path, mode=0o755, exist_ok=True)
+    bind = f'mount --bind {own} {folder}/tmp && exec "$@"'
+    return ["sh", "-c", bind, "sh", "slurmd", "-D", "-f", conf, "-N", node]
 
 
 def _munged(folder: str) -> list[str]:

@@ -242,6 +242,8 @@ def shell_variables(cluster: EmulatedCluster, ssh: str) -> dict:
         "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,sm,tcp", "OMPI_MCA_btl_tcp_if_include": eth,
         "PRTE_MCA_plm_ssh_agent": ssh,
     }  # fmt: skip
+    if os.geteuid() == 0:  # Open MPI runs as root when told twice (launcher/mpiexec.py)
+        env.update(dict.fromkeys(("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"), "1"))
     if os.cpu_count() and os.cpu_count() < 2 * cluster.n_nodes:  # nodes share this machine
         env["MINIPAR_OVERSUBSCRIBED"] = "1"
     return env
