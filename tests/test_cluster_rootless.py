@@ -26,6 +26,7 @@ import time
 import pytest
 from conftest import ROOT, ranks_suite
 
+from minipar.launcher import stop
 from minipar.launcher.cluster import leftovers, needs, rootless
 from minipar.launcher.cluster.job import emulated
 from minipar.launcher.cluster.nodes import namespaces
@@ -119,6 +120,7 @@ def test_a_killed_owner_takes_its_rootless_job_with_it():
            os.path.join(SCRIPTS, "nodes_ok.py"), "wait"]  # fmt: skip
     mark = f"MINIPAR_TEST_MARK={os.getpid()}-{time.monotonic_ns()}"  # the job's processes carry it
     env = _env(**{rootless.FORCE_ENV: "1", "MINIPAR_TEST_MARK": mark.split("=")[1]})
+    began = time.time()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)  # fmt: skip
     seen = ""
@@ -138,6 +140,7 @@ def test_a_killed_owner_takes_its_rootless_job_with_it():
     assert left, "the dead job's folder should be there to sweep"
     leftovers.sweep()
     assert not [n for n in os.listdir(tempfile.gettempdir()) if n in left]
+    stop.remove_hydra_leftovers(began)  # hydra, SIGKILLed by the kernel, left its topology file
 
 
 def _pids_with(entry: str) -> list[int]:
@@ -207,6 +210,8 @@ def test_as_an_unprivileged_user(unprivileged):
     assert "without root" in standing.stderr
     time.sleep(0.2)
     ps = subprocess.run(["pgrep", "-u", str(uid)], capture_output=True, text=True)
-    assert ps.stdout.split() == [], "the user's processes outlived the cluster"
+    alive = [p for p in ps.stdout.split() if leftovers.started_at(int(p)) is not None]
+    said = {p: open(f"/proc/{p}/cmdline").read().replace("\0", " ") for p in alive}
+    assert alive == [], f"the user's processes outlived the cluster: {said}"  # zombies aside
     tmp = tempfile.gettempdir()
     assert [n for n in os.listdir(tmp) if os.stat(os.path.join(tmp, n)).st_uid == uid] == []
