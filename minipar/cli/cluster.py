@@ -73,7 +73,12 @@ def _shell(args) -> int:
     cmd, env = standing.shell_command(state, args.node, argv)
     if not argv:
         _say(f"minipar cluster: a shell on {args.node} (exit to leave; the cluster stays up)")
-    return subprocess.run(cmd, env=env, check=False).returncode
+    proc = subprocess.Popen(cmd, env=env)
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:  # Ctrl-C is the node's shell's to handle, not ours
+            continue
 
 
 def _status(args) -> int:
