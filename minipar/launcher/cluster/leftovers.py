@@ -80,5 +80,6 @@ def sweep() -> list[str]:
         removed.append(name)
     for path in stale_folders():
         shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
+        if not os.path.exists(path):  # another user's stays (its owner's next job removes it)
+            removed.append(path)
     return removed
