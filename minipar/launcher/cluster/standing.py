@@ -73,7 +73,7 @@ def up(n_nodes: int, link: str, slurm: bool = False) -> dict:
     keeper = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True,
                               start_new_session=True)  # fmt: skip
-    said = _first_line(keeper, UP_LIMIT)
+    said = _until_up(keeper, UP_LIMIT)
     if not said.startswith("up "):
         keeper.terminate()  # it removes what it made; SIGKILLed, the sweep does
         try:
@@ -88,12 +88,17 @@ def up(n_nodes: int, link: str, slurm: bool = False) -> dict:
         return json.load(f)
 
 
-def _first_line(proc: subprocess.Popen, limit: float) -> str:
+def _until_up(proc: subprocess.Popen, limit: float) -> str:
+    """The keeper's `up STATEFILE` line, or all it said before it ended or ran out of time."""
+    said, end = "", time.monotonic() + limit
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ)
-        if not sel.select(limit):
-            return f"(nothing said in {limit:g} s)"
-    return proc.stdout.readline()
+        while sel.select(max(0.0, end - time.monotonic())):
+            line = proc.stdout.readline()
+            if not line or line.startswith("up "):
+                return line or said
+            said += line
+    return said + f"(not up after {limit:g} s)"
 
 
 def down(limit: float = 30.0) -> dict | None:
@@ -199,9 +204,7 @@ def write_state(cluster: EmulatedCluster, daemons=None) -> str:
     """cluster.json in the cluster's folder: what status, shell and down read."""
     bin_dir = os.path.join(cluster.folder, "bin")
     os.makedirs(bin_dir)
-    ssh = mpi_args.write_stand_in(bin_dir)
-    os.rename(ssh, os.path.join(bin_dir, "ssh"))
-    ssh = os.path.join(bin_dir, "ssh")
+    ssh = mpi_args.write_stand_in(bin_dir, "ssh")  # first on a node shell's PATH
     env = shell_variables(cluster, ssh)
     if daemons is not None:
         env.update(daemons.env)
@@ -222,7 +225,7 @@ def write_state(cluster: EmulatedCluster, daemons=None) -> str:
                 "namespace": cluster.namespace(k),
             }
             for k in range(cluster.n_nodes)
-        ],  # fmt: skip
+        ],
     }
     path = os.path.join(cluster.folder, STATE)
     with open(path + ".part", "w") as f:
