@@ -129,7 +129,15 @@ def _child_of(pid: int) -> int:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
             return int(f.read().split()[0])
     except (OSError, IndexError, ValueError):
-        raise OSError(f"unshare (pid {pid}) has no child holding the namespaces") from None
+        pass  # a kernel without CONFIG_PROC_CHILDREN: look for the process whose parent it is
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:  # field 4: the parent
+                    return int(entry)
+        except (OSError, IndexError, ValueError):
+            continue
+    raise OSError(f"unshare (pid {pid}) has no child holding the namespaces")
 
 
 # -- the holder itself: PID 1 inside (python -m minipar.launcher hold) ---------------------------
