@@ -40,6 +40,9 @@ WAITING = {  # file -> why it waits
     "test_torchrun.py": "torchrun's rendezvous and start-up",
     "test_launcher.py": "launcher start-ups, jobs that fail on purpose",
     "test_cluster.py": "emulated nodes: jobs stopped on purpose, a pulled cable's timeout",
+    "test_cluster_rootless.py": "emulated nodes (one lane: their namespaces counted)",
+    "test_cluster_standing.py": "emulated nodes (one lane: their namespaces counted)",
+    "test_cluster_slurm.py": "emulated nodes (one lane: their namespaces counted)",
 }
 BUSY, WAITS = "busy", "waiting"
 

@@ -36,6 +36,7 @@ COMMANDS = {
     "train": ("minipar.cli.train", "train a tiny model with data, tensor and pipeline parallelism"),
     "plan": ("minipar.cli.plan", "plan a parallel layout for a model on a cluster"),
     "simulate": ("minipar.cli.simulate", "collectives on a simulated cluster of 1000s of ranks"),
+    "cluster": ("minipar.cli.cluster", "emulated nodes that stay up: up, shell, status, down"),
 }
 
 DESCRIPTION = """\

@@ -218,7 +218,8 @@ def emulation_checks() -> list[Check]:
     note = "minipar run --nodes 2 -n 4 script.py (docs/cluster.md)"
     if removed:
         note = f"removed what {len(removed)} dead job(s) left: {', '.join(removed)}; " + note
-    return [Check("emulated nodes", "available (root, ip, tc, nsenter, unshare)", note=note)]
+    how = "root" if os.geteuid() == 0 else "without root: user namespaces"
+    return [Check("emulated nodes", f"available ({how}, ip, tc, nsenter, unshare)", note=note)]
 
 
 def device_checks(facts: dict) -> list[Check]:

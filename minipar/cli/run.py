@@ -46,10 +46,11 @@ to finalize() or exit) and writes DIR/rankN.json; at the end they are merged, cl
 into DIR/trace.json. The exit status is the job's: 0 when every rank exited 0. More
 ranks than cores is fine (oversubscribed: waits yield the core instead of spinning). Open MPI
 run as root gets OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM)=1. MINIPAR_MPIEXEC picks the mpiexec.
---nodes N: a cluster on this machine (root; docs/cluster.md): N network namespaces, each with
-its own hostname (node0, ...), cabled to a switch at --link's rate; the MPI's own launcher
-starts the job on them, TCP carries the bytes between nodes, shared memory those inside. The
-namespaces are removed when the job ends, however it ends.
+--nodes N: a cluster on this machine (root, or user namespaces: docs/cluster.md): N network
+namespaces, each with its own hostname (node0, ...), cabled to a switch at --link's rate; the
+MPI's own launcher starts the job on them, TCP carries the bytes between nodes, shared memory
+those inside. The namespaces are removed when the job ends, however it ends. Nodes that stay
+up between jobs: minipar cluster up.
 """
 
 

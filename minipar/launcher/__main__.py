@@ -4,6 +4,8 @@
                                   program (relay.py: whole lines per rank)
     notebook FOLDER               load a pickled function, run it, write its result (notebook.py)
     enter [-x] HOST word ...      the stand-in for ssh on emulated nodes (cluster/enter.py)
+    hold                          PID 1 of a rootless job's namespaces (cluster/rootless.py)
+    keep NODES LINK slurm|-       the keeper of a standing cluster (cluster/standing.py)
 
 A module of its own so that `-m` runs it after the package is imported, not a module the package
 has imported already.
@@ -25,8 +27,16 @@ if __name__ == "__main__":
         from minipar.launcher.cluster import enter
 
         sys.exit(enter.main(rest))
+    elif what == "hold":
+        from minipar.launcher.cluster import rootless
+
+        sys.exit(rootless.hold())
+    elif what == "keep" and len(rest) == 3:
+        from minipar.launcher.cluster import standing
+
+        sys.exit(standing.keep(int(rest[0]), rest[1], rest[2] == "slurm"))
     else:
         sys.exit(
             "usage: python -m minipar.launcher relay FOLDER -- program ... | notebook FOLDER"
-            " | enter HOST word ..."
+            " | enter HOST word ... | hold"
         )

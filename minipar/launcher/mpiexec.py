@@ -20,7 +20,7 @@ import time
 
 from minipar.comm.setup import mpisetup
 from minipar.launcher import stop
-from minipar.launcher.cluster import enter, mpi_args
+from minipar.launcher.cluster import mpi_args
 from minipar.launcher.relay import Relay, tag_from_env
 
 
@@ -124,8 +124,7 @@ def command(
         if cluster is not None:
             relay.hosts = {cluster.address(k): cluster.hostname(k) for k in range(cluster.n_nodes)}
     if cluster is not None:  # the launcher itself runs on node0
-        node0 = (cluster.namespace(0), cluster.hostname(0), cluster.hosts_file)
-        return enter.argv_on_node(*node0, cmd + program), env
+        return cluster.on_node(0, cmd + program), env
     return cmd + program, env
 
 

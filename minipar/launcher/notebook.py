@@ -46,7 +46,8 @@ def launch(
     order. A rank that raises makes this raise minipar.RankError with its rank number and
     traceback; timeout (seconds) kills the job and raises RankError too. tag_output prefixes
     each line with its rank (default: MINIPAR_TAG_OUTPUT). nodes: on that many emulated nodes
-    (as `minipar run --nodes N --link RATE`: root; docs/cluster.md), removed when it returns.
+    (as `minipar run --nodes N --link RATE`: root or user namespaces; docs/cluster.md),
+    removed when it returns.
 
     minipar is initialised on every rank before fn runs, as a plain `minipar.init()` there:
     the MPI transport on the n ranks, the timeout from MINIPAR_TIMEOUT (else 300 s), debug

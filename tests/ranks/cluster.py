@@ -56,7 +56,8 @@ def facts_case():
         assert nodes.names[node] == f"node{node}"
         counts = mpi_args.slots(comm.size, n_nodes)  # consecutive ranks on a node, in blocks
         assert node == next(k for k in range(n_nodes) if rank < sum(counts[: k + 1])), counts
-        said = os.environ.get("MPI_LOCALRANKID") or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK")
+        said = (os.environ.get("MPI_LOCALRANKID") or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK")
+                or os.environ.get("SLURM_LOCALID"))  # hydra, prterun, srun  # fmt: skip
         assert int(said) == minipar.local_rank(), (said, minipar.local_rank())
     else:
         assert n_nodes == 1 and node == 0

@@ -16,5 +16,9 @@ nodes.py     the namespaces, the switch and the cables of one job: made, and rem
 enter.py     the stand-in for ssh: a host's address -> its node's namespaces
 mpi_args.py  how each MPI's launcher is told about the nodes and the transport between them
 leftovers.py what a killed job left behind, found by its owner's pid and removed
-needs.py     what the emulation needs (root, ip, tc, nsenter, unshare): one refusal naming it
+needs.py     what the emulation needs (root or user namespaces, ip, tc, nsenter, unshare): one
+             refusal naming it
+rootless.py  without root: the job's namespaces inside a user namespace that a holder keeps
+standing.py  a cluster that stays up (minipar cluster up|shell|status|down), held by a keeper
+slurm.py     Slurm on the nodes: munged, slurmctld on node0, a slurmd on every node
 """

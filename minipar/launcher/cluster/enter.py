@@ -1,6 +1,7 @@
 """The stand-in for ssh: run a command on an emulated node instead of logging in to a host.
 
     ENTER [-x] HOST word ...            what a launcher runs to start its proxy on HOST
+    ssh node1                           in a standing cluster's shell: a shell on node1
 
 MPICH's hydra (`-launcher ssh -launcher-exec ENTER`) and Open MPI's prterun (`--prtemca
 plm_ssh_agent ENTER`) start the proxy of every other host through ssh. On emulated nodes
@@ -25,7 +26,8 @@ import sys
 TABLE_ENV = "MINIPAR_EMULATED_NODES"
 HOSTS_ENV = "MINIPAR_EMULATED_HOSTS"  # the job's hosts file, bound over /etc/hosts on a node
 NETNS_DIR = "/run/netns"
-SSH_FLAGS = ("-x", "-q", "-T", "-n")  # ssh options without a value that launchers pass
+SSH_FLAGS = ("-x", "-q", "-T", "-n", "-t")  # ssh options without a value that launchers pass
+SSH_VALUED = ("-o", "-p", "-l")  # and with one (-o StrictHostKeyChecking=no), ignored alike
 
 
 def lookup(host: str, table: str) -> tuple[str, str]:
@@ -60,11 +62,13 @@ def words_on_node(namespace: str, hostname: str, hosts: str, words: list[str]) -
 
 
 def main(argv: list[str]) -> int:
-    while argv and argv[0] in SSH_FLAGS:
-        argv = argv[1:]
-    if len(argv) < 2:
-        print("usage: ENTER [-x] HOST command ...", file=sys.stderr)
+    while argv and argv[0] in SSH_FLAGS + SSH_VALUED:
+        argv = argv[2:] if argv[0] in SSH_VALUED else argv[1:]
+    if not argv:
+        print("usage: ENTER [-x] HOST [command ...]", file=sys.stderr)
         return 255  # ssh's own status for a connection that never happened
+    if len(argv) == 1:  # `ssh node1`: a login shell there, as ssh gives
+        argv = [argv[0], 'exec "${SHELL:-/bin/sh}" -i']
     try:
         namespace, hostname = lookup(argv[0], os.environ.get(TABLE_ENV, ""))
     except ValueError as error:

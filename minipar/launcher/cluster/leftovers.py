@@ -19,10 +19,13 @@ from minipar.launcher.cluster.nodes import NAME, NETNS_DIR, PREFIX, namespaces, 
 
 
 def started_at(pid: int) -> float | None:
-    """When process pid started (seconds since the epoch), or None when there is none."""
+    """When process pid started (seconds since the epoch), or None when there is none (or only
+    its zombie: an orphan's, where PID 1 does not reap, stays until the machine's end)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
+        if fields[0] in ("Z", "X"):  # field 3: the state; a zombie has exited
+            return None
         with open("/proc/stat") as f:
             boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
     except (OSError, IndexError, StopIteration, ValueError):
@@ -72,10 +75,11 @@ def sweep() -> list[str]:
     """Remove every dead job's namespaces (processes inside killed first) and folders; the names
     removed."""
     removed = []
-    for name in stale():
+    for name in stale() if os.geteuid() == 0 else []:  # a rootless job's go with its holder
         remove_namespace(name)
         removed.append(name)
     for path in stale_folders():
         shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
+        if not os.path.exists(path):  # another user's stays (its owner's next job removes it)
+            removed.append(path)
     return removed

@@ -39,9 +39,9 @@ def host_list(hosts: list[str], counts: list[int]) -> str:
     return ",".join(f"{h}:{c}" for h, c in zip(hosts, counts))
 
 
-def write_stand_in(folder: str) -> str:
+def write_stand_in(folder: str, name: str = "enter") -> str:
     """The executable the launcher runs instead of ssh: this Python, minipar's enter.py."""
-    path = os.path.join(folder, "enter")
+    path = os.path.join(folder, name)
     with open(path, "w") as f:
         f.write(f'#!/bin/sh\nexec "{sys.executable}" -m minipar.launcher enter "$@"\n')
     os.chmod(path, 0o755)

@@ -1,8 +1,10 @@
 """What emulated nodes need, checked before anything is made: one refusal that names it all.
 
-Network namespaces, veths and tc need root (CAP_NET_ADMIN and CAP_SYS_ADMIN); the commands are
-iproute2's `ip` and `tc`, util-linux's `nsenter` and `unshare`, and `hostname`. Where one is
-missing the job is refused before any namespace exists, with how to run without emulation.
+Network namespaces, veths and tc need root (CAP_NET_ADMIN and CAP_SYS_ADMIN), or, without it,
+a user namespace in which this user is root (rootless.py; where the kernel allows one: tried,
+not assumed); the commands are iproute2's `ip` and `tc`, util-linux's `nsenter` and
+`unshare`, and `hostname`. Where one is missing the job is refused before any namespace
+exists, with how to run without emulation: on one node, or on a simulated cluster.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 
+from minipar.launcher.cluster import rootless
 from minipar.launcher.cluster.nodes import EmulationError
 
 TOOLS = {
@@ -20,19 +23,28 @@ TOOLS = {
     "hostname": "hostname (apt-get install hostname)",
     "mount": "util-linux",
 }
-WITHOUT = "run on one node instead: minipar run -n 4 script.py (no --nodes)"
+WITHOUT = (
+    "Run on one node instead: minipar run -n 4 script.py (no --nodes), or a simulated cluster: "
+    "minipar simulate all_reduce --ranks 16 --per-node 4 --cluster h100"
+)
 
 
 def missing() -> list[str]:
     """What this machine lacks for emulated nodes, one line each (empty: nothing)."""
     lacks = []
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        lacks.append("root: network namespaces and tc need it (sudo, or a root container)")
+    if not hasattr(os, "geteuid"):
+        return ["Linux: network namespaces are Linux's"]
     for tool, package in TOOLS.items():
         if shutil.which(tool) is None:
             lacks.append(f"the `{tool}` command, from {package}")
     if not os.path.isdir("/proc/self/ns") or not os.path.exists("/proc/self/ns/net"):
         lacks.append("network namespaces: this kernel (or container) has none")
+    if not lacks and rootless.wanted():  # the probe needs the commands: tried only with them
+        why = rootless.why_not()
+        if why:
+            lacks.append(f"root, or user namespaces without it: {why}")
+    elif rootless.wanted():
+        lacks.append("root, or user namespaces without it (not tried: a command is missing)")
     return lacks
 
 

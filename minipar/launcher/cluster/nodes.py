@@ -20,6 +20,10 @@ the machine's own namespace: no route, no address, so no byte can leave the job'
 
 Removing a namespace removes its interfaces and queues; the processes still inside a node are
 killed first (a namespace with a process in it outlives its name).
+
+Without root (rootless.py) the same commands run inside a user namespace of the job's own,
+entered through its holder (`self.inside`), and down() ends the holder: the kernel kills what
+ran inside and the namespaces go with it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import subprocess
 import tempfile
 import time
 
+from minipar.launcher.cluster import enter, rootless
 from minipar.launcher.cluster import link as links
 from minipar.launcher.cluster.mpi_args import slots
 
@@ -77,6 +82,7 @@ class EmulatedCluster:
         self.folder = None  # the stand-in for ssh lives here (mpi_args.py)
         self.made: list[str] = []  # namespaces made so far, removed in down()
         self.timings: dict[str, float] = {}
+        self.holder = None  # rootless.Holder of the job's user namespace, without root
 
     def namespace(self, k: int) -> str:
         return f"{self.stem}node{k}"
@@ -133,6 +139,8 @@ class EmulatedCluster:
         """Make the switch, the nodes and their cables; on any failure remove what was made."""
         began = time.perf_counter()
         try:
+            if rootless.wanted():
+                self.holder = rootless.Holder.start()
             self._add_namespace(self.switch)
             self._ip(self.switch, "link", "add", "br0", "type", "bridge")
             self._ip(self.switch, "link", "set", "br0", "up")
@@ -140,6 +148,9 @@ class EmulatedCluster:
                 self._add_node(k)
             self.folder = tempfile.mkdtemp(prefix=f"{self.stem}files-")
             self._write_hosts()
+        except OSError as error:  # the holder could not start
+            self.down()
+            raise EmulationError(str(error)) from None
         except BaseException:
             self.down()
             raise
@@ -156,8 +167,18 @@ class EmulatedCluster:
         with open(self.hosts_file, "w") as f:
             f.write("\n".join(lines) + "\n")
 
+    @property
+    def inside(self) -> list[str]:
+        """The words before a command that runs where the namespaces live (none, as root)."""
+        return self.holder.inside if self.holder else []
+
+    def on_node(self, k: int, argv: list[str]) -> list[str]:
+        """A command line that runs argv, exactly as given, on node k (the launcher's)."""
+        node = (self.namespace(k), self.hostname(k), self.hosts_file)
+        return [*self.inside, *enter.argv_on_node(*node, argv)]
+
     def _add_namespace(self, name: str) -> None:
-        run_ip(["ip", "netns", "add", name], "making an emulated node")
+        run_ip([*self.inside, "ip", "netns", "add", name], "making an emulated node")
         self.made.append(name)
 
     def _add_node(self, k: int) -> None:
@@ -175,15 +196,18 @@ class EmulatedCluster:
             self._tc(self.switch, port, shape)
 
     def _ip(self, namespace: str, *args: str) -> None:
-        run_ip(["ip", "-n", namespace, *args], f"cabling {namespace}")
+        run_ip([*self.inside, "ip", "-n", namespace, *args], f"cabling {namespace}")
 
     def _tc(self, namespace: str, dev: str, shape: list[str]) -> None:
-        run_ip(["tc", "-n", namespace, "qdisc", "add", "dev", dev, "root", *shape],
+        run_ip([*self.inside, "tc", "-n", namespace, "qdisc", "add", "dev", dev, "root", *shape],
                f"shaping the link on {namespace} {dev} (tc's tbf)")  # fmt: skip
 
     def down(self) -> None:
         """Kill what still runs inside the nodes, remove every namespace and the folder."""
         began = time.perf_counter()
+        if self.holder is not None:  # its PID 1 ends: all inside killed, the namespaces gone
+            self.holder.stop()
+            self.holder, self.made = None, []
         for name in reversed(self.made):
             remove_namespace(name)
         self.made = []
