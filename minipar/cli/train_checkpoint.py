@@ -19,6 +19,8 @@ import os
 import sys
 import time
 
+from minipar.models.config import GPTConfig
+
 REFIT_ENV = "MINIPAR_REFIT"
 PROGRESS_ENV = "MINIPAR_PROGRESS"
 
@@ -80,7 +82,6 @@ def resume(args, spec, mesh, comm, log):
     folder, manifest = checkpoint_loader.choose(args.checkpoint_dir, comm, log)
     if folder is None:
         return spec, None, 0, None, None, None
-    from minipar.models.config import GPTConfig  # here: torch loads only when used
 
     spec = dataclasses.replace(spec, model=GPTConfig(**manifest["config"]))
     model, opt_state, start, extra = checkpoint_loader.load_for_mesh(folder, manifest, spec, mesh)
@@ -97,7 +98,6 @@ def dense_start(folder: str):
     checkpoint, on one process: --check's dense twin starts there."""
     # here, not at the top of the file: torch loads only when used
     from minipar.models import checkpoint_loader
-    from minipar.models.config import GPTConfig
     from minipar.models.gpt import GPT
 
     state, opt_state = checkpoint_loader.load_dense(folder)

@@ -26,6 +26,7 @@ import tempfile
 import time
 
 from minipar.course.lessons.page import Page
+from minipar.models.config import GPTConfig, RunSpec
 
 # Dubey et al., "The Llama 3 Herd of Models" (arXiv:2407.21783), section 3.3.4: a 54-day
 # snapshot of pre-training on 16,384 H100 GPUs saw 419 unexpected interruptions
@@ -130,7 +131,6 @@ def _save_cost(blocking: bool, steps: int = 13, every: int = 3) -> dict:
     # here, not at the top of the file: torch loads only when the section runs
     from minipar.models import training
     from minipar.models.checkpoint_saver import ShardedSaver
-    from minipar.models.config import GPTConfig, RunSpec
 
     spec = RunSpec(steps=steps, model=GPTConfig(n_layers=2))
     mesh = training.mesh_for(spec)
