@@ -121,8 +121,11 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint(tmp_path):
     with open(log) as f:
         (restart,) = json.load(f)["restarts"]
     assert restart["died"].startswith("rank 1 killed"), restart
-    assert restart["resumed_from"] == 2 and restart["steps_lost"] == restart["step_reached"] - 2
-    assert "resumed from" in out and "step-00000002" in out, out[-3000:]
+    # the kill comes once step 3 is seen: on a busy machine step 4 (and its save) may be done
+    reached = restart["step_reached"]
+    assert reached >= 3 and restart["resumed_from"] == reached - reached % 2, restart
+    assert restart["steps_lost"] == reached % 2, restart
+    assert "resumed from" in out and f"step-{restart['resumed_from']:08d}" in out, out[-3000:]
     assert checkpoint_files.steps(folder) == [4, 5]  # --keep 2
     state, _ = checkpoint_loader.load_dense(checkpoint_files.step_dir(folder, 5))
     spec = RunSpec(steps=5, model=GPTConfig(n_layers=2))

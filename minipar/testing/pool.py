@@ -76,6 +76,12 @@ LAUNCH_ENV = (
     "MINIPAR_EMULATED_HOSTS",
     "MINIPAR_RELAY_FOLDER",  # where a rank says it aborts: its launcher's relay
     "MINIPAR_INTER_LINK",  # read once a process (cost/links.py caches the link)
+    "MINIPAR_LINK_BITS",  # the emulated link's rate, told to a lesson's or calibration's ranks
+    "MINIPAR_LOAD_BEFORE",  # the load average the command saw before its ranks started
+    "MINIPAR_CALIBRATION",  # which calibration file this machine's numbers come from
+    "MINIPAR_ROOTLESS",  # emulated nodes made in a user namespace (launcher/cluster/rootless)
+    "MINIPAR_REFIT",  # a supervised training refits dp to the ranks it finds
+    "MINIPAR_PROGRESS",  # a supervised training's progress file
     zygote.ZYGOTE_ENV,
     "OMP_NUM_THREADS",  # torch's threads, fixed when a rank starts
 )
