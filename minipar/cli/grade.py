@@ -109,7 +109,7 @@ class Collector:
         exercise, test = _exercise_and_test(item.nodeid)
         status, detail = classify(error)
         why = explanation(error) if status == "failed" else ""
-        self.results.append(Result(exercise, test, status, detail[:300], why, round(seconds, 3)))
+        self.results.append(Result(exercise, test, status, detail, why, round(seconds, 3)))
 
     def pytest_runtest_makereport(self, item, call):
         if call.when == "call":

@@ -32,6 +32,7 @@ from minipar.collectives import layout
 from minipar.collectives.call import Call
 from minipar.comm.trace import ledger
 from minipar.comm.transport import buffers
+from minipar.course import stopping
 from minipar.state import process
 
 SENTINEL = "-- where it parts from the reference --"
@@ -251,7 +252,7 @@ def graded(fn, reference=None, phases=()):
         try:
             return fn(mine, *args, **kwargs)
         except Exception as error:
-            mine.error = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"
+            mine.error = stopping.first_line(error)
             raise
         finally:
             mine.finish()
@@ -451,13 +452,15 @@ def _steps_line(everyone: list[Notes]) -> str | None:
 
 
 def _pending_lines(everyone: list[Notes]) -> list[str]:
+    """What was still pending on each rank, and the error of each rank whose own mistake (not a
+    wait on another rank) stopped it; a deadlock is named only when no rank failed first."""
     lines = []
     for n in everyone:
         for m in n.mine.pending:
             lines.append(f"rank {n.rank}, step {m.step}: was still waiting to finish: {m.said()}")
-        if n.mine.error:
-            lines.append(f"rank {n.rank} stopped with {n.mine.error}")
-    if any(n.mine.pending for n in everyone):
+    causes = [n for n in everyone if n.mine.error and not stopping.followed(n.mine.error)]
+    lines += [f"rank {n.rank} stopped with {n.mine.error}" for n in causes]
+    if any(n.mine.pending for n in everyone) and not causes:
         lines.append(
             "every rank listed waits for a message its peer never posts (a deadlock) or for one "
             "that went elsewhere: compare the posted calls with the reference's"
@@ -516,35 +519,64 @@ def _explain_call(everyone: list[Notes], c: int) -> str | None:
 def explained(case, group):
     """`case` (a function run on every rank), wrapped: inside `explaining()`, then every rank pools
     its notes on `group()` (a collective: every rank must run every case). A rank whose case
-    failed raises ExplainedError with the explanation below SENTINEL, or the case's own error
-    when there is nothing to explain (no graded call, the same messages and buffers, or an
-    exercise not started yet)."""
+    fails tells the others at once (course/stopping.py): their waits for it end now, not at
+    their timeout. A rank whose case failed raises ExplainedError: first the root cause (the
+    first rank whose error was not a consequence of another's: not a timeout, not a wait the
+    stop ended), then below SENTINEL the explanation and what followed on the other ranks; or
+    the case's own error when there is nothing to add (no graded call and no other rank's
+    failure to name, or an exercise not started yet)."""
 
     @functools.wraps(case)
     def run():
         control = group()
         error = None
-        with explaining() as session:
+        with explaining() as session, stopping.Stopper(control) as stop:
             try:
                 case()
             except Exception as e:  # noqa: BLE001 - re-raised below, explained if we can
                 error = e
-        flags = control.allgather_object(
-            (error is not None, isinstance(error, NotImplementedError)), "the grader's flags"
-        )
-        if not any(failed for failed, _ in flags):
+                stop.tell(e)
+        flags = control.allgather_object(_flags(error, stop.told), "the grader's flags")
+        stop.settle([r for r, f in enumerate(flags) if f[2]])
+        if not any(f[0] for f in flags):
             return
-        if any(not_started for _, not_started in flags):  # nothing to compare yet
+        if any(f[1] for f in flags):  # nothing to compare yet
             if error is not None:
                 raise error
             return
         everyone = control.allgather_object(notes(session), "the grader's notes")
         if error is None:
             return
-        text = explanation(everyone)
-        if not text:
+        text = explanation(everyone) or ""
+        root = next((r for r, f in enumerate(flags) if f[0] and not f[3]), None)
+        after = _consequences(flags, root)
+        if not text and (root is None or not after):
             raise error
-        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        raise ExplainedError(f"{type(error).__name__}: {first}\n{SENTINEL}\n{text}") from error
+        head = flags[root][4] if root is not None else stopping.first_line(error)
+        body = "\n".join(t for t in (text, after) if t)
+        raise ExplainedError(f"{head}\n{SENTINEL}\n{body}") from error
 
     return run
+
+
+def _flags(error, told: bool) -> tuple:
+    """(failed, not started, told the others, a consequence, its first line) of this rank."""
+    return (
+        error is not None,
+        isinstance(error, NotImplementedError),
+        told,
+        stopping.consequence(error),
+        stopping.first_line(error) if error is not None else "",
+    )
+
+
+def _consequences(flags, root) -> str:
+    """'rank 1 failed first; then rank 0: CommTimeoutError: ...' for the ranks whose error
+    followed the root cause's (empty when no other rank failed)."""
+    others = [(r, f[4]) for r, f in enumerate(flags) if f[0] and r != root]
+    if not others:
+        return ""
+    first = f"rank {root} failed first" if root is not None else "no rank failed first"
+    lines = [f"{first}; what followed on the other ranks (consequences, not causes):"]
+    lines += [f"  rank {r}: {line}" for r, line in others]
+    return "\n".join(lines)
