@@ -21,6 +21,8 @@ import contextlib
 import json
 import os
 import re
+import threading
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -118,6 +120,62 @@ class Collector:
             self._record(item, call.excinfo.value, call.duration)
 
 
+class Progress:
+    """A pytest plugin that says what is being graded, on stderr: which test of how many, on how
+    many ranks, and the time so far, with a line every HEARTBEAT seconds while a test runs (the
+    first test on N ranks starts their job, which runs them all). On a terminal the waiting
+    line is rewritten in place; elsewhere (a log, a course platform) each is a plain line."""
+
+    HEARTBEAT = 3.0
+
+    def __init__(self, stream=None):
+        # a copy of the stderr descriptor: pytest captures fd 2 itself while a test runs
+        self.stream = stream or open(os.dup(2), "w", buffering=1)  # noqa: SIM115 - closed below
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.total, self.done, self.what = 0, 0, ""
+        self.start = self.since = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = None
+
+    def _say(self, text: str, transient: bool = False) -> None:
+        if self.tty:
+            end = "" if transient else "\n"
+            self.stream.write("\r\x1b[2K" + text + end)
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def pytest_collection_finish(self, session):
+        self.total = len(session.items)
+        self._say(f"grading: {self.total} tests")
+        self._thread = threading.Thread(target=self._beat, name="grade-progress", daemon=True)
+        self._thread.start()
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        exercise, test = _exercise_and_test(nodeid)
+        self.done += 1
+        self.what, self.since = f"[{self.done}/{self.total}] {exercise}: {test}", time.monotonic()
+        self._say(f"{self.what} ({time.monotonic() - self.start:.0f} s so far)", transient=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.HEARTBEAT):
+            now = time.monotonic()
+            if self.what and now - self.since >= self.HEARTBEAT:
+                self._say(
+                    f"{self.what}: running {now - self.since:.0f} s ({now - self.start:.0f} s "
+                    "so far)",
+                    transient=True,
+                )
+
+    def pytest_sessionfinish(self, session):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._say(f"graded {self.done} tests in {time.monotonic() - self.start:.0f} s")
+        if self.stream.fileno() > 2:
+            self.stream.close()
+
+
 @contextlib.contextmanager
 def _short_timeouts():
     """GRADE_TIMEOUT for the ranks' waits, unless the user set MINIPAR_TIMEOUT."""
@@ -136,6 +194,7 @@ def run(
     lesson: str | None = None,
     root: Path | None = None,
     verbose: bool = False,
+    progress: bool = True,
 ) -> list[Result]:
     """Run the exercise tests against `impl` in this process; the results, one per test (the
     collector sees them only here: no xdist workers)."""
@@ -155,7 +214,7 @@ def run(
         args += ["-k", f"ex{int(lesson):02d}" if lesson.isdigit() else lesson]
     collector = Collector()
     with _short_timeouts():
-        pytest.main(args, plugins=[collector])
+        pytest.main(args, plugins=[collector, *([Progress()] if progress else [])])
     return collector.results
 
 
