@@ -113,6 +113,15 @@ class Collector:
         why = explanation(error) if status == "failed" else ""
         self.results.append(Result(exercise, test, status, detail, why, round(seconds, 3)))
 
+    def pytest_collectreport(self, report):
+        """A test file that does not even import (a syntax error in the tests, a missing
+        dependency): one failed result saying so, not "no tests ran"."""
+        if report.failed:
+            text = str(report.longrepr).strip().splitlines()
+            last = next((line for line in reversed(text) if line.strip()), "")
+            where = report.nodeid or "the tests"
+            self.results.append(Result("?", f"collecting {where}", "failed", last.lstrip("E ")))
+
     def pytest_runtest_makereport(self, item, call):
         if call.when == "call":
             self._record(item, call.excinfo.value if call.excinfo else None, call.duration)
