@@ -15,11 +15,6 @@ SUITE = ranks_suite("exercises.py")
 SIZES = [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("size,name", harness.params(SUITE, SIZES))
-def test_ranks(size, name, exercise_impl):
-    harness.run_suite(SUITE, size, "mpi").check(name)
-
-
 # -- ex04: the alpha-beta fit (one process) --------------------------------------------------------
 
 
@@ -456,3 +451,25 @@ def test_ex11_nccl_rings_on_a_simulated_cluster(exercise_impl):
     fast, slow = simulate(many, size, h100, scale), simulate(one, size, h100, scale)
     assert all((x == size * (size - 1) / 2).all() for x in fast.results)
     assert slow.time > 5 * fast.time, f"one ring {slow.time:.4g} s, your rings {fast.time:.4g} s"
+
+
+# -- every multi-rank case (tests/ranks/exercises.py), after the one-process tests: an exercise's
+# own function checked alone fails first, and says most
+
+FAILED: dict[str, int] = {}  # exercise -> the number of ranks it first failed on, this session
+
+
+@pytest.mark.parametrize("size,name", harness.params(SUITE, SIZES))
+def test_ranks(size, name, exercise_impl):
+    """One case on `size` ranks (one launch runs every case of a size). After an exercise's
+    first failed case its later ones are skipped, here and on more ranks: the first failure is
+    the one to read, and a grade of one exercise then launches no more jobs (`minipar grade`
+    leaves such skips out)."""
+    exercise = name.split("/")[0]
+    if exercise in FAILED:  # its later cases did not run (tests/ranks/exercises.py)
+        pytest.skip(f"{exercise} failed on {FAILED[exercise]} ranks already")
+    try:
+        harness.run_suite(SUITE, size, "mpi").check(name)
+    except Exception:
+        FAILED.setdefault(exercise, size)
+        raise

@@ -18,6 +18,7 @@ Exit status 0 only when every test passed.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -123,6 +124,8 @@ class Collector:
             self.results.append(Result("?", f"collecting {where}", "failed", last.lstrip("E ")))
 
     def pytest_runtest_makereport(self, item, call):
+        if call.excinfo is not None and call.excinfo.typename == "Skipped":
+            return  # not tried (an exercise that failed on fewer ranks): nothing to report
         if call.when == "call":
             self._record(item, call.excinfo.value if call.excinfo else None, call.duration)
         elif call.when == "setup" and call.excinfo is not None:
@@ -198,6 +201,44 @@ def _short_timeouts():
         del os.environ["MINIPAR_TIMEOUT"]
 
 
+ONLY_ENV = "MINIPAR_EXERCISES_ONLY"  # the ranks run only these exercises' cases
+
+
+def selection(lesson: str | None, impl: str, folder: Path) -> list[str] | None:
+    """The exercises to grade, by name: a lesson's (03), one by name, or those a folder of
+    one's own (--impl) holds; None: every one."""
+    names = [p.stem for p in exercises.sources()]
+    if lesson:
+        chosen = [
+            n
+            for n in names
+            if n.startswith(f"ex{int(lesson):02d}_" if lesson.isdigit() else lesson)
+        ]
+        return chosen or [lesson]
+    if impl in ("exercises", "solutions"):
+        return None
+    held = sorted(p.stem for p in folder.glob("ex[0-9][0-9]_*.py"))
+    if not held:
+        raise FileNotFoundError(f"no exNN_*.py exercise in {folder}")
+    return held
+
+
+@contextlib.contextmanager
+def _only(chosen):
+    """ONLY_ENV names the chosen exercises while grading (tests/ranks/exercises.py reads it):
+    the ranks' jobs then run their cases and no others."""
+    saved = os.environ.get(ONLY_ENV)
+    if chosen is not None:
+        os.environ[ONLY_ENV] = ",".join(chosen)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(ONLY_ENV, None)
+        else:
+            os.environ[ONLY_ENV] = saved
+
+
 def run(
     impl: str = "exercises",
     lesson: str | None = None,
@@ -217,13 +258,18 @@ def run(
     if not folder.is_dir():
         raise FileNotFoundError(f"no folder {folder}")
     args = [str(tests), f"--impl={folder}", "-p", "no:cacheprovider", "-p", "no:xdist"]
-    if not verbose:  # the report is ours; pytest's own output only with --verbose
-        args += ["-o", "addopts=", "-p", "no:terminal"]
-    if lesson:  # a lesson number (03), or an exercise's name (ex03_ring_allreduce)
-        args += ["-k", f"ex{int(lesson):02d}" if lesson.isdigit() else lesson]
+    if not verbose:  # the report is ours; pytest's own output only with --verbose (kept
+        # off the screen, not switched off: without its terminal plugin pytest loses the
+        # message of some failed asserts)
+        args += ["-o", "addopts=", "-q"]
+    chosen = selection(lesson, impl, folder)
+    if chosen is not None:
+        args += ["-k", " or ".join(chosen)]
     collector = Collector()
-    with _short_timeouts():
-        pytest.main(args, plugins=[collector, *([Progress()] if progress else [])])
+    with _short_timeouts(), _only(chosen):
+        quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
+        with quiet:
+            pytest.main(args, plugins=[collector, *([Progress()] if progress else [])])
     return collector.results
 
 
@@ -320,7 +366,13 @@ def report(console, results: list[Result], impl: str, shown: int = 3, hints: boo
                 console.print(f"  ... and {len(failed) - shown} more")
             explained = next((r for r in failed if r.explanation), None)
             if explained:
-                console.print(f"  [bold]where {escape(explained.test)} parts from the solution:[/]")
+                only_after = " failed first; " in explained.explanation.splitlines()[0]
+                title = (
+                    f"{explained.test}:"
+                    if only_after
+                    else (f"where {explained.test} parts from the solution:")
+                )
+                console.print(f"  [bold]{escape(title)}[/]")
                 for line in explained.explanation.splitlines():  # a table: never cut or fold it
                     console.print("    " + escape(line), soft_wrap=True, crop=False)
         elif waiting and hints:

@@ -26,17 +26,24 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import time
 from dataclasses import dataclass, field
 
 from minipar.collectives import layout
 from minipar.collectives.call import Call
 from minipar.comm.trace import ledger
 from minipar.comm.transport import buffers
+from minipar.comm.transport.base import abandon
 from minipar.course import stopping
 from minipar.state import process
 
 SENTINEL = "-- where it parts from the reference --"
+OFF_COURSE = 1.0  # seconds a wait on a message the reference does not post may last
 END = 1 << 62  # the step key of the snapshot taken when the algorithm returns
+
+
+class OffCourse(AssertionError):
+    """A rank waited on a message the reference never posts at that step."""
 
 
 class ExplainedError(AssertionError):
@@ -139,6 +146,8 @@ class Recorder:
         self.pending: list[Message] = []
         self.error = ""
         self._posted: dict[int, tuple] = {}
+        self.reference: Recorder | None = None  # the reference's run, once it is done
+        self.phase_names: tuple = ()
         self.node_of = _nodes_of(call.comm)  # now: the map may be a test's, set for the call
 
     def __getattr__(self, name):
@@ -175,12 +184,41 @@ class Recorder:
     def wait(self, requests) -> None:
         requests = list(requests)
         try:
+            self._off_course(requests)
             self._call.wait(requests)
         except Exception:
             self.pending += [
                 self._posted[id(r)][1] for r in requests if id(r) in self._posted and not r.done
             ]
             raise
+
+    def _off_course(self, requests) -> None:
+        """A wait that lasts OFF_COURSE seconds on a message the reference does not post at
+        that step will never end well: raise OffCourse at once, naming it (and the others stop,
+        course/stopping.py), rather than wait out the timeout. A wait on the reference's own
+        messages (a true deadlock, a slow peer) is left to the timeout."""
+        if self.reference is None:
+            return
+        start = time.monotonic()
+        while time.monotonic() - start < OFF_COURSE:
+            if all(r.test() for r in requests):
+                return
+            time.sleep(0.005)
+        for r in requests:
+            if id(r) not in self._posted or r.test():
+                continue
+            message = self._posted[id(r)][1]
+            theirs = [m for m in _at(self.reference.messages, message.step)]
+            if message.key() in [m.key() for m in theirs]:
+                continue
+            abandon([q for q in requests if not q.test()])
+            label = _label(self.reference.phases, self.phase_names, message.step)
+            same = [m for m in theirs if m.kind == message.kind] or theirs
+            what = f"the reference {same[0].said(True)}" if same else "the reference posts nothing"
+            raise OffCourse(
+                f"{label}: rank {self.rank} {message.said()} and waited {OFF_COURSE:g} s for it; "
+                f"{what} (a message nobody will match)"
+            )
 
     def send(self, buf, dst: int) -> None:
         self.wait([self.isend(buf, dst)])
@@ -248,6 +286,7 @@ def graded(fn, reference=None, phases=()):
             reference(ref, *copies, **kwargs)
             ref.finish()
         mine = Recorder(call, _bases(names, args))
+        mine.reference, mine.phase_names = ref, tuple(phases)
         process.explaining[-1].pairs.append((ref, mine, tuple(phases)))
         try:
             return fn(mine, *args, **kwargs)
@@ -516,7 +555,7 @@ def _explain_call(everyone: list[Notes], c: int) -> str | None:
 # -- a test case that explains its own failure -------------------------------------------------
 
 
-def explained(case, group):
+def explained(case, group, failed=None):
     """`case` (a function run on every rank), wrapped: inside `explaining()`, then every rank pools
     its notes on `group()` (a collective: every rank must run every case). A rank whose case
     fails tells the others at once (course/stopping.py): their waits for it end now, not at
@@ -524,7 +563,8 @@ def explained(case, group):
     first rank whose error was not a consequence of another's: not a timeout, not a wait the
     stop ended), then below SENTINEL the explanation and what followed on the other ranks; or
     the case's own error when there is nothing to add (no graded call and no other rank's
-    failure to name, or an exercise not started yet)."""
+    failure to name, or an exercise not started yet). `failed()`, if given, is called on every
+    rank when the case failed on any."""
 
     @functools.wraps(case)
     def run():
@@ -540,6 +580,8 @@ def explained(case, group):
         stop.settle([r for r, f in enumerate(flags) if f[2]])
         if not any(f[0] for f in flags):
             return
+        if failed is not None:
+            failed()  # on every rank: the case failed somewhere
         if any(f[1] for f in flags):  # nothing to compare yet
             if error is not None:
                 raise error
@@ -550,9 +592,12 @@ def explained(case, group):
         text = explanation(everyone) or ""
         root = next((r for r, f in enumerate(flags) if f[0] and not f[3]), None)
         after = _consequences(flags, root)
-        if not text and (root is None or not after):
+        if not text and not after:
             raise error
-        head = flags[root][4] if root is not None else stopping.first_line(error)
+        if root is not None:
+            head = flags[root][4]
+        else:  # only timeouts: the first place the messages part says more than any of them
+            head = text.splitlines()[0] if text else stopping.first_line(error)
         body = "\n".join(t for t in (text, after) if t)
         raise ExplainedError(f"{head}\n{SENTINEL}\n{body}") from error
 
@@ -571,12 +616,12 @@ def _flags(error, told: bool) -> tuple:
 
 
 def _consequences(flags, root) -> str:
-    """'rank 1 failed first; then rank 0: CommTimeoutError: ...' for the ranks whose error
-    followed the root cause's (empty when no other rank failed)."""
-    others = [(r, f[4]) for r, f in enumerate(flags) if f[0] and r != root]
-    if not others:
+    """'rank 1 failed first; then rank 0: MismatchError: stopped waiting ...' for the ranks
+    whose error followed another's (a timeout, a wait the stop ended); '' when none did."""
+    after = [(r, f[4]) for r, f in enumerate(flags) if f[0] and f[3] and r != root]
+    if not after:
         return ""
     first = f"rank {root} failed first" if root is not None else "no rank failed first"
     lines = [f"{first}; what followed on the other ranks (consequences, not causes):"]
-    lines += [f"  rank {r}: {line}" for r, line in others]
+    lines += [f"  rank {r}: {line}" for r, line in after]
     return "\n".join(lines)

@@ -30,7 +30,7 @@ def _element(t, flat_index: int) -> str:
     """'[2, 5]': the index of flat element `flat_index` in a tensor of t's shape."""
     import numpy as np
 
-    return str(list(np.unravel_index(flat_index, tuple(t.shape)))) if t.dim() else "[]"
+    return str([int(j) for j in np.unravel_index(flat_index, tuple(t.shape))]) if t.dim() else "[]"
 
 
 def grad_where(torch, model, ref, size, buckets=None) -> str | None:
