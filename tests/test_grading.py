@@ -94,7 +94,7 @@ def test_grade_explains_a_planted_exercise_for_gradescope(tmp_path):
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "parts from the solution:" in done.stdout, done.stdout
-    assert "after step 0: every message matched the reference's, but rank 0's x[1]" in done.stdout
+    assert "after step 0: every message matched the reference's, but rank 0's x[0]" in done.stdout
     results = json.loads(out.read_text())
     check_gradescope(results)
     by_name = {t["name"]: t for t in results["tests"]}

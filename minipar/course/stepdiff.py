@@ -62,6 +62,7 @@ class Where:
     stop: int
     chunk: int | None = None
     whole: bool = False
+    within: int | None = None  # the chunk a smaller piece lies in
 
     def describe(self, nbytes: int) -> str:
         size = _fmt_bytes(nbytes)
@@ -69,8 +70,11 @@ class Where:
             return f"{size} (a buffer of its own)"
         if self.whole:
             return f"all of {self.name} ({size})"
-        part = f"{self.name}[{self.start}:{self.stop}], {size}"
-        return f"chunk {self.chunk} ({part})" if self.chunk is not None else part
+        part = f"{self.name}[{self.start}:{self.stop}]"
+        if self.chunk is not None:
+            return f"chunk {self.chunk} ({part}, {size})"
+        inside = f"in chunk {self.within}, " if self.within is not None else ""
+        return f"{part} ({inside}{size})"
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,10 @@ def locate(buf, bases: dict, p: int) -> Where:
             return Where(name, 0, n, whole=True)
         edges = layout.bounds(n, p)
         hits = [c for c in range(p) if (edges[c], edges[c + 1]) == (offset, offset + size)]
-        return Where(name, offset, offset + size, hits[0] if hits else None)
+        if hits:
+            return Where(name, offset, offset + size, hits[0])
+        inside = [c for c in range(p) if edges[c] <= offset and offset + size <= edges[c + 1]]
+        return Where(name, offset, offset + size, None, within=inside[0] if inside else None)
     return Where("", 0, size)
 
 
@@ -137,9 +144,10 @@ class Recorder:
     peer, bytes, where in the arguments), the arguments after each step, and what was still
     pending when a wait failed. Attributes it does not define (comm, tag, ...) are the Call's."""
 
-    def __init__(self, call, bases: dict):
+    def __init__(self, call, bases: dict, parts: int | None = None):
         self._call, self.bases = call, bases
         self.rank, self.size = call.rank, call.size
+        self.parts = parts or call.size  # "chunk c" is the c-th of this many (layout.bounds)
         self.messages: list[Message] = []
         self.phases: list[tuple[int, int]] = []  # (first step, steps) of each call.rounds()
         self.snapshots: dict[int, dict] = {}  # step -> name -> copy of that argument after it
@@ -173,7 +181,7 @@ class Recorder:
         return request
 
     def _where(self, buf) -> Where:
-        return locate(buf, self.bases, self.size)
+        return locate(buf, self.bases, self.parts)
 
     def isend(self, buf, dst: int):
         return self._post("send", dst, buf, self._call.isend)
@@ -270,10 +278,12 @@ def _bases(names, args) -> dict:
     return {n: buffers.flat(a) for n, a in zip(names, args) if _is_buffer(a)}
 
 
-def graded(fn, reference=None, phases=()):
+def graded(fn, reference=None, phases=(), chunks=None):
     """`fn` (an algorithm: fn(call, ...)), recorded beside `reference` inside `explaining()`.
     Elsewhere, or without a reference, it is just fn. `phases` names the reference's
-    call.rounds() loops in order ("reduce-scatter", "all-gather")."""
+    call.rounds() loops in order ("reduce-scatter", "all-gather"); `chunks(call)` is how many
+    chunks the exercise cuts a buffer into when it speaks of "chunk c" (default: the group's
+    size, as a ring does)."""
 
     @functools.wraps(fn)
     def run(call, *args, **kwargs):
@@ -281,11 +291,14 @@ def graded(fn, reference=None, phases=()):
             return fn(call, *args, **kwargs)
         names = _names(reference, len(args))
         copies = [_copy(a) if _is_buffer(a) else a for a in args]
+        parts = chunks(call) if chunks is not None else call.size
         with ledger.paused():  # the ledger sees the student's messages only
-            ref = Recorder(Call(call.comm, call.collective, call.algorithm), _bases(names, copies))
+            ref = Recorder(
+                Call(call.comm, call.collective, call.algorithm), _bases(names, copies), parts
+            )
             reference(ref, *copies, **kwargs)
             ref.finish()
-        mine = Recorder(call, _bases(names, args))
+        mine = Recorder(call, _bases(names, args), parts)
         mine.reference, mine.phase_names = ref, tuple(phases)
         process.explaining[-1].pairs.append((ref, mine, tuple(phases)))
         try:
@@ -334,8 +347,8 @@ def _first_difference(ref: Recorder, mine: Recorder, describe) -> tuple | None:
             differ = np.flatnonzero(~((a == b) | ((a != a) & (b != b))))  # NaN == NaN here
             if len(differ):
                 i = int(differ[0])
-                edges = layout.bounds(len(b), ref.size)
-                chunk = next(c for c in range(ref.size) if edges[c] <= i < edges[c + 1])
+                edges = layout.bounds(len(b), ref.parts)
+                chunk = next(c for c in range(ref.parts) if edges[c] <= i < edges[c + 1])
                 if not any(m.where.chunk is not None for m in ref.messages):
                     chunk = None  # the reference moves no chunks: do not speak of them
                 words = describe or _plain
