@@ -3,6 +3,7 @@ or `minipar grade`). Test names carry the exercise's file name (ex03_ring_allred
 is how `minipar grade 03` picks a lesson's tests."""
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -456,6 +457,7 @@ def test_ex11_nccl_rings_on_a_simulated_cluster(exercise_impl):
 # -- every multi-rank case (tests/ranks/exercises.py), after the one-process tests: an exercise's
 # own function checked alone fails first, and says most
 
+NODES_ENV = "MINIPAR_GRADE_NODES"  # the ranks on this many emulated nodes (launcher/cluster/)
 FAILED: dict[str, int] = {}  # exercise -> the number of ranks it first failed on, this session
 
 
@@ -468,8 +470,11 @@ def test_ranks(size, name, exercise_impl):
     exercise = name.split("/")[0]
     if exercise in FAILED:  # its later cases did not run (tests/ranks/exercises.py)
         pytest.skip(f"{exercise} failed on {FAILED[exercise]} ranks already")
+    nodes = int(os.environ.get(NODES_ENV) or 0) or None  # `minipar grade --nodes N`
+    if nodes and (size < nodes or size % nodes):
+        pytest.skip(f"{size} ranks do not fill {nodes} nodes evenly")
     try:
-        harness.run_suite(SUITE, size, "mpi").check(name)
+        harness.run_suite(SUITE, size, "mpi", nodes=nodes).check(name)
     except Exception:
         FAILED.setdefault(exercise, size)
         raise

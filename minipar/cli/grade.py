@@ -202,6 +202,7 @@ def _short_timeouts():
 
 
 ONLY_ENV = "MINIPAR_EXERCISES_ONLY"  # the ranks run only these exercises' cases
+NODES_ENV = "MINIPAR_GRADE_NODES"  # tests/test_exercises.py: the ranks on emulated nodes
 
 
 def selection(lesson: str | None, impl: str, folder: Path) -> list[str] | None:
@@ -223,20 +224,25 @@ def selection(lesson: str | None, impl: str, folder: Path) -> list[str] | None:
     return held
 
 
-@contextlib.contextmanager
 def _only(chosen):
     """ONLY_ENV names the chosen exercises while grading (tests/ranks/exercises.py reads it):
     the ranks' jobs then run their cases and no others."""
-    saved = os.environ.get(ONLY_ENV)
-    if chosen is not None:
-        os.environ[ONLY_ENV] = ",".join(chosen)
+    return _environ(ONLY_ENV, ",".join(chosen) if chosen is not None else None)
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str | None):
+    """os.environ[name] = value inside the block (None: left as it is)."""
+    saved = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
     try:
         yield
     finally:
         if saved is None:
-            os.environ.pop(ONLY_ENV, None)
+            os.environ.pop(name, None)
         else:
-            os.environ[ONLY_ENV] = saved
+            os.environ[name] = saved
 
 
 def run(
@@ -245,6 +251,7 @@ def run(
     root: Path | None = None,
     verbose: bool = False,
     progress: bool = True,
+    nodes: int | None = None,
 ) -> list[Result]:
     """Run the exercise tests against `impl` in this process; the results, one per test (the
     collector sees them only here: no xdist workers)."""
@@ -266,7 +273,11 @@ def run(
     if chosen is not None:
         args += ["-k", " or ".join(chosen)]
     collector = Collector()
-    with _short_timeouts(), _only(chosen):
+    if nodes:
+        from minipar.launcher.cluster import needs
+
+        needs.check("minipar grade --nodes")  # everything it lacks, before any rank starts
+    with _short_timeouts(), _only(chosen), _environ(NODES_ENV, str(nodes) if nodes else None):
         quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
         with quiet:
             pytest.main(args, plugins=[collector, *([Progress()] if progress else [])])
@@ -323,6 +334,14 @@ def configure(parser) -> None:
     )
     parser.add_argument(
         "--hints", action="store_true", help="show the hint of each exercise not started yet"
+    )
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run the multi-rank tests on N emulated nodes (root; docs/cluster.md), e.g. "
+        "ex04_hierarchical_allreduce --nodes 2",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output")
 
@@ -395,6 +414,7 @@ def document(results: list[Result], fmt: str, points_path) -> str:
 
 def main(args) -> int:
     # here, not at the top of the file: rich loads only when used
+    from minipar.launcher.cluster.nodes import EmulationError
     from minipar.term import Console
 
     console, err = Console(highlight=False), Console(stderr=True, highlight=False)
@@ -404,8 +424,10 @@ def main(args) -> int:
         if args.points and not points.exists():
             raise FileNotFoundError(f"no points table {points}")
         gradebook.points_table(points)  # a bad table fails before the tests run
-        results = run(impl, args.lesson, verbose=args.verbose)
-    except (FileNotFoundError, ValueError) as error:
+        if args.nodes is not None and args.nodes < 1:
+            raise ValueError(f"--nodes {args.nodes}: the number of nodes must be 1 or more")
+        results = run(impl, args.lesson, verbose=args.verbose, nodes=args.nodes)
+    except (FileNotFoundError, ValueError, EmulationError) as error:
         err.print(f"[bold red]minipar grade:[/] {error}")
         return 2
     if not results:

@@ -276,7 +276,7 @@ def all_reduce_plugged(name: str):
     def case():
         w = world()
         registered = exercises.register(IMPL)  # minipar.register_algorithm for each exercise
-        assert f"all_reduce/{name}" in registered and name in minipar.algorithms("all_reduce")
+        assert name in registered and name in minipar.algorithms("all_reduce"), registered
         x = np.full((5, 7), w.rank + 1, dtype=np.float16)
         minipar.all_reduce(x, op=minipar.ReduceOp.AVG, algorithm=name)
         want = np.full((5, 7), sum(range(1, w.size + 1)) / w.size, dtype=np.float16)
@@ -303,6 +303,14 @@ def two_nodes():
         process.nodes = saved
 
 
+def process_nodes() -> list:
+    """The node of each world rank, as the real node map says (runtime/nodes.py)."""
+    from minipar.state import process
+
+    w = world()
+    return list(process.nodes.of_group(range(w.size))) if process.nodes is not None else [0]
+
+
 def two_level_values():
     """The sum against numpy (even, uneven and tiny counts), the same bits on every rank; on
     one node it must be the ring's result, bit for bit (step 2 has nothing to do)."""
@@ -325,6 +333,8 @@ def two_level_values():
             assert np.allclose(x, np.sum(np.stack(parts).astype(np.float64), 0), atol=1e-5)
             differ = [r for r, f in enumerate(gather(x.tobytes())) if f != x.tobytes()]
             assert not differ, f"ranks {differ} differ from rank {w.rank} in some bits"
+        if len(set(process_nodes())) > 1:
+            return  # on emulated nodes (minipar grade --nodes): no single node to compare on
         x, flat = parts[w.rank].copy(), parts[w.rank].copy()
         minipar.all_reduce(x, algorithm=fn)  # the real node map: one node
         minipar.all_reduce(flat, algorithm="ring")
