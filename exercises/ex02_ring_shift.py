@@ -19,6 +19,4 @@ Grade it: minipar grade 02
 
 def ring_shift(call, x, out, shift: int = 1) -> None:
     """out <- x of rank (rank - shift) mod size; x goes to rank (rank + shift) mod size."""
-    raise NotImplementedError(
-        "one call.sendrecv(x, right, out, left) with right = (rank + shift) % size"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")

@@ -28,9 +28,4 @@ import torch
 
 def merge(out_a, lse_a, out_b, lse_b):
     """(out, lse) over the keys of blocks a and b (the shapes of out_a and lse_a)."""
-    raise NotImplementedError(
-        "m = torch.maximum(lse_a, lse_b), set to 0 where it is -inf; wa = exp(lse_a - m), wb = "
-        "exp(lse_b - m); lse = m + log(wa + wb); out = (wa * out_a + wb * out_b) / (wa + wb), "
-        "with a sum of 0 replaced by 1 (wa and wb are (..., q_len): unsqueeze(-1) them to "
-        "multiply out)"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")

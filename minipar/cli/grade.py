@@ -287,12 +287,16 @@ def run(
 # -- the command ---------------------------------------------------------------------------------
 
 EXAMPLES = """\
-examples:
+examples (students):
   minipar grade                   grade every exercise in exercises/
   minipar grade 03                only lesson 03's exercises
-  minipar grade --hints           also show each unstarted exercise's hint
-  minipar grade --solutions       the worked answers (instructors, CI): all must pass
-  minipar grade --impl ~/mine     a folder holding your own exNN_*.py files
+  minipar grade ex03_ring_allreduce          one exercise
+  minipar grade 03 --hints        and a hint for each part not started yet
+  minipar grade --impl ~/mine     a folder holding your own exNN_*.py files (those it holds)
+  minipar grade ex04_hierarchical_allreduce --nodes 2    on 2 emulated nodes (root)
+
+examples (instructors, CI):
+  minipar grade --solutions       the worked answers: all must pass
   minipar grade --json out.json   also write the results as JSON (for a course's records)
   minipar grade --format gradescope --json /autograder/results/results.json
   minipar grade --format junit --json report.xml      JUnit XML (GitHub Classroom, CI)
@@ -308,32 +312,11 @@ def configure(parser) -> None:
         metavar="NN",
         help="only this lesson's exercises (e.g. 03, 06), or one exercise by name",
     )
-    which = parser.add_mutually_exclusive_group()
-    which.add_argument("--solutions", action="store_true", help="grade solutions/ instead")
-    which.add_argument("--impl", default=None, metavar="DIR", help="grade the files in DIR")
+    parser.add_argument("--impl", default=None, metavar="DIR", help="grade the files in DIR")
     parser.add_argument(
-        "--json",
-        "--output",
-        dest="output",
-        default=None,
-        metavar="PATH",
-        help="write the results here, in --format (json unless told)",
-    )
-    parser.add_argument(
-        "--format",
-        choices=FORMATS,
-        default="text",
-        help="what --json writes: json (default), gradescope (results.json), junit (XML); "
-        "without --json, gradescope and junit go to stdout",
-    )
-    parser.add_argument(
-        "--points",
-        default=None,
-        metavar="TOML",
-        help="points per exercise (default: solutions/points.toml)",
-    )
-    parser.add_argument(
-        "--hints", action="store_true", help="show the hint of each exercise not started yet"
+        "--hints",
+        action="store_true",
+        help="show a hint for each part not started yet (hints give much of an answer away)",
     )
     parser.add_argument(
         "--nodes",
@@ -342,6 +325,31 @@ def configure(parser) -> None:
         metavar="N",
         help="run the multi-rank tests on N emulated nodes (root; docs/cluster.md), e.g. "
         "ex04_hierarchical_allreduce --nodes 2",
+    )
+    course = parser.add_argument_group("instructors and course platforms")
+    course.add_argument(
+        "--solutions", action="store_true", help="grade the worked answers, solutions/"
+    )
+    course.add_argument(
+        "--json",
+        "--output",
+        dest="output",
+        default=None,
+        metavar="PATH",
+        help="write the results here, in --format (json unless told)",
+    )
+    course.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="text",
+        help="what --json writes: json (default), gradescope (results.json), junit (XML); "
+        "without --json, gradescope and junit go to stdout",
+    )
+    course.add_argument(
+        "--points",
+        default=None,
+        metavar="TOML",
+        help="points per exercise (default: solutions/points.toml)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output")
 
@@ -395,11 +403,23 @@ def report(console, results: list[Result], impl: str, shown: int = 3, hints: boo
                 for line in explained.explanation.splitlines():  # a table: never cut or fold it
                     console.print("    " + escape(line), soft_wrap=True, crop=False)
         elif waiting and hints:
-            console.print(f"[yellow]{exercise}[/]: not started; hint: {escape(waiting[0].detail)}")
+            said = waiting[0].detail  # the exercise's own hint, where it was generated with one
+            text = hint_text(exercise) if said.startswith(exercises.NO_HINT[:15]) else said
+            console.print(f"[yellow]{exercise}[/]: not started; {escape(text)}")
         elif waiting:
             console.print(f"[yellow]{exercise}[/]: not started (--hints shows a hint)")
     total = {s: sum(r.status == s for r in results) for s in STYLE}
     console.print(", ".join(f"[{STYLE[s]}]{n} {s}[/]" for s, n in total.items()) + " (tests)")
+
+
+def hint_text(exercise: str) -> str:
+    """'hint: ...' (one part) or 'hints: part 1: ...; part 2: ...', from solutions/."""
+    found = [h for h in exercises.hints(exercise) if h]
+    if not found:
+        return "no hint for it"
+    if len(found) == 1:
+        return f"hint: {found[0]}"
+    return "hints: " + "; ".join(f"part {i}: {h}" for i, h in enumerate(found, 1))
 
 
 def document(results: list[Result], fmt: str, points_path) -> str:
@@ -418,6 +438,9 @@ def main(args) -> int:
     from minipar.term import Console
 
     console, err = Console(highlight=False), Console(stderr=True, highlight=False)
+    if args.solutions and args.impl:
+        err.print("[bold red]minipar grade:[/] --solutions and --impl DIR: choose one")
+        return 2
     impl = "solutions" if args.solutions else (args.impl or "exercises")
     points = Path(args.points) if args.points else exercises.tree("solutions") / "points.toml"
     try:
@@ -434,8 +457,13 @@ def main(args) -> int:
         err.print("[bold red]minipar grade:[/] no tests ran (is the lesson number right?)")
         return 2
     shown = results  # what a student sees on a course platform: hints only on request
-    if not args.hints and args.format in ("gradescope", "junit"):
-        shown = [replace(r, detail="") if r.status == "not started" else r for r in results]
+    if args.format in ("gradescope", "junit"):
+        shown = [
+            replace(r, detail=hint_text(r.exercise) if args.hints else "")
+            if r.status == "not started"
+            else r
+            for r in results
+        ]
     if args.output is None and args.format in ("gradescope", "junit"):
         print(document(shown, args.format, points))
     else:
