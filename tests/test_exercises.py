@@ -10,6 +10,7 @@ import pytest
 from conftest import ranks_suite
 
 from minipar import cost, exercises
+from minipar.cli import grade
 from minipar.testing import harness
 
 SUITE = ranks_suite("exercises.py")
@@ -458,7 +459,7 @@ def test_ex11_nccl_rings_on_a_simulated_cluster(exercise_impl):
 # own function checked alone fails first, and says most
 
 NODES_ENV = "MINIPAR_GRADE_NODES"  # the ranks on this many emulated nodes (launcher/cluster/)
-FAILED: dict[str, int] = {}  # exercise -> the number of ranks it first failed on, this session
+FAILED: dict[str, tuple] = {}  # exercise -> (ranks, status, detail) of its first failure
 
 
 @pytest.mark.parametrize("size,name", harness.params(SUITE, SIZES))
@@ -469,12 +470,15 @@ def test_ranks(size, name, exercise_impl):
     leaves such skips out)."""
     exercise = name.split("/")[0]
     if exercise in FAILED:  # its later cases did not run (tests/ranks/exercises.py)
-        pytest.skip(f"{exercise} failed on {FAILED[exercise]} ranks already")
+        ranks, status, detail = FAILED[exercise]
+        if status == "not started":
+            pytest.skip(f"{grade.NOT_STARTED}{detail}")
+        pytest.skip(f"{grade.NOT_RUN}{exercise} failed on {ranks} ranks already")
     nodes = int(os.environ.get(NODES_ENV) or 0) or None  # `minipar grade --nodes N`
     if nodes and (size < nodes or size % nodes):
         pytest.skip(f"{size} ranks do not fill {nodes} nodes evenly")
     try:
         harness.run_suite(SUITE, size, "mpi", nodes=nodes).check(name)
-    except Exception:
-        FAILED.setdefault(exercise, size)
+    except Exception as error:
+        FAILED.setdefault(exercise, (size, *grade.classify(error)))
         raise

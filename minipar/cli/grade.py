@@ -125,7 +125,16 @@ class Collector:
 
     def pytest_runtest_makereport(self, item, call):
         if call.excinfo is not None and call.excinfo.typename == "Skipped":
-            return  # not tried (an exercise that failed on fewer ranks): nothing to report
+            # "not run: ..." (an exercise's test after its first failure) still fails, so its
+            # points stay split over every test ("not started: ..." stays not started); any
+            # other skip is no test of the exercise
+            said = str(call.excinfo.value.msg)
+            exercise, test = _exercise_and_test(item.nodeid)
+            if said.startswith(NOT_RUN):
+                self.results.append(Result(exercise, test, "failed", said))
+            elif said.startswith(NOT_STARTED):
+                self.results.append(Result(exercise, test, "not started", said[len(NOT_STARTED) :]))
+            return
         if call.when == "call":
             self._record(item, call.excinfo.value if call.excinfo else None, call.duration)
         elif call.when == "setup" and call.excinfo is not None:
@@ -201,6 +210,8 @@ def _short_timeouts():
         del os.environ["MINIPAR_TIMEOUT"]
 
 
+NOT_RUN = "not run: "  # tests/test_exercises.py's skip of a test after its exercise failed
+NOT_STARTED = "not started: "  # ... or after it raised NotImplementedError
 ONLY_ENV = "MINIPAR_EXERCISES_ONLY"  # the ranks run only these exercises' cases
 NODES_ENV = "MINIPAR_GRADE_NODES"  # tests/test_exercises.py: the ranks on emulated nodes
 
@@ -385,23 +396,25 @@ def report(console, results: list[Result], impl: str, shown: int = 3, hints: boo
     for exercise, mine in sorted(by_exercise.items()):
         failed = [r for r in mine if r.status == "failed"]
         waiting = [r for r in mine if r.status == "not started"]
+        ran = [r for r in failed if not r.detail.startswith(NOT_RUN)]
         if failed:
             console.print(f"[bold red]{exercise}[/]: {len(failed)} failed")
-            for r in failed[:shown]:
-                console.print(f"  {escape(r.test)}: {escape(r.detail)}", overflow="fold")
-            if len(failed) > shown:
-                console.print(f"  ... and {len(failed) - shown} more")
-            explained = next((r for r in failed if r.explanation), None)
+            for r in ran[:shown]:
+                # one line each, never cut: the terminal wraps it, a log keeps it whole
+                console.print(f"  {escape(r.test)}: {escape(r.detail)}", soft_wrap=True)
+            if len(ran) > shown:
+                console.print(f"  ... and {len(ran) - shown} more")
+            explained = next((r for r in ran if r.explanation), None)
             if explained:
                 only_after = " failed first; " in explained.explanation.splitlines()[0]
-                title = (
-                    f"{explained.test}:"
-                    if only_after
-                    else (f"where {explained.test} parts from the solution:")
-                )
-                console.print(f"  [bold]{escape(title)}[/]")
+                title = f"where {explained.test} parts from the solution:"
+                console.print(f"  [bold]{escape(f'{explained.test}:' if only_after else title)}[/]")
                 for line in explained.explanation.splitlines():  # a table: never cut or fold it
                     console.print("    " + escape(line), soft_wrap=True, crop=False)
+            if len(failed) > len(ran):
+                console.print(
+                    f"  {len(failed) - len(ran)} later tests not run: fix the first failure first"
+                )
         elif waiting and hints:
             said = waiting[0].detail  # the exercise's own hint, where it was generated with one
             text = hint_text(exercise) if said.startswith(exercises.NO_HINT[:15]) else said

@@ -92,8 +92,9 @@ def whose_broadcast(module: str, function: str):
     return case
 
 
-def whose_all_reduce(module: str, function: str):
-    """Rank r holds 8^r + 8^p i in element i: a sum's digits name the ranks it holds."""
+def whose_all_reduce(module: str, function: str, nodes=contextlib.nullcontext):
+    """Rank r holds 8^r + 8^p i in element i: a sum's digits name the ranks it holds (inside
+    `nodes()`: two_nodes for the two-level exercise)."""
 
     def case():
         w = world()
@@ -105,7 +106,8 @@ def whose_all_reduce(module: str, function: str):
 
         stepdiff.describe_values(words)
         x = whose.sum_input(w.rank, p, count)
-        minipar.all_reduce(x, algorithm=fn)
+        with nodes():
+            minipar.all_reduce(x, algorithm=fn)
         want = sum(whose.sum_input(r, p, count) for r in range(p))
         wrong = whose.first_wrong(x, want, words, w.rank)
         assert wrong is None, wrong
@@ -693,6 +695,9 @@ def cases(size):
         table[f"{module}/ledger"] = all_reduce_ledger(module, function, algorithm)
         table[f"{module}/plugs_into_minipar"] = all_reduce_plugged(f"student_{algorithm}")
     if size == 4:  # told they sit on 2 nodes of 2
+        table["ex04_hierarchical_allreduce/whose_data"] = whose_all_reduce(
+            "ex04_hierarchical_allreduce", "all_reduce_two_level", two_nodes
+        )
         table["ex04_hierarchical_allreduce/values"] = two_level_values()
         table["ex04_hierarchical_allreduce/ledger"] = two_level_ledger()
         table["ex04_hierarchical_allreduce/plugs_into_minipar"] = all_reduce_plugged(
