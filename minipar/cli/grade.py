@@ -29,6 +29,8 @@ from pathlib import Path
 
 from minipar.course import exercises, gradebook
 from minipar.course.stepdiff import SENTINEL
+from minipar.launcher.cluster import needs
+from minipar.launcher.cluster.nodes import EmulationError
 
 TESTS = Path("tests") / "test_exercises.py"
 GRADE_TIMEOUT = "5"  # seconds any wait may take while grading: a deadlock is named quickly
@@ -285,8 +287,6 @@ def run(
         args += ["-k", " or ".join(chosen)]
     collector = Collector()
     if nodes:
-        from minipar.launcher.cluster import needs
-
         needs.check("minipar grade --nodes")  # everything it lacks, before any rank starts
     with _short_timeouts(), _only(chosen), _environ(NODES_ENV, str(nodes) if nodes else None):
         quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
