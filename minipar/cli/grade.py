@@ -447,7 +447,6 @@ def document(results: list[Result], fmt: str, points_path) -> str:
 
 def main(args) -> int:
     # here, not at the top of the file: rich loads only when used
-    from minipar.launcher.cluster.nodes import EmulationError
     from minipar.term import Console
 
     console, err = Console(highlight=False), Console(stderr=True, highlight=False)
