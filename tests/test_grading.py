@@ -336,8 +336,9 @@ def planted_table() -> None:
             done, seconds = grade_planted(Path(tmp), [row], row[0])
         first = feedback(done.stdout, row[0])
         line = first[1].strip() if len(first) > 1 else "?"
+        said = "" if any(row[4] in x for x in first) else " (NOT WHERE EXPECTED)"
         load = os.getloadavg()[0]
-        print(f"| {row[0]} | {row[1]} | {line} | {seconds:.1f} | {load:.1f} |", flush=True)
+        print(f"| {row[0]} | {row[1]} | {line}{said} | {seconds:.1f} | {load:.1f} |", flush=True)
 
 
 if __name__ == "__main__":  # python tests/test_grading.py: the benchmark table

@@ -1,18 +1,24 @@
 """`minipar grade`: run the exercises' tests against exercises/ (or solutions/) and report.
 
     minipar grade                 every exercise in exercises/
-    minipar grade 03              only lesson 03's exercises
-    minipar grade --solutions     the worked answers (all must pass: what CI checks)
-    minipar grade --impl DIR      a folder of exNN_*.py files (a student's copy)
+    minipar grade 03              only lesson 03's exercises (or one by name)
+    minipar grade 03 --hints      and a hint for each part not started (from solutions/)
+    minipar grade --impl DIR      the exNN_*.py files a folder holds (a student's copy)
+    minipar grade ex04_hierarchical_allreduce --nodes 2     on emulated nodes (root)
+    minipar grade --solutions     the worked answers (instructors, CI: all must pass)
     minipar grade --format gradescope --json results.json     (or --format junit: JUnit XML)
 
 The tests are tests/test_exercises.py, the same ones CI runs against solutions/; the grader runs
 pytest on them with `--impl` and sorts each test into passed, failed (with the first line of the
-error) or not started (the exercise still raises NotImplementedError). A failed multi-rank test
-also explains itself (minipar.course.stepdiff): the first step where the student's messages or
-buffers part from the worked solution's, as a table of that step on every rank. Waits time out after
-GRADE_TIMEOUT seconds (MINIPAR_TIMEOUT overrides it), so a deadlock is named within seconds.
-Exit status 0 only when every test passed.
+error: whole, never cut) or not started (the exercise still raises NotImplementedError). Each
+failure says where the work parts from the worked answer, in the exercise's words; a failed
+multi-rank test also explains itself (minipar.course.stepdiff): the first step where the
+student's messages or buffers part from the worked solution's, as a table of that step on every
+rank, the failing rank's error first and the others' as what followed (course/stopping.py stops
+them at once). After an exercise's first failure its later tests are not run. The ranks run only
+the chosen exercises' cases; waits time out after GRADE_TIMEOUT seconds (MINIPAR_TIMEOUT
+overrides it), so a deadlock is named within seconds. Progress goes to stderr (Progress). Exit
+status 0 only when every test passed.
 """
 
 from __future__ import annotations
