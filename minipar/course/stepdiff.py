@@ -45,6 +45,8 @@ END = 1 << 62  # the step key of the snapshot taken when the algorithm returns
 class OffCourse(AssertionError):
     """A rank waited on a message the reference never posts at that step."""
 
+    says_where = True  # reported by its message alone (stopping.first_line)
+
 
 class ExplainedError(AssertionError):
     """A failed case, with the first step where the student's run parted from the reference."""

@@ -39,7 +39,10 @@ STOPPED = "stopped waiting: rank {rank} had already failed ({what})"
 def first_line(error: BaseException) -> str:
     """'MessageSizeError: rank 1 ... arrived; sizes must match', whole (never cut)."""
     text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+    first = text.splitlines()[0] if text else ""
+    if getattr(type(error), "says_where", False):  # stepdiff's own: its words say it all
+        return first
+    return f"{type(error).__name__}: {first}".rstrip(": ")
 
 
 def consequence(error: BaseException | None) -> bool:
