@@ -324,21 +324,40 @@ def test_grade_says_where_for_every_planted_mistake(tmp_path, row):
 
 
 def planted_table() -> None:
-    """Print the benchmark: for every planted mistake, graded alone, the first line of the
-    feedback and the seconds to the verdict (with the load average beside it)."""
+    """Print the benchmark: for every planted mistake, graded alone (a fresh `python -m minipar
+    grade`, as a student runs it), the first line of the feedback, the seconds to the verdict,
+    the CPU seconds it took (every process of the grade, ranks included: independent of what
+    else the machine runs) and the load average."""
+    import resource
+    import sys
     import tempfile
     from pathlib import Path
 
-    print("| exercise | mistake | first line of feedback | seconds | load |")
-    print("|---|---|---|---|---|")
+    print("| exercise | mistake | first line of feedback | seconds | CPU seconds | load |")
+    print("|---|---|---|---|---|---|")
     for row in PLANTED:
         with tempfile.TemporaryDirectory() as tmp:
-            done, seconds = grade_planted(Path(tmp), [row], row[0])
+            folder = Path(tmp) / "planted"
+            plant_rows(folder, [row])
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            start = time.monotonic()
+            done = subprocess.run(
+                [sys.executable, "-m", "minipar", "grade", row[0], "--impl", str(folder)],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            seconds = time.monotonic() - start
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         first = feedback(done.stdout, row[0])
         line = first[1].strip() if len(first) > 1 else "?"
         said = "" if any(row[4] in x for x in first) else " (NOT WHERE EXPECTED)"
         load = os.getloadavg()[0]
-        print(f"| {row[0]} | {row[1]} | {line}{said} | {seconds:.1f} | {load:.1f} |", flush=True)
+        print(
+            f"| {row[0]} | {row[1]} | {line}{said} | {seconds:.1f} | {cpu:.1f} | {load:.1f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":  # python tests/test_grading.py: the benchmark table
