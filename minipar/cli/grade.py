@@ -381,9 +381,9 @@ def verdict(mine: list[Result]) -> str:
 
 
 def report(console, results: list[Result], impl: str, shown: int = 3, hints: bool = False) -> None:
-    """One row per exercise (counts and verdict), then the first failures of each with their
-    first error line and the grader's explanation of the first one that has one, and (with
-    hints) the hint of each exercise not started yet."""
+    """For each exercise, its first failures (each error's first line) and the grader's
+    explanation of the first one that has one, or (with hints) the hint of an exercise not
+    started yet; then one row per exercise (counts and verdict) and the totals."""
     from rich import box
     from rich.markup import escape
     from rich.table import Table
@@ -398,7 +398,6 @@ def report(console, results: list[Result], impl: str, shown: int = 3, hints: boo
         counts = [sum(r.status == s for r in mine) for s in STYLE]
         v = verdict(mine)
         table.add_row(exercise, *map(str, counts), f"[{STYLE[v]}]{v}[/]")
-    console.print(table)
     for exercise, mine in sorted(by_exercise.items()):
         failed = [r for r in mine if r.status == "failed"]
         waiting = [r for r in mine if r.status == "not started"]
@@ -427,6 +426,9 @@ def report(console, results: list[Result], impl: str, shown: int = 3, hints: boo
             console.print(f"[yellow]{exercise}[/]: not started; {escape(text)}")
         elif waiting:
             console.print(f"[yellow]{exercise}[/]: not started (--hints shows a hint)")
+    if any(r.status != "passed" for r in results):
+        console.print()
+    console.print(table)  # last: the feedback first, where a terminal shows it, then the verdict
     total = {s: sum(r.status == s for r in results) for s in STYLE}
     console.print(", ".join(f"[{STYLE[s]}]{n} {s}[/]" for s, n in total.items()) + " (tests)")
 
