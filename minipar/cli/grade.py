@@ -284,6 +284,7 @@ def run(
     if not folder.is_dir():
         raise FileNotFoundError(f"no folder {folder}")
     args = [str(tests), f"--impl={folder}", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    args += ["-p", "no:benchmark"]  # pytest-benchmark, where installed, leaves .benchmarks/ behind
     if not verbose:  # the report is ours; pytest's own output only with --verbose (kept
         # off the screen, not switched off: without its terminal plugin pytest loses the
         # message of some failed asserts)
