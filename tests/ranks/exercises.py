@@ -401,7 +401,8 @@ def tp_calls(trace, what: str, want: int, role: str):
     made = [c.collective for c in trace.calls]
     if made != ["all_reduce"] * want:
         raise AssertionError(
-            f"{what} made {len(made)} collective(s) {made or ''}; it should make {want}: {role}"
+            f"{what} made {len(made)} collective(s){f' {made}' if made else ''}; it should "
+            f"make {want}: {role}"
         )
 
 
