@@ -14,6 +14,11 @@ ceil(log2 p) steps and that no rank sent more than one message per step.
 
     minipar.broadcast(x, src=0, algorithm=broadcast_binomial)
 
+The grader runs the worked solution beside yours on the same input and, when a test fails,
+names the first step where your messages or buffers part from it ("step 0: rank 0 sent all of
+x (148 B) to rank 2; the reference sends ... to rank 1"); steps are numbered by call.rounds(),
+from 0. A wait on a message the solution does not post at that step fails after 1 s.
+
 Grade it: minipar grade 02
 """
 
@@ -27,7 +32,4 @@ def broadcast_binomial(call, x, root: int) -> None:
     """Binomial broadcast of x from `root`: ceil(log2 p) steps, n bytes per message."""
     p = call.size
     vr = (call.rank - root) % p  # my rank, counted from the root
-    raise NotImplementedError(
-        "for k in call.rounds(tree_depth(p)): mask = 1 << k; if vr < mask and vr + mask < p: send"
-        " x to (rank + mask) % p; if mask <= vr < 2 * mask: receive x from (rank - mask) % p"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")

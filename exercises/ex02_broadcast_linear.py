@@ -11,13 +11,15 @@ time grows linearly with p. Same signature as minipar's built-in algorithms, so 
 
     minipar.broadcast(x, src=0, algorithm=broadcast_linear)
 
+The grader runs the worked solution beside yours on the same input and, when a test fails,
+names the first step where your messages or buffers part from it ("step 0: rank 0 sent all of
+x (148 B) to rank 2; the reference sends ... to rank 1"); steps are numbered by call.rounds(),
+from 0. A wait on a message the solution does not post at that step fails after 1 s.
+
 Grade it: minipar grade 02
 """
 
 
 def broadcast_linear(call, x, root: int) -> None:
     """Rank `root` sends x to each other rank; the others receive it into x."""
-    raise NotImplementedError(
-        "on the root, call.isend(x, q) to every q != root, then call.wait(requests); everyone "
-        "else: call.recv(x, root)"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")

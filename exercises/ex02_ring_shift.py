@@ -13,12 +13,15 @@ methods call.send, call.recv, call.sendrecv, call.isend, call.irecv, call.wait. 
 every rank sends before it receives, large messages deadlock (minipar lesson 02 --break
 send-first).
 
+The grader runs the worked solution beside yours on the same input and, when a test fails,
+names the first step where your messages or buffers part from it ("step 0: rank 0 sent all of
+x (148 B) to rank 2; the reference sends ... to rank 1"); steps are numbered by call.rounds(),
+from 0. A wait on a message the solution does not post at that step fails after 1 s.
+
 Grade it: minipar grade 02
 """
 
 
 def ring_shift(call, x, out, shift: int = 1) -> None:
     """out <- x of rank (rank - shift) mod size; x goes to rank (rank + shift) mod size."""
-    raise NotImplementedError(
-        "one call.sendrecv(x, right, out, left) with right = (rank + shift) % size"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")

@@ -12,6 +12,11 @@ After step k each rank holds the reduction over a group of 2^(k+1) ranks, so log
 Both partners compute a op b and b op a, equal bit for bit, so all ranks end identical.
 (minipar's own version also handles other p, by folding the extra ranks in first.)
 
+The grader runs the worked solution beside yours on the same input and, when a test fails,
+names the first step where your messages or buffers part from it ("step 0: rank 0 sent all of
+x (148 B) to rank 2; the reference sends ... to rank 1"); steps are numbered by call.rounds(),
+from 0. A wait on a message the solution does not post at that step fails after 1 s.
+
 Grade it: minipar grade 03
 """
 
@@ -25,7 +30,4 @@ def all_reduce_recursive_doubling(call, x, op) -> None:
     if p & (p - 1):
         raise ValueError(f"recursive doubling needs a power-of-two number of ranks, got {p}")
     incoming = buffers.empty(x, len(x))
-    raise NotImplementedError(
-        "for k in call.rounds(p.bit_length() - 1): partner = rank ^ (1 << k); call.sendrecv(x, "
-        "partner, incoming, partner); reduce_(x, incoming, op)"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")

@@ -14,7 +14,11 @@ talks only to its neighbours: it sends to r+1 and receives from r-1.
 Each rank sends 2 (p-1)/p n bytes in 2 (p-1) steps: bandwidth-optimal. The grader checks the
 result (bitwise the same on every rank), and the trace ledger's bytes and steps against
 minipar.cost.traffic("all_reduce", "ring", ...). Use `for s in call.rounds(p - 1)` for each
-phase so the steps are numbered. Once it passes, it can power minipar (and DDP):
+phase so the steps are numbered. When a test fails, the grader names the first step where your
+messages or buffers part from the worked solution's, by phase, step (from 0), rank and chunk
+(chunk c of p: layout.bounds, so with 4 ranks and 16 elements chunk 1 is x[4:8]); a wait on a
+message the solution does not post at that step fails after 1 s. Once it passes, it can power
+minipar (and DDP):
 
     minipar.register_algorithm("all_reduce", "student_ring", all_reduce_ring)
     minipar.all_reduce(x, algorithm="student_ring")
@@ -35,12 +39,5 @@ def all_reduce_ring(call, x, op) -> None:
     edges = layout.bounds(len(x), p)  # chunk c is x[edges[c] : edges[c + 1]]
     right, left = (r + 1) % p, (r - 1) % p
     scratch = buffers.empty(x, edges[1] - edges[0])  # chunk 0 is the largest
-    raise NotImplementedError(
-        "reduce-scatter: for s in call.rounds(p - 1): sendrecv chunk (r-s-1) % p to the right and"
-        " chunk (r-s-2) % p from the left into scratch, then reduce_(that chunk of x, scratch, "
-        "op)"
-    )
-    raise NotImplementedError(
-        "all-gather: for s in call.rounds(p - 1): sendrecv chunk (r-s) % p to the right and chunk"
-        " (r-s-1) % p from the left, straight into x"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")

@@ -11,7 +11,9 @@ predict a ring all-reduce, and find the size where the ring starts to beat recur
     recursive doubling         log2(p) alpha  +  log2(p) n beta          (p a power of two)
 
 Reductions are free here (no gamma term). minipar.cost has the full model; the grader checks
-your answers against it.
+your answers against it: the fit on exact and on noisy points (against numpy's least squares),
+the ring's time for p = 1, 2, 3, 8 and 8 B to 1 GiB, and the crossover for p = 2 to 64; a
+failure names the call and its arguments, yours beside the expected value.
 
 Grade it: minipar grade 04
 """
@@ -24,21 +26,15 @@ import numpy as np
 def fit_alpha_beta(nbytes, seconds) -> tuple[float, float]:
     """(alpha, beta) minimising sum((alpha + n beta - t)^2) over the measurements."""
     n, t = np.asarray(nbytes, dtype=float), np.asarray(seconds, dtype=float)
-    raise NotImplementedError(
-        "the matrix has a column of ones (alpha) and a column of n (beta): "
-        "np.linalg.lstsq(np.column_stack([np.ones_like(n), n]), t, rcond=None)"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")
 
 
 def ring_all_reduce_time(alpha: float, beta: float, nbytes: float, p: int) -> float:
     """Seconds for a ring all-reduce of nbytes on p ranks (no reduction cost)."""
-    raise NotImplementedError("2 (p-1) steps of alpha, and 2 (p-1)/p * nbytes bytes of beta each")
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")
 
 
 def ring_beats_recursive_doubling(alpha: float, beta: float, p: int) -> float:
     """The size in bytes above which the ring all-reduce is faster than recursive doubling on p
     ranks (p a power of two, p >= 2); math.inf if the ring never wins."""
-    raise NotImplementedError(
-        "set the two times equal and solve for n; the ring never wins when its bytes factor "
-        "2(p-1)/p is not below log2(p)"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")

@@ -20,13 +20,22 @@ Per rank: 2 (k-1)/k S bytes inside the node, 2 (N-1)/N S/k between nodes, in 2 (
 steps. The grader runs it on 4 ranks told they sit on 2 nodes of 2 and checks the sum, that
 every rank holds the same bits, and the ledger's steps and bytes between nodes against
 minipar.cost.traffic_on_nodes; a wrong step is named with its level ("reduce-scatter across
-nodes step 0").
+nodes step 0"). Its words for parts of x are this exercise's: "chunk j" is the j-th of the k
+chunks of step 1 (layout.bounds(len(x), k): with 2 ranks a node, chunk 1 is x's second half);
+a piece of a chunk is named by its elements only ("x[4:8]"). `minipar grade 04 --nodes 2`
+runs it on 2 emulated nodes, where the machine can make them (docs/cluster.md).
 
 Grade it: minipar grade 04
 """
 
 from minipar.collectives import layout, ring
 from minipar.collectives.hierarchical import Level, members
+
+
+def chunks_of_x(call) -> int:
+    """How many chunks the grader cuts x into when it names one: k, the ranks of a node."""
+    return len(next(ranks for ranks in members(call.comm) if call.rank in ranks))
+
 
 PHASES = (  # the call.rounds() loops in order, each named with its level, for the grader
     "reduce-scatter inside the node",
@@ -41,13 +50,6 @@ def all_reduce_two_level(call, x, op) -> None:
     Every node holds the same number of ranks."""
     by_node = members(call.comm)  # e.g. [[0, 1], [2, 3]]: 2 nodes of 2
     node = next(ranks for ranks in by_node if call.rank in ranks)
-    raise NotImplementedError(
-        "the two levels: inside = Level(call, my node's ranks, \"inside\"), across = Level(call, "
-        "the rank at my position j on every node, \"across\")"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")
     edges = layout.bounds(len(x), len(node))  # k chunks: chunk j is local rank j's
-    raise NotImplementedError(
-        "reduce-scatter inside (ring.reduce_scatter_inplace), all-reduce my chunk across "
-        "(ring.all_reduce_ring on layout.chunk(x, edges, inside.rank)), then all-gather inside "
-        "(ring.all_gather_inplace)"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")

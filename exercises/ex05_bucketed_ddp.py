@@ -17,6 +17,13 @@ number of collective calls drops from the number of parameters to the number of 
 minipar.parallel.DistributedDataParallel the buckets start during backward (hooks), which
 hides the communication behind computation.
 
+The grader checks make_buckets for caps of 0, 100, 288 (two parameters fill it exactly: they
+share a bucket), 300 and 1 MiB bytes against minipar's own buckets, then every .grad against
+the full batch's and one all-reduce per bucket. Bucket b is the b-th you make, from 0 (bucket 0
+holds the last parameters); its bytes a:b count the gradients laid end to end in reverse
+registration order. A failure names the cap, the bucket, its parameters and bytes, yours
+beside the reference's; or the parameter, its bucket and byte range, and the element off.
+
 Grade it: minipar grade 05
 """
 
@@ -29,10 +36,7 @@ def make_buckets(params, cap_bytes: int) -> list[list]:
     """Trainable params in reverse order, grouped into buckets of at most cap_bytes."""
     params = [p for p in params if p.requires_grad]
     buckets, current, size = [], [], 0
-    raise NotImplementedError(
-        "for p in reversed(params): close the current bucket when adding p would pass cap_bytes "
-        "(and it is not empty), then add p; keep the last bucket too"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")
     return buckets
 
 
@@ -44,13 +48,7 @@ def all_reduce_bucketed(params, cap_bytes: int, group=None) -> int:
     flats, works = [], []
     for bucket in buckets:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket]
-        raise NotImplementedError(
-            "flat = torch.cat of the grads reshaped to 1-D; start minipar.all_reduce(flat, "
-            "group=group, async_op=True); keep flat and the Work"
-        )
+        raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")
     for bucket, flat, work in zip(buckets, flats, works):
-        raise NotImplementedError(
-            "wait for the Work, divide flat by size, then give each parameter its slice: p.grad ="
-            " flat[offset : offset + p.numel()].view_as(p).clone()"
-        )
+        raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")
     return len(buckets)

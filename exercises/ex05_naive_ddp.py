@@ -12,6 +12,10 @@ Traps: a tied weight (one Parameter used in two places) is ONE tensor: module.pa
 lists it once, so reduce it once. A parameter whose .grad is None on some rank (unused there)
 must still be reduced by every rank, or the ranks' collectives no longer match: use zeros.
 
+The grader compares every .grad with the full batch's on 2 and 4 ranks (a failure names the
+parameter, the element and, when every element is off by one factor, the factor: 2 on 2 ranks
+is a sum that was not averaged), and counts one all-reduce per trainable parameter.
+
 Grade it: minipar grade 05
 """
 
@@ -26,7 +30,4 @@ def all_reduce_gradients(module, group=None) -> None:
     for p in module.parameters():  # each Parameter once, tied ones included
         if not p.requires_grad:
             continue
-        raise NotImplementedError(
-            "grad = p.grad, or zeros like p if it is None; all_reduce it (SUM) on the group, "
-            "divide by the group size, and store it back in p.grad"
-        )
+        raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")

@@ -14,6 +14,11 @@ parameter) on every rank. ZeRO stage 1 gives each parameter one owner rank:
 Each rank keeps K * Psi / N_d bytes of state instead of K * Psi. The updated values are the
 optimizer's own arithmetic on the same gradients, so they equal a plain optimizer's bitwise.
 
+The grader checks partition on four cases (a failure names the parameter, its size, yours and
+the reference's owner, and the elements per rank), then one step on 2 and 4 ranks against a
+plain AdamW: a failure names the parameter, whose shard it is, and the root of its broadcast
+(broadcast i is the i-th your step makes; it must come from parameter i's owner).
+
 Grade it: minipar grade 05
 """
 
@@ -25,10 +30,7 @@ import minipar
 def partition(sizes: list[int], world: int) -> list[int]:
     """owner[i]: the rank that owns parameter i (sizes[i] elements)."""
     owner, load = [0] * len(sizes), [0] * world
-    raise NotImplementedError(
-        "for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)): the rank with the "
-        "smallest (load, rank) gets it; add sizes[i] to its load"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")
     return owner
 
 
@@ -38,7 +40,4 @@ def zero1_step(params, owner, local_optimizer, group=None) -> None:
     owner rank (owner[i] is a rank of the group) to every rank."""
     if local_optimizer is not None:
         local_optimizer.step()
-    raise NotImplementedError(
-        "for p, r in zip(params, owner): minipar.broadcast(p.data, r, group=group)  (p.data: the "
-        "parameter's storage, outside autograd)"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")

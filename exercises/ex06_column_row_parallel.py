@@ -18,6 +18,13 @@ the math needs it: the grader reads the trace ledger and expects
   row forward: one all-reduce (each rank's product is a partial sum), bias added once, after
   row backward: nothing (grad_y is whole on every rank)
 
+A failure names the layer and direction (column or row, forward or backward), and first the
+collectives it made against these (f: the identity forward, an all-reduce of grad_x backward;
+g: an all-reduce of the output forward, the identity backward, as Megatron-LM names them),
+then the first element off against torch autograd on the whole layer (relative error 1e-5) and
+the rank's shard: rows r out/p .. (r+1) out/p of W for a column layer, columns r in/p .. of W
+(and of x) for a row layer.
+
 Grade it: minipar grade 06
 """
 
@@ -33,31 +40,22 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 def column_forward(x, weight, bias=None):
     """This rank's output features: x (..., in), weight (out/p, in) -> (..., out/p)."""
-    raise NotImplementedError("no communication: y = x @ weight.T, plus the bias slice if any")
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")
 
 
 def column_backward(grad_y, x, weight, group=None):
     """(grad_x, grad_weight, grad_bias) for grad_y (..., out/p); grad_x (..., in) is the full
     gradient (summed over the group), the others this rank's slices."""
-    raise NotImplementedError(
-        "grad_x = grad_y @ weight is partial: all-reduce a contiguous copy; grad_weight = "
-        "grad_y^T x over all tokens; grad_bias = grad_y summed over tokens"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")
 
 
 def row_forward(x_part, weight, bias=None, group=None):
     """x_part (..., in/p), this rank's input features; weight (out, in/p); bias (out,) or None.
     Returns the full output (..., out), the same on every rank."""
-    raise NotImplementedError(
-        "partial = x_part @ weight.T; all-reduce it (contiguous); then add the bias once, after "
-        "the sum"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")
 
 
 def row_backward(grad_y, x_part, weight):
     """(grad_x_part, grad_weight, grad_bias) for grad_y (..., out): this rank's slices, and the
     full bias gradient."""
-    raise NotImplementedError(
-        "no communication: grad_x_part = grad_y @ weight; grad_weight = grad_y^T x_part over all "
-        "tokens; grad_bias = grad_y summed over tokens"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")

@@ -17,7 +17,8 @@ ValueError naming the length and 2cp.
 The grader checks the chunks for cp = 1..8, that the ranks' tokens cover the sequence once,
 that every rank's causal work (the sum over its tokens i of i + 1 keys) is the same, that split
 cuts as minipar's shard_sequence(x, dim, causal=True), and, on real ranks, that minipar's ring
-attention on your shards equals dense attention.
+attention on your shards equals dense attention. A failure names cp, the rank and the chunks
+or tokens it holds beside the reference's.
 
 Grade it: minipar grade 09
 """
@@ -27,12 +28,9 @@ import torch
 
 def chunks_of(rank: int, cp: int) -> tuple[int, int]:
     """The chunks (of 2cp) that rank holds, head first."""
-    raise NotImplementedError("the head chunk is rank itself; the tail mirrors it from the end")
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")
 
 
 def split(x: torch.Tensor, dim: int, rank: int, cp: int) -> torch.Tensor:
     """rank's tokens of x along dim: its head chunk, then its tail chunk."""
-    raise NotImplementedError(
-        "check x.shape[dim] % (2 * cp); chunks = x.chunk(2 * cp, dim); torch.cat of the two "
-        "chunks of chunks_of(rank, cp), along dim"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")

@@ -16,9 +16,13 @@ the running maximum m = max(lse_a, lse_b) first: exp(lse_a - m) and exp(lse_b - 
 A block whose keys were all masked has lse = -inf and out = 0: it must contribute nothing, and
 two such blocks give lse = -inf, out = 0 (no NaN).
 
-The grader checks your merge against torch's scaled_dot_product_attention over all the keys
-(cut in different places, chained over several blocks), with scores in the hundreds and with
-empty blocks, then runs minipar's ring attention with your merge in it, on real ranks.
+The grader checks your merge against torch's scaled_dot_product_attention over all the keys (cut
+in different places, chained over several blocks), with scores in the hundreds and with empty
+blocks, then runs minipar's ring attention with your merge in it, on real ranks. Block i holds
+the keys between the cuts (with cuts at 8 on 16 keys: block 0 is keys 0:8, block 1 keys 8:16),
+merged left to right; a masked block has every key masked (lse = -inf, out = 0). A failure names
+the merge (which block into which keys), out or lse, and the first element off, [batch, head,
+query(, feature)].
 
 Grade it: minipar grade 09
 """
@@ -28,9 +32,4 @@ import torch
 
 def merge(out_a, lse_a, out_b, lse_b):
     """(out, lse) over the keys of blocks a and b (the shapes of out_a and lse_a)."""
-    raise NotImplementedError(
-        "m = torch.maximum(lse_a, lse_b), set to 0 where it is -inf; wa = exp(lse_a - m), wb = "
-        "exp(lse_b - m); lse = m + log(wa + wb); out = (wa * out_a + wb * out_b) / (wa + wb), "
-        "with a sum of 0 replaced by 1 (wa and wb are (..., q_len): unsqueeze(-1) them to "
-        "multiply out)"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")

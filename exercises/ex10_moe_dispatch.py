@@ -22,7 +22,9 @@ Write three functions (torch tensors of int64 in, as in minipar/parallel/expert/
 
 The grader checks them on hand-made and random routings against minipar's own, then plugs
 yours into minipar's MoE layer on real ranks: the outputs, gradients and the all-to-all's bytes
-must be what minipar's own dispatch gives.
+must be what minipar's own dispatch gives. Copy i is token i // k's choice i % k (its
+experts[t, j]); a failure names the first expert whose token count differs, or the first
+position of order that holds another copy, yours beside the reference's.
 
 Grade it: minipar grade 10
 """
@@ -32,23 +34,14 @@ import torch
 
 def sort_by_expert(experts: torch.Tensor, kept: torch.Tensor, n_experts: int):
     """(order (T*k,), counts (E,)): copies sorted stably by expert, dropped ones last."""
-    raise NotImplementedError(
-        "give each copy a key, its expert or n_experts when dropped (torch.where); order = "
-        "torch.argsort(key.reshape(-1), stable=True); counts = torch.bincount(key, "
-        "minlength=n_experts + 1)[:n_experts]"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")
 
 
 def split_sizes(counts: torch.Tensor, n_ranks: int) -> list:
     """Rows for each rank (a list of p ints): the counts of its E/p experts, summed."""
-    raise NotImplementedError(
-        "counts.reshape(n_ranks, -1) has one row per rank; sum each, tolist()"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")
 
 
 def inverse_permutation(order: torch.Tensor) -> torch.Tensor:
     """inverse with inverse[order[i]] = i, for every i."""
-    raise NotImplementedError(
-        "start from torch.empty_like(order) and write i at position order[i] (one indexed "
-        "assignment with torch.arange)"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")

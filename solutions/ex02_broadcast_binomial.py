@@ -12,6 +12,11 @@ ceil(log2 p) steps and that no rank sent more than one message per step.
 
     minipar.broadcast(x, src=0, algorithm=broadcast_binomial)
 
+The grader runs the worked solution beside yours on the same input and, when a test fails,
+names the first step where your messages or buffers part from it ("step 0: rank 0 sent all of
+x (148 B) to rank 2; the reference sends ... to rank 1"); steps are numbered by call.rounds(),
+from 0. A wait on a message the solution does not post at that step fails after 1 s.
+
 Grade it: minipar grade 02
 """
 

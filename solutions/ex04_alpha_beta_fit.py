@@ -9,7 +9,9 @@ predict a ring all-reduce, and find the size where the ring starts to beat recur
     recursive doubling         log2(p) alpha  +  log2(p) n beta          (p a power of two)
 
 Reductions are free here (no gamma term). minipar.cost has the full model; the grader checks
-your answers against it.
+your answers against it: the fit on exact and on noisy points (against numpy's least squares),
+the ring's time for p = 1, 2, 3, 8 and 8 B to 1 GiB, and the crossover for p = 2 to 64; a
+failure names the call and its arguments, yours beside the expected value.
 
 Grade it: minipar grade 04
 """

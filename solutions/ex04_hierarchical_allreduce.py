@@ -18,13 +18,22 @@ Per rank: 2 (k-1)/k S bytes inside the node, 2 (N-1)/N S/k between nodes, in 2 (
 steps. The grader runs it on 4 ranks told they sit on 2 nodes of 2 and checks the sum, that
 every rank holds the same bits, and the ledger's steps and bytes between nodes against
 minipar.cost.traffic_on_nodes; a wrong step is named with its level ("reduce-scatter across
-nodes step 0").
+nodes step 0"). Its words for parts of x are this exercise's: "chunk j" is the j-th of the k
+chunks of step 1 (layout.bounds(len(x), k): with 2 ranks a node, chunk 1 is x's second half);
+a piece of a chunk is named by its elements only ("x[4:8]"). `minipar grade 04 --nodes 2`
+runs it on 2 emulated nodes, where the machine can make them (docs/cluster.md).
 
 Grade it: minipar grade 04
 """
 
 from minipar.collectives import layout, ring
 from minipar.collectives.hierarchical import Level, members
+
+
+def chunks_of_x(call) -> int:
+    """How many chunks the grader cuts x into when it names one: k, the ranks of a node."""
+    return len(next(ranks for ranks in members(call.comm) if call.rank in ranks))
+
 
 PHASES = (  # the call.rounds() loops in order, each named with its level, for the grader
     "reduce-scatter inside the node",

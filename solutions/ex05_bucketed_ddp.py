@@ -15,6 +15,13 @@ number of collective calls drops from the number of parameters to the number of 
 minipar.parallel.DistributedDataParallel the buckets start during backward (hooks), which
 hides the communication behind computation.
 
+The grader checks make_buckets for caps of 0, 100, 288 (two parameters fill it exactly: they
+share a bucket), 300 and 1 MiB bytes against minipar's own buckets, then every .grad against
+the full batch's and one all-reduce per bucket. Bucket b is the b-th you make, from 0 (bucket 0
+holds the last parameters); its bytes a:b count the gradients laid end to end in reverse
+registration order. A failure names the cap, the bucket, its parameters and bytes, yours
+beside the reference's; or the parameter, its bucket and byte range, and the element off.
+
 Grade it: minipar grade 05
 """
 

@@ -10,6 +10,10 @@ Traps: a tied weight (one Parameter used in two places) is ONE tensor: module.pa
 lists it once, so reduce it once. A parameter whose .grad is None on some rank (unused there)
 must still be reduced by every rank, or the ranks' collectives no longer match: use zeros.
 
+The grader compares every .grad with the full batch's on 2 and 4 ranks (a failure names the
+parameter, the element and, when every element is off by one factor, the factor: 2 on 2 ranks
+is a sum that was not averaged), and counts one all-reduce per trainable parameter.
+
 Grade it: minipar grade 05
 """
 

@@ -12,6 +12,11 @@ parameter) on every rank. ZeRO stage 1 gives each parameter one owner rank:
 Each rank keeps K * Psi / N_d bytes of state instead of K * Psi. The updated values are the
 optimizer's own arithmetic on the same gradients, so they equal a plain optimizer's bitwise.
 
+The grader checks partition on four cases (a failure names the parameter, its size, yours and
+the reference's owner, and the elements per rank), then one step on 2 and 4 ranks against a
+plain AdamW: a failure names the parameter, whose shard it is, and the root of its broadcast
+(broadcast i is the i-th your step makes; it must come from parameter i's owner).
+
 Grade it: minipar grade 05
 """
 

@@ -16,6 +16,13 @@ the math needs it: the grader reads the trace ledger and expects
   row forward: one all-reduce (each rank's product is a partial sum), bias added once, after
   row backward: nothing (grad_y is whole on every rank)
 
+A failure names the layer and direction (column or row, forward or backward), and first the
+collectives it made against these (f: the identity forward, an all-reduce of grad_x backward;
+g: an all-reduce of the output forward, the identity backward, as Megatron-LM names them),
+then the first element off against torch autograd on the whole layer (relative error 1e-5) and
+the rank's shard: rows r out/p .. (r+1) out/p of W for a column layer, columns r in/p .. of W
+(and of x) for a row layer.
+
 Grade it: minipar grade 06
 """
 

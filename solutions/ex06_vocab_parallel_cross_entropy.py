@@ -11,7 +11,9 @@ Compute both WITHOUT gathering the logits: the max, the sum of exponentials and 
 logit (owned by one rank; the others contribute 0) each need one number per token from every
 rank: `minipar.all_reduce(t, op=minipar.ReduceOp.MAX or SUM, group=group)`, in place on
 contiguous tensors. The grader checks the loss and gradient against torch's cross-entropy, and
-the trace ledger: all-reduces only, at most 3 numbers per token in total.
+the trace ledger: all-reduces only, at most 3 numbers per token in total. Rank r's vocabulary
+slice is logits r V/p .. (r+1) V/p; a failure names the rank, its slice, the token [batch,
+position] and the number of all-reduces you made (the solution makes 2: the MAX, then the sums).
 
 Grade it: minipar grade 06
 """

@@ -13,6 +13,11 @@ Stages: with p ranks, chunk c of rank r is global stage s = c * p + r, and stage
 s % p. Tag: ((mb * n_stages + receiving_stage) * 2 + kind) % 2**15, where receiving_stage is the
 stage the message goes to; both sides compute the same tag, so messages never mix.
 
+The grader runs minipar's 1F1B and interleaved schedules on 2 to 4 ranks with your step for
+every message, and compares each message's peer and tag with the worked solution's before it
+moves: a failure names the rank, the instruction (its index in the rank's list, from 0), its
+stage, and the peer and tag, yours beside the reference's; then every value received.
+
 Grade it: minipar grade 07
 """
 

@@ -15,7 +15,8 @@ ValueError naming the length and 2cp.
 The grader checks the chunks for cp = 1..8, that the ranks' tokens cover the sequence once,
 that every rank's causal work (the sum over its tokens i of i + 1 keys) is the same, that split
 cuts as minipar's shard_sequence(x, dim, causal=True), and, on real ranks, that minipar's ring
-attention on your shards equals dense attention.
+attention on your shards equals dense attention. A failure names cp, the rank and the chunks
+or tokens it holds beside the reference's.
 
 Grade it: minipar grade 09
 """

@@ -20,7 +20,9 @@ Write three functions (torch tensors of int64 in, as in minipar/parallel/expert/
 
 The grader checks them on hand-made and random routings against minipar's own, then plugs
 yours into minipar's MoE layer on real ranks: the outputs, gradients and the all-to-all's bytes
-must be what minipar's own dispatch gives.
+must be what minipar's own dispatch gives. Copy i is token i // k's choice i % k (its
+experts[t, j]); a failure names the first expert whose token count differs, or the first
+position of order that holds another copy, yours beside the reference's.
 
 Grade it: minipar grade 10
 """

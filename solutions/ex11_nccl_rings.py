@@ -15,7 +15,10 @@ naming the bad value when channels is not between 1 and per_node.
 The grader checks the orders for several shapes, that every ring holds every rank once, that the
 channels leave each node through different GPUs (different NICs), and, on a simulated cluster of
 two DGX H100 nodes (minipar.simulate), that the unchanged ring all-reduce on your rings reaches
-more than five times one ring's bus bandwidth and the exact sum on every rank.
+more than five times one ring's bus bandwidth and the exact sum on every rank. Ring c is the
+c-th list you return; it leaves node 0 through the NIC of its last GPU there (the rank before it
+crosses to node 1). A failure names the shape, the ring and both NICs, yours beside the
+reference's.
 
 Grade it: minipar grade 11
 """

@@ -3,21 +3,18 @@ or `minipar grade`). Test names carry the exercise's file name (ex03_ring_allred
 is how `minipar grade 03` picks a lesson's tests."""
 
 import math
+import os
 
 import numpy as np
 import pytest
 from conftest import ranks_suite
 
 from minipar import cost, exercises
+from minipar.cli import grade
 from minipar.testing import harness
 
 SUITE = ranks_suite("exercises.py")
 SIZES = [1, 2, 3, 4]
-
-
-@pytest.mark.parametrize("size,name", harness.params(SUITE, SIZES))
-def test_ranks(size, name, exercise_impl):
-    harness.run_suite(SUITE, size, "mpi").check(name)
 
 
 # -- ex04: the alpha-beta fit (one process) --------------------------------------------------------
@@ -30,8 +27,9 @@ def ex04(impl: str):
 def test_ex04_alpha_beta_fit_exact(exercise_impl):
     sizes = np.array([8, 1 << 10, 1 << 16, 1 << 20, 1 << 24], dtype=float)
     alpha, beta = ex04(exercise_impl).fit_alpha_beta(sizes, 5e-6 + sizes / 2e9)
-    assert alpha == pytest.approx(5e-6, rel=1e-6), f"alpha {alpha}, want 5e-6"
-    assert beta == pytest.approx(1 / 2e9, rel=1e-6), f"beta {beta}, want {1 / 2e9}"
+    what = "fit_alpha_beta on 5 exact points t = 5e-6 + n / 2e9"
+    assert alpha == pytest.approx(5e-6, rel=1e-6), f"{what}: alpha yours {alpha:.6g}, want 5e-06"
+    assert beta == pytest.approx(1 / 2e9, rel=1e-6), f"{what}: beta yours {beta:.6g}, want 5e-10"
 
 
 def test_ex04_alpha_beta_fit_noisy_lists(exercise_impl):
@@ -40,7 +38,10 @@ def test_ex04_alpha_beta_fit_noisy_lists(exercise_impl):
     times = [(20e-6 + n / 5e9) * (1 + 0.02 * rng.standard_normal()) for n in sizes]
     alpha, beta = ex04(exercise_impl).fit_alpha_beta(sizes, times)  # plain lists work too
     want = np.linalg.lstsq(np.column_stack([np.ones(len(sizes)), sizes]), times, rcond=None)[0]
-    assert (alpha, beta) == pytest.approx(tuple(want), rel=1e-9), "not the least-squares fit"
+    assert (alpha, beta) == pytest.approx(tuple(want), rel=1e-9), (
+        f"fit_alpha_beta on 66 noisy points: yours alpha {alpha:.6g}, beta {beta:.6g}; the least-"
+        f"squares fit alpha {want[0]:.6g}, beta {want[1]:.6g}"
+    )
     assert beta == pytest.approx(1 / 5e9, rel=0.05)
 
 
@@ -50,7 +51,11 @@ def test_ex04_alpha_beta_fit_ring_time(exercise_impl, p):
     for nbytes in (8, 1 << 20, 1 << 30):
         got = ex04(exercise_impl).ring_all_reduce_time(link.alpha, link.beta, nbytes, p)
         want = cost.predict("all_reduce", "ring", nbytes, p, link)
-        assert got == pytest.approx(want, rel=1e-12), f"p={p} n={nbytes}: {got}, want {want}"
+        assert got == pytest.approx(want, rel=1e-12), (
+            f"ring_all_reduce_time(alpha=7e-6, beta=1/3e9, nbytes={nbytes}, p={p}): yours "
+            f"{got:.6g} s, minipar.cost says {want:.6g} s (2 (p-1) steps of alpha, 2 (p-1)/p n "
+            "bytes of beta)"
+        )
 
 
 @pytest.mark.parametrize("p", [2, 4, 8, 64])
@@ -71,27 +76,86 @@ def ex07(impl: str):
     return exercises.load("ex07_one_f_one_b", impl)
 
 
+def _short(ins) -> str:
+    return f"{type(ins).__name__}({ins.mb})" if ins is not None else "nothing (the list ends)"
+
+
+def _first_difference(mine: list, ref: list) -> int | None:
+    for i in range(max(len(mine), len(ref))):
+        a = mine[i] if i < len(mine) else None
+        b = ref[i] if i < len(ref) else None
+        if a != b:
+            return i
+    return None
+
+
+def _words(error) -> str:
+    """The verifier's message, its mailbox slots ('act', 1, 1) put into words."""
+    import re
+
+    def slot(match):
+        kind, mb, stage = match.groups()
+        what = "activation" if kind == "act" else "gradient"
+        return f"the {what} of micro-batch {mb} for stage {stage}"
+
+    return re.sub(r"\('(act|grad)', (\d+), (\d+)\)", slot, str(error))
+
+
+def ex07_grid():
+    return [(p, m) for p in range(2, 9) for m in range(1, 17)]
+
+
+def test_ex07_one_f_one_b_order(exercise_impl):
+    """Exactly 1F1B's compute order (the docstring's contract), on every rank of every (p, m):
+    the first instruction where yours differs from minipar's own, by index."""
+    from minipar.parallel.pipeline import schedules as S
+
+    one_f_one_b = ex07(exercise_impl).one_f_one_b
+    for p, m in ex07_grid():
+        for r in range(p):
+            mine = list(one_f_one_b(r, p, m))
+            ref = [i for i in S.instructions("1f1b", r, p, m) if type(i) in (S.Forward, S.Backward)]
+            i = _first_difference(mine, ref)
+            if i is None:
+                continue
+            yours = _short(mine[i] if i < len(mine) else None)
+            theirs = _short(ref[i] if i < len(ref) else None)
+            raise AssertionError(
+                f"p={p} m={m}, rank {r}, instruction {i}: yours {yours}, the reference {theirs} "
+                f"(yours: {_letters(mine)}; the reference: {_letters(ref)}; F = Forward, "
+                "B = Backward, then the micro-batch)"
+            )
+
+
+def _letters(order) -> str:
+    return " ".join(f"{type(x).__name__[0]}{x.mb}" for x in order)
+
+
 def test_ex07_one_f_one_b_verifies(exercise_impl):
+    """minipar's verifier runs every rank's list with its messages: no deadlock, every message
+    received, every micro-batch forward and backward; then the peak and the bubble."""
     from minipar.parallel.pipeline import schedules as S
     from minipar.parallel.pipeline import verify as V
 
-    for p in range(2, 9):
-        for m in range(1, 17):
-            compute = [ex07(exercise_impl).one_f_one_b(r, p, m) for r in range(p)]
-            program = [S.with_comms(c, r, p, 1) for r, c in enumerate(compute)]
-            report = V.verify(program)  # raises on a deadlock or a lost micro-batch
-            want = [min(p - r, m) for r in range(p)]
-            assert report.peak_in_flight == want, f"p={p} m={m}: peak {report.peak_in_flight}"
-            assert report.bubble_fraction == pytest.approx((p - 1) / (m + p - 1)), (p, m)
-
-
-def test_ex07_one_f_one_b_is_minipars(exercise_impl):
-    from minipar.parallel.pipeline import schedules as S
-
-    for p, m in ((4, 8), (4, 2), (3, 5)):
-        for r in range(p):
-            mine = S.with_comms(ex07(exercise_impl).one_f_one_b(r, p, m), r, p, 1)
-            assert mine == S.instructions("1f1b", r, p, m), f"rank {r} of p={p}, m={m}"
+    for p, m in ex07_grid():
+        compute = [ex07(exercise_impl).one_f_one_b(r, p, m) for r in range(p)]
+        program = [S.with_comms(c, r, p, 1) for r, c in enumerate(compute)]
+        try:
+            report = V.verify(program, m=m, v=1)
+        except V.ScheduleError as error:
+            raise AssertionError(f"p={p} m={m}: the verifier says: {_words(error)}") from None
+        want = [min(p - r, m) for r in range(p)]
+        wrong = [r for r in range(p) if report.peak_in_flight[r] != want[r]]
+        assert not wrong, (
+            f"p={p} m={m}, rank {wrong[0]}: holds at most {report.peak_in_flight[wrong[0]]} "
+            f"micro-batches' activations, expected min(p - r, m) = {want[wrong[0]]} (every rank: "
+            f"measured {report.peak_in_flight}, expected {want})"
+        )
+        bubble = (p - 1) / (m + p - 1)
+        assert report.bubble_fraction == pytest.approx(bubble), (
+            f"p={p} m={m}: bubble {report.bubble_fraction:.4f} of the time, expected (p-1)/(m+p-1) "
+            f"= {bubble:.4f}"
+        )
 
 
 # -- ex09: context parallelism (one process) ---------------------------------------------------
@@ -119,20 +183,39 @@ def attention_blocks(cuts, scale=1.0, seed=0):
     return q, k, v, blocks
 
 
+def merge_close(got, want, what: str) -> None:
+    """got == want (torch's tolerances), or an AssertionError naming `what` and the first
+    element off, as [batch, head, query(, feature)]."""
+    import torch
+
+    off = ~torch.isclose(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)
+    if bool(off.any()):
+        at = [int(i) for i in off.nonzero()[0]]
+        raise AssertionError(
+            f"{what}, element {at}: yours {got[tuple(at)].item():.6g}, the reference "
+            f"{want[tuple(at)].item():.6g} ({int(off.sum())} of {off.numel()} elements off)"
+        )
+
+
 @pytest.mark.parametrize("cuts", [[1], [8], [15], [3, 7, 12]])
 def test_ex09_online_softmax_merge_is_attention_over_all_keys(exercise_impl, cuts):
+    """Block i holds keys edges[i]:edges[i + 1]; blocks merge left to right, each checked
+    against attention over all the keys merged so far."""
     import torch
     from torch.nn import functional as F
 
     merge = ex09("ex09_online_softmax_merge", exercise_impl).merge
     q, k, v, blocks = attention_blocks(cuts)
+    edges = [0, *cuts, 16]
     out, lse = blocks[0]
-    for block in blocks[1:]:
+    for i, block in enumerate(blocks[1:], 1):
         out, lse = merge(out, lse, *block)
-    want = F.scaled_dot_product_attention(q, k, v)
-    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6, msg="merged output")
-    scores = q @ k.transpose(-1, -2) / math.sqrt(8)
-    torch.testing.assert_close(lse, torch.logsumexp(scores, -1), msg="merged lse")
+        a, b = edges[i], edges[i + 1]
+        what = f"merging block {i} (keys {a}:{b}) into blocks 0..{i - 1} (keys 0:{a})"
+        want = F.scaled_dot_product_attention(q, k[:, :, :b], v[:, :, :b])
+        merge_close(out, want, f"{what}: out")
+        scores = q @ k[:, :, :b].transpose(-1, -2) / math.sqrt(8)
+        merge_close(lse, torch.logsumexp(scores, -1), f"{what}: lse")
 
 
 def test_ex09_online_softmax_merge_scores_in_the_hundreds(exercise_impl):
@@ -145,9 +228,10 @@ def test_ex09_online_softmax_merge_scores_in_the_hundreds(exercise_impl):
     q, k, v, blocks = attention_blocks([8], scale=8.0)
     assert blocks[0][1].max() > 100, "the test needs scores past exp's float32 range"
     out, lse = merge(*blocks[0], *blocks[1])
-    assert torch.isfinite(out).all() and torch.isfinite(lse).all(), "inf or NaN: rescale by m"
-    want = F.scaled_dot_product_attention(q, k, v)
-    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+    what = "merging block 1 (keys 8:16) into block 0 (keys 0:8), scores in the hundreds"
+    bad = int((~torch.isfinite(out)).sum() + (~torch.isfinite(lse)).sum())
+    assert not bad, f"{what}: {bad} inf or NaN in out and lse (exp(lse) overflows: rescale by m)"
+    merge_close(out, F.scaled_dot_product_attention(q, k, v), f"{what}: out")
 
 
 def test_ex09_online_softmax_merge_empty_blocks(exercise_impl):
@@ -159,12 +243,22 @@ def test_ex09_online_softmax_merge_empty_blocks(exercise_impl):
     _, _, _, blocks = attention_blocks([8])
     out, lse = blocks[0]
     empty = (torch.zeros_like(out), torch.full_like(lse, float("-inf")))
-    for merged in (merge(out, lse, *empty), merge(*empty, out, lse)):
-        torch.testing.assert_close(merged[0], out, msg="out after merging an empty block")
-        torch.testing.assert_close(merged[1], lse, msg="lse after merging an empty block")
+    masked = "a masked block (every key masked: lse = -inf, out = 0)"
+    for what, merged in (
+        (f"block 0 (keys 0:8), then {masked}", merge(out, lse, *empty)),
+        (f"{masked}, then block 0 (keys 0:8)", merge(*empty, out, lse)),
+    ):
+        merge_close(merged[0], out, f"merging {what}: out")
+        merge_close(merged[1], lse, f"merging {what}: lse")
     both = merge(*empty, *empty)
-    assert not torch.isnan(both[0]).any() and not torch.isnan(both[1]).any(), "NaN"
-    assert torch.equal(both[0], empty[0]) and torch.isneginf(both[1]).all(), both
+    what = "merging two masked blocks (every key masked: lse = -inf, out = 0)"
+    assert not torch.isnan(both[0]).any() and not torch.isnan(both[1]).any(), (
+        f"{what}: NaN in {'out' if torch.isnan(both[0]).any() else 'lse'} (exp(-inf - -inf): "
+        "set m to 0 where it is -inf)"
+    )
+    assert torch.equal(both[0], empty[0]) and torch.isneginf(both[1]).all(), (
+        f"{what}: out should stay 0 and lse -inf"
+    )
 
 
 @pytest.mark.parametrize("cp", range(1, 9))
@@ -175,14 +269,20 @@ def test_ex09_load_balanced_split_chunks(exercise_impl, cp):
     from minipar.parallel.context import layout
 
     split = ex09("ex09_load_balanced_split", exercise_impl)
-    held = [split.chunks_of(r, cp) for r in range(cp)]
-    assert sorted(c for pair in held for c in pair) == list(range(2 * cp)), held
-    seq = 4 * cp
+    seq = 4 * cp  # chunk c is tokens 2c, 2c + 1
     work = []
     for r in range(cp):
-        assert tuple(held[r]) == (r, 2 * cp - 1 - r), f"rank {r} of cp={cp}: {held[r]}"
+        held = tuple(split.chunks_of(r, cp))
+        assert held == (r, 2 * cp - 1 - r), (
+            f"cp={cp}, rank {r}: chunks_of says {held}, the reference ({r}, {2 * cp - 1 - r}) "
+            f"(the sequence cut into 2cp = {2 * cp} chunks, numbered from 0: head r, tail 2cp-1-r)"
+        )
         mine = split.split(torch.arange(seq), 0, r, cp)
-        assert mine.tolist() == layout.positions(r, cp, seq, causal=True).tolist(), (r, mine)
+        want = layout.positions(r, cp, seq, causal=True)
+        assert mine.tolist() == want.tolist(), (
+            f"cp={cp}, rank {r}, split of {seq} tokens: yours holds tokens {mine.tolist()}, the "
+            f"reference {want.tolist()} (its chunks {r} then {2 * cp - 1 - r}, 2 tokens each)"
+        )
         work.append(int((mine + 1).sum()))
     assert len(set(work)) == 1, f"causal work per rank {work}: not balanced"
 
@@ -197,7 +297,10 @@ def test_ex09_load_balanced_split_any_dim_and_bad_length(exercise_impl):
     for dim in (2, -2):
         for r in range(3):
             want = x.index_select(2, layout.positions(r, 3, 24, causal=True))
-            assert torch.equal(split.split(x, dim, r, 3), want), (dim, r)
+            assert torch.equal(split.split(x, dim, r, 3), want), (
+                f"cp=3, rank {r}, split along dim={dim} of a (2, 3, 24, 5) tensor: not the "
+                "tokens of its chunks (head then tail) along that dimension"
+            )
     with pytest.raises(ValueError, match="20") as error:
         split.split(torch.randn(20), 0, 0, 3)
     assert "6" in str(error.value), f"name 2cp = 6 in the message: {error.value}"
@@ -210,29 +313,63 @@ def ex10(impl: str):
     return exercises.load("ex10_moe_dispatch", impl)
 
 
+def copy_words(copy: int, experts, kept) -> str:
+    """'copy 4 (token 2, its choice 0: expert 0, dropped)': copy i is token i // k, choice i % k
+    (k choices per token)."""
+    k = experts.shape[1]
+    t, j = divmod(int(copy), k)
+    state = "" if bool(kept[t, j]) else ", dropped"
+    return f"copy {copy} (token {t}, its choice {j}: expert {int(experts[t, j])}{state})"
+
+
+def dispatch_where(mod, experts, kept, e: int, what: str) -> None:
+    """The student's sort_by_expert against minipar's: the first position of `order` that
+    differs, or the first expert whose token count does, in words."""
+    from minipar.parallel.expert import dispatch
+
+    order, counts = mod.sort_by_expert(experts, kept, e)
+    want_order, want_counts = dispatch.sort_by_expert(experts, kept, e)
+    got_c, want_c = [int(c) for c in counts], [int(c) for c in want_counts]
+    for x in range(e):
+        assert x < len(got_c) and got_c[x] == want_c[x], (
+            f"{what}: expert {x} receives {got_c[x] if x < len(got_c) else 'no count'} tokens in "
+            f"your counts, {want_c[x]} in the reference's (counts yours {got_c}, the reference "
+            f"{want_c}; dropped copies count for no expert)"
+        )
+    got_o, want_o = [int(i) for i in order], [int(i) for i in want_order]
+    for i, want in enumerate(want_o):
+        assert i < len(got_o) and got_o[i] == want, (
+            f"{what}: position {i} of order holds "
+            f"{copy_words(got_o[i], experts, kept) if i < len(got_o) else 'nothing'}, the "
+            f"reference {copy_words(want, experts, kept)} (copies sorted by expert, ties in copy "
+            "order (stable), dropped copies last)"
+        )
+
+
 def test_ex10_moe_dispatch_by_hand(exercise_impl):
     import torch
 
     mod = ex10(exercise_impl)
     experts = torch.tensor([[2, 0], [1, 3], [0, 1], [3, 2]])
     kept = torch.ones(4, 2, dtype=torch.bool)
-    order, counts = mod.sort_by_expert(experts, kept, 4)
-    assert order.tolist() == [1, 4, 2, 5, 0, 7, 3, 6], f"order {order.tolist()}"
-    assert counts.tolist() == [2, 2, 2, 2], f"counts {counts.tolist()}"
-    assert mod.split_sizes(counts, 2) == [4, 4]
-    assert mod.split_sizes(torch.tensor([2, 1, 0, 3]), 2) == [3, 3]
-    assert mod.split_sizes(torch.tensor([2, 1, 0, 3]), 4) == [2, 1, 0, 3]
-    assert mod.inverse_permutation(order).tolist() == [4, 0, 2, 6, 1, 3, 7, 5]
+    dispatch_where(mod, experts, kept, 4, "4 tokens, top-2 of 4 experts, none dropped")
+    for counts, p, want in (([2, 2, 2, 2], 2, [4, 4]), ([2, 1, 0, 3], 2, [3, 3]),
+                            ([2, 1, 0, 3], 4, [2, 1, 0, 3])):  # fmt: skip
+        got = mod.split_sizes(torch.tensor(counts), p)
+        assert got == want, (
+            f"split_sizes(counts {counts}, {p} ranks): yours {got}, the reference {want} (rank q "
+            f"holds experts {len(counts) // p} q .. {len(counts) // p} (q + 1) - 1)"
+        )
+    order = torch.tensor([1, 4, 2, 5, 0, 7, 3, 6])
+    inverse = mod.inverse_permutation(order).tolist()
+    assert inverse == [4, 0, 2, 6, 1, 3, 7, 5], f"inverse_permutation({order.tolist()}): {inverse}"
     kept[2, 0] = kept[0, 1] = False  # t2's e0 and t0's e0 dropped: last, in copy order
-    order, counts = mod.sort_by_expert(experts, kept, 4)
-    assert order.tolist() == [2, 5, 0, 7, 3, 6, 1, 4], f"with drops: order {order.tolist()}"
-    assert counts.tolist() == [0, 2, 2, 2], f"with drops: counts {counts.tolist()}"
+    dispatch_where(mod, experts, kept, 4, "the same with token 2's and token 0's expert 0 dropped")
 
 
 @pytest.mark.parametrize("t,k,e,p", [(12, 2, 4, 2), (30, 1, 8, 4), (7, 2, 6, 3), (0, 2, 4, 2)])
 def test_ex10_moe_dispatch_random_routings(exercise_impl, t, k, e, p):
-    """Properties first (a permutation, keys in order, stable, drops last), then exactly
-    minipar's own dispatch."""
+    """Exactly minipar's own dispatch, on random routings with drops."""
     import torch
 
     from minipar.parallel.expert import dispatch
@@ -241,18 +378,12 @@ def test_ex10_moe_dispatch_random_routings(exercise_impl, t, k, e, p):
     gen = torch.Generator().manual_seed(t * 100 + e)
     experts = torch.rand(t, e, generator=gen).topk(k, -1).indices  # k distinct experts each
     kept = torch.rand(t, k, generator=gen) < 0.8
+    dispatch_where(mod, experts, kept, e, f"{t} tokens, top-{k} of {e} experts, some dropped")
     order, counts = mod.sort_by_expert(experts, kept, e)
-    assert sorted(order.tolist()) == list(range(t * k)), "order is not a permutation of copies"
-    key = torch.where(kept, experts, e).reshape(-1)[order].tolist()
-    assert key == sorted(key), "copies are not sorted by expert (dropped copies last)"
-    for a, b in zip(range(t * k), range(1, t * k)):
-        if key[a] == key[b]:
-            assert order[a] < order[b], f"not stable: copies {order[a]}, {order[b]} swapped"
-    want_order, want_counts = dispatch.sort_by_expert(experts, kept, e)
-    assert torch.equal(order, want_order) and torch.equal(counts, want_counts), (
-        f"counts {counts.tolist()}, want {want_counts.tolist()}"
+    got, want = mod.split_sizes(counts, p), dispatch.split_sizes(counts, p)
+    assert got == want, (
+        f"split_sizes(counts {counts.tolist()}, {p} ranks): yours {got}, want {want}"
     )
-    assert mod.split_sizes(counts, p) == dispatch.split_sizes(counts, p)
     inverse = mod.inverse_permutation(order)
     assert torch.equal(order[inverse], torch.arange(t * k)), "order[inverse] is not 0, 1, ..."
     assert torch.equal(inverse[order], torch.arange(t * k)), "inverse[order] is not 0, 1, ..."
@@ -270,17 +401,32 @@ def test_ex11_nccl_rings_orders(exercise_impl, size, per_node, channels):
     from minipar.simulate import rings
 
     got = ex11(exercise_impl).ring_orders(size, per_node, channels)
-    assert got == rings.ring_orders(size, per_node, channels), got
-    for c, order in enumerate(got):
-        assert sorted(order) == list(range(size)), f"ring {c} does not hold every rank once"
+    want = rings.ring_orders(size, per_node, channels)
+    what = f"{size} ranks, {per_node} per node, {channels} ring(s)"
+    assert len(got) == channels, f"{what}: {len(got)} rings"
+    for c, (mine, theirs) in enumerate(zip(got, want)):
+        assert sorted(mine) == list(range(size)), f"{what}: ring {c} does not hold every rank once"
+        nic = mine[per_node - 1] if len(mine) >= per_node else None
+        assert mine == theirs, (
+            f"{what}, ring {c}: yours {mine}, the reference {theirs}; yours leaves node 0 through "
+            f"GPU {nic}'s NIC, the reference through GPU {theirs[per_node - 1]}'s (ring c "
+            "starts each node at its GPU c: its last GPU there, c - 1, owns the NIC it leaves by)"
+        )
     leaving = [order[per_node - 1] for order in got]  # the GPU each ring leaves node 0 from
     assert len(set(leaving)) == channels, f"rings share a NIC on their way out: {leaving}"
 
 
 def test_ex11_nccl_rings_bad_channels(exercise_impl):
     for channels in (0, 9):
-        with pytest.raises(ValueError, match=str(channels)):
+        try:
             ex11(exercise_impl).ring_orders(16, 8, channels)
+        except ValueError as error:
+            assert str(channels) in str(error), f"channels={channels}: name it in {error}"
+        else:
+            raise AssertionError(
+                f"ring_orders(16, 8, channels={channels}): no ValueError; 1 <= channels <= "
+                "per_node (one NIC per ring)"
+            )
 
 
 def test_ex11_nccl_rings_on_a_simulated_cluster(exercise_impl):
@@ -343,3 +489,32 @@ def test_ex12_checkpoint_interval_goodput_is_lesson_12s(exercise_impl):
         want = l12.goodput(l12.young_daly(save, m), save, l12.RESTART_S, m)
         assert mod.goodput(save, l12.RESTART_S, m) == pytest.approx(want, rel=1e-9)
     assert mod.goodput(3000.0, 3000.0, 3600.0) == 0.0  # more is lost than the clock has
+
+
+# -- every multi-rank case (tests/ranks/exercises.py), after the one-process tests: an exercise's
+# own function checked alone fails first, and says most
+
+NODES_ENV = "MINIPAR_GRADE_NODES"  # the ranks on this many emulated nodes (launcher/cluster/)
+FAILED: dict[str, tuple] = {}  # exercise -> (ranks, status, detail) of its first failure
+
+
+@pytest.mark.parametrize("size,name", harness.params(SUITE, SIZES))
+def test_ranks(size, name, exercise_impl):
+    """One case on `size` ranks (one launch runs every case of a size). After an exercise's
+    first failed case its later ones are skipped, here and on more ranks: the first failure is
+    the one to read, and a grade of one exercise then launches no more jobs (`minipar grade`
+    leaves such skips out)."""
+    exercise = name.split("/")[0]
+    if exercise in FAILED:  # its later cases did not run (tests/ranks/exercises.py)
+        ranks, status, detail = FAILED[exercise]
+        if status == "not started":
+            pytest.skip(f"{grade.NOT_STARTED}{detail}")
+        pytest.skip(f"{grade.NOT_RUN}{exercise} failed on {ranks} ranks already")
+    nodes = int(os.environ.get(NODES_ENV) or 0) or None  # `minipar grade --nodes N`
+    if nodes and (size < nodes or size % nodes):
+        pytest.skip(f"{size} ranks do not fill {nodes} nodes evenly")
+    try:
+        harness.run_suite(SUITE, size, "mpi", nodes=nodes).check(name)
+    except Exception as error:
+        FAILED.setdefault(exercise, (size, *grade.classify(error)))
+        raise

@@ -31,7 +31,7 @@ def test_strip_replaces_each_block_with_its_hint():
     text, blocks = exercises.strip(SAMPLE)
     assert blocks == 2
     assert '    raise NotImplementedError("add \\"one\\" then return it")' in text
-    assert '    raise NotImplementedError("write this part")' in text
+    assert f'    raise NotImplementedError("{exercises.NO_HINT}")' in text
     assert "return x + y" not in text and "pass" not in text
     assert "    y = 1" in text  # what is outside the markers stays
     namespace = {}
@@ -142,3 +142,34 @@ def test_grade_solutions_passes(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert results and all(r["status"] == "passed" for r in results), results
     assert {r["exercise"] for r in results} == {"ex04_alpha_beta_fit"}
+
+
+def test_register_adds_only_what_the_student_wrote(tmp_path):
+    """register() returns names `algorithm=` takes, and only for functions the student wrote: a
+    fresh exercise (still raising NotImplementedError) is left out."""
+    import minipar
+    from minipar.collectives import registry
+
+    saved = {c: dict(t) for c, t in registry.ALGORITHMS.items()}
+    try:
+        exercises.generate(tmp_path)
+        assert minipar.exercises.register(str(tmp_path)) == []
+        solved = (exercises.tree("solutions") / "ex03_ring_allreduce.py").read_text()
+        (tmp_path / "ex03_ring_allreduce.py").write_text(solved)
+        assert minipar.exercises.register(str(tmp_path)) == ["student_ring"]
+        assert "student_ring" in minipar.algorithms("all_reduce")
+        assert "student_recursive_doubling" not in minipar.algorithms("all_reduce")
+        every = minipar.exercises.register("solutions")
+        assert set(every) == {name for *_, name in minipar.exercises.PLUGS}
+    finally:
+        for collective, table in registry.ALGORITHMS.items():
+            table.clear()
+            table.update(saved.get(collective, {}))
+
+
+def test_grade_refuses_bad_nodes_before_any_rank(capsys):
+    from minipar import cli
+
+    args = cli.build_parser("grade").parse_args(["grade", "04", "--nodes", "0"])
+    assert grade.main(args) == 2
+    assert "--nodes 0" in capsys.readouterr().err

@@ -6,10 +6,12 @@ JUnit XML; the points table."""
 import json
 import os
 import subprocess
+import time
 import xml.etree.ElementTree as ET
 
 import pytest
 from conftest import ranks_suite, warm_python
+from planted import DEFAULT, PLANTED
 
 from minipar.cli import grade
 from minipar.course import exercises, gradebook, whose
@@ -77,39 +79,6 @@ def planted_run(tmp_path_factory):
 @pytest.mark.parametrize("mistake", list(MISTAKES))
 def test_grader_names_the_planted_mistake(planted_run, mistake):
     planted_run.check(mistake)
-
-
-@pytest.mark.own_job
-def test_grade_explains_a_planted_exercise_for_gradescope(tmp_path):
-    """End to end: `minipar grade NAME --impl DIR --format gradescope` on recursive doubling
-    without its reduction (3 launches: 1, 2 and 4 ranks)."""
-    plant(tmp_path / "impl", "missing_reduction")
-    out = tmp_path / "results.json"
-    done = subprocess.run(
-        warm_python(["-m", "minipar", "grade", "ex03_recursive_doubling"])
-        + ["--impl", str(tmp_path / "impl"), "--format", "gradescope", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "parts from the solution:" in done.stdout, done.stdout
-    assert "after step 0: every message matched the reference's, but rank 0's x[1]" in done.stdout
-    results = json.loads(out.read_text())
-    check_gradescope(results)
-    by_name = {t["name"]: t for t in results["tests"]}
-    whose_data = by_name["ex03_recursive_doubling: whose_data on 2 ranks"]
-    assert whose_data["status"] == "failed" and whose_data["score"] == 0
-    assert "rank 0, element 0: holds the sum of ranks {0} but should hold" in whose_data["output"]
-    assert (
-        "after step 0: every message matched the reference's, but rank 0's x[0] holds "
-        "the sum of ranks {0} where the reference's holds the sum of ranks {0, 1}"
-    ) in whose_data["output"]
-    points = gradebook.points_table(exercises.tree("solutions") / "points.toml")
-    assert sum(t["max_score"] for t in results["tests"]) == pytest.approx(
-        points[1]["ex03_recursive_doubling"]
-    )
-    assert results["score"] == pytest.approx(sum(t["score"] for t in results["tests"]))
 
 
 VISIBILITY = ("hidden", "after_due_date", "after_published", "visible")
@@ -263,3 +232,133 @@ def test_locate_names_the_part_of_the_buffer():
     assert locate(np.zeros(3), bases, 4) == Where("", 0, 3)
     assert locate(x[3:6], bases, 4).describe(24) == "chunk 1 (x[3:6], 24 B)"
     assert locate(x.view(np.int32)[:2], bases, 4).name == ""  # another element type: not x
+
+
+# -- every exercise says where: planted mistakes graded end to end (tests/planted.py) ------------
+
+EXTENDED = os.environ.get("MINIPAR_EXTENDED") == "1"
+FEEDBACK_LINES = 5
+
+
+def plant_rows(folder, rows) -> None:
+    """One file per exercise in `folder`: its solution with the row's mistake planted."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for exercise, mistake, line, planted, _ in rows:
+        text = (exercises.tree("solutions") / f"{exercise}.py").read_text()
+        assert text.count(line) == 1, f"{exercise}, {mistake}: the solution lacks {line!r}"
+        (folder / f"{exercise}.py").write_text(text.replace(line, planted))
+
+
+def feedback(stdout: str, exercise: str) -> list[str]:
+    """The first FEEDBACK_LINES lines of the report's section on `exercise` ("NAME: 1 failed",
+    then its first failures and where they part from the solution)."""
+    lines = stdout.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(f"{exercise}: ")), None)
+    assert start is not None, f"no section for {exercise} in:\n{stdout}"
+    return lines[start : start + FEEDBACK_LINES]
+
+
+def grade_planted(tmp_path, rows, *args):
+    """`minipar grade [ARGS] --impl DIR` on a folder of planted rows: (result, seconds)."""
+    folder = tmp_path / "planted"
+    plant_rows(folder, rows)
+    start = time.monotonic()
+    done = subprocess.run(
+        warm_python(["-m", "minipar", "grade", *args, "--impl", str(folder)]),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return done, time.monotonic() - start
+
+
+def check_where(done, rows) -> None:
+    assert done.returncode == 1, done.stdout + done.stderr
+    for exercise, mistake, _, _, where in rows:
+        first = feedback(done.stdout, exercise)
+        assert any(where in line for line in first), (
+            f"{exercise}, {mistake}: the first {FEEDBACK_LINES} lines do not say {where!r}:\n"
+            + "\n".join(first)
+        )
+
+
+@pytest.mark.own_job
+def test_grade_says_where_for_planted_mistakes(tmp_path):
+    """Ten exercises, one realistic mistake each, graded in one `minipar grade --format
+    gradescope` (the rest of tests/planted.py with MINIPAR_EXTENDED=1): each exercise's first
+    five lines of feedback say where, in its own words; progress went to stderr; Gradescope's
+    results.json carries the same explanations and the points."""
+    rows = [row for row in PLANTED if row[:2] in DEFAULT]
+    assert len(rows) == len(DEFAULT)
+    out = tmp_path / "results.json"
+    done, _ = grade_planted(tmp_path, rows, "--format", "gradescope", "--json", str(out))
+    check_where(done, rows)
+    assert "MessageSizeError: rank 1" in done.stdout, done.stdout  # the root cause, first
+    assert "graded " in done.stderr and "/" in done.stderr.splitlines()[1], done.stderr[:500]
+    results = json.loads(out.read_text())
+    check_gradescope(results)
+    by_name = {t["name"]: t for t in results["tests"]}
+    whose_data = by_name["ex03_recursive_doubling: whose_data on 2 ranks"]
+    assert whose_data["status"] == "failed" and whose_data["score"] == 0
+    assert "rank 0, element 0: holds the sum of ranks {0} but should hold" in whose_data["output"]
+    assert (
+        "after step 0: every message matched the reference's, but rank 0's x[0] holds "
+        "the sum of ranks {0} where the reference's holds the sum of ranks {0, 1}"
+    ) in whose_data["output"]
+    points = gradebook.points_table(exercises.tree("solutions") / "points.toml")
+    rd = [t for t in results["tests"] if t["tags"] == ["ex03_recursive_doubling"]]
+    assert sum(t["max_score"] for t in rd) == pytest.approx(points[1]["ex03_recursive_doubling"])
+    assert results["score"] == pytest.approx(sum(t["score"] for t in results["tests"]))
+
+
+@pytest.mark.own_job
+@pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1: every planted mistake")
+@pytest.mark.parametrize("row", PLANTED, ids=lambda row: f"{row[0]}-{row[1]}")
+def test_grade_says_where_for_every_planted_mistake(tmp_path, row):
+    """One exercise with one planted mistake, graded alone as a student would: its feedback's
+    first five lines say where. The seconds to the verdict are a benchmark (printed, see
+    `python tests/test_grading.py`), not asserted here."""
+    done, seconds = grade_planted(tmp_path, [row], row[0])
+    check_where(done, [row])
+    print(f"{row[0]}, {row[1]}: {seconds:.1f} s")
+
+
+def planted_table() -> None:
+    """Print the benchmark: for every planted mistake, graded alone (a fresh `python -m minipar
+    grade`, as a student runs it), the first line of the feedback, the seconds to the verdict,
+    the CPU seconds it took (every process of the grade, ranks included: independent of what
+    else the machine runs) and the load average."""
+    import resource
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    print("| exercise | mistake | first line of feedback | seconds | CPU seconds | load |")
+    print("|---|---|---|---|---|---|")
+    for row in PLANTED:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp) / "planted"
+            plant_rows(folder, [row])
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            start = time.monotonic()
+            done = subprocess.run(
+                [sys.executable, "-m", "minipar", "grade", row[0], "--impl", str(folder)],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            seconds = time.monotonic() - start
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        first = feedback(done.stdout, row[0])
+        line = first[1].strip() if len(first) > 1 else "?"
+        said = "" if any(row[4] in x for x in first) else " (NOT WHERE EXPECTED)"
+        load = os.getloadavg()[0]
+        print(
+            f"| {row[0]} | {row[1]} | {line}{said} | {seconds:.1f} | {cpu:.1f} | {load:.1f} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":  # python tests/test_grading.py: the benchmark table
+    planted_table()

@@ -17,7 +17,8 @@ EXAMPLES = """\
 examples:
   minipar exercises                  the exercises and how many parts are left in each
   minipar exercises --generate       instructors: rebuild exercises/ from solutions/
-  minipar exercises --generate --no-hints   the same, the NotImplementedErrors without hints
+  minipar exercises --generate --hints      the same, each NotImplementedError with its hint
+  minipar exercises --generate --no-hints   without them (the default)
   minipar exercises --check          exit 1 if exercises/ is out of date (CI)
   minipar grade 03                   grade the lesson 03 exercises
 """
@@ -39,11 +40,14 @@ def configure(parser) -> None:
         action="store_true",
         help="with --generate: overwrite exercises a student has started",
     )
-    parser.add_argument(
-        "--no-hints",
+    hints = parser.add_mutually_exclusive_group()
+    hints.add_argument(
+        "--hints",
         action="store_true",
-        help="with --generate/--check: no hint in the NotImplementedErrors (for grading)",
+        help="with --generate/--check: each NotImplementedError carries its hint (the default "
+        "is none: students ask `minipar grade --hints`)",
     )
+    hints.add_argument("--no-hints", action="store_true", help="the default: no hints")
 
 
 def main(args) -> int:
@@ -53,14 +57,14 @@ def main(args) -> int:
     console, err = Console(highlight=False), Console(stderr=True, highlight=False)
     try:
         if args.generate:
-            written = generate(force=args.force, hints=not args.no_hints)
+            written = generate(force=args.force, hints=args.hints)
             console.print(
                 f"wrote {len(written)} file(s) in {tree('exercises')}: "
                 + (", ".join(written) or "all up to date")
             )
             return 0
         if args.check:
-            wrong = stale(hints=not args.no_hints)
+            wrong = stale(hints=args.hints)
             if wrong:
                 err.print(
                     f"[bold red]exercises/ is out of date:[/] {', '.join(wrong)}; run "

@@ -1,31 +1,42 @@
 """`minipar grade`: run the exercises' tests against exercises/ (or solutions/) and report.
 
     minipar grade                 every exercise in exercises/
-    minipar grade 03              only lesson 03's exercises
-    minipar grade --solutions     the worked answers (all must pass: what CI checks)
-    minipar grade --impl DIR      a folder of exNN_*.py files (a student's copy)
+    minipar grade 03              only lesson 03's exercises (or one by name)
+    minipar grade 03 --hints      and a hint for each part not started (from solutions/)
+    minipar grade --impl DIR      the exNN_*.py files a folder holds (a student's copy)
+    minipar grade ex04_hierarchical_allreduce --nodes 2     on emulated nodes (root)
+    minipar grade --solutions     the worked answers (instructors, CI: all must pass)
     minipar grade --format gradescope --json results.json     (or --format junit: JUnit XML)
 
 The tests are tests/test_exercises.py, the same ones CI runs against solutions/; the grader runs
 pytest on them with `--impl` and sorts each test into passed, failed (with the first line of the
-error) or not started (the exercise still raises NotImplementedError). A failed multi-rank test
-also explains itself (minipar.course.stepdiff): the first step where the student's messages or
-buffers part from the worked solution's, as a table of that step on every rank. Waits time out after
-GRADE_TIMEOUT seconds (MINIPAR_TIMEOUT overrides it), so a deadlock is named within seconds.
-Exit status 0 only when every test passed.
+error: whole, never cut) or not started (the exercise still raises NotImplementedError). Each
+failure says where the work parts from the worked answer, in the exercise's words; a failed
+multi-rank test also explains itself (minipar.course.stepdiff): the first step where the
+student's messages or buffers part from the worked solution's, as a table of that step on every
+rank, the failing rank's error first and the others' as what followed (course/stopping.py stops
+them at once). After an exercise's first failure its later tests are not run. The ranks run only
+the chosen exercises' cases; waits time out after GRADE_TIMEOUT seconds (MINIPAR_TIMEOUT
+overrides it), so a deadlock is named within seconds. Progress goes to stderr (Progress). Exit
+status 0 only when every test passed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
+import threading
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from minipar.course import exercises, gradebook
 from minipar.course.stepdiff import SENTINEL
+from minipar.launcher.cluster import needs
+from minipar.launcher.cluster.nodes import EmulationError
 
 TESTS = Path("tests") / "test_exercises.py"
 GRADE_TIMEOUT = "5"  # seconds any wait may take while grading: a deadlock is named quickly
@@ -109,13 +120,89 @@ class Collector:
         exercise, test = _exercise_and_test(item.nodeid)
         status, detail = classify(error)
         why = explanation(error) if status == "failed" else ""
-        self.results.append(Result(exercise, test, status, detail[:300], why, round(seconds, 3)))
+        self.results.append(Result(exercise, test, status, detail, why, round(seconds, 3)))
+
+    def pytest_collectreport(self, report):
+        """A test file that does not even import (a syntax error in the tests, a missing
+        dependency): one failed result saying so, not "no tests ran"."""
+        if report.failed:
+            text = str(report.longrepr).strip().splitlines()
+            last = next((line for line in reversed(text) if line.strip()), "")
+            where = report.nodeid or "the tests"
+            self.results.append(Result("?", f"collecting {where}", "failed", last.lstrip("E ")))
 
     def pytest_runtest_makereport(self, item, call):
+        if call.excinfo is not None and call.excinfo.typename == "Skipped":
+            # "not run: ..." (an exercise's test after its first failure) still fails, so its
+            # points stay split over every test ("not started: ..." stays not started); any
+            # other skip is no test of the exercise
+            said = str(call.excinfo.value.msg)
+            exercise, test = _exercise_and_test(item.nodeid)
+            if said.startswith(NOT_RUN):
+                self.results.append(Result(exercise, test, "failed", said))
+            elif said.startswith(NOT_STARTED):
+                self.results.append(Result(exercise, test, "not started", said[len(NOT_STARTED) :]))
+            return
         if call.when == "call":
             self._record(item, call.excinfo.value if call.excinfo else None, call.duration)
         elif call.when == "setup" and call.excinfo is not None:
             self._record(item, call.excinfo.value, call.duration)
+
+
+class Progress:
+    """A pytest plugin that says what is being graded, on stderr: which test of how many, on how
+    many ranks, and the time so far, with a line every HEARTBEAT seconds while a test runs (the
+    first test on N ranks starts their job, which runs them all). On a terminal the waiting
+    line is rewritten in place; elsewhere (a log, a course platform) each is a plain line."""
+
+    HEARTBEAT = 3.0
+
+    def __init__(self, stream=None):
+        # a copy of the stderr descriptor: pytest captures fd 2 itself while a test runs
+        self.stream = stream or open(os.dup(2), "w", buffering=1)  # noqa: SIM115 - closed below
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.total, self.done, self.what = 0, 0, ""
+        self.start = self.since = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = None
+
+    def _say(self, text: str, transient: bool = False) -> None:
+        if self.tty:
+            end = "" if transient else "\n"
+            self.stream.write("\r\x1b[2K" + text + end)
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def pytest_collection_finish(self, session):
+        self.total = len(session.items)
+        self._say(f"grading: {self.total} tests")
+        self._thread = threading.Thread(target=self._beat, name="grade-progress", daemon=True)
+        self._thread.start()
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        exercise, test = _exercise_and_test(nodeid)
+        self.done += 1
+        self.what, self.since = f"[{self.done}/{self.total}] {exercise}: {test}", time.monotonic()
+        self._say(f"{self.what} ({time.monotonic() - self.start:.0f} s so far)", transient=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.HEARTBEAT):
+            now = time.monotonic()
+            if self.what and now - self.since >= self.HEARTBEAT:
+                self._say(
+                    f"{self.what}: running {now - self.since:.0f} s ({now - self.start:.0f} s "
+                    "so far)",
+                    transient=True,
+                )
+
+    def pytest_sessionfinish(self, session):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._say(f"graded {self.done} tests in {time.monotonic() - self.start:.0f} s")
+        if self.stream.fileno() > 2:
+            self.stream.close()
 
 
 @contextlib.contextmanager
@@ -131,11 +218,59 @@ def _short_timeouts():
         del os.environ["MINIPAR_TIMEOUT"]
 
 
+NOT_RUN = "not run: "  # tests/test_exercises.py's skip of a test after its exercise failed
+NOT_STARTED = "not started: "  # ... or after it raised NotImplementedError
+ONLY_ENV = "MINIPAR_EXERCISES_ONLY"  # the ranks run only these exercises' cases
+NODES_ENV = "MINIPAR_GRADE_NODES"  # tests/test_exercises.py: the ranks on emulated nodes
+
+
+def selection(lesson: str | None, impl: str, folder: Path) -> list[str] | None:
+    """The exercises to grade, by name: a lesson's (03), one by name, or those a folder of
+    one's own (--impl) holds; None: every one."""
+    names = [p.stem for p in exercises.sources()]
+    if lesson:
+        chosen = [
+            n
+            for n in names
+            if n.startswith(f"ex{int(lesson):02d}_" if lesson.isdigit() else lesson)
+        ]
+        return chosen or [lesson]
+    if impl in ("exercises", "solutions"):
+        return None
+    held = sorted(p.stem for p in folder.glob("ex[0-9][0-9]_*.py"))
+    if not held:
+        raise FileNotFoundError(f"no exNN_*.py exercise in {folder}")
+    return held
+
+
+def _only(chosen):
+    """ONLY_ENV names the chosen exercises while grading (tests/ranks/exercises.py reads it):
+    the ranks' jobs then run their cases and no others."""
+    return _environ(ONLY_ENV, ",".join(chosen) if chosen is not None else None)
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str | None):
+    """os.environ[name] = value inside the block (None: left as it is)."""
+    saved = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+
+
 def run(
     impl: str = "exercises",
     lesson: str | None = None,
     root: Path | None = None,
     verbose: bool = False,
+    progress: bool = True,
+    nodes: int | None = None,
 ) -> list[Result]:
     """Run the exercise tests against `impl` in this process; the results, one per test (the
     collector sees them only here: no xdist workers)."""
@@ -149,25 +284,37 @@ def run(
     if not folder.is_dir():
         raise FileNotFoundError(f"no folder {folder}")
     args = [str(tests), f"--impl={folder}", "-p", "no:cacheprovider", "-p", "no:xdist"]
-    if not verbose:  # the report is ours; pytest's own output only with --verbose
-        args += ["-o", "addopts=", "-p", "no:terminal"]
-    if lesson:  # a lesson number (03), or an exercise's name (ex03_ring_allreduce)
-        args += ["-k", f"ex{int(lesson):02d}" if lesson.isdigit() else lesson]
+    args += ["-p", "no:benchmark"]  # pytest-benchmark, where installed, leaves .benchmarks/ behind
+    if not verbose:  # the report is ours; pytest's own output only with --verbose (kept
+        # off the screen, not switched off: without its terminal plugin pytest loses the
+        # message of some failed asserts)
+        args += ["-o", "addopts=", "-q"]
+    chosen = selection(lesson, impl, folder)
+    if chosen is not None:
+        args += ["-k", " or ".join(chosen)]
     collector = Collector()
-    with _short_timeouts():
-        pytest.main(args, plugins=[collector])
+    if nodes:
+        needs.check("minipar grade --nodes")  # everything it lacks, before any rank starts
+    with _short_timeouts(), _only(chosen), _environ(NODES_ENV, str(nodes) if nodes else None):
+        quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
+        with quiet:
+            pytest.main(args, plugins=[collector, *([Progress()] if progress else [])])
     return collector.results
 
 
 # -- the command ---------------------------------------------------------------------------------
 
 EXAMPLES = """\
-examples:
+examples (students):
   minipar grade                   grade every exercise in exercises/
   minipar grade 03                only lesson 03's exercises
-  minipar grade --hints           also show each unstarted exercise's hint
-  minipar grade --solutions       the worked answers (instructors, CI): all must pass
-  minipar grade --impl ~/mine     a folder holding your own exNN_*.py files
+  minipar grade ex03_ring_allreduce          one exercise
+  minipar grade 03 --hints        and a hint for each part not started yet
+  minipar grade --impl ~/mine     a folder holding your own exNN_*.py files (those it holds)
+  minipar grade ex04_hierarchical_allreduce --nodes 2    on 2 emulated nodes (root)
+
+examples (instructors, CI):
+  minipar grade --solutions       the worked answers: all must pass
   minipar grade --json out.json   also write the results as JSON (for a course's records)
   minipar grade --format gradescope --json /autograder/results/results.json
   minipar grade --format junit --json report.xml      JUnit XML (GitHub Classroom, CI)
@@ -183,10 +330,25 @@ def configure(parser) -> None:
         metavar="NN",
         help="only this lesson's exercises (e.g. 03, 06), or one exercise by name",
     )
-    which = parser.add_mutually_exclusive_group()
-    which.add_argument("--solutions", action="store_true", help="grade solutions/ instead")
-    which.add_argument("--impl", default=None, metavar="DIR", help="grade the files in DIR")
+    parser.add_argument("--impl", default=None, metavar="DIR", help="grade the files in DIR")
     parser.add_argument(
+        "--hints",
+        action="store_true",
+        help="show a hint for each part not started yet (hints give much of an answer away)",
+    )
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run the multi-rank tests on N emulated nodes (root; docs/cluster.md), e.g. "
+        "ex04_hierarchical_allreduce --nodes 2",
+    )
+    course = parser.add_argument_group("instructors and course platforms")
+    course.add_argument(
+        "--solutions", action="store_true", help="grade the worked answers, solutions/"
+    )
+    course.add_argument(
         "--json",
         "--output",
         dest="output",
@@ -194,21 +356,18 @@ def configure(parser) -> None:
         metavar="PATH",
         help="write the results here, in --format (json unless told)",
     )
-    parser.add_argument(
+    course.add_argument(
         "--format",
         choices=FORMATS,
         default="text",
         help="what --json writes: json (default), gradescope (results.json), junit (XML); "
         "without --json, gradescope and junit go to stdout",
     )
-    parser.add_argument(
+    course.add_argument(
         "--points",
         default=None,
         metavar="TOML",
         help="points per exercise (default: solutions/points.toml)",
-    )
-    parser.add_argument(
-        "--hints", action="store_true", help="show the hint of each exercise not started yet"
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output")
 
@@ -223,9 +382,9 @@ def verdict(mine: list[Result]) -> str:
 
 
 def report(console, results: list[Result], impl: str, shown: int = 3, hints: bool = False) -> None:
-    """One row per exercise (counts and verdict), then the first failures of each with their
-    first error line and the grader's explanation of the first one that has one, and (with
-    hints) the hint of each exercise not started yet."""
+    """For each exercise, its first failures (each error's first line) and the grader's
+    explanation of the first one that has one, or (with hints) the hint of an exercise not
+    started yet; then one row per exercise (counts and verdict) and the totals."""
     from rich import box
     from rich.markup import escape
     from rich.table import Table
@@ -240,27 +399,49 @@ def report(console, results: list[Result], impl: str, shown: int = 3, hints: boo
         counts = [sum(r.status == s for r in mine) for s in STYLE]
         v = verdict(mine)
         table.add_row(exercise, *map(str, counts), f"[{STYLE[v]}]{v}[/]")
-    console.print(table)
     for exercise, mine in sorted(by_exercise.items()):
         failed = [r for r in mine if r.status == "failed"]
         waiting = [r for r in mine if r.status == "not started"]
+        ran = [r for r in failed if not r.detail.startswith(NOT_RUN)]
         if failed:
             console.print(f"[bold red]{exercise}[/]: {len(failed)} failed")
-            for r in failed[:shown]:
-                console.print(f"  {escape(r.test)}: {escape(r.detail)}", overflow="fold")
-            if len(failed) > shown:
-                console.print(f"  ... and {len(failed) - shown} more")
-            explained = next((r for r in failed if r.explanation), None)
+            for r in ran[:shown]:
+                # one line each, never cut: the terminal wraps it, a log keeps it whole
+                console.print(f"  {escape(r.test)}: {escape(r.detail)}", soft_wrap=True)
+            if len(ran) > shown:
+                console.print(f"  ... and {len(ran) - shown} more")
+            explained = next((r for r in ran if r.explanation), None)
             if explained:
-                console.print(f"  [bold]where {escape(explained.test)} parts from the solution:[/]")
+                only_after = " failed first; " in explained.explanation.splitlines()[0]
+                title = f"where {explained.test} parts from the solution:"
+                console.print(f"  [bold]{escape(f'{explained.test}:' if only_after else title)}[/]")
                 for line in explained.explanation.splitlines():  # a table: never cut or fold it
                     console.print("    " + escape(line), soft_wrap=True, crop=False)
+            if len(failed) > len(ran):
+                console.print(
+                    f"  {len(failed) - len(ran)} later tests not run: fix the first failure first"
+                )
         elif waiting and hints:
-            console.print(f"[yellow]{exercise}[/]: not started; hint: {escape(waiting[0].detail)}")
+            said = waiting[0].detail  # the exercise's own hint, where it was generated with one
+            text = hint_text(exercise) if said.startswith(exercises.NO_HINT[:15]) else said
+            console.print(f"[yellow]{exercise}[/]: not started; {escape(text)}")
         elif waiting:
             console.print(f"[yellow]{exercise}[/]: not started (--hints shows a hint)")
+    if any(r.status != "passed" for r in results):
+        console.print()
+    console.print(table)  # last: the feedback first, where a terminal shows it, then the verdict
     total = {s: sum(r.status == s for r in results) for s in STYLE}
     console.print(", ".join(f"[{STYLE[s]}]{n} {s}[/]" for s, n in total.items()) + " (tests)")
+
+
+def hint_text(exercise: str) -> str:
+    """'hint: ...' (one part) or 'hints: part 1: ...; part 2: ...', from solutions/."""
+    found = [h for h in exercises.hints(exercise) if h]
+    if not found:
+        return "no hint for it"
+    if len(found) == 1:
+        return f"hint: {found[0]}"
+    return "hints: " + "; ".join(f"part {i}: {h}" for i, h in enumerate(found, 1))
 
 
 def document(results: list[Result], fmt: str, points_path) -> str:
@@ -278,22 +459,32 @@ def main(args) -> int:
     from minipar.term import Console
 
     console, err = Console(highlight=False), Console(stderr=True, highlight=False)
+    if args.solutions and args.impl:
+        err.print("[bold red]minipar grade:[/] --solutions and --impl DIR: choose one")
+        return 2
     impl = "solutions" if args.solutions else (args.impl or "exercises")
     points = Path(args.points) if args.points else exercises.tree("solutions") / "points.toml"
     try:
         if args.points and not points.exists():
             raise FileNotFoundError(f"no points table {points}")
         gradebook.points_table(points)  # a bad table fails before the tests run
-        results = run(impl, args.lesson, verbose=args.verbose)
-    except (FileNotFoundError, ValueError) as error:
+        if args.nodes is not None and args.nodes < 1:
+            raise ValueError(f"--nodes {args.nodes}: the number of nodes must be 1 or more")
+        results = run(impl, args.lesson, verbose=args.verbose, nodes=args.nodes)
+    except (FileNotFoundError, ValueError, EmulationError) as error:
         err.print(f"[bold red]minipar grade:[/] {error}")
         return 2
     if not results:
         err.print("[bold red]minipar grade:[/] no tests ran (is the lesson number right?)")
         return 2
     shown = results  # what a student sees on a course platform: hints only on request
-    if not args.hints and args.format in ("gradescope", "junit"):
-        shown = [replace(r, detail="") if r.status == "not started" else r for r in results]
+    if args.format in ("gradescope", "junit"):
+        shown = [
+            replace(r, detail=hint_text(r.exercise) if args.hints else "")
+            if r.status == "not started"
+            else r
+            for r in results
+        ]
     if args.output is None and args.format in ("gradescope", "junit"):
         print(document(shown, args.format, points))
     else:

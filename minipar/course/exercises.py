@@ -13,7 +13,10 @@ sit between marker comments,
     ...the answer...
     # END SOLUTION
 
-which `--generate` replaces by `raise NotImplementedError("<the hint>")`, at the same indent.
+which `--generate` replaces by `raise NotImplementedError("write this part ...")`, at the same
+indent. The hints stay in solutions/: a student sees one only on request, `minipar grade --hints`
+(hints give much of an answer away); `--generate --hints` writes them into the exercises
+instead, for a course that wants them there.
 The student's side (where the files are, loading one, `register()` that plugs a student's
 algorithms into minipar) is minipar/exercises.py.
 """
@@ -37,14 +40,22 @@ README = """\
 # Exercises
 
 Generated from `solutions/` by `minipar exercises --generate`; do not edit by hand what you do
-not mean to solve. Each file says which lesson it belongs to. Write your code where a function
-raises `NotImplementedError` (the message is a hint), then grade it:
+not mean to solve. Each file says which lesson it belongs to, and its docstring says what you
+write and everything the grader checks (and the words its feedback uses: "chunk 1", "bucket 0",
+...). Write your code where a function raises `NotImplementedError`, then grade it:
 
-    minipar grade            # every exercise
-    minipar grade 03         # the exercises of lesson 03
+    minipar grade                 # every exercise
+    minipar grade 03              # the exercises of lesson 03
+    minipar grade ex03_ring_allreduce      # one exercise
+    minipar grade 03 --hints      # and a hint for each part not started yet
+
+A failed test says where your work first parts from the worked answer: the step, the rank, the
+chunk (or the bucket, the shard, the instruction, ...), yours beside the reference's. Hints are
+shown only when you ask (`--hints`): they give much of an answer away.
 
 Your functions have the same signature as minipar's own algorithms, so once they pass they can
-power minipar itself: `minipar.all_reduce(x, algorithm=all_reduce_ring)`.
+power minipar itself: `minipar.exercises.register()` returns the names of those you wrote
+(`minipar.all_reduce(x, algorithm="student_ring")`).
 """
 
 
@@ -52,7 +63,7 @@ def sources(solutions: Path | None = None) -> list[Path]:
     return sorted((solutions or tree("solutions")).glob("ex[0-9][0-9]_*.py"))
 
 
-NO_HINT = "write this part"
+NO_HINT = "write this part (`minipar grade --hints` shows a hint)"
 
 
 def strip(text: str, where: str = "solution", hints: bool = True) -> tuple[str, int]:
@@ -104,17 +115,35 @@ def _raise(indent: str, message: str) -> list[str]:
     ]
 
 
+def hints(name: str, solutions: Path | None = None) -> list[str]:
+    """The hint of each part of exercise `name`, in order, from its solution's markers."""
+    path = (solutions or tree("solutions")) / f"{name}.py"
+    if not path.exists():
+        return []
+    found, lines = [], path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        begin = BEGIN.match(line)
+        if begin:
+            parts = [begin["hint"] or ""]
+            for more in lines[i + 1 :]:
+                if not HINT.match(more):
+                    break
+                parts.append(HINT.match(more)["hint"])
+            found.append(" ".join(p.strip() for p in parts if p.strip()))
+    return found
+
+
 def lesson_of(path: Path) -> str:
     return path.name[2:4]
 
 
-def generated(path: Path, hints: bool = True) -> tuple[str, int]:
+def generated(path: Path, hints: bool = False) -> tuple[str, int]:
     """What exercises/<name> should contain, for solutions file `path`."""
     body, blocks = strip(path.read_text(), str(path), hints)
     return HEADER.format(name=path.name, lesson=lesson_of(path)) + body, blocks
 
 
-def expected_files(solutions: Path | None = None, hints: bool = True) -> dict[str, str]:
+def expected_files(solutions: Path | None = None, hints: bool = False) -> dict[str, str]:
     """file name -> the text --generate writes (the README and one file per solution)."""
     files = {"README.md": README}
     for path in sources(solutions):
@@ -123,7 +152,7 @@ def expected_files(solutions: Path | None = None, hints: bool = True) -> dict[st
 
 
 def stale(
-    exercises: Path | None = None, solutions: Path | None = None, hints: bool = True
+    exercises: Path | None = None, solutions: Path | None = None, hints: bool = False
 ) -> list[str]:
     """Names of the files in exercises/ that differ from (or are missing against) the solutions."""
     exercises = exercises or tree("exercises")
@@ -140,10 +169,10 @@ def remaining(path: Path) -> int:
     return sum("raise NotImplementedError(" in line for line in path.read_text().splitlines())
 
 
-def generate(exercises: Path | None = None, force: bool = False, hints: bool = True) -> list[str]:
+def generate(exercises: Path | None = None, force: bool = False, hints: bool = False) -> list[str]:
     """Write exercises/ from solutions/; refuses to overwrite a file a student has started
     (fewer NotImplementedErrors than a fresh copy) unless force. Returns the files written.
-    hints=False: each NotImplementedError says only "write this part"."""
+    hints=True: each NotImplementedError carries its hint (the default: none, NO_HINT)."""
     exercises = exercises or tree("exercises")
     exercises.mkdir(parents=True, exist_ok=True)
     written = []

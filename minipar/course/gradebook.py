@@ -135,7 +135,7 @@ def junit(results, points) -> str:
             time=f"{r.seconds:.3f}",
         )
         if r.status != "passed":
-            failure = ET.SubElement(case, "failure", message=r.detail[:300], type=r.status)
+            failure = ET.SubElement(case, "failure", message=r.detail, type=r.status)
             failure.text = output_of(r)
     for name, suite in suites.items():
         props = suite.find("properties")

@@ -26,16 +26,26 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import time
 from dataclasses import dataclass, field
 
 from minipar.collectives import layout
 from minipar.collectives.call import Call
 from minipar.comm.trace import ledger
 from minipar.comm.transport import buffers
+from minipar.comm.transport.base import abandon
+from minipar.course import stopping
 from minipar.state import process
 
 SENTINEL = "-- where it parts from the reference --"
+OFF_COURSE = 1.0  # seconds a wait on a message the reference does not post may last
 END = 1 << 62  # the step key of the snapshot taken when the algorithm returns
+
+
+class OffCourse(AssertionError):
+    """A rank waited on a message the reference never posts at that step."""
+
+    says_where = True  # reported by its message alone (stopping.first_line)
 
 
 class ExplainedError(AssertionError):
@@ -54,6 +64,7 @@ class Where:
     stop: int
     chunk: int | None = None
     whole: bool = False
+    within: int | None = None  # the chunk a smaller piece lies in
 
     def describe(self, nbytes: int) -> str:
         size = _fmt_bytes(nbytes)
@@ -61,8 +72,11 @@ class Where:
             return f"{size} (a buffer of its own)"
         if self.whole:
             return f"all of {self.name} ({size})"
-        part = f"{self.name}[{self.start}:{self.stop}], {size}"
-        return f"chunk {self.chunk} ({part})" if self.chunk is not None else part
+        part = f"{self.name}[{self.start}:{self.stop}]"
+        if self.chunk is not None:
+            return f"chunk {self.chunk} ({part}, {size})"
+        inside = f"in chunk {self.within}, " if self.within is not None else ""
+        return f"{part} ({inside}{size})"
 
 
 @dataclass(frozen=True)
@@ -110,7 +124,10 @@ def locate(buf, bases: dict, p: int) -> Where:
             return Where(name, 0, n, whole=True)
         edges = layout.bounds(n, p)
         hits = [c for c in range(p) if (edges[c], edges[c + 1]) == (offset, offset + size)]
-        return Where(name, offset, offset + size, hits[0] if hits else None)
+        if hits:
+            return Where(name, offset, offset + size, hits[0])
+        inside = [c for c in range(p) if edges[c] <= offset and offset + size <= edges[c + 1]]
+        return Where(name, offset, offset + size, None, within=inside[0] if inside else None)
     return Where("", 0, size)
 
 
@@ -129,15 +146,18 @@ class Recorder:
     peer, bytes, where in the arguments), the arguments after each step, and what was still
     pending when a wait failed. Attributes it does not define (comm, tag, ...) are the Call's."""
 
-    def __init__(self, call, bases: dict):
+    def __init__(self, call, bases: dict, parts: int | None = None):
         self._call, self.bases = call, bases
         self.rank, self.size = call.rank, call.size
+        self.parts = parts or call.size  # "chunk c" is the c-th of this many (layout.bounds)
         self.messages: list[Message] = []
         self.phases: list[tuple[int, int]] = []  # (first step, steps) of each call.rounds()
         self.snapshots: dict[int, dict] = {}  # step -> name -> copy of that argument after it
         self.pending: list[Message] = []
         self.error = ""
         self._posted: dict[int, tuple] = {}
+        self.reference: Recorder | None = None  # the reference's run, once it is done
+        self.phase_names: tuple = ()
         self.node_of = _nodes_of(call.comm)  # now: the map may be a test's, set for the call
 
     def __getattr__(self, name):
@@ -163,7 +183,7 @@ class Recorder:
         return request
 
     def _where(self, buf) -> Where:
-        return locate(buf, self.bases, self.size)
+        return locate(buf, self.bases, self.parts)
 
     def isend(self, buf, dst: int):
         return self._post("send", dst, buf, self._call.isend)
@@ -174,12 +194,41 @@ class Recorder:
     def wait(self, requests) -> None:
         requests = list(requests)
         try:
+            self._off_course(requests)
             self._call.wait(requests)
         except Exception:
             self.pending += [
                 self._posted[id(r)][1] for r in requests if id(r) in self._posted and not r.done
             ]
             raise
+
+    def _off_course(self, requests) -> None:
+        """A wait that lasts OFF_COURSE seconds on a message the reference does not post at
+        that step will never end well: raise OffCourse at once, naming it (and the others stop,
+        course/stopping.py), rather than wait out the timeout. A wait on the reference's own
+        messages (a true deadlock, a slow peer) is left to the timeout."""
+        if self.reference is None:
+            return
+        start = time.monotonic()
+        while time.monotonic() - start < OFF_COURSE:
+            if all(r.test() for r in requests):
+                return
+            time.sleep(0.005)
+        for r in requests:
+            if id(r) not in self._posted or r.test():
+                continue
+            message = self._posted[id(r)][1]
+            theirs = [m for m in _at(self.reference.messages, message.step)]
+            if message.key() in [m.key() for m in theirs]:
+                continue
+            abandon([q for q in requests if not q.test()])
+            label = _label(self.reference.phases, self.phase_names, message.step)
+            same = [m for m in theirs if m.kind == message.kind] or theirs
+            what = f"the reference {same[0].said(True)}" if same else "the reference posts nothing"
+            raise OffCourse(
+                f"{label}: rank {self.rank} {message.said()} and waited {OFF_COURSE:g} s for it; "
+                f"{what} (a message nobody will match)"
+            )
 
     def send(self, buf, dst: int) -> None:
         self.wait([self.isend(buf, dst)])
@@ -231,10 +280,12 @@ def _bases(names, args) -> dict:
     return {n: buffers.flat(a) for n, a in zip(names, args) if _is_buffer(a)}
 
 
-def graded(fn, reference=None, phases=()):
+def graded(fn, reference=None, phases=(), chunks=None):
     """`fn` (an algorithm: fn(call, ...)), recorded beside `reference` inside `explaining()`.
     Elsewhere, or without a reference, it is just fn. `phases` names the reference's
-    call.rounds() loops in order ("reduce-scatter", "all-gather")."""
+    call.rounds() loops in order ("reduce-scatter", "all-gather"); `chunks(call)` is how many
+    chunks the exercise cuts a buffer into when it speaks of "chunk c" (default: the group's
+    size, as a ring does)."""
 
     @functools.wraps(fn)
     def run(call, *args, **kwargs):
@@ -242,16 +293,20 @@ def graded(fn, reference=None, phases=()):
             return fn(call, *args, **kwargs)
         names = _names(reference, len(args))
         copies = [_copy(a) if _is_buffer(a) else a for a in args]
+        parts = chunks(call) if chunks is not None else call.size
         with ledger.paused():  # the ledger sees the student's messages only
-            ref = Recorder(Call(call.comm, call.collective, call.algorithm), _bases(names, copies))
+            ref = Recorder(
+                Call(call.comm, call.collective, call.algorithm), _bases(names, copies), parts
+            )
             reference(ref, *copies, **kwargs)
             ref.finish()
-        mine = Recorder(call, _bases(names, args))
+        mine = Recorder(call, _bases(names, args), parts)
+        mine.reference, mine.phase_names = ref, tuple(phases)
         process.explaining[-1].pairs.append((ref, mine, tuple(phases)))
         try:
             return fn(mine, *args, **kwargs)
         except Exception as error:
-            mine.error = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"
+            mine.error = stopping.first_line(error)
             raise
         finally:
             mine.finish()
@@ -294,8 +349,8 @@ def _first_difference(ref: Recorder, mine: Recorder, describe) -> tuple | None:
             differ = np.flatnonzero(~((a == b) | ((a != a) & (b != b))))  # NaN == NaN here
             if len(differ):
                 i = int(differ[0])
-                edges = layout.bounds(len(b), ref.size)
-                chunk = next(c for c in range(ref.size) if edges[c] <= i < edges[c + 1])
+                edges = layout.bounds(len(b), ref.parts)
+                chunk = next(c for c in range(ref.parts) if edges[c] <= i < edges[c + 1])
                 if not any(m.where.chunk is not None for m in ref.messages):
                     chunk = None  # the reference moves no chunks: do not speak of them
                 words = describe or _plain
@@ -451,13 +506,15 @@ def _steps_line(everyone: list[Notes]) -> str | None:
 
 
 def _pending_lines(everyone: list[Notes]) -> list[str]:
+    """What was still pending on each rank, and the error of each rank whose own mistake (not a
+    wait on another rank) stopped it; a deadlock is named only when no rank failed first."""
     lines = []
     for n in everyone:
         for m in n.mine.pending:
             lines.append(f"rank {n.rank}, step {m.step}: was still waiting to finish: {m.said()}")
-        if n.mine.error:
-            lines.append(f"rank {n.rank} stopped with {n.mine.error}")
-    if any(n.mine.pending for n in everyone):
+    causes = [n for n in everyone if n.mine.error and not stopping.followed(n.mine.error)]
+    lines += [f"rank {n.rank} stopped with {n.mine.error}" for n in causes]
+    if any(n.mine.pending for n in everyone) and not causes:
         lines.append(
             "every rank listed waits for a message its peer never posts (a deadlock) or for one "
             "that went elsewhere: compare the posted calls with the reference's"
@@ -513,38 +570,73 @@ def _explain_call(everyone: list[Notes], c: int) -> str | None:
 # -- a test case that explains its own failure -------------------------------------------------
 
 
-def explained(case, group):
+def explained(case, group, failed=None):
     """`case` (a function run on every rank), wrapped: inside `explaining()`, then every rank pools
     its notes on `group()` (a collective: every rank must run every case). A rank whose case
-    failed raises ExplainedError with the explanation below SENTINEL, or the case's own error
-    when there is nothing to explain (no graded call, the same messages and buffers, or an
-    exercise not started yet)."""
+    fails tells the others at once (course/stopping.py): their waits for it end now, not at
+    their timeout. A rank whose case failed raises ExplainedError: first the root cause (the
+    first rank whose error was not a consequence of another's: not a timeout, not a wait the
+    stop ended), then below SENTINEL the explanation and what followed on the other ranks; or
+    the case's own error when there is nothing to add (no graded call and no other rank's
+    failure to name, or an exercise not started yet). `failed()`, if given, is called on every
+    rank when the case failed on any."""
 
     @functools.wraps(case)
     def run():
         control = group()
         error = None
-        with explaining() as session:
+        with explaining() as session, stopping.Stopper(control) as stop:
             try:
                 case()
             except Exception as e:  # noqa: BLE001 - re-raised below, explained if we can
                 error = e
-        flags = control.allgather_object(
-            (error is not None, isinstance(error, NotImplementedError)), "the grader's flags"
-        )
-        if not any(failed for failed, _ in flags):
+                stop.tell(e)
+        flags = control.allgather_object(_flags(error, stop.told), "the grader's flags")
+        stop.settle([r for r, f in enumerate(flags) if f[2]])
+        if not any(f[0] for f in flags):
             return
-        if any(not_started for _, not_started in flags):  # nothing to compare yet
+        if failed is not None:
+            failed()  # on every rank: the case failed somewhere
+        if any(f[1] for f in flags):  # nothing to compare yet
             if error is not None:
                 raise error
             return
         everyone = control.allgather_object(notes(session), "the grader's notes")
         if error is None:
             return
-        text = explanation(everyone)
-        if not text:
+        text = explanation(everyone) or ""
+        root = next((r for r, f in enumerate(flags) if f[0] and not f[3]), None)
+        after = _consequences(flags, root)
+        if not text and not after:
             raise error
-        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        raise ExplainedError(f"{type(error).__name__}: {first}\n{SENTINEL}\n{text}") from error
+        if root is not None:
+            head = flags[root][4]
+        else:  # only timeouts: the first place the messages part says more than any of them
+            head = text.splitlines()[0] if text else stopping.first_line(error)
+        body = "\n".join(t for t in (text, after) if t)
+        raise ExplainedError(f"{head}\n{SENTINEL}\n{body}") from error
 
     return run
+
+
+def _flags(error, told: bool) -> tuple:
+    """(failed, not started, told the others, a consequence, its first line) of this rank."""
+    return (
+        error is not None,
+        isinstance(error, NotImplementedError),
+        told,
+        stopping.consequence(error),
+        stopping.first_line(error) if error is not None else "",
+    )
+
+
+def _consequences(flags, root) -> str:
+    """'rank 1 failed first; then rank 0: MismatchError: stopped waiting ...' for the ranks
+    whose error followed another's (a timeout, a wait the stop ended); '' when none did."""
+    after = [(r, f[4]) for r, f in enumerate(flags) if f[0] and f[3] and r != root]
+    if not after:
+        return ""
+    first = f"rank {root} failed first" if root is not None else "no rank failed first"
+    lines = [f"{first}; what followed on the other ranks (consequences, not causes):"]
+    lines += [f"  rank {r}: {line}" for r, line in after]
+    return "\n".join(lines)

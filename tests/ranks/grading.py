@@ -39,6 +39,7 @@ def planted(mistake: str, module: str, function: str):
         getattr(exercises.load(module, folder), function),
         getattr(reference, function),
         getattr(reference, "PHASES", ()),
+        getattr(reference, "chunks_of_x", None),
     )
 
 
@@ -164,9 +165,9 @@ def cases(size):
         "wrong_chunk_across": expect(
             all_reduce("wrong_chunk_across", *two_level, two_nodes=True),
             [
-                "reduce-scatter across nodes step 0: rank 1 sent chunk 1 (x[4:8], 32 B) to rank 3;"
-                " the reference sends chunk 3 (x[12:16], 32 B) to rank 3 (between nodes: node 0 "
-                "and node 1)",
+                "reduce-scatter across nodes step 0: rank 1 sent x[4:8] (in chunk 0, 32 B) to "
+                "rank 3; the reference sends x[12:16] (in chunk 1, 32 B) to rank 3 (between "
+                "nodes: node 0 and node 1)",
                 "AssertionError: rank 0, element 8: holds the sum of ranks {0, 1} but should hold "
                 "the sum of ranks {0, 1, 2, 3}",
             ],
