@@ -21,24 +21,19 @@ import math
 def mtbi_seconds(interruptions: int, days: float, gpus_seen: int, gpus: int) -> float:
     """The MTBI of a job of `gpus` GPUs, if each GPU fails independently at the rate seen:
     `interruptions` in `days` days on `gpus_seen` GPUs."""
-    raise NotImplementedError(
-        "one GPU's MTBF is the GPU-seconds observed per interruption; G independent GPUs fail G "
-        "times as often"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")
 
 
 def waste(interval_s: float, save_s: float, restart_s: float, mtbi_s: float) -> float:
     """The fraction of the wall clock lost: saves, restarts and work redone."""
-    raise NotImplementedError("the formula in the docstring above, term by term")
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")
 
 
 def best_interval(save_s: float, mtbi_s: float) -> float:
     """The interval tau that minimises waste(tau) (it does not depend on R)."""
-    raise NotImplementedError(
-        "set the derivative of waste(tau) to zero: -delta / tau^2 + 1 / (2 M)"
-    )
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")
 
 
 def goodput(save_s: float, restart_s: float, mtbi_s: float) -> float:
     """The share of the wall clock that trains at the best interval (0 when nothing does)."""
-    raise NotImplementedError("1 - waste at best_interval, never below 0")
+    raise NotImplementedError("write this part (`minipar grade --hints` shows a hint)")

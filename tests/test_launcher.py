@@ -339,6 +339,12 @@ def test_exercises_generate_without_hints(tmp_path, capsys):
     assert "--generate --no-hints" in help_of("exercises", capsys)
 
 
+def test_the_shipped_exercises_are_generated_from_the_solutions():
+    """exercises/ as `minipar exercises --generate` writes it (no hints): a solution added or
+    changed without regenerating fails here, not in a student's hands."""
+    assert exercises.stale(hints=False) == [], "run `minipar exercises --generate`"
+
+
 def test_hydra_leftovers_removed_only_when_no_proxy_runs(tmp_path, monkeypatch):
     """An aborted MPICH job leaves /tmp/hydra_hwloc_xmlfile_*: the files written since the job
     began go once no hydra proxy runs (a live job's file stays, and so do older ones)."""
