@@ -113,7 +113,7 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint(tmp_path):
     done = minipar(
         "run", "-n", "2", "--timeout", "240", "--max-restarts", "1", "--fault",
         "kill-rank:1@step=3", "--restart-log", log, "-m", "minipar", "train", "--dp", "2",
-        "--steps", "5", "--layers", "2", "--checkpoint-every", "2", "--checkpoint-dir", folder,
+        "--steps", "10", "--layers", "2", "--checkpoint-every", "2", "--checkpoint-dir", folder,
         timeout=300,
     )  # fmt: skip
     out = done.stdout + done.stderr
@@ -121,14 +121,15 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint(tmp_path):
     with open(log) as f:
         (restart,) = json.load(f)["restarts"]
     assert restart["died"].startswith("rank 1 killed"), restart
-    # the kill comes once step 3 is seen: on a busy machine step 4 (and its save) may be done
+    # the kill comes once step 3 is seen: on a busy machine a step or two more may be done
+    # (10 steps: the kill lands before the end however late it is seen)
     reached = restart["step_reached"]
-    assert reached >= 3 and restart["resumed_from"] == reached - reached % 2, restart
+    assert 3 <= reached < 10 and restart["resumed_from"] == reached - reached % 2, restart
     assert restart["steps_lost"] == reached % 2, restart
     assert "resumed from" in out and f"step-{restart['resumed_from']:08d}" in out, out[-3000:]
-    assert checkpoint_files.steps(folder) == [4, 5]  # --keep 2
-    state, _ = checkpoint_loader.load_dense(checkpoint_files.step_dir(folder, 5))
-    spec = RunSpec(steps=5, model=GPTConfig(n_layers=2))
+    assert checkpoint_files.steps(folder) == [8, 10]  # --keep 2
+    state, _ = checkpoint_loader.load_dense(checkpoint_files.step_dir(folder, 10))
+    spec = RunSpec(steps=10, model=GPTConfig(n_layers=2))
     _, dense, _ = training.train_dense(spec)
     for name, want in dense.state_dict().items():  # --check's weight bound (fp32)
         assert torch.allclose(state[name], want, rtol=1e-3, atol=1e-4), name

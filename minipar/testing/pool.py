@@ -82,6 +82,8 @@ LAUNCH_ENV = (
     "MINIPAR_ROOTLESS",  # emulated nodes made in a user namespace (launcher/cluster/rootless)
     "MINIPAR_REFIT",  # a supervised training refits dp to the ranks it finds
     "MINIPAR_PROGRESS",  # a supervised training's progress file
+    "MINIPAR_EXERCISES_ONLY",  # the exercises `minipar grade` chose: their cases alone run
+    "MINIPAR_GRADE_NODES",  # `minipar grade --nodes N`: the grader's ranks on emulated nodes
     zygote.ZYGOTE_ENV,
     "OMP_NUM_THREADS",  # torch's threads, fixed when a rank starts
 )
