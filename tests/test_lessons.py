@@ -68,6 +68,18 @@ KEY_LINES = {
         "Try this",
     ],
 }
+# claims a lesson's --json records must hold: (kind, tolerance as stated)
+RECORDED = {
+    "12": {
+        "delta 10 s: the scanned best interval is sqrt(2 delta M)'s": ("value", "+-5%"),
+        "delta 60 s: the scanned best interval is sqrt(2 delta M)'s": ("value", "+-5%"),
+        "delta 300 s: the scanned best interval is sqrt(2 delta M)'s": ("value", "+-5%"),
+        "an overlapped save costs a step less than a blocking one (a saving step / a plain one)": (
+            "time",
+            "<= predicted",
+        ),
+    },
+}
 LABS = {
     ("02", "send-first"): "8 MiB: the timeout caught the deadlock",
     ("03", "wrong-chunk"): "caught",
@@ -138,6 +150,11 @@ def test_lesson_command_runs_quick(monkeypatch, tmp_path, number):
     assert timing and all(c["verdict"] == "not judged" for c in timing), timing
     assert others and all(c["verdict"] == "within" for c in others), others
     assert out.count("NOT JUDGED") == len(timing) and out.count("PASS") >= len(others)
+    rows = {c["claim"]: c for c in records["claims"]}
+    for name, (kind, tolerance) in RECORDED.get(number, {}).items():
+        assert name in rows, f"lesson {number}: no record {name!r} in {sorted(rows)}"
+        assert (rows[name]["kind"], rows[name]["tolerance"]) == (kind, tolerance), rows[name]
+        assert rows[name]["predicted"] is not None and rows[name]["measured"] is not None
 
 
 @pytest.mark.parametrize("number,lab", [key for key in LABS if key not in OWN_JOB_LABS])
