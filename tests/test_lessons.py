@@ -1,7 +1,8 @@
 """The lessons: each runs (quick) and prints its key lines on rank 0 only; each break-it lab
 catches its planted bug; every number a lesson's text states is computed by its module. The
-lessons run on warm ranks (tests/ranks/lessons.py); lesson 01 and the labs that break their
-group on purpose go through `minipar lesson` itself, on ranks of their own."""
+lessons run on warm ranks (tests/ranks/lessons.py); lessons 01 and 12 (its --json records
+read back) and the labs that break their group on purpose go through `minipar lesson` itself, on
+ranks of their own."""
 
 import importlib
 import json
