@@ -144,3 +144,5 @@ def test_lesson_12_replays_the_fault_times():
     assert l12.replay([5.0, 100.0], 2.0, 1.0, 2, 6) == pytest.approx(11.0)
     assert l12.replay([], 2.0, 1.0, 2, 6) == pytest.approx(8.0)
     assert l12.replay([1.0, 5.0], 2.0, 1.0, 2, 6) == pytest.approx(1 + 5 + 2 + 4)
+    # each attempt its own start-up: 2 s, then 3 s (the second does its 4 steps after it)
+    assert l12.replay([5.0], [2.0, 3.0], 1.0, 2, 6) == pytest.approx(5 + 3 + 4)

@@ -1,7 +1,8 @@
 """The lessons: each runs (quick) and prints its key lines on rank 0 only; each break-it lab
 catches its planted bug; every number a lesson's text states is computed by its module. The
-lessons run on warm ranks (tests/ranks/lessons.py); lesson 01 and the labs that break their
-group on purpose go through `minipar lesson` itself, on ranks of their own."""
+lessons run on warm ranks (tests/ranks/lessons.py); lessons 01 and 12 (its --json records
+read back) and the labs that break their group on purpose go through `minipar lesson` itself, on
+ranks of their own."""
 
 import importlib
 import json
@@ -67,6 +68,18 @@ KEY_LINES = {
         "one full-batch backward",
         "Try this",
     ],
+}
+# claims a lesson's --json records must hold: (kind, tolerance as stated)
+RECORDED = {
+    "12": {
+        "delta 10 s: the scanned best interval is sqrt(2 delta M)'s": ("value", "+-5%"),
+        "delta 60 s: the scanned best interval is sqrt(2 delta M)'s": ("value", "+-5%"),
+        "delta 300 s: the scanned best interval is sqrt(2 delta M)'s": ("value", "+-5%"),
+        "an overlapped save costs a step less than a blocking one (a saving step / a plain one)": (
+            "time",
+            "<= predicted",
+        ),
+    },
 }
 LABS = {
     ("02", "send-first"): "8 MiB: the timeout caught the deadlock",
@@ -138,6 +151,11 @@ def test_lesson_command_runs_quick(monkeypatch, tmp_path, number):
     assert timing and all(c["verdict"] == "not judged" for c in timing), timing
     assert others and all(c["verdict"] == "within" for c in others), others
     assert out.count("NOT JUDGED") == len(timing) and out.count("PASS") >= len(others)
+    rows = {c["claim"]: c for c in records["claims"]}
+    for name, (kind, tolerance) in RECORDED.get(number, {}).items():
+        assert name in rows, f"lesson {number}: no record {name!r} in {sorted(rows)}"
+        assert (rows[name]["kind"], rows[name]["tolerance"]) == (kind, tolerance), rows[name]
+        assert rows[name]["predicted"] is not None and rows[name]["measured"] is not None
 
 
 @pytest.mark.parametrize("number,lab", [key for key in LABS if key not in OWN_JOB_LABS])

@@ -1,18 +1,22 @@
-"""Sharded checkpoints on real meshes (run by tests/test_checkpoint.py, one launch of 8 ranks).
+"""Sharded checkpoints on real meshes (run by tests/test_checkpoint.py: one launch of 4 ranks;
+MINIPAR_EXTENDED=1 adds one of 8, the long checks CI also runs).
 
 - reshard.A_to_B: a MeshGPT of layout A built from a seeded dense GPT (weights) and seeded dense
   AdamW moments (sliced by MeshGPT's own load_optimizer_state), saved sharded, loaded into
   layout B by the loader: the dense weights and moments B gathers (MeshGPT.dense_state /
   optimizer_state, collectives independent of the checkpoint code) are the seeded dense ones,
-  bit for bit; so is the one-process load_dense. Layouts of the 3D checks (tests/ranks/
-  gpt_mesh.py: dp, tp, pp of 8, interleaved, FSDP, a tied head, cp, MoE with ep) are saved once
-  and loaded once, in a ring of their family (MINIPAR_EXTENDED=1: every one of them); dp 3 x
-  tp 2 (6 of the 8 ranks) to dp 2 x tp 2 and to one process. A rank reads only pieces of its
-  own names: at an unchanged tp, 1/tp of a cut tensor.
-- resume.same: 4 steps straight against 2, a save, a load and 2 more on the same layout:
-  the same losses and final weights, bitwise (the data order is a function of the step).
-- resume.dp3_tp2_to_dp2_tp2: 2 steps at dp 3 x tp 2, the checkpoint loaded at dp 2 x tp 2 for 2
-  more: every loss and the final weights within the dense run's bounds (the dense twin of all 4).
+  bit for bit; so is the one-process load_dense. A rank reads only pieces of its own names: at
+  an unchanged tp, 1/tp of a cut tensor. On 4 ranks, a ring of three: dp 2 x tp 2 -> tp 2 x pp
+  2 interleaved -> dp 2 x pp 2 FSDP -> dp 2 x tp 2. On 8: every layout of the 3D checks (tests/
+  ranks/gpt_mesh.py: dp, tp, pp of 8, interleaved, FSDP, a tied head, cp, MoE with ep), saved
+  once and loaded once in a ring of its family; dp 3 x tp 2 (6 of the 8 ranks) to dp 2 x tp 2
+  and to one process.
+- resume.same: 4 steps straight against 2, a save, a load and 2 more on the same layout (dp 2 x
+  pp 2; on 8 ranks dp 2 x tp 2 x pp 2): the same losses and final weights, bitwise (the data
+  order is a function of the step).
+- resume.A_to_B (8 ranks): 2 steps on A, the checkpoint loaded on B with dp shrunk as a restart
+  refits (dp 3 x tp 2 to dp 2 x tp 2; dp 2 x tp 2 to tp 2) for 2 more: every loss and the
+  final weights within the dense run's bounds (the dense twin of all 4).
 - corrupt: a truncated shard, a missing manifest, a flipped byte: never loaded, the one before
   is, and the message names what was wrong; prune keeps the newest N whole.
 """
@@ -90,8 +94,8 @@ def expect_equal(got: dict, want: dict, what: str) -> None:
             assert torch.equal(got[name].float(), ref.float()), (what, name)
 
 
-def reshard(first, second, n_first=8, n_second=8):
-    """Save layout `first` (on the first n_first ranks), load it into `second` (n_second)."""
+def reshard(first, second, n_first=None, n_second=None):
+    """Save layout `first` (on the first n_first ranks, default all), load it into `second`."""
 
     def case():
         comm = minipar.init()
@@ -106,6 +110,7 @@ def reshard(first, second, n_first=8, n_second=8):
 
 
 def _reshard(comm, root, first, second, n_first, n_second):
+    n_first, n_second = n_first or comm.size, n_second or comm.size
     model, states = seeded(first.model)
     folder = checkpoint_files.step_dir(root, 3)
     group = group_of(n_first)
@@ -271,10 +276,34 @@ def corrupt():
         del comm
 
 
+# the default cases, on 4 ranks: dp x tp, pp (interleaved), FSDP, each saved and loaded once
+QUICK_RING = [spec_for(dp=2, tp=2), spec_for(tp=2, pp=2, schedule="interleaved"),
+              spec_for(dp=2, pp=2, fsdp=True)]  # fmt: skip
+
+
 def cases(size):
+    if size == 4:
+        return quick_cases()
+    if size == 8:
+        return extended_cases()
+    return {}
+
+
+def quick_cases():
     table = {}
-    families = [FAMILIES] + [EXTENDED_FAMILIES] * (os.environ.get("MINIPAR_EXTENDED") == "1")
-    for group in families:
+    for a, b in zip(QUICK_RING, QUICK_RING[1:] + QUICK_RING[:1]):
+        table[f"reshard.plain.{name_of(a)}_to_{name_of(b)}"] = reshard(a, b)
+    same = spec_for(dp=2, pp=2)
+    table["resume.same.dp2_pp2"] = resume_case(same, same, 4, 4, bitwise=True)
+    table["corrupt"] = corrupt
+    return table
+
+
+def extended_cases():
+    """MINIPAR_EXTENDED=1, on 8 ranks: every layout of the 3D checks in its family's ring, dp 3
+    x tp 2 (6 ranks) to dp 2 x tp 2 and to one process, the resumes with dp shrunk."""
+    table = {}
+    for group in (FAMILIES, EXTENDED_FAMILIES):
         for family, specs in group.items():
             for a, b in zip(specs, specs[1:] + specs[:1]):
                 table[f"reshard.{family}.{name_of(a)}_to_{name_of(b)}"] = reshard(a, b)
@@ -282,6 +311,9 @@ def cases(size):
     table["reshard.dp3_tp2_to_dense"] = reshard(spec_for(dp=3, tp=2), spec_for(), 6, 1)
     same = spec_for(dp=2, tp=2, pp=2)
     table["resume.same.dp2_tp2_pp2"] = resume_case(same, same, 8, 8, bitwise=True)
+    table["resume.dp2_tp2_to_dp1_tp2"] = resume_case(
+        spec_for(dp=2, tp=2), spec_for(tp=2), 4, 2, bitwise=False
+    )  # dp shrunk, as a restart refits (on 4 of the 8 ranks, then 2)
     table["resume.dp3_tp2_to_dp2_tp2"] = resume_case(
         dataclasses.replace(spec_for(dp=3, tp=2), batch_size=12),
         dataclasses.replace(spec_for(dp=2, tp=2), batch_size=12), 6, 4, bitwise=False,
