@@ -15,6 +15,10 @@ times as long as one, as k flows sharing the link fairly would all end (the last
 (software, switch and wire latency) does not hold the port: back-to-back messages overlap it.
 Each port keeps its busy intervals, so a message met later but sent earlier fills a gap before
 a later one instead of queueing behind it.
+
+A send completes when its bytes arrive (MPI's rendezvous), or, `pipelined`, when its last byte
+has left the sender's port: NCCL keeps 8 slots of a step in flight on every connection
+(NCCL_STEPS), so a rank starts its next step while the last one's latency is still on the wire.
 """
 
 from __future__ import annotations
@@ -68,8 +72,10 @@ class Port:
 class Network:
     """The links of a cluster (cluster.py) and the busy ports, for one simulated world."""
 
-    def __init__(self, cluster, size: int, contention: bool = True):
+    def __init__(self, cluster, size: int, contention: bool = True, pipelined: bool = False):
         self.cluster, self.size, self.contention = cluster, size, contention
+        self.pipelined = pipelined  # a send completes when it leaves its port, not on arrival
+        self.departure = 0.0  # when the last message booked left its sender's port
         k = cluster.per_node
         self.node = [r // k for r in range(size)]
         self.nic = [(r % k) % cluster.nics for r in range(size)]
@@ -86,6 +92,7 @@ class Network:
         link = self.cluster.intra if inside else self.cluster.inter
         d = nbytes * link.beta
         if not self.contention or d == 0.0:
+            self.departure = t + d
             return t + d + link.alpha
         if inside:
             out, into = self._port(("out", src)), self._port(("in", dst))
@@ -105,6 +112,7 @@ class Network:
             horizon = self.horizon()
             for port in self.ports.values():
                 port.prune(horizon)
+        self.departure = a + d
         return a + d + link.alpha
 
     def _port(self, key) -> Port:

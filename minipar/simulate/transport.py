@@ -104,7 +104,8 @@ class SimCommunicator(Communicator):
         data = _copy(buf)
         nbytes = buffers.nbytes(buf)
         world = group.world
-        arrival = world.network.send(
+        network = world.network
+        arrival = network.send(
             self.world_rank, group.global_ranks[dst], nbytes * group.scale, self.task.clock
         )
         key = (self.rank, dst, tag)
@@ -113,7 +114,8 @@ class SimCommunicator(Communicator):
             waiting.popleft().deliver(data, arrival)
         else:
             group.unexpected.setdefault(key, deque()).append((data, arrival))
-        return SimRequest(self, "send", dst, tag, nbytes, arrival=arrival)
+        done = network.departure if network.pipelined else arrival
+        return SimRequest(self, "send", dst, tag, nbytes, arrival=done)
 
     def _post_recv(self, buf, src: int, tag: int) -> Request:
         group = self.group
