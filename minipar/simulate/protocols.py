@@ -85,6 +85,7 @@ FAMILY = {
     "rabenseifner": "ring",
     "tree": "tree",
     "double_tree": "tree",
+    "hierarchical": "tree",
     "nvls": "nvls",
 }
 

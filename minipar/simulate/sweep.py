@@ -20,12 +20,12 @@ import time
 import numpy as np
 
 from minipar import cost
-from minipar.collectives import api, registry
+from minipar.collectives import api, layout, registry
 from minipar.cost.links import Hierarchy, Link
 from minipar.simulate import protocols
 from minipar.simulate.nvls import all_reduce_nvls, nvls_seconds
 from minipar.simulate.rings import all_reduce_rings, ring_groups
-from minipar.simulate.runner import simulate
+from minipar.simulate.runner import concurrently, simulate
 
 ELEMENTS_PER_RANK = 1  # of the real buffer: p float32 elements in all
 VALUES = 7  # x[i] = (rank + i) mod 7: sums stay exact integers in float32 up to p = 2^21
@@ -66,7 +66,8 @@ def row(collective, ranks, cluster, nbytes, algorithm, protocol=None, contention
     flow = ran == RINGS and flow_level(cluster, nodes)
     if flow:
         sim = protocols.flow_level_rings(sim, nodes)
-    step, n, want = _step(collective, ran, p, cluster, sim, flow)
+    chunks = tree_chunks(nbytes) if proto is not None and ran in TREES else 1
+    step, n, want = _step(collective, ran, p, cluster, sim, flow, chunks)
     scale = nbytes / (4 * n)
     cpu = time.process_time()
     run = simulate(step, p, sim, scale, contention, pipelined=proto is not None)
@@ -112,6 +113,8 @@ def resolve(collective, algorithm, protocol, nbytes, p, cluster):
             ran, proto = _forced_protocol(collective, nbytes, p, cluster, protocol)
         if ran == "ring" and nodes > 1 and cluster.nics > 1:
             ran = RINGS  # NCCL's ring across nodes is its channels
+        if ran == "double_tree" and nodes > 1 and p % cluster.per_node == 0:
+            ran = "hierarchical"  # NCCL's tree across nodes: a chain in the node, NICs at once
         return ran, proto
     if protocol == NCCL:
         family = "ring" if algorithm in ("ring", RINGS) else algorithm
@@ -140,9 +143,21 @@ def flow_level(cluster, nodes: int) -> bool:
     return nodes == 1 or cluster.nics in (1, cluster.per_node)
 
 
-def _step(collective, algorithm, p, cluster, sim, flow):
-    """(fn(rank) for simulate, real float32 elements standing for the size, rank -> want)."""
-    k = ELEMENTS_PER_RANK
+TREES = ("tree", "double_tree")
+TREE_CHUNK = 512 << 10  # bytes: NCCL's Simple slot (4 MiB buffer / NCCL_STEPS = 8)
+MAX_TREE_CHUNKS = 64
+
+
+def tree_chunks(nbytes: float) -> int:
+    """How many chunks a pipelined tree streams: one a 512 KiB slot, at most 64."""
+    return int(min(MAX_TREE_CHUNKS, max(1, -(-nbytes // TREE_CHUNK))))
+
+
+def _step(collective, algorithm, p, cluster, sim, flow, chunks=1):
+    """(fn(rank) for simulate, real float32 elements standing for the size, rank -> want).
+    chunks > 1: the tree all-reduces `chunks` parts at once, so they stream up and down it
+    one behind the other (each port carries them in turn): a pipelined tree."""
+    k = max(ELEMENTS_PER_RANK, -(-2 * chunks // p))  # two trees' halves of every chunk
     if collective == "all_reduce":
         channels = 1 if flow or algorithm != RINGS else cluster.nics
         n = p * k * channels
@@ -152,6 +167,12 @@ def _step(collective, algorithm, p, cluster, sim, flow):
             x = ((np.arange(n) + rank) % VALUES).astype(np.float32)
             if algorithm == "nvls":
                 all_reduce_nvls(x, nvls_seconds(sim))
+            elif chunks > 1:
+                edges = layout.bounds(n, chunks)
+                parts = [layout.chunk(x, edges, c) for c in range(chunks)]
+                concurrently(
+                    [lambda part=part: api.all_reduce(part, algorithm=algorithm) for part in parts]
+                )
             elif algorithm == RINGS and not flow:
                 all_reduce_rings(x, ring_groups(p, cluster.per_node, channels))
             else:
