@@ -123,9 +123,14 @@ def efficiency(family: str, protocol: str, cluster, nodes: int) -> tuple[float, 
     return intra, inter
 
 
-def hop(family: str, protocol: str, nodes: int) -> tuple[float, float]:
+def intra_hw(cluster) -> str:
+    """The link class NCCL's latencies are given for inside this cluster's nodes."""
+    return "pci" if cluster.intra.name.startswith("pcie") else "nvlink"
+
+
+def hop(family: str, protocol: str, nodes: int, hw: str = "nvlink") -> tuple[float, float]:
     """(seconds a hop inside a node, seconds a hop across nodes) for this pair."""
-    intra = HOP["nvlink"][family][protocol]
+    intra = HOP[hw][family][protocol]
     if nodes > 1 and family == "ring":  # the proxy's post on every step of a ring across nodes
         intra = max(intra, NET_OVERHEAD_US * (3 if protocol == "Simple" else 1))
     return intra * US, HOP["net"][family][protocol] * US
@@ -152,7 +157,7 @@ def priced(cluster, algorithm: str, protocol: str, nodes: int, launch: float = 0
             f"--protocol {protocol!r} does not run {algorithm}: choose {', '.join(BASE[family])}"
         )
     e_intra, e_inter = efficiency(family, protocol, cluster, nodes)
-    a_intra, a_inter = hop(family, protocol, nodes)
+    a_intra, a_inter = hop(family, protocol, nodes, intra_hw(cluster))
     intra = replace(cluster.intra, alpha=a_intra, beta=cluster.intra.beta / e_intra, gamma=0.0)
     inter = replace(cluster.inter, alpha=a_inter, beta=cluster.inter.beta / e_inter, gamma=0.0)
     base = BASE[family][protocol] * US + launch
@@ -189,11 +194,11 @@ def nccl_time(collective: str, algorithm: str, protocol: str, nbytes: float, p: 
         return None
     if family == "tree" and collective != "all_reduce":
         return None
-    if family == "nvls" and (cluster.name not in NVLS_EFFICIENCY or nodes > 1 or p < 2):
+    if family == "nvls" and (cluster.name not in NVLS_EFFICIENCY or nodes > 1 or p < 3):
         return None
     steps = STEPS[collective](p)
     e_intra, e_inter = efficiency(family, protocol, cluster, nodes)
-    a_intra, a_inter = hop(family, protocol, nodes)
+    a_intra, a_inter = hop(family, protocol, nodes, intra_hw(cluster))
     bus = e_intra / cluster.intra.beta
     if nodes > 1:  # a GPU's NVLink carries (c-1)/c of a ring step, its NIC 1/c (channels)
         c = cluster.nics
