@@ -27,11 +27,16 @@ examples:
   minipar simulate all_reduce --ranks 64 --cluster b200 --sizes 8B:1GiB:x8 --algorithms ring,tree
   minipar simulate all_reduce --ranks 4096 --algorithms double_tree --sizes 1GiB
   minipar simulate all_reduce --ranks 256 --sizes 8B:1GiB:x8 --plot busbw.png
+  minipar simulate all_reduce --ranks 8 --sizes 8B:8GiB:x8 --algorithms nccl
+  minipar simulate all_reduce --ranks 16 --sizes 1GiB --algorithms rings --protocol LL128
+  minipar simulate validate
   minipar simulate all_reduce --ranks 16 --link alpha=5us,bw=25GB/s --sizes 1MiB --json out.json
   minipar simulate train --model 70b --gpus 1024 --cluster h100 --trace step.json
 
 clusters: {", ".join(c.describe() for c in clusters.PRESETS.values())}.
 --link gives one link class inside and across nodes (alpha per message, bw one way).
+--protocol prices NCCL's protocols (Simple, LL, LL128; nccl: its pick) as its tuner does;
+--algorithms nccl runs NCCL's pick of algorithm and protocol for each size.
 Each rank is a thread of this process with a virtual clock (minipar/simulate/); the data is
 real but scaled (p float32 elements standing for the size), and every result is checked.
 A 1,024-rank ring takes about 2 million messages: tens of seconds a size.

@@ -11,6 +11,12 @@ ranks that differ). algbw = bytes / time, busbw = algbw x 2 (p-1)/p (nccl-tests'
 rate each link ran at). `predicted_s` is minipar.cost's closed form on the cluster's slowest
 link the algorithm crosses (cost.all_reduce_on_cluster for "hierarchical"); reductions cost no
 simulated time (a GPU reduces at HBM speed), so the prediction leaves gamma out too.
+
+`row(collective, ...)` does the same for all_gather and reduce_scatter (nccl-tests' sizes: the
+gather's output, the scatter's input; busbw = algbw (p-1)/p) and takes a protocol: with one,
+the links are priced as NCCL's tuner prices them (protocols.py), sends complete when they leave
+their port, trees stream their chunks, and `predicted_s` is NCCL's formula; algorithm "nccl"
+runs NCCL's pick for the size.
 """
 
 from __future__ import annotations
