@@ -16,6 +16,7 @@ from minipar.bench.spec import parse_sizes
 from minipar.planning.planner import CLUSTERS, ModelSpec, best, plan_layouts
 from minipar.simulate import cluster as clusters
 from minipar.simulate import plot
+from minipar.simulate import validate as check
 from minipar.simulate.sweep import all_reduce_sweep, available
 from minipar.term import Console
 
@@ -169,8 +170,6 @@ def _size(n: int) -> str:
 
 def validate(console) -> int:
     """Every published figure (simulate/published.py) simulated as NCCL ran it."""
-    from minipar.simulate import validate as check
-
     console.print(
         f"{'figure':36} {'ran':>15} {'proto':>6} {'published':>10} {'simulated':>10} "
         f"{'error':>7}  source",

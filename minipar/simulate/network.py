@@ -90,6 +90,7 @@ class Network:
         self.messages = 0
         self.bytes = 0.0
         self.horizon = None  # a function: the smallest clock a future send may have
+        self.next_prune = PRUNE_EVERY
 
     def send(self, src: int, dst: int, nbytes: float, t: float) -> float:
         """Book a message of nbytes from world rank src to dst, sent at t; its arrival time."""
@@ -120,7 +121,9 @@ class Network:
             start = b
         out.hold(a, a + d)
         into.hold(a, a + d)
-        if self.messages % PRUNE_EVERY == 0 and self.horizon is not None:
+        if self.messages >= self.next_prune and self.horizon is not None:
+            # a sweep costs a bisect a port: at most one every 4 messages a port
+            self.next_prune = self.messages + max(PRUNE_EVERY, 4 * len(self.ports))
             horizon = self.horizon()
             for port in self.ports.values():
                 port.prune(horizon)
