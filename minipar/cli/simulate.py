@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 
 from minipar.bench.spec import parse_sizes
-from minipar.collectives import registry
 from minipar.planning.planner import CLUSTERS, ModelSpec, best, plan_layouts
 from minipar.simulate import cluster as clusters
 from minipar.simulate import plot
-from minipar.simulate.sweep import RINGS, all_reduce_sweep, available
+from minipar.simulate import validate as check
+from minipar.simulate.sweep import all_reduce_sweep, available, known
 from minipar.term import Console
 
 DEFAULT_ALGORITHMS = "ring,tree,double_tree,hierarchical"
@@ -28,11 +28,16 @@ examples:
   minipar simulate all_reduce --ranks 64 --cluster b200 --sizes 8B:1GiB:x8 --algorithms ring,tree
   minipar simulate all_reduce --ranks 4096 --algorithms double_tree --sizes 1GiB
   minipar simulate all_reduce --ranks 256 --sizes 8B:1GiB:x8 --plot busbw.png
+  minipar simulate all_reduce --ranks 8 --sizes 8B:8GiB:x8 --algorithms nccl
+  minipar simulate all_reduce --ranks 16 --sizes 1GiB --algorithms rings --protocol LL128
+  minipar simulate validate
   minipar simulate all_reduce --ranks 16 --link alpha=5us,bw=25GB/s --sizes 1MiB --json out.json
   minipar simulate train --model 70b --gpus 1024 --cluster h100 --trace step.json
 
 clusters: {", ".join(c.describe() for c in clusters.PRESETS.values())}.
 --link gives one link class inside and across nodes (alpha per message, bw one way).
+--protocol prices NCCL's protocols (Simple, LL, LL128; nccl: its pick) as its tuner does;
+--algorithms nccl runs NCCL's pick of algorithm and protocol for each size.
 Each rank is a thread of this process with a virtual clock (minipar/simulate/); the data is
 real but scaled (p float32 elements standing for the size), and every result is checked.
 A 1,024-rank ring takes about 2 million messages: tens of seconds a size.
@@ -41,7 +46,11 @@ A 1,024-rank ring takes about 2 million messages: tens of seconds a size.
 
 def configure(parser) -> None:
     parser.epilog = EXAMPLES
-    parser.add_argument("what", choices=["all_reduce", "train"], help="what to simulate")
+    parser.add_argument(
+        "what",
+        choices=["all_reduce", "train", "validate"],
+        help="what to simulate (validate: every published NCCL figure, simulated / published)",
+    )
     parser.add_argument("--ranks", type=int, default=64, help="ranks in the world (default 64)")
     parser.add_argument("--per-node", type=int, default=None, help="ranks a node (default 8)")
     parser.add_argument(
@@ -51,6 +60,12 @@ def configure(parser) -> None:
     parser.add_argument("--nics", type=int, default=None, help="NICs a node (with --link)")
     parser.add_argument("--sizes", default="1MiB:1GiB:x4", help="bytes: 1MiB:4GiB, 8B:1GiB:x8")
     parser.add_argument("--algorithms", default=DEFAULT_ALGORITHMS, help="comma-separated")
+    parser.add_argument(
+        "--protocol",
+        default=None,
+        help="NCCL's protocols: nccl (its pick per size), LL, LL128 or Simple (default: none, "
+        "the links as given; --algorithms nccl picks one)",
+    )
     parser.add_argument(
         "--no-contention", action="store_true", help="messages never queue for a port"
     )
@@ -78,6 +93,8 @@ def main(args) -> int:
     console = Console()
     if args.what == "train":
         return train(args, console)
+    if args.what == "validate":
+        return validate(console)
     try:
         clusters.check_count(args.ranks, "--ranks")
         cluster = build_cluster(args)
@@ -89,10 +106,9 @@ def main(args) -> int:
             raise ValueError("--algorithms is empty")
         names, missing = available(asked)
         if missing:  # every name checked before any rank is simulated
-            known = ", ".join(dict.fromkeys([*registry.ALGORITHMS["all_reduce"], RINGS]))
             raise ValueError(
                 f"--algorithms: no all_reduce algorithm named {', '.join(map(repr, missing))}; "
-                f"choose from {known}"
+                f"choose from {', '.join(known())}"
             )
     except ValueError as error:
         console.print(f"[bold red]minipar simulate:[/] {error}", highlight=False, soft_wrap=True)
@@ -102,7 +118,15 @@ def main(args) -> int:
     )
     rows = []
     console.print(HEADER, highlight=False, soft_wrap=True)
-    for row in all_reduce_sweep(args.ranks, cluster, sizes, names, not args.no_contention):
+    sweep = all_reduce_sweep(
+        args.ranks, cluster, sizes, names, not args.no_contention, args.protocol
+    )
+    try:
+        first = next(sweep, None)
+    except ValueError as error:
+        console.print(f"[bold red]minipar simulate:[/] {error}", highlight=False)
+        return 2
+    for row in [first, *sweep] if first is not None else []:
         rows.append(row)
         console.print(_line(row), highlight=False, soft_wrap=True)
     wrong = sum(r["wrong"] for r in rows)
@@ -120,7 +144,7 @@ def main(args) -> int:
 
 
 HEADER = (
-    f"{'size':>10} {'algorithm':>14} {'time (us)':>12} {'algbw GB/s':>11} "
+    f"{'size':>10} {'algorithm':>14} {'proto':>6} {'time (us)':>12} {'algbw GB/s':>11} "
     f"{'busbw GB/s':>11} {'model (us)':>11} {'messages':>10} {'wall s':>7} {'wrong':>5}"
 )
 
@@ -129,7 +153,8 @@ def _line(row: dict) -> str:
     predicted = row["predicted_s"]
     model = f"{predicted * 1e6:11.1f}" if predicted is not None else f"{'-':>11}"
     return (
-        f"{_size(row['nbytes']):>10} {row['algorithm']:>14} {row['time_s'] * 1e6:12.1f} "
+        f"{_size(row['nbytes']):>10} {row['algorithm']:>14} {row['protocol'] or '-':>6} "
+        f"{row['time_s'] * 1e6:12.1f} "
         f"{row['algbw_GBps']:11.2f} {row['busbw_GBps']:11.2f} {model} {row['messages']:>10} "
         f"{row['wall_s']:7.2f} {row['wrong']:>5}"
     )
@@ -140,6 +165,43 @@ def _size(n: int) -> str:
         if n >= scale and n % scale == 0:
             return f"{n // scale}{unit}"
     return f"{n}B"
+
+
+def validate(console) -> int:
+    """Every published figure (simulate/published.py) simulated as NCCL ran it."""
+    console.print(
+        f"{'figure':36} {'ran':>15} {'proto':>6} {'published':>10} {'simulated':>10} "
+        f"{'error':>7}  source",
+        highlight=False,
+        soft_wrap=True,
+    )
+    results, summary = check.validate()
+    notes = []
+    for r in results:
+        unit = "us" if r["metric"] == "time_us" else "GB/s"
+        note = r.get("why") or r.get("miss")
+        mark = ""
+        if note:
+            notes.append(note) if note not in notes else None
+            mark = f" ({'not held' if not r['held'] else 'miss'}: note {notes.index(note) + 1})"
+        console.print(
+            f"{check.describe(r):36} {r['row']['algorithm']:>15} {r['row']['protocol']:>6} "
+            f"{r['value']:>6.1f} {unit:<4}{r['simulated']:>7.1f} {unit:<4}"
+            f"{r['ratio'] - 1:>+7.1%}  {check.cite(r)}{mark}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    for i, note in enumerate(notes, 1):
+        console.print(f"  note {i}: {note}", highlight=False, soft_wrap=True)
+    worst = summary["worst_figure"]
+    console.print(
+        f"{summary['held']} figures held of {summary['figures']}: geometric-mean error "
+        f"{summary['geomean']:.1%}, worst {summary['worst']:.1%} ({check.describe(worst)}); "
+        f"{summary['wrong']} results wrong",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return 1 if summary["wrong"] else 0
 
 
 PLANNER_CLUSTERS = {"h100": "dgx-h100", "b200": "dgx-b200"}

@@ -6,6 +6,11 @@
     cluster.py     clusters as data: presets (h100, b200, pcie) and your own links
     runner.py      simulate(fn, ranks, cluster): fn on every rank, results and times
     sweep.py       an nccl-tests-style sweep of a collective over sizes and algorithms
+    rings.py       NCCL's channels: a ring a NIC, as one flow-level ring or one by one
+    protocols.py   NCCL's protocols (Simple, LL, LL128) priced as its tuner does, and its pick
+    nvls.py        NVLink SHARP: the all-reduce the NVSwitch sums
+    published.py   published NCCL figures, each with its source
+    validate.py    the simulator against them: simulated / published, geomean and worst
 
 A mode of its own (`minipar simulate`): it never stands in for the real path in a test of it.
 """

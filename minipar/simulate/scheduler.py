@@ -111,6 +111,11 @@ class Scheduler:
         task.lock.acquire()
         self.enter(task)
 
+    def pause(self, task: Task) -> None:
+        """The running task could go on but lets the others run first (it is ready again)."""
+        self.ready.append(task)
+        self.switch(task)
+
     def leave(self, task: Task) -> None:
         self._next()
 

@@ -11,6 +11,12 @@ ranks that differ). algbw = bytes / time, busbw = algbw x 2 (p-1)/p (nccl-tests'
 rate each link ran at). `predicted_s` is minipar.cost's closed form on the cluster's slowest
 link the algorithm crosses (cost.all_reduce_on_cluster for "hierarchical"); reductions cost no
 simulated time (a GPU reduces at HBM speed), so the prediction leaves gamma out too.
+
+`row(collective, ...)` does the same for all_gather and reduce_scatter (nccl-tests' sizes: the
+gather's output, the scatter's input; busbw = algbw (p-1)/p) and takes a protocol: with one,
+the links are priced as NCCL's tuner prices them (protocols.py), sends complete when they leave
+their port, trees stream their chunks, and `predicted_s` is NCCL's formula; algorithm "nccl"
+runs NCCL's pick for the size.
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ import time
 import numpy as np
 
 from minipar import cost
-from minipar.collectives import api, registry
+from minipar.collectives import api, layout, registry
 from minipar.cost.links import Hierarchy, Link
+from minipar.simulate import protocols
+from minipar.simulate.nvls import all_reduce_nvls, nvls_seconds
 from minipar.simulate.rings import all_reduce_rings, ring_groups
-from minipar.simulate.runner import simulate
+from minipar.simulate.runner import concurrently, simulate
 
 ELEMENTS_PER_RANK = 1  # of the real buffer: p float32 elements in all
 VALUES = 7  # x[i] = (rank + i) mod 7: sums stay exact integers in float32 up to p = 2^21
@@ -34,60 +42,189 @@ RINGS = "rings"  # not a registered algorithm: ring.py on one ring per NIC at on
 
 def available(algorithms) -> tuple[list[str], list[str]]:
     """(the all-reduce algorithms registered now, the names asked for that are not); "rings"
-    is always there (rings.py: NCCL's channels, made of the unchanged ring)."""
-    table = {**registry.ALGORITHMS["all_reduce"], RINGS: None}
+    (rings.py: NCCL's channels, made of the unchanged ring), "nvls" (nvls.py: the switch's
+    sum) and "nccl" (NCCL's pick per size, protocols.py) are always there."""
+    table = known()
     return [a for a in algorithms if a in table], [a for a in algorithms if a not in table]
 
 
-def all_reduce_sweep(ranks: int, cluster, sizes, algorithms, contention: bool = True):
+def known() -> list[str]:
+    """Every name --algorithms takes: the registered all-reduces, then rings, nvls and nccl."""
+    return list(dict.fromkeys([*registry.ALGORITHMS["all_reduce"], RINGS, "nvls", NCCL]))
+
+
+def all_reduce_sweep(ranks: int, cluster, sizes, algorithms, contention=True, protocol=None):
     """Yield one row (a dict) per (size, algorithm), sizes outermost, as nccl-tests prints."""
     for nbytes in sizes:
         for name in algorithms:
-            yield all_reduce_row(ranks, cluster, nbytes, name, contention)
+            yield row("all_reduce", ranks, cluster, nbytes, name, protocol, contention)
 
 
 def all_reduce_row(ranks: int, cluster, nbytes: int, algorithm: str, contention: bool = True):
-    p = ranks
-    channels = cluster.nics if algorithm == RINGS else 1
-    n = p * ELEMENTS_PER_RANK * channels
+    return row("all_reduce", ranks, cluster, nbytes, algorithm, None, contention)
+
+
+def row(collective, ranks, cluster, nbytes, algorithm, protocol=None, contention=True) -> dict:
+    """One simulated `collective` of nbytes (nccl-tests' size: the all-gather's output, the
+    reduce-scatter's input) by `algorithm` ("nccl": NCCL's pick for the size) under
+    `protocol` (None: the cluster's links as given; "nccl": NCCL's pick; LL, LL128, Simple)."""
+    p, nodes = ranks, -(-ranks // cluster.per_node)
+    ran, proto = resolve(collective, algorithm, protocol, nbytes, p, cluster)
+    sim, base = cluster, 0.0
+    if proto is not None:
+        pricing = protocols.priced(cluster, ran, proto, nodes)
+        sim, base = pricing.cluster, pricing.base
+    flow = ran == RINGS and flow_level(cluster, nodes)
+    if flow:
+        sim = protocols.flow_level_rings(sim, nodes)
+    chunks = tree_chunks(nbytes) if proto is not None and ran in TREES else 1
+    step, n, want = _step(collective, ran, p, cluster, sim, flow, chunks)
     scale = nbytes / (4 * n)
-
-    def step(rank):
-        x = ((np.arange(n) + rank) % VALUES).astype(np.float32)
-        if algorithm == RINGS:
-            all_reduce_rings(x, ring_groups(p, cluster.per_node, channels))
-        else:
-            api.all_reduce(x, algorithm=algorithm)
-        return x
-
     cpu = time.process_time()
-    run = simulate(step, p, cluster, scale=scale, contention=contention)
+    run = simulate(step, p, sim, scale, contention, pipelined=proto is not None)
     cpu = time.process_time() - cpu
-    want = sum((np.arange(n) + r) % VALUES for r in range(p)).astype(np.float32)
-    wrong = sum(not np.array_equal(x, want) for x in run.results)
-    algbw = nbytes / run.time if run.time > 0 else float("inf")
+    wrong = sum(not np.array_equal(x, want(r)) for r, x in enumerate(run.results))
+    seconds = run.time + base
+    algbw = nbytes / seconds if seconds > 0 else float("inf")
+    bus = 2 * (p - 1) / p if collective == "all_reduce" else (p - 1) / p
     return {  # bench's keys (minipar/bench/report.py), then the simulator's own
-        "collective": "all_reduce",
-        "algorithm": algorithm,
+        "collective": collective,
+        "algorithm": ran if algorithm != NCCL else f"nccl:{ran}",
+        "protocol": proto,
         "implementation": "simulated",
         "world_size": p,
         "nbytes": nbytes,
         "dtype": "float32",
-        "time_s_median": run.time,  # one simulated run: deterministic, min = median = max
-        "time_s_min": run.time,
-        "time_s_max": run.time,
+        "time_s_median": seconds,  # one simulated run: deterministic, min = median = max
+        "time_s_min": seconds,
+        "time_s_max": seconds,
         "algbw_GBps": algbw / 1e9,
-        "busbw_GBps": algbw * 2 * (p - 1) / p / 1e9,
-        "predicted_s": predicted(algorithm, nbytes, p, cluster),
-        "time_s": run.time,
+        "busbw_GBps": algbw * bus / 1e9,
+        "predicted_s": _predicted(collective, ran, proto, nbytes, p, cluster),
+        "time_s": seconds,
         "per_node": cluster.per_node,
-        "nodes": -(-p // cluster.per_node),
+        "nodes": nodes,
         "cluster": cluster.name,
         "messages": run.messages,
         "wall_s": run.wall,
         "cpu_s": cpu,
         "wrong": wrong,
     }
+
+
+NCCL = "nccl"  # not an algorithm: NCCL's tuner picks one (and its protocol) per size
+
+
+def resolve(collective, algorithm, protocol, nbytes, p, cluster):
+    """(the algorithm run, the protocol priced or None) for what was asked."""
+    nodes = -(-p // cluster.per_node)
+    if algorithm == NCCL:
+        ran, proto = protocols.choose(collective, nbytes, p, cluster)
+        if protocol not in (None, NCCL) and protocol != proto:
+            ran, proto = _forced_protocol(collective, nbytes, p, cluster, protocol)
+        if ran == "ring" and nodes > 1 and cluster.nics > 1:
+            ran = RINGS  # NCCL's ring across nodes is its channels
+        if ran == "double_tree" and nodes > 1 and p % cluster.per_node == 0:
+            ran = "hierarchical"  # NCCL's tree across nodes: a chain in the node, NICs at once
+        return ran, proto
+    if protocol == NCCL:
+        family = "ring" if algorithm in ("ring", RINGS) else algorithm
+        return algorithm, protocols.choose(collective, nbytes, p, cluster, [family])[1]
+    if protocol is not None and protocol not in protocols.PROTOCOLS:
+        raise ValueError(
+            f"--protocol {protocol!r}: choose nccl, {', '.join(protocols.PROTOCOLS)} or none"
+        )
+    return algorithm, protocol
+
+
+def _forced_protocol(collective, nbytes, p, cluster, protocol):
+    best = None
+    for algorithm in protocols.CANDIDATES[collective]:
+        t = protocols.nccl_time(collective, algorithm, protocol, nbytes, p, cluster)
+        if t is not None and (best is None or t < best[0]):
+            best = (t, algorithm)
+    if best is None:
+        raise ValueError(f"--protocol {protocol}: no NCCL algorithm runs {collective} with it")
+    return best[1], protocol
+
+
+def flow_level(cluster, nodes: int) -> bool:
+    """rings.py's channels priced as one ring: exact when every GPU leaves its node in one
+    channel (a NIC a GPU) or there is one channel; otherwise they run one by one at once."""
+    return nodes == 1 or cluster.nics in (1, cluster.per_node)
+
+
+TREES = ("tree", "double_tree")
+TREE_CHUNK = 512 << 10  # bytes: NCCL's Simple slot (4 MiB buffer / NCCL_STEPS = 8)
+MAX_TREE_CHUNKS = 64
+
+
+def tree_chunks(nbytes: float) -> int:
+    """How many chunks a pipelined tree streams: one a 512 KiB slot, at most 64."""
+    return int(min(MAX_TREE_CHUNKS, max(1, -(-nbytes // TREE_CHUNK))))
+
+
+def _step(collective, algorithm, p, cluster, sim, flow, chunks=1):
+    """(fn(rank) for simulate, real float32 elements standing for the size, rank -> want).
+    chunks > 1: the tree all-reduces `chunks` parts at once, so they stream up and down it
+    one behind the other (each port carries them in turn): a pipelined tree."""
+    k = max(ELEMENTS_PER_RANK, -(-2 * chunks // p))  # two trees' halves of every chunk
+    if collective == "all_reduce":
+        channels = 1 if flow or algorithm != RINGS else cluster.nics
+        n = p * k * channels
+        want = sum((np.arange(n) + r) % VALUES for r in range(p)).astype(np.float32)
+
+        def step(rank):
+            x = ((np.arange(n) + rank) % VALUES).astype(np.float32)
+            if algorithm == "nvls":
+                all_reduce_nvls(x, nvls_seconds(sim))
+            elif chunks > 1:
+                edges = layout.bounds(n, chunks)
+                parts = [layout.chunk(x, edges, c) for c in range(chunks)]
+                concurrently(
+                    [lambda part=part: api.all_reduce(part, algorithm=algorithm) for part in parts]
+                )
+            elif algorithm == RINGS and not flow:
+                all_reduce_rings(x, ring_groups(p, cluster.per_node, channels))
+            else:
+                api.all_reduce(x, algorithm="ring" if algorithm == RINGS else algorithm)
+            return x
+
+        return step, n, lambda r: want
+    file_algorithm = "ring" if algorithm == RINGS and flow else algorithm
+    if collective == "all_gather":
+        full = np.concatenate([_block(r, k) for r in range(p)])
+
+        def step(rank):
+            out = np.zeros(p * k, np.float32)
+            api.all_gather_into_tensor(out, _block(rank, k), algorithm=file_algorithm)
+            return out
+
+        return step, p * k, lambda r: full
+    if collective == "reduce_scatter":
+        total = sum(_block(r, p * k) for r in range(p)).astype(np.float32)
+
+        def step(rank):
+            out = np.zeros(k, np.float32)
+            api.reduce_scatter_tensor(out, _block(rank, p * k), algorithm=file_algorithm)
+            return out
+
+        return step, p * k, lambda r: total[r * k : (r + 1) * k]
+    raise ValueError(f"collective {collective!r}: choose all_reduce, all_gather, reduce_scatter")
+
+
+def _block(rank: int, n: int):
+    return ((np.arange(n) + rank) % VALUES).astype(np.float32)
+
+
+def _predicted(collective, algorithm, protocol, nbytes, p, cluster):
+    """NCCL's formula where a protocol is priced, else the cost model's closed form."""
+    if protocol is not None:
+        family = "ring" if algorithm == RINGS else algorithm
+        return protocols.nccl_time(collective, family, protocol, nbytes, p, cluster)
+    if collective != "all_reduce" or algorithm == "nvls":
+        return None
+    return predicted(algorithm, nbytes, p, cluster)
 
 
 def predicted(algorithm: str, nbytes: float, p: int, cluster) -> float | None:
@@ -99,8 +236,9 @@ def predicted(algorithm: str, nbytes: float, p: int, cluster) -> float | None:
         h = Hierarchy(_no_gamma(cluster.intra), _no_gamma(cluster.inter), cluster.per_node)
         return cost.all_reduce_on_cluster(nbytes, nodes, "hierarchical", h)
     slowest = cluster.inter if nodes > 1 else cluster.intra
-    if algorithm == RINGS:  # the NICs' rate added up, unless NVLink is slower
-        beta = max(cluster.intra.beta, cluster.inter.beta / cluster.nics) if nodes > 1 else None
+    if algorithm == RINGS:  # the NICs' rate added up, unless NVLink's share is slower
+        c = cluster.nics
+        beta = max((c - 1) / c * cluster.intra.beta, cluster.inter.beta / c) if nodes > 1 else None
         slowest = Link("rings", slowest.alpha, beta or slowest.beta, 0.0)
         algorithm = "ring"
     try:

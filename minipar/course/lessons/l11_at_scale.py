@@ -5,7 +5,8 @@
 The ring, the binomial tree and the double tree of minipar/collectives/ run unchanged on a
 simulated cluster of DGX H100 nodes (minipar/simulate/: one thread per rank, virtual clocks):
 first the cost model's prediction from 8 to 8,192 ranks (where the ring's latency term takes
-over), then the simulated times; one ring against one ring per NIC across two nodes; one 1F1B
+over), then the simulated times; one ring against one ring per NIC across two nodes; NCCL's
+protocols (why 8 B costs 15 us and a ring reaches 370 GB/s, not 450) and its pick; one 1F1B
 step of the 70B layout minipar plan proposes for 1,024 GPUs, its bubble read off simulated time;
 and every collective checked against numpy at prime p. Rank 0 simulates, every rank checks its
 numbers.
@@ -20,7 +21,7 @@ from minipar.course.lessons.page import Page, fmt_rate, fmt_time
 from minipar.planning.planner import CLUSTERS, ModelSpec, best, plan_layouts
 from minipar.simulate.cluster import preset
 from minipar.simulate.conformance import check_collectives, checks
-from minipar.simulate.sweep import all_reduce_row, predicted
+from minipar.simulate.sweep import all_reduce_row, predicted, row
 from minipar.simulate.train_step import from_layout, simulate_step
 
 SIZE = 64 << 20  # the all-reduce of the first section: 64 MiB, a DDP bucket or two
@@ -161,6 +162,61 @@ def nodes_section(page: Page, rank0) -> None:
     )
 
 
+PROTOCOL_ROWS = (  # (ranks, bytes, algorithm, protocol, what nccl-tests published, unit)
+    (8, 8, "nccl", None, 12.49, "us"),  # deepseek-ai/DeepEP#303 (8 H20: the H100's NVLink)
+    (8, 1 << 20, "nccl", None, None, "us"),
+    (8, BIG, "ring", None, 370.0, "GB/s"),  # NVIDIA/nccl-tests#212
+    (8, BIG, "ring", "nccl", 370.0, "GB/s"),
+    (8, 8 * BIG, "nccl", None, 480.0, "GB/s"),  # nccl-tests#212: NVLink SHARP
+    (16, BIG, "rings", "nccl", 376.0, "GB/s"),  # nccl-tests#290: 46-48 GB/s a NIC
+)
+
+
+def protocols_section(page: Page, rank0) -> None:
+    page.prediction("what NCCL's tuner charges (src/graph/tuning.cc) on 8 H100s of one node")
+    page.say(
+        "8 B: the ring with LL, 6.6 us to start (the kernel's launch and set-up) and 14 hops of "
+        "0.6 us (a flag in every 8 bytes: no fence) = 15.0 us; a tree with LL 15.2; NVLink "
+        "SHARP 25. 1 GiB: the ring with Simple (whole chunks, a fence and a flag: 3.4 us a "
+        "hop, full speed) at NCCL's 20.6 GB/s an NVLink link x 18 = 370.8 GB/s, not the "
+        "datasheet's 450; NVLink SHARP sums in the switch and moves n (1 + 1/p) a port instead "
+        "of 2 (p-1)/p n: 0.85 x 370.8 GB/s (nvlsEfficiency)."
+    )
+    page.measurement("simulated with NCCL's protocols (minipar/simulate/protocols.py)")
+    seen = rank0(
+        lambda: [row("all_reduce", p, CLUSTER, n, a, pr) for p, n, a, pr, *_ in PROTOCOL_ROWS]
+    )
+    rows = []
+    for (p, n, _, _, published, unit), r in zip(PROTOCOL_ROWS, seen):
+        value = r["time_s"] * 1e6 if unit == "us" else r["busbw_GBps"]
+        rows.append(
+            (f"{p}", _size(n), r["algorithm"], r["protocol"] or "none",
+             f"{value:.1f} {unit}", f"{published} {unit}" if published else "-")
+        )  # fmt: skip
+    page.table(None, ["ranks>", "size>", "ran", "protocol", "simulated>", "published>"], rows)
+    tiny, _, line_rate, ring, nvls, rings = seen
+    page.check(
+        abs(tiny["time_s"] / tiny["predicted_s"] - 1) < 1e-6 and tiny["protocol"] == "LL",
+        "8 B: NCCL's pick, the ring with LL, and its simulated time is NCCL's formula",
+    )
+    page.check(
+        line_rate["busbw_GBps"] > 420 > ring["busbw_GBps"] > 340,
+        "1 GiB: the links as given run the ring near 450 GB/s; NCCL's Simple near 370",
+    )
+    page.check(
+        nvls["algorithm"] == "nccl:nvls" and nvls["busbw_GBps"] > ring["busbw_GBps"] * 1.2,
+        "8 GiB: NCCL's pick is NVLink SHARP, above any ring's bus bandwidth",
+    )
+    page.check(sum(r["wrong"] for r in seen) == 0, "every rank's result is the exact sum")
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
 def planned_layout():
     """(model, layout) minipar plan proposes for a 70B model on 1,024 H100s."""
     model = ModelSpec.preset("70b")
@@ -218,6 +274,7 @@ def main(argv=None) -> int:
 
     scale_section(page, rank0)
     nodes_section(page, rank0)
+    protocols_section(page, rank0)
     step_section(page, rank0)
     conformance_section(page, rank0)
     page.try_this(
@@ -227,6 +284,9 @@ def main(argv=None) -> int:
             "--cluster pcie: one NIC a node shared by 8 GPUs. What does one ring per NIC buy?",
             "Write the rings yourself: exercises/ex11_nccl_rings.py, then `minipar grade 11`.",
             "Pipeline the double tree (NCCL streams segments): how close does it get to 2 n beta?",
+            "minipar simulate all_reduce --ranks 8 --sizes 8B:1GiB:x8 --algorithms nccl: where "
+            "does NCCL's pick switch from LL to LL128 to Simple, and to NVLink SHARP?",
+            "minipar simulate validate: every published figure against the simulator.",
         ]
     )
     return page.finish()

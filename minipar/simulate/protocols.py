@@ -1,0 +1,238 @@
+"""NCCL's protocols and its tuner: what a (algorithm, protocol) pair costs, and the cheapest.
+
+NCCL moves every collective with one of three protocols (Jeaugey, NCCL, GTC 2019; NCCL's
+src/graph/tuning.cc and src/graph/topo.h are the public reference for the figures below):
+
+    Simple   whole chunks, then a memory fence and a flag: the full bandwidth of the link, but
+             several microseconds a hop (the fence and the flag's round trip)
+    LL       "low latency": 8-byte stores, 4 bytes of data and a 4-byte flag in each, so the
+             receiver polls the data itself: well under a microsecond a hop, at most half the
+             bandwidth (and NCCL caps it lower: `llMaxBw`)
+    LL128    128-byte lines, 120 of data and 8 of flag: LL's latency at 120/128 of the
+             bandwidth (NCCL models 0.92 for the ring)
+
+The cost NCCL's tuner gives (algorithm a, protocol p) for n bytes is
+
+    base[a][p] + steps on NVLink x hop[NVLink][a][p] + steps across nodes x hop[net][a][p]
+               + n / (bus bandwidth x efficiency[a][p] x the collective's ratio)
+
+and it runs the cheapest pair (ncclTopoGetAlgoTime). The constants, per microsecond and GB/s,
+are NCCL's defaults for Hopper and Blackwell (tuning.cc, ncclTunerConstantsDefaults):
+
+    base latency     tree LL 6.8, LL128 14.0, Simple 8.4; ring LL 6.6, LL128 14.0, Simple 8.4;
+                     NVLS 0 (its hop latency carries it)
+    hop, NVLink      tree 0.6 / 1.25 / 4.0; ring 0.6 / 1.9 / 3.4; NVLS Simple 25
+    hop, network     tree 5.0 / 8.5 / 14; ring 2.7 / 4.0 / 14; plus, on rings across nodes,
+                     an intra-node hop of at least 1 us (3 us with Simple: the network proxy)
+    bandwidth        NVLink: 20.6 GB/s a link on Hopper (18 links: 370.8 GB/s of the 450 the
+                     datasheet gives, NCCL's "protocol overhead" in nccl-tests#212), 40.1 on
+                     Blackwell; a NIC its line rate (400 Gb/s: 50 GB/s)
+    efficiency       ring LL: half, at most llMaxBw (141 GB/s on one Hopper node; across
+                     nodes of x86 Intel hosts 39 on two, 20.4 beyond); ring LL128: 0.92;
+                     tree Simple 0.92, tree LL 1/3.8, tree LL128 7/9 in a node, 120/128
+                     across; NVLS 0.85 of NVLink (nvlsEfficiency)
+
+The simulator runs the chosen algorithm's own file with its messages priced so (`priced`): a hop
+costs hop[class][a][p] and its bytes at the protocol's share of the link, and the collective
+starts base[a][p] late. The tuner (`choose`) ranks the pairs by NCCL's own formula (`nccl_time`).
+With no protocol the links are the cluster's as given: every closed form stays exact.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+PROTOCOLS = ("LL", "LL128", "Simple")
+US = 1e-6
+
+# tuning.cc, ncclTunerConstantsDefaults: microseconds, [family][protocol]
+BASE = {
+    "tree": {"LL": 6.8, "LL128": 14.0, "Simple": 8.4},
+    "ring": {"LL": 6.6, "LL128": 14.0, "Simple": 8.4},
+    "nvls": {"Simple": 0.0},
+}
+HOP = {
+    "nvlink": {
+        "tree": {"LL": 0.6, "LL128": 1.25, "Simple": 4.0},
+        "ring": {"LL": 0.6, "LL128": 1.9, "Simple": 3.4},
+        "nvls": {"Simple": 25.0},
+    },
+    "pci": {
+        "tree": {"LL": 1.0, "LL128": 1.9, "Simple": 4.0},
+        "ring": {"LL": 1.0, "LL128": 2.5, "Simple": 5.7},
+    },
+    "net": {
+        "tree": {"LL": 5.0, "LL128": 8.5, "Simple": 14.0},
+        "ring": {"LL": 2.7, "LL128": 4.0, "Simple": 14.0},
+        "nvls": {"Simple": 18.0},
+    },
+}
+NET_OVERHEAD_US = 1.0  # getNetOverhead on x86 Intel: a ring's intra-node hop across nodes
+# llMaxBws (GB/s): one node by GPU (Hopper 141, Blackwell 2 x 141); across nodes by CPU (x86
+# Intel, as in a DGX: 39 on two nodes, 20.4 beyond)
+LL_MAX_BW_NODE = {"h100": 141.0, "b200": 282.0}
+LL_MAX_BW_NET = {2: 39.0, 3: 20.4}
+NVLINK_LINK_BW = {"h100": 20.6, "b200": 40.1}  # topo.h SM90_NVLINK_BW, SM100_NVLINK_BW (GB/s)
+NVLINKS = 18  # NVLink 4 and 5 GPUs: 18 links each (H100 SXM, B200 datasheets)
+NVLS_EFFICIENCY = {"h100": 0.85, "b200": 0.74}  # tuning.cc nvlsEfficiency: Hopper, Blackwell
+PER_CHANNEL_LL128 = 36.7  # perChMaxRingLL128Bws, Hopper (GB/s a channel)
+
+# which protocol family each simulated algorithm is priced as
+FAMILY = {
+    "ring": "ring",
+    "rings": "ring",
+    "rabenseifner": "ring",
+    "tree": "tree",
+    "double_tree": "tree",
+    "hierarchical": "tree",
+    "nvls": "nvls",
+}
+
+
+def nvlink_rate(cluster) -> float:
+    """Bytes/s NCCL counts on a GPU's NVLink: its per-link figure x 18 (not the datasheet)."""
+    per_link = NVLINK_LINK_BW.get(cluster.name)
+    if per_link is None:
+        return 1 / cluster.intra.beta  # no NCCL figure for this link: its own rate
+    return per_link * NVLINKS * 1e9
+
+
+def efficiency(family: str, protocol: str, cluster, nodes: int) -> tuple[float, float]:
+    """(NVLink share, network share) of the line rate the protocol moves data at."""
+    nvlink = nvlink_rate(cluster) * cluster.intra.beta  # Simple's share of the datasheet
+    if family == "nvls":
+        return nvlink * NVLS_EFFICIENCY.get(cluster.name, 0.85), 1.0
+    factor = {
+        ("ring", "Simple"): 1.0,
+        ("ring", "LL"): 0.5,
+        ("ring", "LL128"): 0.92,
+        ("tree", "Simple"): 0.92,
+        ("tree", "LL"): 1 / 3.8,
+        ("tree", "LL128"): 7 / 9 if nodes == 1 else 120 / 128,
+    }[family, protocol]
+    intra, inter = nvlink * factor, factor
+    if protocol == "LL":  # llMaxBw caps the collective's bus bandwidth
+        if nodes == 1:
+            cap = LL_MAX_BW_NODE.get(cluster.name, 141.0) * 1e9
+        else:
+            cap = LL_MAX_BW_NET[min(nodes, 3)] * 1e9
+        intra = min(intra, cap * cluster.intra.beta)
+        if nodes > 1:
+            inter = min(inter, cap * cluster.inter.beta / cluster.nics)
+    return intra, inter
+
+
+def intra_hw(cluster) -> str:
+    """The link class NCCL's latencies are given for inside this cluster's nodes."""
+    return "pci" if cluster.intra.name.startswith("pcie") else "nvlink"
+
+
+def hop(family: str, protocol: str, nodes: int, hw: str = "nvlink") -> tuple[float, float]:
+    """(seconds a hop inside a node, seconds a hop across nodes) for this pair."""
+    intra = HOP[hw][family][protocol]
+    if nodes > 1 and family == "ring":  # the proxy's post on every step of a ring across nodes
+        intra = max(intra, NET_OVERHEAD_US * (3 if protocol == "Simple" else 1))
+    return intra * US, HOP["net"][family][protocol] * US
+
+
+@dataclass(frozen=True)
+class Priced:
+    """A cluster whose links are priced for one (algorithm, protocol), and the start delay."""
+
+    cluster: object
+    base: float  # seconds before the first message: NCCL's base latency (launch included)
+    family: str
+    protocol: str
+
+
+def priced(cluster, algorithm: str, protocol: str, nodes: int, launch: float = 0.0) -> Priced:
+    """The cluster as `algorithm` sees it under `protocol`: each link's alpha the pair's hop
+    latency, its beta the line rate's share the protocol moves, and a base latency."""
+    family = FAMILY.get(algorithm)
+    if family is None:
+        raise ValueError(f"no NCCL protocol model for algorithm {algorithm!r}")
+    if protocol not in BASE[family]:
+        raise ValueError(
+            f"--protocol {protocol!r} does not run {algorithm}: choose {', '.join(BASE[family])}"
+        )
+    e_intra, e_inter = efficiency(family, protocol, cluster, nodes)
+    a_intra, a_inter = hop(family, protocol, nodes, intra_hw(cluster))
+    intra = replace(cluster.intra, alpha=a_intra, beta=cluster.intra.beta / e_intra, gamma=0.0)
+    inter = replace(cluster.inter, alpha=a_inter, beta=cluster.inter.beta / e_inter, gamma=0.0)
+    base = BASE[family][protocol] * US + launch
+    return Priced(replace(cluster, intra=intra, inter=inter), base, family, protocol)
+
+
+def flow_level_rings(cluster, nodes: int) -> object:
+    """The cluster a ring of NCCL's channels sees as one ring (rings.py): every step moves all
+    channels' bytes at once, (c-1)/c of them over the GPU's NVLink and 1/c over its NIC, so a
+    step costs the slower of the two shares (the ports shared fairly, no turns)."""
+    c = cluster.nics
+    if nodes == 1 or c == 1:  # one node, or one channel: the ring as it is
+        return cluster
+    beta = max((c - 1) / c * cluster.intra.beta, cluster.inter.beta / c)
+    return replace(
+        cluster,
+        intra=replace(cluster.intra, beta=beta),
+        inter=replace(cluster.inter, beta=beta),
+    )
+
+
+# -- NCCL's tuner: its own formula, to rank the pairs --------------------------------------------
+
+STEPS = {"all_reduce": lambda p: 2 * (p - 1), "all_gather": lambda p: p - 1}
+STEPS["reduce_scatter"] = STEPS["all_gather"]
+
+
+def nccl_time(collective: str, algorithm: str, protocol: str, nbytes: float, p: int, cluster):
+    """Seconds NCCL's tuner predicts (ncclTopoGetAlgoTime), or None where NCCL does not run
+    the pair: trees only all-reduce, NVLS needs NVLink SHARP (h100, b200) on one node here."""
+    nodes = -(-p // cluster.per_node)
+    family = FAMILY[algorithm]
+    if protocol not in BASE[family] or p == 1:
+        return None
+    if family == "tree" and collective != "all_reduce":
+        return None
+    if family == "nvls" and (cluster.name not in NVLS_EFFICIENCY or nodes > 1 or p < 3):
+        return None
+    steps = STEPS[collective](p)
+    e_intra, e_inter = efficiency(family, protocol, cluster, nodes)
+    a_intra, a_inter = hop(family, protocol, nodes, intra_hw(cluster))
+    bus = e_intra / cluster.intra.beta
+    if nodes > 1:  # a GPU's NVLink carries (c-1)/c of a ring step, its NIC 1/c (channels)
+        c = cluster.nics
+        nvlink = bus * c / (c - 1) if c > 1 else float("inf")
+        bus = min(nvlink, e_inter * c / cluster.inter.beta)
+    if family == "ring":
+        inter_steps = 0 if nodes == 1 else (2 if collective == "all_reduce" else 1) * (nodes - 1)
+        latency = (steps - inter_steps) * a_intra + inter_steps * a_inter
+        algbw = bus * p / steps
+    elif family == "tree":
+        local = p // nodes - 1
+        latency = 2 * (local * a_intra + int(math.log2(nodes)) * a_inter)
+        algbw = bus * 0.5
+    else:  # NVLS: reduce-scatter and all-gather through the switch, pipelined (x2)
+        latency = a_intra
+        algbw = bus * 2 * p / steps if collective == "all_reduce" else bus
+    return BASE[family][protocol] * US + latency + nbytes / algbw
+
+
+CANDIDATES = {
+    "all_reduce": ("ring", "double_tree", "nvls"),
+    "all_gather": ("ring", "nvls"),
+    "reduce_scatter": ("ring", "nvls"),
+}
+
+
+def choose(collective: str, nbytes: float, p: int, cluster, algorithms=None):
+    """NCCL's pick for this size: the (algorithm, protocol) its formula says is cheapest."""
+    best = None
+    for algorithm in algorithms or CANDIDATES[collective]:
+        for protocol in PROTOCOLS:
+            t = nccl_time(collective, algorithm, protocol, nbytes, p, cluster)
+            if t is not None and (best is None or t < best[0]):
+                best = (t, algorithm, protocol)
+    if best is None:
+        raise ValueError(f"no NCCL algorithm runs {collective} on {p} ranks of {cluster.name}")
+    return best[1], best[2]

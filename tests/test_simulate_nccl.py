@@ -1,0 +1,110 @@
+"""The simulator as NCCL: its protocols priced as NCCL's tuner prices them, its per-size pick,
+NCCL's channels across nodes at the NICs' rate, NVLink SHARP, and every published figure
+(minipar/simulate/published.py) within its bound (a few seconds in all).
+
+The expected times are written here from NCCL's src/graph/tuning.cc and topo.h by hand (base
+and hop latencies in microseconds, 20.6 GB/s an NVLink link x 18 on an H100), not read from
+minipar/simulate/protocols.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from minipar.simulate import cluster as clusters
+from minipar.simulate.protocols import choose, nccl_time
+from minipar.simulate.published import FIGURES, GEOMEAN, TOLERANCE
+from minipar.simulate.sweep import row
+from minipar.simulate.validate import validate, within
+
+H100 = clusters.preset("h100")
+US, GiB, MiB = 1e-6, 1 << 30, 1 << 20
+NVLINK = 20.6e9 * 18  # NCCL's H100 NVLink: 370.8 GB/s
+
+
+def test_every_published_figure_is_met_within_its_bound():
+    results, summary = validate()
+    held = [r for r in results if r["held"]]
+    assert summary["wrong"] == 0
+    assert len(held) >= 12
+    assert {r["nodes"] for r in held} >= {1, 2, 4, 16}
+    assert {r["collective"] for r in held} == {"all_reduce", "all_gather", "reduce_scatter"}
+    assert min(r["bytes"] for r in held) == 8 and max(r["bytes"] for r in held) == 8 * GiB
+    assert summary["geomean"] <= GEOMEAN, summary
+    missed = [(r["collective"], r["ranks"], r["bytes"], r["ratio"]) for r in held]
+    assert all(within(r, TOLERANCE) for r in held), missed
+    assert all(f["source"] for f in FIGURES)
+
+
+def test_a_protocol_prices_the_ring_as_nccls_formula():
+    """8 H100, one node: base + 14 hops + 2 (p-1)/p n at the protocol's share of NVLink."""
+    n = 8 * MiB
+    ll = row("all_reduce", 8, H100, n, "ring", "LL")
+    # LL: half of NVLink, capped at llMaxBw = 141 GB/s on one Hopper node
+    want = 6.6 * US + 14 * (0.6 * US + n / 8 / min(0.5 * NVLINK, 141e9))
+    assert ll["time_s"] == pytest.approx(want, rel=1e-9) and ll["wrong"] == 0
+    simple = row("all_reduce", 8, H100, GiB, "ring", "Simple")
+    want = 8.4 * US + 14 * (3.4 * US + GiB / 8 / NVLINK)
+    assert simple["time_s"] == pytest.approx(want, rel=1e-9)
+    ll128 = row("all_gather", 8, H100, GiB, "ring", "LL128")
+    want = 14.0 * US + 7 * (1.9 * US + GiB / 8 / (0.92 * NVLINK))
+    assert ll128["time_s"] == pytest.approx(want, rel=1e-9)
+    # with no protocol the cluster's own links: the ring's closed form, 3 us and 450 GB/s
+    plain = row("all_reduce", 8, H100, GiB, "ring")
+    assert plain["time_s"] == pytest.approx(14 * (3e-6 + GiB / 8 / 450e9), rel=1e-12)
+
+
+def test_the_tuner_picks_the_cheapest_pair_by_nccls_formula():
+    assert choose("all_reduce", 8, 8, H100) == ("ring", "LL")  # 15.0 us against tree's 15.2
+    assert nccl_time("all_reduce", "ring", "LL", 0, 8, H100) == pytest.approx(15.0 * US)
+    assert nccl_time("all_reduce", "double_tree", "LL", 0, 8, H100) == pytest.approx(15.2 * US)
+    assert choose("all_reduce", GiB, 8, H100) == ("nvls", "Simple")
+    assert choose("all_gather", GiB, 8, H100) == ("ring", "Simple")
+    # 16 nodes, 8 B: the tree's 2 (7 NVLink hops + log2 16 network hops) beat the ring's 254
+    tree = 6.8 + 2 * (7 * 0.6 + 4 * 5.0)
+    ring = 6.6 + (254 - 30) * 1.0 + 30 * 2.7  # an intra hop across nodes costs the proxy's 1 us
+    assert choose("all_reduce", 8, 128, H100) == ("double_tree", "LL")
+    assert nccl_time("all_reduce", "double_tree", "LL", 0, 128, H100) == pytest.approx(tree * US)
+    assert nccl_time("all_reduce", "ring", "LL", 0, 128, H100) == pytest.approx(ring * US)
+    picked = row("all_reduce", 8, H100, 8, "nccl")
+    assert (picked["algorithm"], picked["protocol"]) == ("nccl:ring", "LL")
+
+
+def test_channels_across_nodes_run_at_the_nics_rate_and_pipeline():
+    """2 nodes: each ring step moves 7/8 of its bytes on NVLink and 1/8 on the GPU's NIC, all
+    8 channels at once, so the step runs at min(450 x 8/7, 8 x 50) = 400 GB/s."""
+    p, n = 16, GiB
+    plain = row("all_reduce", p, H100, n, "rings")
+    # sends complete on arrival: the node's last GPU pays the network's 6 us every step
+    assert plain["time_s"] == pytest.approx(30 * (6e-6 + n / p / 400e9), rel=1e-9)
+    simple = row("all_reduce", p, H100, n, "rings", "Simple")
+    # NCCL's slots in flight: a step waits for what its left neighbour sent, so the critical
+    # path moves one rank a step: 30 hops around a ring of 16 cross the 2 node boundaries 4
+    # times (14 us each; NCCL's formula counts 2 (nodes - 1) = 2), NVLink's 3.4 us the others
+    want = 8.4 * US + 26 * 3.4 * US + 4 * 14 * US + 30 * n / p / 400e9
+    assert simple["time_s"] == pytest.approx(want, rel=1e-9) and simple["wrong"] == 0
+    assert simple["busbw_GBps"] == pytest.approx(400 * n * 30 / 16 / 400e9 / simple["time_s"])
+
+
+def test_nvlink_sharp_sums_in_the_switch():
+    """Each GPU's port carries n (1 + 1/p) bytes at 0.85 of NCCL's NVLink, after 25 us."""
+    for p in (4, 8):
+        nvls = row("all_reduce", p, H100, GiB, "nvls", "Simple")
+        want = 25 * US + GiB * (1 + 1 / p) / (0.85 * NVLINK)
+        assert nvls["time_s"] == pytest.approx(want, rel=1e-9) and nvls["wrong"] == 0
+        assert nvls["messages"] == 0
+
+
+def test_cli_validates_and_sweeps_with_nccls_pick(capsys, monkeypatch):
+    from minipar.cli import main
+    from minipar.simulate import validate as module
+
+    monkeypatch.setattr(module, "FIGURES", FIGURES[:2])  # the whole table: the test above
+    assert main(["simulate", "validate"]) == 0
+    out = capsys.readouterr().out
+    assert "geometric-mean error" in out and "NVIDIA/nccl-tests#212" in out
+    argv = ["simulate", "all_reduce", "--ranks", "8", "--sizes", "8B,1GiB", "--algorithms"]
+    assert main([*argv, "nccl,ring", "--protocol", "nccl"]) == 0
+    out = capsys.readouterr().out
+    assert "nccl:ring" in out and "LL" in out and "nccl:nvls" in out
+    assert main([*argv, "ring", "--protocol", "LL256"]) == 2
+    assert "'LL256'" in capsys.readouterr().out
