@@ -30,7 +30,9 @@ def spawn(fn, args: tuple, nprocs: int, timeout: float = 300.0, fork: bool = Fal
     if not fork:
         store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=wait)
         try:
-            mp.spawn(_rank, args=(nprocs, store.port, timeout, fn, args), nprocs=nprocs)
+            ranks = mp.start_processes(_rank, args=(nprocs, store.port, timeout, fn, args),
+                                       nprocs=nprocs, join=False, start_method="spawn")  # fmt: skip
+            _join(ranks)
         finally:
             del store  # closes the port once every rank has ended
         return
@@ -41,12 +43,42 @@ def spawn(fn, args: tuple, nprocs: int, timeout: float = 300.0, fork: bool = Fal
         store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=wait)
         for _ in range(nprocs):
             ports.put(store.port)
-        while not ranks.join():  # raises, naming the rank, when one fails
-            pass
+        _join(ranks)
     finally:
         for process in ranks.processes:  # a failed rank's peers, or all of them if the store
             if process.is_alive():  # could not be opened
                 process.terminate()
+
+
+# what a rank raises when a peer died first: a consequence, never the cause
+CONSEQUENCES = ("Connection reset by peer", "Connection closed by peer", "CommTimeoutError")
+
+
+def _join(ranks) -> None:
+    """Wait for every rank; when some failed, raise the first failure that is not a consequence
+    of another's (torch names the first rank its wait saw end, and when two ended between two
+    looks that is rank 0, the one whose peer vanished under it)."""
+    import pickle
+
+    from torch.multiprocessing import ProcessRaisedException
+
+    try:
+        while not ranks.join():  # raises, naming a rank, when one fails
+            pass
+    except ProcessRaisedException as error:
+        failed = []  # every rank's traceback: torch has ended them all by now
+        for index, path in enumerate(ranks.error_files):
+            try:
+                with open(path, "rb") as fh:
+                    failed.append((index, pickle.load(fh)))
+            except (OSError, EOFError, pickle.UnpicklingError):
+                continue  # this rank raised nothing
+        roots = [f for f in failed if not any(c in f[1] for c in CONSEQUENCES)]
+        if not roots or roots[0][0] == error.error_index:
+            raise
+        index, trace = roots[0]
+        msg = f"\n\n-- Process {index:d} terminated with the following error:\n{trace}"
+        raise ProcessRaisedException(msg, index, ranks.processes[index].pid) from error
 
 
 def _forked_rank(rank: int, size: int, ports, timeout: float, fn, args: tuple) -> None:
