@@ -23,7 +23,8 @@ Bytes per rank are hierarchical.py's exactly (every block is split among the pie
 twice): 2 (k-1)/k S inside the node, 2 (N-1)/N S/k between nodes. Steps: (C+1) R + 2 (k-1)
 with R = max(2 (k-1), 2 (N-1)) (the last tick only gathers); messages inside: N a step.
 C comes from minipar.cost.pipeline_chunks (at most the smallest block's length, so no piece
-is empty). On one node, or nodes of unequal size: the flat ring, as hierarchical.py.
+is empty). On one node, or nodes of unequal size: the flat ring, as hierarchical.py; on nodes
+of one rank, its ring across.
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ def all_reduce_hierarchical_pipelined(call, x, op) -> None:
         return ring.all_reduce_ring(call, x, op)
     inside, across = two
     k, N = inside.size, across.size
+    if k == 1:  # nothing inside to hide behind the link: hierarchical's ring across
+        return ring.all_reduce_ring(across, x, op)
     smallest = len(x) // (k * N)
     C = max(1, min(cost.pipeline_chunks(buffers.nbytes(x), N, k), smallest))
     pieces = _pieces(x, by_node, inside.rank, k, N, C)
