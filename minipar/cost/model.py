@@ -265,11 +265,15 @@ def traffic_on_nodes(collective: str, algorithm: str, nbytes: float, nodes: int,
     (consecutive group ranks on a node), split by the link they use.
 
     "hierarchical": the table in collectives/hierarchical.py, per level; exact when p divides
-    the element count. A flat algorithm: every one of its steps has a message between nodes (a
-    ring's crossing rank sends all its bytes across), so all of it is priced on the slow link;
-    exact (busiest rank) for the ring, an upper bound for the others."""
+    the element count. "hierarchical_pipelined" (all-reduce): the same bytes; its steps are
+    hierarchical's here (its own count, and its time: pipelined_all_reduce). A flat algorithm:
+    every one of its steps has a message between nodes (a ring's crossing rank sends all its
+    bytes across), so all of it is priced on the slow link; exact (busiest rank) for the ring,
+    an upper bound for the others."""
     N, k, S = nodes, per_node, nbytes
     p = N * k
+    if algorithm == "hierarchical_pipelined" and collective == "all_reduce":
+        algorithm = "hierarchical"  # the same bytes; its steps: pipelined_all_reduce
     if algorithm != "hierarchical" or N == 1:
         flat = traffic(collective, algorithm, S, p)
         if N == 1:
@@ -326,6 +330,11 @@ def predict_on_nodes(
     far steps do), priced so: an upper bound. Measured on 2 emulated nodes of 2 on a 2 Gbit/s
     cable at 64 MiB: Rabenseifner 2.3x, the flat ring 1.5x the two-level all-reduce's time."""
     intra, inter = intra or default_link(), inter or inter_link()
+    if algorithm == "hierarchical_pipelined" and nodes > 1 and per_node > 1:
+        C = pipeline_chunks(nbytes, nodes, per_node, intra, inter)
+        return pipelined_all_reduce(nbytes, nodes, per_node, C, intra, inter, links_per_node)
+    if algorithm == "hierarchical_pipelined":  # the ring, or the ring across: hierarchical's
+        algorithm = "hierarchical"
     inside, between = traffic_on_nodes(collective, algorithm, nbytes, nodes, per_node)
     if algorithm != "ring" and collective != "broadcast":  # k ranks a node cross at once
         share = max(1.0, per_node / links_per_node)
