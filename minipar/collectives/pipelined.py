@@ -65,7 +65,7 @@ class _Stage:
         self.pending = []
 
 
-def _pieces(x, by_node, inside_rank: int, k: int, N: int, C: int):
+def _pieces(x, inside_rank: int, k: int, N: int, C: int):
     """For each piece c: (inside chunks, across chunks), each a list of lists of views."""
     edges = layout.bounds(len(x), k)
     blocks = []  # blocks[j][d]: sub-chunk d of inside chunk j
@@ -92,7 +92,7 @@ def all_reduce_hierarchical_pipelined(call, x, op) -> None:
         return ring.all_reduce_ring(across, x, op)
     smallest = len(x) // (k * N)
     C = max(1, min(cost.pipeline_chunks(buffers.nbytes(x), N, k), smallest))
-    pieces = _pieces(x, by_node, inside.rank, k, N, C)
+    pieces = _pieces(x, inside.rank, k, N, C)
     width = -(-len(x) // k) + N  # one inside chunk of a piece, at most
     scratch_in = workspace.empty(x, width, 2)
     scratch_across = workspace.empty(x, width, 3)
