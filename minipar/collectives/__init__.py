@@ -5,7 +5,8 @@
 
 The algorithms, one file per family, where a student looks for them: ring.py, tree.py (binomial),
 recursive.py (doubling and halving, Rabenseifner), linear.py, bruck.py, pairwise.py,
-double_tree.py, hierarchical.py (two levels: inside a node, then across nodes), barrier.py;
+double_tree.py, hierarchical.py (two levels: inside a node, then across nodes), pipelined.py
+(the two-level all-reduce in pieces through both levels at once), barrier.py;
 layout.py and workspace.py the chunk arithmetic and scratch buffers they share; reduce_op.py what
 `op=` means. api.py is the public, torch.distributed-like surface (check the arguments, pick the
 algorithm, run it), registry.py the table of algorithms and `auto`'s choice, call.py one call in

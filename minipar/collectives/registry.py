@@ -14,6 +14,7 @@ from minipar.collectives import (
     hierarchical,
     linear,
     pairwise,
+    pipelined,
     recursive,
     ring,
     tree,
@@ -36,6 +37,7 @@ ALGORITHMS = {
         "rabenseifner": recursive.all_reduce_rabenseifner,
         "double_tree": double_tree.all_reduce_double_tree,
         "hierarchical": hierarchical.all_reduce_hierarchical,
+        "hierarchical_pipelined": pipelined.all_reduce_hierarchical_pipelined,
     },
     "all_gather": {
         "linear": linear.all_gather_linear,
@@ -67,6 +69,7 @@ BUILTIN = {name: frozenset(table) for name, table in ALGORITHMS.items()}  # mini
 
 _AUTO_CACHE: dict = {}  # (collective, nbytes, size, nodes) -> (links, name): auto's answers
 TWO_LEVEL = "hierarchical"  # priced only where a group spans nodes (on one node: the ring)
+NOT_AUTO = {"hierarchical_pipelined"}  # chosen by name only, until measured to beat TWO_LEVEL
 
 
 def canonical(collective: str) -> str:
@@ -123,7 +126,7 @@ def pick(collective: str, algorithm, nbytes: int, size: int, comm=None):
 def _auto(collective: str, nbytes: int, size: int, shape, links) -> str:
     """The cost model's pick: on one node (or unequal nodes) among the flat algorithms on the
     default link; on `shape` = (nodes, per_node), every built-in on both links."""
-    names = sorted(BUILTIN[collective])
+    names = sorted(BUILTIN[collective] - NOT_AUTO)
     if shape is None:
         flat = [a for a in names if a != TWO_LEVEL]
         return cost.choose(collective, flat, nbytes, size, links[0])

@@ -37,6 +37,10 @@ from minipar.cost.links import (
 SEGMENT_BYTES = 1 << 18  # must match collectives.ring.SEGMENT_BYTES (checked by a test)
 
 
+TWO_LEVEL_NAMES = ("hierarchical", "hierarchical_pipelined")
+MAX_CHUNKS = 64  # pieces of the pipelined two-level all-reduce, at most
+
+
 @dataclass(frozen=True)
 class Traffic:
     steps: int  # rounds of the algorithm (the ledger's steps, max over ranks)
@@ -64,7 +68,7 @@ def _doubling_blocks(p: int) -> int:
 
 def traffic(collective: str, algorithm: str, nbytes: float, p: int) -> Traffic:
     """Steps and bytes of one call. Exact when p divides nbytes evenly, unless noted."""
-    if algorithm == "hierarchical":  # on one node the two-level schemes are the ring alone
+    if algorithm in TWO_LEVEL_NAMES:  # on one node the two-level schemes are the ring alone
         algorithm = "ring"  # (across nodes: traffic_on_nodes)
     N, L = nbytes, _log2ceil(p)
     p2, rem = _fold(p)
@@ -261,11 +265,15 @@ def traffic_on_nodes(collective: str, algorithm: str, nbytes: float, nodes: int,
     (consecutive group ranks on a node), split by the link they use.
 
     "hierarchical": the table in collectives/hierarchical.py, per level; exact when p divides
-    the element count. A flat algorithm: every one of its steps has a message between nodes (a
-    ring's crossing rank sends all its bytes across), so all of it is priced on the slow link;
-    exact (busiest rank) for the ring, an upper bound for the others."""
+    the element count. "hierarchical_pipelined" (all-reduce): the same bytes; its steps are
+    hierarchical's here (its own count, and its time: pipelined_all_reduce). A flat algorithm:
+    every one of its steps has a message between nodes (a ring's crossing rank sends all its
+    bytes across), so all of it is priced on the slow link; exact (busiest rank) for the ring,
+    an upper bound for the others."""
     N, k, S = nodes, per_node, nbytes
     p = N * k
+    if algorithm == "hierarchical_pipelined" and collective == "all_reduce":
+        algorithm = "hierarchical"  # the same bytes; its steps: pipelined_all_reduce
     if algorithm != "hierarchical" or N == 1:
         flat = traffic(collective, algorithm, S, p)
         if N == 1:
@@ -322,6 +330,11 @@ def predict_on_nodes(
     far steps do), priced so: an upper bound. Measured on 2 emulated nodes of 2 on a 2 Gbit/s
     cable at 64 MiB: Rabenseifner 2.3x, the flat ring 1.5x the two-level all-reduce's time."""
     intra, inter = intra or default_link(), inter or inter_link()
+    if algorithm == "hierarchical_pipelined" and nodes > 1 and per_node > 1:
+        C = pipeline_chunks(nbytes, nodes, per_node, intra, inter)
+        return pipelined_all_reduce(nbytes, nodes, per_node, C, intra, inter, links_per_node)
+    if algorithm == "hierarchical_pipelined":  # the ring, or the ring across: hierarchical's
+        algorithm = "hierarchical"
     inside, between = traffic_on_nodes(collective, algorithm, nbytes, nodes, per_node)
     if algorithm != "ring" and collective != "broadcast":  # k ranks a node cross at once
         share = max(1.0, per_node / links_per_node)
@@ -348,3 +361,55 @@ def _choose_on_nodes(collective, candidates, nbytes, nodes, per_node, intra, int
     best = min(times.values())
     first = sorted(candidates, key=lambda a: a != "hierarchical")  # stable: the rest in order
     return next(a for a in first if times[a] <= best * (1 + 1e-9))
+
+
+# -- the two-level all-reduce, pipelined (collectives/pipelined.py) -----------------------------
+def pipelined_all_reduce(
+    nbytes: float, nodes: int, per_node: int, chunks: int, intra=None, inter=None, links_per_node=1
+) -> float:
+    """Seconds for the pipelined two-level all-reduce of nbytes in `chunks` pieces.
+
+    One piece is s = S / C bytes. Its three stages, per rank (N nodes of k ranks):
+
+        reduce-scatter inside  (k-1) steps of N messages   sends (k-1)/k s    reduces (k-1)/k s
+        all-reduce across      2 (N-1) steps               sends 2 (N-1)/N s/k, reduces half that
+        all-gather inside      (k-1) steps of N messages   sends (k-1)/k s
+
+    priced alpha a message, beta a byte, gamma a byte reduced (inside: intra; across: inter,
+    whose bytes cost k / links_per_node times one rank's: the node's k ranks cross at once).
+    The first piece goes through all three; each later one adds the slower of the node's link
+    (both inside stages share it) and the link between nodes:
+
+        T(C) = t_rs + t_across + t_ag + (C-1) max(t_rs + t_ag, t_across)
+
+    In all, the bytes are hierarchical's (2 (k-1)/k S inside, 2 (N-1)/N S/k between) in
+    (C+1) R + 2 (k-1) steps, R = max(2 (k-1), 2 (N-1)); C = 1 is hierarchical's time plus N-1
+    extra alphas a step inside. More pieces hide the node's work behind the link, at the price
+    of more alphas."""
+    intra, inter = intra or default_link(), inter or inter_link()
+    N, k, s = nodes, per_node, nbytes / chunks
+    share = max(1.0, k / links_per_node)
+    one_way = (k - 1) * N * intra.alpha + (k - 1) / k * s * intra.beta
+    t_rs = one_way + (k - 1) / k * s * intra.gamma
+    t_ag = one_way
+    t_across = (
+        2 * (N - 1) * inter.alpha
+        + 2 * (N - 1) / N * s / k * inter.beta * share
+        + (N - 1) / N * s / k * intra.gamma
+    )
+    return t_rs + t_across + t_ag + (chunks - 1) * max(t_rs + t_ag, t_across)
+
+
+def pipeline_chunks(nbytes: float, nodes: int, per_node: int, intra=None, inter=None) -> int:
+    """The piece count 1..MAX_CHUNKS with the least pipelined_all_reduce time (ties: fewer)."""
+    intra, inter = intra or default_link(), inter or inter_link()
+    return _pipeline_chunks(nbytes, nodes, per_node, intra, inter)
+
+
+@functools.lru_cache(maxsize=1024)
+def _pipeline_chunks(nbytes, nodes, per_node, intra, inter) -> int:
+    times = [
+        pipelined_all_reduce(nbytes, nodes, per_node, c, intra, inter)
+        for c in range(1, MAX_CHUNKS + 1)
+    ]
+    return 1 + times.index(min(times))

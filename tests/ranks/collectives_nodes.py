@@ -150,6 +150,44 @@ def auto_case():
     assert 1.3 < flat / two < 1.6, f"ring / hierarchical predicted {flat / two:.2f} on 2 x 2"
 
 
+def pipelined_case():
+    """hierarchical_pipelined on 2 x 2 and 4 x 1, in pieces (a slow link between nodes makes
+    the cost model cut several): bitwise hierarchical's on a size the pieces do not divide;
+    on a size they do, the ledger's bytes inside and between nodes are 2 (k-1)/k S and
+    2 (N-1)/N S/k, and its steps (C+1) R + 2 (k-1), R = max(2 (k-1), 2 (N-1)) (on nodes of
+    one rank: the ring across, 2 (N-1) steps)."""
+    w = world()
+    p, r = w.size, w.rank
+    cost.set_inter_link(SLOW)
+    try:
+        for label, N, k in (("2x2", 2, 2), ("4x1", 4, 1)):
+            with node_map(MAPS[label]):
+                for dtype in ("float32", "float64"):
+                    parts = [
+                        make("numpy", dtype, values(q, 3 * 8191 + 5, dtype, SUM)) for q in range(p)
+                    ]
+                    a, b = parts[r].copy(), parts[r].copy()
+                    minipar.all_reduce(a, algorithm="hierarchical")
+                    minipar.all_reduce(b, algorithm="hierarchical_pipelined")
+                    assert a.tobytes() == b.tobytes(), f"{label} {dtype}: not hierarchical's bits"
+                x = np.ones(1 << 18, np.float32)  # 1 MiB: p and every piece count <= 64 divide it
+                with minipar.trace() as t:
+                    minipar.all_reduce(x, algorithm="hierarchical_pipelined")
+                assert (x == p).all(), f"{label}: wrong sum"
+                S, C = x.nbytes, cost.pipeline_chunks(x.nbytes, N, k)
+                mine = (t.calls[-1].steps, t.bytes_sent(link="intra"), t.bytes_sent(link="inter"))
+                steps, intra, inter = (max(v) for v in zip(*w.allgather_object(mine)))
+                R = max(2 * (k - 1), 2 * (N - 1))
+                if k == 1:  # nothing inside to overlap: the ring across, as hierarchical
+                    R, C = 2 * (N - 1), 0
+                assert steps == (C + 1) * R + 2 * (k - 1), f"{label}: {steps} steps"
+                assert C > 1 or k == 1, f"{label}: {C} pieces"
+                assert intra == 2 * (k - 1) / k * S, f"{label}: {intra} B inside"
+                assert inter == 2 * (N - 1) / N * S / k, f"{label}: {inter} B between"
+    finally:
+        cost.set_inter_link(None)
+
+
 def local_rank_case():
     """local_rank() where no launcher said it (none of Open MPI's, Hydra's, MVAPICH's,
     torchrun's or Slurm's variables): this rank's index among the ranks of its node, counted
@@ -178,5 +216,6 @@ def cases(size):
         "nodes.results": results_case,
         "nodes.ledger": ledger_case,
         "nodes.auto": auto_case,
+        "nodes.pipelined": pipelined_case,
         "nodes.local_rank": local_rank_case,
     }
