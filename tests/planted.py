@@ -7,6 +7,20 @@ naming where the work parts from the worked answer in the exercise's own words."
 # exercise's feedback must say
 PLANTED = [
     (
+        "ex12_checkpoint_interval",
+        "Young's interval without the 2",
+        "    return math.sqrt(2 * save_s * mtbi_s)\n",
+        "    return math.sqrt(save_s * mtbi_s)\n",
+        "best_interval(save 10 s, mtbi 11130 s): yours 333.617 s, want sqrt(2 x save x M) = 471.805 s",
+    ),
+    (
+        "ex12_checkpoint_interval",
+        "the MTBI of one GPU, not of the job",
+        "    return per_gpu / gpus\n",
+        "    return per_gpu\n",
+        "mtbi_seconds(419 interruptions, 54 days, 16384 GPUs seen, 16384 GPUs): yours 1.82437e+08 s, want 54 days x 86400 / 419 = 11135.1 s",
+    ),
+    (
         "ex02_ring_shift",
         "sends and receives one by one (deadlock past the eager limit)",
         "    call.sendrecv(x, (r + shift) % p, out, (r - shift) % p)\n",

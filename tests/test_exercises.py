@@ -464,18 +464,32 @@ def ex12(impl: str):
 
 def test_ex12_checkpoint_interval_mtbi_from_llama3(exercise_impl):
     # 419 interruptions in 54 days on 16,384 GPUs: every 54 x 24 / 419 = 3.093 hours
-    got = ex12(exercise_impl).mtbi_seconds(419, 54, 16384, 16384)
-    assert got == pytest.approx(54 * 86400 / 419, rel=1e-9)
-    assert ex12(exercise_impl).mtbi_seconds(419, 54, 16384, 1024) == pytest.approx(16 * got)
+    mod, want = ex12(exercise_impl), 54 * 86400 / 419
+    got = mod.mtbi_seconds(419, 54, 16384, 16384)
+    assert got == pytest.approx(want, rel=1e-9), (
+        f"mtbi_seconds(419 interruptions, 54 days, 16384 GPUs seen, 16384 GPUs): yours {got:.6g} s,"
+        f" want 54 days x 86400 / 419 = {want:.6g} s"
+    )
+    small = mod.mtbi_seconds(419, 54, 16384, 1024)
+    assert small == pytest.approx(16 * want), (
+        f"mtbi_seconds(..., 1024 GPUs): yours {small:.6g} s, want 16 x {want:.6g} = "
+        f"{16 * want:.6g} s (a job of 16x fewer GPUs fails 16x less often)"
+    )
 
 
 @pytest.mark.parametrize("save,mtbi", [(10.0, 11130.0), (60.0, 3600.0), (300.0, 40000.0)])
 def test_ex12_checkpoint_interval_is_the_minimum(exercise_impl, save, mtbi):
     mod = ex12(exercise_impl)
-    tau = mod.best_interval(save, mtbi)
-    assert tau == pytest.approx(math.sqrt(2 * save * mtbi), rel=1e-9)
-    assert mod.waste(tau, save, 600.0, mtbi) == pytest.approx(
-        save / tau + (600.0 + tau / 2) / mtbi, rel=1e-9
+    want_waste = save / 1000.0 + (600.0 + 1000.0 / 2) / mtbi
+    got_waste = mod.waste(1000.0, save, 600.0, mtbi)
+    assert got_waste == pytest.approx(want_waste, rel=1e-9), (
+        f"waste(interval 1000 s, save {save:g} s, restart 600 s, mtbi {mtbi:g} s): yours "
+        f"{got_waste:.6g}, want save/tau + (R + tau/2)/M = {want_waste:.6g}"
+    )
+    tau, want = mod.best_interval(save, mtbi), math.sqrt(2 * save * mtbi)
+    assert tau == pytest.approx(want, rel=1e-9), (
+        f"best_interval(save {save:g} s, mtbi {mtbi:g} s): yours {tau:.6g} s, want "
+        f"sqrt(2 x save x M) = {want:.6g} s"
     )
     for other in (0.5 * tau, 0.9 * tau, 1.1 * tau, 2 * tau):  # the minimum, seen from both sides
         assert mod.waste(other, save, 600.0, mtbi) > mod.waste(tau, save, 600.0, mtbi)
@@ -487,8 +501,13 @@ def test_ex12_checkpoint_interval_goodput_is_lesson_12s(exercise_impl):
     mod, m = ex12(exercise_impl), l12.mtbi_hours(16384) * 3600
     for save in l12.SAVE_COSTS:
         want = l12.goodput(l12.young_daly(save, m), save, l12.RESTART_S, m)
-        assert mod.goodput(save, l12.RESTART_S, m) == pytest.approx(want, rel=1e-9)
-    assert mod.goodput(3000.0, 3000.0, 3600.0) == 0.0  # more is lost than the clock has
+        got = mod.goodput(save, l12.RESTART_S, m)
+        assert got == pytest.approx(want, rel=1e-9), (
+            f"goodput(save {save:g} s, restart {l12.RESTART_S:g} s, mtbi {m:.6g} s): yours "
+            f"{got:.6g}, lesson 12's {want:.6g} (1 - waste at the best interval)"
+        )
+    got = mod.goodput(3000.0, 3000.0, 3600.0)
+    assert got == 0.0, f"goodput(save 3000 s, restart 3000 s, mtbi 3600 s): yours {got}, want 0"
 
 
 # -- every multi-rank case (tests/ranks/exercises.py), after the one-process tests: an exercise's
