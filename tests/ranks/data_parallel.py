@@ -730,6 +730,33 @@ def hybrid_ledger():
 
 
 @quiet
+def hybrid_zero1():
+    """ZeRO-1 hybrid: DDP over all 4 ranks (the gradients), the optimizer state sharded over
+    the shard group only: SGD steps the one-process run's, and the updated parameters are
+    broadcast inside the shard group only (each rank receives Psi minus its own shard's bytes,
+    as ZeRO-1 over s ranks), nothing across."""
+    comm = minipar.init()
+    shard, _ = hybrid_groups()
+    want = reference("tied", "sgd")
+    x, y = batch("tied")
+    model = build("tied", comm.rank)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.0004)
+    cls, kw = ZERO_KINDS["sgd"]
+    opt = ZeroRedundancyOptimizer(ddp.parameters(), cls, group=shard, **kw)
+    total = sum(4 * p.numel() for p in opt._all)
+    own = sum(4 * p.numel() for p, r in zip(opt._all, opt.owner) if r == shard.rank)
+    inside = [2 * (comm.rank // 2), 2 * (comm.rank // 2) + 1]
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss_of("tied", ddp(local(x, comm)), local(y, comm)).backward()
+        with minipar.trace() as t:
+            opt.step()
+        assert {tuple(t.groups[c.group]) for c in t.calls} == {tuple(inside)}, t.groups
+        assert t.bytes_received("broadcast") == total - own
+        assert_params(dict(model.named_parameters()), want[step], comm, f"ZeRO-1 hybrid {step}")
+
+
+@quiet
 def hybrid_bad_groups():
     """A replicate group whose ranks hold different shards is refused, naming the flag."""
     minipar.init()
@@ -776,6 +803,7 @@ def cases(size):
             hybrid_mlp_adamw=hybrid_training("mlp", "adamw"),
             hybrid_tied_sgd=hybrid_training("tied", "sgd"),
             hybrid_ledger=hybrid_ledger,
+            hybrid_zero1=hybrid_zero1,
             hybrid_bad_groups=hybrid_bad_groups,
         )
     if size > 1:
