@@ -126,6 +126,35 @@ def test_moe_run_matches_dense_and_shows_the_load(tmp_path):
     assert 1.0 <= imbalance <= 4.0
 
 
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--dp", "6", "--dp-shard", "4"], "--dp 6 is not --dp-shard 4 x --dp-replicate 1"),
+        (["--dp-shard", "0"], "--dp-shard must be a positive integer, got 0"),
+        (["--dp-shard", "2", "--dp-replicate", "2", "--cp", "2"], "--dp-shard 2 with --cp 2"),
+    ],
+)
+def test_hybrid_sharding_flags_refused_before_any_rank(argv, message):
+    """--dp-shard / --dp-replicate checked in this process, exit 2 (no rank launched)."""
+    done = minipar_cli("train", *argv, "--steps", "1", *SMALL, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stderr, done.stderr
+
+
+def test_hybrid_sharding_flags_resolve():
+    """Either flag alone, with --dp, gives the other; both set dp and turn FSDP on."""
+    from minipar.cli import train_checks
+
+    for argv, want in (
+        (["--dp-shard", "2", "--dp-replicate", "3"], (6, 2, 3)),
+        (["--dp", "8", "--dp-shard", "4"], (8, 4, 2)),
+        (["--dp", "8", "--dp-replicate", "4"], (8, 2, 4)),
+    ):
+        args = _parser().parse_args(argv)
+        assert train_checks.hybrid(args) is None
+        assert (args.dp, args.dp_shard, args.dp_replicate, args.fsdp) == (*want, True), argv
+
+
 def test_options_travel_to_the_ranks():
     args = _parser().parse_args(["--dp", "2", "--check", "--plot", "x.png", "--lr", "0.01"])
     again = _parser().parse_args(to_argv(args))
