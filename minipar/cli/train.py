@@ -307,6 +307,8 @@ def run_here(args) -> int:
         training.check_supported(spec, mesh)  # before the progress bar appears
         report = Reporter(spec, comm, active=comm.rank == 0)
         report.placement = mesh.where()  # which axes stay inside a node (the node map)
+        if 0 < spec.dp_shard < spec.dp:  # hybrid sharding: where its two groups run
+            report.placement += ", " + mesh.hybrid_where(spec.dp_shard)
         grads, stats = {}, {}  # --check: the first step's gradients, gathered dense
         saving = train_checkpoint.Checkpointing(
             args, spec, mesh, start, stats, train_checkpoint.log_line

@@ -281,27 +281,19 @@ def recompute_blocks(chunks, policy: str) -> list[str]:
 
 
 def hybrid_groups(mesh, shard: int):
-    """Hybrid sharding's (shard group, replicate group) of this rank, or None (shard 0 or dp:
-    sharded over every dp rank). Each dp group is cut into runs of `shard` consecutive dp
-    ranks (the closest world ranks: one node's, with --fill block and enough ranks per node);
-    the replicate groups take the same place in every run. Collective: every rank creates
-    every group, in the same order (MPI_Comm_split)."""
+    """Hybrid sharding's (shard group, replicate group) of this rank (MeshShape.hybrid_groups:
+    runs of `shard` consecutive dp ranks, a node's when it holds them), or None (shard 0 or
+    dp: sharded over every dp rank). Collective: every rank creates every group, in the same
+    order (MPI_Comm_split)."""
     if not shard or shard == mesh.dp:
         return None
     mine = []
-    for kind, size in (("shard", shard), ("replicate", mesh.dp // shard)):
-        every = []
-        for ranks in mesh.shape.groups("dp"):
-            if kind == "shard":
-                every += [ranks[i : i + shard] for i in range(0, len(ranks), shard)]
-            else:
-                every += [ranks[j::shard] for j in range(shard)]
+    for kind, every in mesh.shape.hybrid_groups(shard).items():
         for ranks in every:
             world = [mesh.group.global_ranks[r] for r in ranks]
-            made = mesh.group.split(list(ranks), name=f"dp_{kind}{world}")
+            made = mesh.group.split(list(ranks), name=f"{kind}{world}")
             if mesh.rank in ranks:
                 mine.append(made)
-        assert all(len(r) == size for r in every)
     return tuple(mine)
 
 
