@@ -703,7 +703,7 @@ def check_hybrid_grads(fsdp, dense, shard):
 
 @quiet
 def hybrid_ledger():
-    """Bytes per group for Psi parameter bytes, s = r = 2: inside the shard group the
+    """Bytes per group (and per link) for Psi parameter bytes, s = r = 2: inside the shard group the
     all-gathers move 2 (s-1)/s Psi and the reduce-scatter (s-1)/s Psi, as FSDP over s ranks;
     across, ONE all-reduce of the Psi/s gradient block: 2 (r-1)/r Psi/s (the ring's count; any
     all-reduce on 2 ranks sends its buffer once); nothing else on any group."""
@@ -727,6 +727,10 @@ def hybrid_ledger():
     assert {c.collective for c in inside} == {"all_gather", "reduce_scatter"}
     assert [c.collective for c in across] == ["all_reduce"], [c.collective for c in across]
     assert sent(across, "all_reduce") == 2 * (r - 1) * psi // (s * r)
+    # on 2 nodes of 2 (the cluster's extended run) the shard groups are the nodes: only the
+    # all-reduce crosses the link; on one node nothing does
+    crossing = sum(c.bytes_between_nodes for c in t.calls)
+    assert crossing == (sent(across, "all_reduce") if minipar.num_nodes() == 2 else 0), crossing
 
 
 @quiet
