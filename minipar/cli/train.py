@@ -213,7 +213,7 @@ def spec_from_args(args):
         lr_schedule=args.lr_schedule,
         min_lr=args.min_lr,
         decay_steps=args.decay_steps,
-        dp_shard=args.dp_shard or 0,
+        dp_shard=getattr(args, "dp_shard", None) or 0,
     )
 
 
