@@ -111,6 +111,21 @@ def test_render_shows_cp_columns_and_ep_rows():
         assert f" {r} " in f" {text} ".replace("\n", " ")
 
 
+def test_hybrid_groups_keep_the_shard_inside_a_node():
+    """dp=4 x tp=2 (ranks r = 2 dp + tp), shards of 2 dp ranks: the shard groups are the
+    consecutive dp ranks of each tp place, inside a node of 4 ranks; the replicate groups join
+    the same place of both nodes."""
+    shape = MeshShape(dp=4, tp=2)
+    groups = shape.hybrid_groups(2)
+    assert groups["dp_shard"] == [[0, 2], [4, 6], [1, 3], [5, 7]]
+    assert groups["dp_replicate"] == [[0, 4], [2, 6], [1, 5], [3, 7]]
+    assert shape.hybrid_placement(2, 4) == {"dp_shard": "inside a node",
+                                           "dp_replicate": "across nodes"}  # fmt: skip
+    assert shape.hybrid_placement(2, 2)["dp_shard"] == "across nodes"  # nodes of 2: tp's pairs
+    with pytest.raises(ValueError, match="dp_shard=3 must divide dp=4"):
+        shape.hybrid_groups(3)
+
+
 def test_placement_says_which_axes_cross_nodes():
     """Consecutive ranks fill nodes: on nodes of 4, dp=2 x tp=2 x pp=2 keeps tp and dp inside
     and puts pp across; tp=8 on nodes of 4 crosses; `minipar plan` prints the same words."""

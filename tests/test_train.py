@@ -10,7 +10,7 @@ import pytest
 from conftest import warm_python
 
 from minipar import launcher
-from minipar.cli.train import _parser, to_argv
+from minipar.cli.train import _parser, main, to_argv
 from minipar.comm.trace import chrome_trace
 from minipar.models import checkpoint
 from minipar.models.gpt import GPTConfig
@@ -124,6 +124,35 @@ def test_moe_run_matches_dense_and_shows_the_load(tmp_path):
     assert "MoE load, block 1" in out and "dropped 0 of" in out, out[-3000:]
     imbalance = json.load(open(record))["moe_imbalance"]["block 1"]
     assert 1.0 <= imbalance <= 4.0
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--dp", "6", "--dp-shard", "4"], "--dp 6 is not --dp-shard 4 x --dp-replicate 1"),
+        (["--dp-shard", "0"], "--dp-shard must be a positive integer, got 0"),
+        (["--dp-shard", "2", "--dp-replicate", "2", "--cp", "2"], "--dp-shard 2 with --cp 2"),
+    ],
+)
+def test_hybrid_sharding_flags_refused_before_any_rank(argv, message, capsys):
+    """--dp-shard / --dp-replicate checked in this process by the command's main: status 2
+    before any rank is launched."""
+    assert main(_parser().parse_args([*argv, "--steps", "1", *SMALL])) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_hybrid_sharding_flags_resolve():
+    """Either flag alone, with --dp, gives the other; both set dp and turn FSDP on."""
+    from minipar.cli import train_checks
+
+    for argv, want in (
+        (["--dp-shard", "2", "--dp-replicate", "3"], (6, 2, 3)),
+        (["--dp", "8", "--dp-shard", "4"], (8, 4, 2)),
+        (["--dp", "8", "--dp-replicate", "4"], (8, 2, 4)),
+    ):
+        args = _parser().parse_args(argv)
+        assert train_checks.hybrid(args) is None
+        assert (args.dp, args.dp_shard, args.dp_replicate, args.fsdp) == (*want, True), argv
 
 
 def test_options_travel_to_the_ranks():

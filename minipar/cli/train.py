@@ -31,6 +31,8 @@ examples:
   minipar train --dp 2 --microbatches 2       gradient accumulation over 2 micro-batches
   minipar train --dp 2 --tp 2 --pp 2 --microbatches 4 --schedule 1f1b
   minipar train --dp 4 --tp 2 --fsdp --check  FSDP as the data-parallel part
+  minipar train --dp-shard 2 --dp-replicate 2 --check   hybrid sharding: FSDP inside pairs
+                                              of dp ranks, the gradient blocks all-reduced across
   minipar train --pp 2 --microbatches 4 --recompute selective --check   recomputation
   minipar train --dp 2 --pp 2 --microbatches 4 --steps 2 --trace out.json   a timeline
   minipar train --cp 2 --check                the sequence over 2 ranks: ring attention
@@ -82,6 +84,10 @@ def configure(parser) -> None:
         "--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved", "zb-h1"]
     )
     lay.add_argument("--fsdp", action="store_true", help="FSDP as the data-parallel part")
+    shard_help = "hybrid sharding: FSDP inside groups of this many dp ranks (a node's)"
+    lay.add_argument("--dp-shard", type=int, default=None, help=shard_help)
+    copies_help = "hybrid sharding: the copies of each shard (dp = shard x replicate)"
+    lay.add_argument("--dp-replicate", type=int, default=None, help=copies_help)
     lay.add_argument("--recompute", default="none", choices=["none", "selective", "full"],
                      help="activation recomputation (default none)")  # fmt: skip
     run = parser.add_argument_group("run")
@@ -207,6 +213,7 @@ def spec_from_args(args):
         lr_schedule=args.lr_schedule,
         min_lr=args.min_lr,
         decay_steps=args.decay_steps,
+        dp_shard=getattr(args, "dp_shard", None) or 0,
     )
 
 
@@ -218,6 +225,10 @@ def inside_launch() -> bool:
 
 
 def main(args) -> int:
+    said = train_checks.hybrid(args)  # --dp-shard / --dp-replicate -> --dp and --fsdp
+    if said:
+        print(f"minipar train: {said}", file=sys.stderr)
+        return 2
     if args.dp is None:  # the experts shard over the dp ranks: --ep 2 alone means dp = 2
         args.dp = args.ep
     for problem in train_checkpoint.problems(args):  # the checkpoint flags, before any rank
@@ -296,6 +307,8 @@ def run_here(args) -> int:
         training.check_supported(spec, mesh)  # before the progress bar appears
         report = Reporter(spec, comm, active=comm.rank == 0)
         report.placement = mesh.where()  # which axes stay inside a node (the node map)
+        if 0 < spec.dp_shard < spec.dp:  # hybrid sharding: where its two groups run
+            report.placement += ", " + mesh.hybrid_where(spec.dp_shard)
         grads, stats = {}, {}  # --check: the first step's gradients, gathered dense
         saving = train_checkpoint.Checkpointing(
             args, spec, mesh, start, stats, train_checkpoint.log_line
@@ -436,6 +449,8 @@ def describe(spec) -> str:
     parts = []
     if spec.dp * spec.cp > 1:
         parts.append("FSDP" if spec.fsdp else "DDP")
+        if spec.fsdp and 0 < spec.dp_shard < spec.dp:
+            parts[-1] = f"hybrid FSDP (sharded over {spec.dp_shard}, x{spec.dp // spec.dp_shard})"
     if spec.cp > 1:
         parts.append(f"{spec.cp_variant} attention over cp={spec.cp}, load-balanced")
     if spec.tp > 1:

@@ -31,6 +31,7 @@ FLAGS = {  # RunSpec's and GPTConfig's names -> the option that sets them
     "dtype": "--dtype",
     "clip": "--clip",
     "lr": "--lr",
+    "dp_shard": "--dp-shard",
     **{axis: f"--{axis}" for axis in ("dp", "tp", "pp", "cp", "ep")},
 }
 _NAME = "|".join(sorted(map(re.escape, FLAGS), key=len, reverse=True))
@@ -66,6 +67,29 @@ def _paths(args) -> str | None:
         folder = os.path.dirname(os.path.abspath(path)) if path else None
         if folder and not os.path.isdir(folder):
             return f"--{dest} {path}: no folder {folder} to write it in"
+    return None
+
+
+def hybrid(args) -> str | None:
+    """--dp-shard K / --dp-replicate R (either, or both): dp = K x R and FSDP on, or what is
+    wrong with them (before any rank starts)."""
+    shard, replicate = getattr(args, "dp_shard", None), getattr(args, "dp_replicate", None)
+    if shard is None and replicate is None:
+        return None
+    for flag, value in (("--dp-shard", shard), ("--dp-replicate", replicate)):
+        if value is not None and value < 1:
+            return f"{flag} must be a positive integer, got {value}"
+    dp = args.dp or (shard or 1) * (replicate or 1)
+    shard = shard or dp // replicate
+    replicate = replicate or dp // shard
+    if shard * replicate != dp:
+        return (
+            f"--dp {dp} is not --dp-shard {shard} x --dp-replicate {replicate}; give --dp "
+            f"{shard * replicate} (or leave --dp out)"
+        )
+    if getattr(args, "save", None) or getattr(args, "checkpoint_dir", None):
+        return "--dp-shard/--dp-replicate with --save or --checkpoint-dir: not built yet"
+    args.dp, args.dp_shard, args.dp_replicate, args.fsdp = dp, shard, replicate, True
     return None
 
 

@@ -106,10 +106,29 @@ class RunSpec:
     lr_schedule: str = "constant"  # after the warm-up: cosine, linear or constant
     min_lr: float = 0.0  # the decay's floor
     decay_steps: int | None = None  # the step the decay ends at (None: the run's last + 1)
+    # hybrid sharding (with fsdp): FSDP inside groups of dp_shard consecutive dp ranks (a node's),
+    # replicated over the dp / dp_shard groups; 0: sharded over every dp rank
+    dp_shard: int = 0
 
     @property
     def ranks(self) -> int:
         return self.dp * self.cp * self.tp * self.pp
+
+    def _validate_hybrid(self) -> None:
+        s = self.dp_shard
+        if s == 0:
+            return
+        if isinstance(s, bool) or not isinstance(s, int) or s < 1:
+            raise ValueError(f"dp_shard must be a positive integer, got {s!r}")
+        if not self.fsdp:
+            raise ValueError(f"dp_shard={s} needs fsdp (hybrid sharding is FSDP's)")
+        if self.dp % s:
+            raise ValueError(f"dp={self.dp} is not divisible by dp_shard={s}")
+        if self.cp > 1:
+            raise ValueError(
+                f"dp_shard={s} with cp={self.cp}: hybrid sharding over dp x cp is not built "
+                "yet; use --fsdp (sharded over every dp x cp rank)"
+            )
 
     def validate(self) -> None:
         """Every problem a layout can have that every rank can see alone (ValueError)."""
@@ -126,6 +145,7 @@ class RunSpec:
                 f"batch_size={self.batch_size} is not divisible by dp={self.dp} x "
                 f"microbatches={self.microbatches}"
             )
+        self._validate_hybrid()
         if self.recompute not in RECOMPUTE:
             raise ValueError(
                 f"recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}"

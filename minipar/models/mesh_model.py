@@ -74,7 +74,10 @@ class MeshGPT:
         self.tied = TiedHead(self.chunks, mesh, spec.model.tied_head)
         self.fsdp = spec.fsdp and mesh.dp * mesh.cp > 1
         reduce_dtype = precision.dtype_of(spec.reduce_dtype)
-        self.wrapped = [data_parallel(c, mesh, self.fsdp, reduce_dtype) for c in self.chunks]
+        hybrid = hybrid_groups(mesh, spec.dp_shard) if self.fsdp else None
+        self.wrapped = [
+            data_parallel(c, mesh, self.fsdp, reduce_dtype, hybrid) for c in self.chunks
+        ]
         self.param_keys = {activation_memory.storage_key(q) for q in self.parameters()}
         self.memory = None  # the last step's saved activations (models/memory.py)
         self.loss_scale = 1.0  # fp16: the loss scaler's, for this step's backward
@@ -277,7 +280,24 @@ def recompute_blocks(chunks, policy: str) -> list[str]:
     return [n for chunk in chunks for n in recompute.apply(chunk, policy, (ParallelBlock,))]
 
 
-def data_parallel(chunk, mesh, fsdp: bool, reduce_dtype=None):
+def hybrid_groups(mesh, shard: int):
+    """Hybrid sharding's (shard group, replicate group) of this rank (MeshShape.hybrid_groups:
+    runs of `shard` consecutive dp ranks, a node's when it holds them), or None (shard 0 or
+    dp: sharded over every dp rank). Collective: every rank creates every group, in the same
+    order (MPI_Comm_split)."""
+    if not shard or shard == mesh.dp:
+        return None
+    mine = []
+    for kind, every in mesh.shape.hybrid_groups(shard).items():
+        for ranks in every:
+            world = [mesh.group.global_ranks[r] for r in ranks]
+            made = mesh.group.split(list(ranks), name=f"{kind}{world}")
+            if mesh.rank in ranks:
+                mine.append(made)
+    return tuple(mine)
+
+
+def data_parallel(chunk, mesh, fsdp: bool, reduce_dtype=None, hybrid=None):
     """The chunk wrapped for data parallelism over dp_group: DistributedDataParallel (bucketed
     gradient all-reduce, 2(p-1)/p of the chunk's gradient bytes per rank), or with `fsdp`
     FullyShardedDataParallel with one sharding unit per block, embedding and head (all-gather
@@ -292,7 +312,12 @@ def data_parallel(chunk, mesh, fsdp: bool, reduce_dtype=None):
     reduce_dtype = None if reduce_dtype == torch.float32 else reduce_dtype
     if fsdp:  # weights gathered in fp32 and cast by the chunk's autocast, as the dense twin's
         units = (ParallelBlock, ParallelEmbedding, ParallelHead)
+        shard, replicate = hybrid or (mesh.dp_cp_group, None)  # hybrid: hybrid_groups
         return FullyShardedDataParallel(
-            chunk, group=mesh.dp_cp_group, shard_modules=units, reduce_dtype=reduce_dtype
+            chunk,
+            group=shard,
+            shard_modules=units,
+            reduce_dtype=reduce_dtype,
+            replicate_group=replicate,
         )
     return DistributedDataParallel(chunk, group=mesh.dp_cp_group, reduce_dtype=reduce_dtype)

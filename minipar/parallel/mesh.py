@@ -231,6 +231,25 @@ class MeshShape:
     def __str__(self) -> str:
         return describe(self.dp, self.tp, self.pp, self.cp, self.ep)
 
+    def hybrid_groups(self, shard: int) -> dict[str, list[list[int]]]:
+        """Hybrid sharding's groups over the dp axis: {"dp_shard": runs of `shard` consecutive
+        dp ranks of each dp group (the closest ranks: one node's when a node holds them),
+        "dp_replicate": the ranks at the same place of every run of a dp group}."""
+        if self.dp % shard:
+            raise ValueError(f"dp_shard={shard} must divide dp={self.dp}")
+        runs = [g[i : i + shard] for g in self.groups("dp") for i in range(0, len(g), shard)]
+        copies = [g[j::shard] for g in self.groups("dp") for j in range(shard)]
+        return {"dp_shard": runs, "dp_replicate": copies}
+
+    def hybrid_placement(self, shard: int, node_of) -> dict:
+        """{"dp_shard": INSIDE or ACROSS, "dp_replicate": ...}, as `placement` says them."""
+        if isinstance(node_of, int):
+            node_of = [r // node_of for r in range(self.size)]
+        return {
+            kind: ACROSS if any(len({node_of[r] for r in g}) > 1 for g in groups) else INSIDE
+            for kind, groups in self.hybrid_groups(shard).items()
+        }
+
     def placement(self, node_of) -> dict:
         """{axis: INSIDE or ACROSS} for every axis of degree > 1 (and "ep"): ACROSS when one
         of its groups holds ranks of two nodes; `node_of[r]` is mesh rank r's node (or an
@@ -358,6 +377,11 @@ class DeviceMesh:
     def next_stage(self) -> int | None:
         """pp_group rank of the stage after this one (None on the last stage)."""
         return None if self.is_last_stage else self.pp_rank + 1
+
+    def hybrid_where(self, shard: int) -> str:
+        """Where hybrid sharding's groups run, in words: "dp_shard inside a node, ..."."""
+        placed = self.shape.hybrid_placement(shard, runtime.node_map(self.group))
+        return ", ".join(f"{kind} {where}" for kind, where in placed.items())
 
     def where(self) -> str:
         """Where each axis runs, in words: "tp inside a node, dp across nodes"."""

@@ -642,6 +642,138 @@ def on_a_subgroup():
         assert_params(fsdp.gather_full_params(), want[step], group, f"FSDP {step}")
 
 
+# -- Hybrid sharding (HSDP) on 4 ranks: shard groups {0, 1}, {2, 3} (a node each), replicate
+# groups {0, 2}, {1, 3} (the same shard on both nodes) ---------------------------------------
+
+
+def hybrid_groups():
+    """(shard group, replicate group) of this rank; every rank creates all four groups."""
+    me = minipar.get_rank()
+    shard = [minipar.new_group(r) for r in ([0, 1], [2, 3])][me // 2]
+    replicate = [minipar.new_group(r) for r in ([0, 2], [1, 3])][me % 2]
+    return shard, replicate
+
+
+def hybrid_training(kind, opt_name):
+    """Each of the 4 ranks trains on its quarter of the batch, sharded over 2 and replicated
+    over 2: every step's weights (and the first step's gradients) the one-process run's on the
+    full batch (plain torch), and the blocks equal across the replicate group."""
+
+    @quiet
+    def case():
+        comm = minipar.init()
+        shard, replicate = hybrid_groups()
+        want = reference(kind, opt_name)
+        dense = build(kind, 0)
+        x, y = batch(kind)
+        loss_of(kind, dense(x), y).backward()
+        fsdp = FullyShardedDataParallel(
+            build(kind, comm.rank), group=shard, replicate_group=replicate
+        )
+        opt = optimizer(opt_name, fsdp.parameters())
+        for step in range(STEPS):
+            opt.zero_grad()
+            loss_of(kind, fsdp(local(x, comm)), local(y, comm)).backward()
+            if step == 0:
+                check_hybrid_grads(fsdp, dense, shard)
+            same_on_every_rank([p.grad for p in fsdp.parameters() if p.grad is not None],
+                               replicate, "hybrid gradients")  # fmt: skip
+            opt.step()
+            assert_params(fsdp.gather_full_params(), want[step], comm, f"HSDP {kind} {step}")
+
+    return case
+
+
+def check_hybrid_grads(fsdp, dense, shard):
+    """Each unit's block gradient is its block of the dense model's flat gradient (zeros where
+    a parameter has none)."""
+    grads = {
+        n: torch.zeros_like(p) if p.grad is None else p.grad for n, p in dense.named_parameters()
+    }
+    for unit in fsdp.units:
+        flat = torch.zeros(unit.block * shard.size)
+        for offset, shape, _, name in unit.layout:
+            flat[offset : offset + shape.numel()] = grads[name].reshape(-1)
+        mine = flat[shard.rank * unit.block : (shard.rank + 1) * unit.block]
+        if unit.shard.grad is None:  # no parameter of the unit had a gradient
+            assert not mine.any(), f"{unit.name}: no gradient, the dense model's {mine}"
+        else:
+            torch.testing.assert_close(unit.shard.grad, mine, rtol=1e-5, atol=1e-6)
+
+
+@quiet
+def hybrid_ledger():
+    """Bytes per group (and per link) for Psi parameter bytes, s = r = 2: inside the shard group the
+    all-gathers move 2 (s-1)/s Psi and the reduce-scatter (s-1)/s Psi, as FSDP over s ranks;
+    across, ONE all-reduce of the Psi/s gradient block: 2 (r-1)/r Psi/s (the ring's count; any
+    all-reduce on 2 ranks sends its buffer once); nothing else on any group."""
+    comm = minipar.init()
+    shard, replicate = hybrid_groups()
+    x, y = batch("mlp")
+    x.requires_grad_(True)
+    fsdp = FullyShardedDataParallel(build("mlp", 0), group=shard, replicate_group=replicate)
+    with minipar.trace() as t:
+        loss_of("mlp", fsdp(local(x, comm)), local(y, comm)).backward()
+    psi = 4 * sum(p.numel() for p in build("mlp", 0).parameters())
+    s = r = 2
+    inside = [
+        c for c in t.calls if t.groups[c.group] == [2 * (comm.rank // 2), 2 * (comm.rank // 2) + 1]
+    ]
+    across = [c for c in t.calls if t.groups[c.group] == [comm.rank % 2, comm.rank % 2 + 2]]
+    assert len(inside) + len(across) == len(t.calls), [(c.group, c.collective) for c in t.calls]
+    sent = lambda calls, what: sum(c.bytes_sent for c in calls if c.collective == what)  # noqa: E731
+    assert sent(inside, "all_gather") == 2 * (s - 1) * psi // s
+    assert sent(inside, "reduce_scatter") == (s - 1) * psi // s
+    assert {c.collective for c in inside} == {"all_gather", "reduce_scatter"}
+    assert [c.collective for c in across] == ["all_reduce"], [c.collective for c in across]
+    assert sent(across, "all_reduce") == 2 * (r - 1) * psi // (s * r)
+    # on 2 nodes of 2 (the cluster's extended run) the shard groups are the nodes: only the
+    # all-reduce crosses the link; on one node nothing does
+    crossing = sum(c.bytes_between_nodes for c in t.calls)
+    assert crossing == (sent(across, "all_reduce") if minipar.num_nodes() == 2 else 0), crossing
+
+
+@quiet
+def hybrid_zero1():
+    """ZeRO-1 hybrid: DDP over all 4 ranks (the gradients), the optimizer state sharded over
+    the shard group only: SGD steps the one-process run's, and the updated parameters are
+    broadcast inside the shard group only (each rank receives Psi minus its own shard's bytes,
+    as ZeRO-1 over s ranks), nothing across."""
+    comm = minipar.init()
+    shard, _ = hybrid_groups()
+    want = reference("tied", "sgd")
+    x, y = batch("tied")
+    model = build("tied", comm.rank)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.0004)
+    cls, kw = ZERO_KINDS["sgd"]
+    opt = ZeroRedundancyOptimizer(ddp.parameters(), cls, group=shard, **kw)
+    total = sum(4 * p.numel() for p in opt._all)
+    own = sum(4 * p.numel() for p, r in zip(opt._all, opt.owner) if r == shard.rank)
+    inside = [2 * (comm.rank // 2), 2 * (comm.rank // 2) + 1]
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss_of("tied", ddp(local(x, comm)), local(y, comm)).backward()
+        with minipar.trace() as t:
+            opt.step()
+        assert {tuple(t.groups[c.group]) for c in t.calls} == {tuple(inside)}, t.groups
+        assert t.bytes_received("broadcast") == total - own
+        assert_params(dict(model.named_parameters()), want[step], comm, f"ZeRO-1 hybrid {step}")
+
+
+@quiet
+def hybrid_bad_groups():
+    """A replicate group whose ranks hold different shards is refused, naming the flag."""
+    minipar.init()
+    shard, _ = hybrid_groups()
+    wrong = minipar.new_group([0, 1, 2, 3])  # shards 0, 1, 0, 1
+    try:
+        FullyShardedDataParallel(build("mlp", 0), group=shard, replicate_group=wrong)
+    except ValueError as e:
+        assert "replicate_group" in str(e) and "[0, 1, 0, 1]" in str(e), e
+    else:
+        raise AssertionError("a replicate group mixing shards accepted")
+
+
 def cases(size):
     table = {}
     for kind in ("mlp", "tied"):
@@ -672,6 +804,11 @@ def cases(size):
         table.update(
             zero_on_offset_groups=zero_on_offset_groups,
             ddp_fsdp_on_offset_groups=ddp_fsdp_on_offset_groups,
+            hybrid_mlp_adamw=hybrid_training("mlp", "adamw"),
+            hybrid_tied_sgd=hybrid_training("tied", "sgd"),
+            hybrid_ledger=hybrid_ledger,
+            hybrid_zero1=hybrid_zero1,
+            hybrid_bad_groups=hybrid_bad_groups,
         )
     if size > 1:
         table.update(ddp_vs_torch_ddp=ddp_vs_torch_ddp, zero_vs_torch_zero=zero_vs_torch_zero)

@@ -11,6 +11,7 @@ and training 2 steps, checked against the dense single-process run.
   micro-batches per dp rank (4 at dp=2 tp=4), so pp = 1 accumulates gradients over them;
 - tied.*: a tied head (pp > 1: copies on the first and last stage, gradients summed);
 - fsdp.*: FullyShardedDataParallel as the data-parallel part (with a pipeline and TP);
+- hsdp.*: hybrid sharding (FSDP inside groups of dp_shard dp ranks, replicated across them);
 - resume.*: a checkpoint (weights and AdamW state) saved on one layout, loaded on another,
   continues with the uninterrupted dense run's losses (FSDP: its shards gathered and re-cut),
   and the first step of each part has the dense model's gradients;
@@ -290,6 +291,9 @@ def cases(size):
     table["moe.cp.dp2_cp2_pp2_ep2"] = layout_case(spec_for(2, 1, 2, cp=2, experts=4, ep=2))
     table["cp.dp2_cp2_tp2_fsdp"] = layout_case(spec_for(2, 2, 1, cp=2, fsdp=True))
     table["resume.fsdp.dp2_tp2_pp2_to_dp2_tp4_pp1"] = resume_case((2, 2, 2), (2, 4, 1), fsdp=True)
+    # hybrid sharding: FSDP inside pairs of dp ranks, the gradient blocks all-reduced across
+    hybrid = dataclasses.replace(spec_for(4, 2, 1, fsdp=True), dp_shard=2)
+    table["hsdp.dp4_shard2_tp2"] = layout_case(hybrid)
     if os.environ.get("MINIPAR_EXTENDED") == "1":  # a few seconds each on 2 cores
         table["fsdp.tied.dp4_tp2_pp1"] = layout_case(spec_for(4, 2, 1, tied=True, fsdp=True))
         table["resume.tied.dp1_tp2_pp4_to_dp8"] = resume_case((1, 2, 4), (8, 1, 1), tied=True)

@@ -17,6 +17,11 @@ r, Psi_r about Psi / N_d, instead of K * Psi (the ZeRO paper's K*Psi/N_d).
 
 The update of each parameter is the wrapped optimizer's own arithmetic on the same numbers, so
 the parameters are bitwise those of the unsharded optimizer.
+
+Hybrid (sharded inside a node, replicated across): the gradients reduced over every rank (DDP
+over the whole group), this optimizer over the shard group only (`group=` a node's ranks). Each
+shard group then holds the whole state once, and the broadcasts of the updated parameters stay
+inside it: about Psi per rank on the node's links, none across.
 """
 
 from __future__ import annotations
