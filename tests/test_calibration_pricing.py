@@ -89,3 +89,30 @@ def test_bench_prices_in_node_rows_on_the_calibration(stored):
     expected = 2 * (p - 1) * (ALPHA + STEP) + 2 * (p - 1) / p * n * BETA + (p - 1) / p * n * GAMMA
     assert row["predicted_s"] == pytest.approx(expected)
     assert "calibration of 2026-12-01" in row["priced_on"]
+
+
+def test_plan_here_is_priced_on_the_calibration(stored, capsys):
+    from minipar.cli import main as cli_main
+    from minipar.planning.here import here_cluster
+
+    stored(synthetic(matmul_flops=3e9, ranks=2, cores=calibration._cores()))
+    cluster = here_cluster()
+    assert cluster.hierarchy.intra.alpha == pytest.approx(ALPHA + STEP)
+    assert cluster.hierarchy.inter.beta == pytest.approx(BETA)
+    assert cluster.peak_flops == pytest.approx(3e9 * max(1.0, 2 / calibration._cores()))
+    argv = ["plan", "--model", "tiny", "--cluster", "here", "--gpus", "2"]
+    assert cli_main(argv) == 0
+    assert "calibration of 2026-12-01T10:00:00Z" in " ".join(capsys.readouterr().out.split())
+    assert cli_main([*argv[:-4], "--cluster", "dgx-h100"]) == 0
+    assert "cluster dgx-h100: preset" in capsys.readouterr().out
+
+
+def test_plan_here_refuses_without_a_calibration(stored, capsys):
+    from minipar.cli import main as cli_main
+
+    assert cli_main(["plan", "--model", "tiny", "--cluster", "here", "--gpus", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--cluster here" in err and "minipar calibrate" in err
+    stored(synthetic(time=time.time() - 30 * 86400))
+    assert cli_main(["plan", "--model", "tiny", "--cluster", "here", "--gpus", "2"]) == 2
+    assert "stale" in capsys.readouterr().err

@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from minipar.cost.links import Link
+from minipar.cost.link import Link
 
 PATH_ENV = "MINIPAR_CALIBRATION"  # a file to use instead of the per-user cache
 

@@ -17,19 +17,9 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
+from minipar.cost import calibration
+from minipar.cost.link import Link
 from minipar.state import process
-
-
-@dataclass(frozen=True)
-class Link:
-    """alpha: seconds per message; beta: seconds per byte sent; gamma: seconds per byte reduced."""
-
-    name: str
-    alpha: float
-    beta: float
-    gamma: float
-    source: str = ""
-
 
 # What minipar's Python algorithms over the mpich wheel's shared memory cost on a laptop-class
 # CPU: ~20 us per step (mostly Python and mpi4py call overhead), ~5 GB/s per message copy,
@@ -75,9 +65,6 @@ def default_link() -> Link:
         return found
     if os.environ.get(LINK_ENV):
         return _load_once("mpi", LINK_ENV, SHARED_MEMORY)
-    # here, not at the top: calibration imports Link from this file
-    from minipar.cost import calibration
-
     process.links["mpi"] = calibration.here()[0] or SHARED_MEMORY
     return process.links["mpi"]
 
