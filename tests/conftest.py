@@ -114,6 +114,11 @@ def pytest_configure(config):
     # not yield) takes the core from the rank it waits for. Measured: test_collectives beside
     # test_faults 5-7% faster, 6% fewer core-seconds (two A/B pairs)
     os.environ.setdefault("MINIPAR_OVERSUBSCRIBED", "1")
+    # a developer's `minipar calibrate` must not move `auto`'s choices or the lessons' numbers
+    # under the tests: a file that does not exist (tests that want one set their own)
+    os.environ["MINIPAR_CALIBRATION"] = os.path.join(
+        tempfile.gettempdir(), f"minipar-tests-no-calibration-{os.getpid()}", "none.json"
+    )
     bytecode_cache(config)
     config.addinivalue_line("markers", "slow: long-running (extended runs only)")
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped, with why, without)")

@@ -11,6 +11,9 @@ ratio_torch, prediction_error, iters, chosen).
     prediction_error = (predicted - measured) / measured (and *_min: against the fastest)
     roofline_fraction = roofline.lower_bound(...) / time; across emulated nodes whose link's
         rate the job knows, the larger floor of the two: memory's or the link's
+    predicted_s inside a node: priced on the link given (the CLI's: --fit's, else
+        cost.default_link(), i.e. this machine's calibration when a usable one is stored, else
+        the preset); priced_on names that link and its source
     predicted_s across nodes: the part between nodes priced on the job's link (its rate; the
         alpha of --fit's between-node link, else the assumed one), not the in-node link
     window_roofline_fraction = the same floor priced at the rates of reading a peer's freshly
@@ -58,7 +61,7 @@ def _record(event: dict, p: int, dtype: str, link, roofs, shape=None, link_Bps=N
     record.update(world_size=p, nbytes=n, dtype=dtype, time_s_median=median)
     record.update(time_s_min=min(times), time_s_max=max(times), algbw_GBps=algbw)
     record["busbw_GBps"] = algbw * spec.bus_factor(collective, p)
-    predicted = None
+    predicted, priced = None, link
     if event["implementation"] == "minipar":
         algorithm = event.get("chosen") or event["algorithm"]
         base, _, transport = algorithm.partition("@")
@@ -66,6 +69,7 @@ def _record(event: dict, p: int, dtype: str, link, roofs, shape=None, link_Bps=N
             if transport == "shm":  # the shared windows' own link (cost.SHARED_WINDOW)
                 owned = event["algorithm"].endswith("+window")  # read in place: bench/ops.py
                 predicted = cost.predict_shm(collective, n, p, in_place=owned)
+                priced = cost.shm_link()
             elif shape:  # across nodes: the in-node link and the one between, at its rate
                 between = emulated_link(link_Bps, link) if link_Bps else None
                 predicted = cost.predict_on_nodes(collective, base, n, *shape, link, between)
@@ -74,6 +78,8 @@ def _record(event: dict, p: int, dtype: str, link, roofs, shape=None, link_Bps=N
         except (ValueError, KeyError):  # a user-registered algorithm has no formula
             pass
     record["predicted_s"] = predicted
+    # what priced it: "calibration of DATE on HOST", "preset (...)", or --fit's
+    record["priced_on"] = f"{priced.name}: {priced.source}" if predicted else None
     record["prediction_error"] = (predicted - median) / median if predicted else None
     fastest = min(times)
     record["prediction_error_min"] = (predicted - fastest) / fastest if predicted else None

@@ -32,14 +32,15 @@ def _pct(value) -> str:
     return "" if value is None else f"{100 * value:+.0f}%" if abs(value) < 10 else f"{value:+.0f}x"
 
 
-def header(console, head: dict, link_name: str) -> None:
+def header(console, head: dict, link_name: str, link_source: str = "") -> None:
     lines = [
         f"MPI      {head['mpi_library']}  (mpi4py {head['mpi4py']})",
         f"torch    {head['torch'] or 'not loaded'}"
         + (f"  backend {head['torch_backend']}" if head.get("torch_backend") else ""),
         f"ranks    {head['world_size']} on {head['cores']} cores ({head['host']}), load average "
         f"{head.get('load', [0])[0]:.1f} at the start",
-        f"model    predictions priced on link {link_name!r}",
+        f"model    predictions priced on link {link_name!r}"
+        + (f" ({link_source})" if link_source else ""),
     ]
     if head.get("transport"):
         lines.append(f"inside   {head['transport']}")

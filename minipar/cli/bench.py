@@ -211,7 +211,7 @@ def show(console, job: dict, runs: list[list[dict]], link) -> list[list[dict]]:
     events = runs[-1]
     head = next(e for e in events if e["type"] == "header")
     rows = [records(job, run, link) for run in runs]
-    table.header(console, head, link.name)
+    table.header(console, head, link.name, link.source)
     if len(runs) > 1:
         console.print(f"the tables show the last of {len(runs)} runs; the goals, all of them")
     for collective in job["collectives"]:

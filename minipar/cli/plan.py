@@ -14,6 +14,7 @@ import sys
 from dataclasses import asdict
 
 from minipar import launcher
+from minipar.planning.here import NAME, here_cluster
 from minipar.planning.plan_table import short_bytes, table
 from minipar.planning.planner import (
     CLUSTERS,
@@ -40,12 +41,14 @@ examples:
   minipar plan --layers 24 --hidden 2048 --heads 16 --gpus 16 --gpu-memory 40
   minipar plan --model tiny --cluster cpu --gpus 8   the tiny GPT of `minipar train` here
   minipar plan --model tiny --cluster cpu --gpus 8 --measure-flops    with this CPU's rate
+  minipar plan --model tiny --cluster here --gpus 4   priced on `minipar calibrate`'s numbers
   minipar plan --model 7b --all                      also the layouts that do not fit, and why
   minipar plan --model 70b --seq 131072 --batch 16 --gpus 64 --cp 8 --recompute --zero 1
   minipar plan --model 7b --experts 8 --ep 4 --gpus 16   a mixture of 8 experts, 4 ranks each
   minipar plan --json                                the table as JSON
 
-model presets: {", ".join(MODELS)}; clusters: {", ".join(CLUSTERS)}.
+model presets: {", ".join(MODELS)}; clusters: {", ".join(CLUSTERS)} (presets), here (this
+machine's calibration).
 Memory: ZeRO paper accounting (16 bytes per parameter with Adam in mixed precision) and
 Korthikanti et al. 2022 for activations; time: Megatron-LM 2021 FLOPs and bubble (p-1)/(m+p-1),
 communication priced by minipar.cost; --cp and --ep are fixed degrees (the other three are
@@ -68,7 +71,11 @@ def configure(parser) -> None:
     model.add_argument("--experts", type=int, help="every other block a mixture of E experts")
     model.add_argument("--top-k", type=int, default=2, help="experts per token (default 2)")
     where = parser.add_argument_group("cluster")
-    where.add_argument("--cluster", default="dgx-h100", choices=list(CLUSTERS))
+    where.add_argument(
+        "--cluster", default="dgx-h100", choices=[*CLUSTERS, NAME],
+        help="a preset (datasheet numbers), or `here`: this machine's calibration "
+        "(`minipar calibrate`), its ranks sharing its cores",
+    )  # fmt: skip
     where.add_argument("--gpus", type=int, help="GPUs in all (default: one node)")
     where.add_argument("--nodes", type=int, help="nodes (instead of --gpus)")
     where.add_argument("--gpu-memory", type=float, metavar="GB", help="memory per GPU")
@@ -112,8 +119,9 @@ def model_from_args(args) -> ModelSpec:
 
 
 def cluster_from_args(args) -> tuple[Cluster, int]:
+    base = here_cluster() if args.cluster == NAME else CLUSTERS[args.cluster]
     cluster = with_peak(
-        CLUSTERS[args.cluster],
+        base,
         args.flops,
         args.gpu_memory * GB if args.gpu_memory else None,
         args.efficiency,
@@ -124,6 +132,8 @@ def cluster_from_args(args) -> tuple[Cluster, int]:
     if args.gpus and args.nodes:
         raise ValueError("give --gpus or --nodes, not both")
     gpus = args.gpus or (args.nodes or 1) * min(per_node, 8)
+    if args.cluster == NAME and not args.measure_flops:  # this machine's cores, shared
+        cluster = shared_cores(cluster, gpus, launcher.cores())
     return cluster, gpus
 
 
@@ -183,6 +193,10 @@ def main(args) -> int:
     console = Console(highlight=False)
     console.print(table(layouts, model, cluster, gpus, args.top))
     console.print(LEGEND, style="dim")
+    kind = "" if cluster.name == NAME else "preset, "
+    console.print(
+        f"cluster {cluster.name}: {kind}{cluster.source or 'no source given'}", style="dim"
+    )
     if args.all:
         console.print(rejected(layouts))
     chosen = best(layouts)

@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from minipar.cost.links import Link
+from minipar.cost.link import Link
 
 PATH_ENV = "MINIPAR_CALIBRATION"  # a file to use instead of the per-user cache
 
@@ -124,3 +124,53 @@ def describe_age(seconds: float) -> str:
         if seconds >= scale:
             return f"{seconds / scale:.0f} {unit} ago"
     return f"{seconds:.0f} s ago"
+
+
+FRESH_SECONDS = 7 * 86400  # older, and the cost model goes back to its presets
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def unusable(record: dict | None, now: float | None = None) -> str:
+    """Why the calibration `record` cannot price this machine's collectives ("" when it can):
+    none stored, made with another core count, older than FRESH_SECONDS, or its MPI fit or step
+    cost unphysical. Every rank decides alone (`auto` asks no peer), so the test reads nothing
+    that differs between the ranks of one machine: not the hostname, which emulated nodes set
+    apart (node0, node1) though they share the file and the cores."""
+    if record is None:
+        return "no calibration stored (run `minipar calibrate`)"
+    if record.get("cores") != _cores():
+        return f"made with {record.get('cores')} cores, this machine has {_cores()}"
+    if age_seconds(record, now) >= FRESH_SECONDS:
+        return f"stale: made {describe_age(age_seconds(record, now))}"
+    mpi = (record.get("links") or {}).get("mpi") or {}
+    if not mpi.get("physical"):
+        return f"its MPI fit is unusable: {mpi.get('why') or 'not measured'}"
+    step, gamma = record.get("step_s"), record.get("gamma")
+    if not isinstance(step, (int, float)) or step < 0 or not step == step:
+        return f"its per-step cost {step!r} is not a time"
+    if gamma is not None and not (isinstance(gamma, (int, float)) and gamma > 0):
+        return f"its reduction cost gamma = {gamma!r} is not positive"
+    return ""
+
+
+def step_link(record: dict) -> Link:
+    """One step of minipar's collective on this machine, as `auto` prices it: the bare MPI
+    message (alpha, beta) plus minipar's own Python per step (step_s), and gamma."""
+    mpi = record["links"]["mpi"]
+    gamma = record.get("gamma") or 1 / 5e9
+    source = f"calibration of {record.get('date', '?')} on {record.get('host', '?')}"
+    return Link("this machine", mpi["alpha"] + record["step_s"], mpi["beta"], gamma, source)
+
+
+def here(where: Path | None = None) -> tuple[Link | None, str]:
+    """(this machine's collective link from the stored calibration, "") when it is usable, else
+    (None, why not)."""
+    record = load(where)
+    why = unusable(record)
+    return (None, why) if why else (step_link(record), "")

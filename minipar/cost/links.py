@@ -17,24 +17,16 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
+from minipar.cost import calibration
+from minipar.cost.link import Link
 from minipar.state import process
-
-
-@dataclass(frozen=True)
-class Link:
-    """alpha: seconds per message; beta: seconds per byte sent; gamma: seconds per byte reduced."""
-
-    name: str
-    alpha: float
-    beta: float
-    gamma: float
-    source: str = ""
-
 
 # What minipar's Python algorithms over the mpich wheel's shared memory cost on a laptop-class
 # CPU: ~20 us per step (mostly Python and mpi4py call overhead), ~5 GB/s per message copy,
 # ~5 GB/s numpy reduction. `minipar bench --fit` measures the real numbers of a machine.
-SHARED_MEMORY = Link("shared-memory", alpha=20e-6, beta=1 / 5e9, gamma=1 / 5e9, source="typical")
+SHARED_MEMORY = Link(
+    "shared-memory", alpha=20e-6, beta=1 / 5e9, gamma=1 / 5e9, source="preset (typical laptop CPU)"
+)
 
 # -- presets: real links, for the lessons' "what would this cost on a cluster" questions ----------
 # beta is 1 / (bandwidth in ONE direction): a ring step sends and receives at once, each way at
@@ -64,9 +56,17 @@ LINK_ENV = "MINIPAR_LINK"  # a JSON file written by `minipar bench --fit`
 
 def default_link() -> Link:
     """The link `algorithm="auto"` prices with: set_default_link's, else the JSON file named by
-    MINIPAR_LINK (from `minipar bench --fit`), else SHARED_MEMORY. Set it the same on every rank
-    (an environment variable is: mpiexec passes it to every rank)."""
-    return process.links.get("mpi") or _load_once("mpi", LINK_ENV, SHARED_MEMORY)
+    MINIPAR_LINK (from `minipar bench --fit`), else this machine's stored calibration (`minipar
+    calibrate`; cost.calibration.here: only a fresh, physical one made on this host), else
+    SHARED_MEMORY. `.source` says which. Set it the same on every rank (an environment variable
+    is: mpiexec passes it to every rank; the calibration is the same file on one host)."""
+    found = process.links.get("mpi")
+    if found is not None:
+        return found
+    if os.environ.get(LINK_ENV):
+        return _load_once("mpi", LINK_ENV, SHARED_MEMORY)
+    process.links["mpi"] = calibration.here()[0] or SHARED_MEMORY
+    return process.links["mpi"]
 
 
 def _load_once(transport: str, env: str, fallback: Link) -> Link:
