@@ -24,6 +24,7 @@ import os
 import socket
 from dataclasses import dataclass
 
+from minipar.cost import links
 from minipar.errors import NotInitializedError
 from minipar.state import process
 
@@ -74,10 +75,16 @@ def from_keys(keys, source: str) -> NodeMap:
 
 
 def remember(comm) -> None:
-    """Called by init(): every rank sends its node key, all ranks build the same map."""
+    """Called by init(): every rank sends its node key, all ranks build the same map. The link
+    `auto` prices with rides along: `auto` decides on each rank alone, so ranks that price
+    differently (a calibration file of each host's own, one just turned stale) would pick
+    different algorithms and wait for each other forever; where they differ, rank 0's holds."""
     key, source = _node_key(comm)
-    keys = comm.allgather_object((key, socket.gethostname()), "finding the node map")
-    process.nodes = from_keys(keys, source)
+    link = links.default_link()
+    keys = comm.allgather_object((key, socket.gethostname(), link), "finding the node map")
+    process.nodes = from_keys([k[:2] for k in keys], source)
+    if any(k[2] != keys[0][2] for k in keys):
+        links.set_default_link(keys[0][2])
 
 
 def forget() -> None:

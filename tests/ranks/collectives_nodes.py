@@ -209,6 +209,30 @@ def local_rank_case():
         process.local_rank, process.local_rank_source, process.device = saved
 
 
+def agreed_link_case():
+    """Ranks that would price `auto` differently (here rank 1 and 3 hold a link of their own, as
+    a host with its own calibration file would) take rank 0's when init gathers the node map,
+    and then `auto` picks the same algorithm everywhere: no rank waits in another's algorithm."""
+    w = world()
+    saved_nodes, saved_links = process.nodes, dict(process.links)
+    odd = cost.Link("odd host", alpha=1.0, beta=1e-15, gamma=0.0)  # latency-bound: a tree there
+    mine = odd if w.rank % 2 else cost.SHARED_MEMORY
+    try:
+        cost.set_default_link(mine)
+        nodes.remember(w)
+        assert cost.default_link() == cost.SHARED_MEMORY, (w.rank, cost.default_link())
+        x = np.ones(1 << 16, np.float32)
+        with minipar.trace() as t:
+            minipar.all_reduce(x, algorithm="auto")
+        chosen = w.allgather_object(t.calls[-1].algorithm, "the test's check")
+        assert len(set(chosen)) == 1, chosen
+        assert (x == w.size).all()
+    finally:
+        process.nodes = saved_nodes
+        process.links.clear()
+        process.links.update(saved_links)
+
+
 def cases(size):
     if size != 4:
         return {}
@@ -218,4 +242,5 @@ def cases(size):
         "nodes.auto": auto_case,
         "nodes.pipelined": pipelined_case,
         "nodes.local_rank": local_rank_case,
+        "nodes.agreed_link": agreed_link_case,
     }
