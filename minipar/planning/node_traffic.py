@@ -58,8 +58,10 @@ def where(nodes: int) -> str:
 
 def check_shard(dp: int, shard: int) -> None:
     """A hybrid shard group of `shard` ranks must divide the dp group (clear error if not)."""
-    if isinstance(shard, bool) or not isinstance(shard, int) or shard < 1 or dp % shard:
-        raise ValueError(f"dp_shard={shard!r} must be a positive divisor of dp={dp}")
+    if isinstance(shard, bool) or not isinstance(shard, int) or shard < 1:
+        raise ValueError(f"dp_shard={shard!r} (--dp-shard) must be a positive integer")
+    if dp % shard:
+        raise ValueError(f"dp_shard={shard} (--dp-shard) must divide dp={dp}")
 
 
 def sharding_bytes(psi: float, dp: int, dp_per_node: int, mode: str, shard: int = 0) -> dict:

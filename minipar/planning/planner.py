@@ -521,7 +521,10 @@ def evaluate(
 def check_hybrid(dp: int, dp_shard: int, zero: int) -> None:
     """Hybrid sharding is ZeRO-3 inside shard groups that divide dp (clear errors if not)."""
     if zero != 3:
-        raise ValueError(f"dp_shard={dp_shard} is hybrid sharding: it needs zero=3, got {zero}")
+        raise ValueError(
+            f"dp_shard={dp_shard} (--dp-shard) is hybrid sharding: "
+            f"it needs zero=3 (--zero 3), got {zero}"
+        )
     node_traffic.check_shard(dp, dp_shard)
 
 
