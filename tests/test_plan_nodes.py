@@ -14,7 +14,7 @@ import pytest
 from minipar import cost
 from minipar.cli import plan as plan_cli
 from minipar.planning import node_traffic, plan_table
-from minipar.planning.planner import CLUSTERS, ModelSpec, evaluate, plan_layouts
+from minipar.planning.planner import CLUSTERS, ModelSpec, evaluate, plan_layouts, shared_cores
 
 FAST = cost.Link("fast", alpha=0.0, beta=1e-9, gamma=0.0)  # 1 GB/s
 SLOW = cost.Link("slow", alpha=0.0, beta=4e-8, gamma=0.0)  # 25 MB/s (200 Mbit/s)
@@ -112,3 +112,22 @@ def test_plan_refuses_a_bad_dp_shard(capsys):
         rc = plan_cli.main(args)
         err = capsys.readouterr().err
         assert (rc, said is None or said in err) == (0 if said is None else 2, True), err
+
+
+def test_hybrid_against_full_sharding_as_measured_on_two_emulated_nodes():
+    """A recorded run (issue 58): the tiny GPT above, 2 emulated nodes x 2 ranks on a 2-core
+    machine, one 200 Mbit/s veth a node, median step: full sharding 876 ms, hybrid 503 ms, DDP
+    628 ms. The planner, with the "cpu" preset's assumed rate shared by 4 ranks on 2 cores,
+    must put full / hybrid within 25% of the measured 1.74 (the issue's goal)."""
+    link = cost.Link("200 Mbit/s", alpha=50e-6, beta=8 / 200e6, gamma=1 / 5e9)
+    cpu = replace(CLUSTERS["cpu"], hierarchy=cost.Hierarchy(cost.SHARED_MEMORY, link, 2))
+    emulated = replace(shared_cores(cpu, 4, 2), nics_per_node=1)
+    step = {
+        mode: evaluate(TINY, emulated, 4, 1, 1, 2, zero=zero, dp_shard=shard).step_time
+        for mode, zero, shard in (("full", 3, 0), ("hybrid", 3, 2), ("ddp", 0, 0))
+    }
+    measured = {"full": 0.876, "hybrid": 0.503, "ddp": 0.628}
+    predicted_ratio = step["full"] / step["hybrid"]
+    assert predicted_ratio == pytest.approx(measured["full"] / measured["hybrid"], rel=0.25)
+    for mode in measured:  # and each step within 25% too
+        assert step[mode] == pytest.approx(measured[mode], rel=0.25), mode

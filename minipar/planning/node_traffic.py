@@ -91,10 +91,13 @@ def sharding_bytes(psi: float, dp: int, dp_per_node: int, mode: str, shard: int 
 
 
 def sharding_time(
-    psi: float, dp: int, dp_per_node: int, mode: str, shard: int, h: cost.Hierarchy
+    psi: float, dp: int, dp_per_node: int, mode: str, shard: int, h: cost.Hierarchy, nics: int = 0
 ) -> float:
     """Seconds of one step's data-parallel traffic (all of it; the planner subtracts what hides
-    behind the backward pass), each collective on the link its group spans."""
+    behind the backward pass), each collective on the link its group spans. `nics`: links out
+    of a node (0: one per GPU); when fewer than the ranks of a node that cross at once (hybrid's
+    all-reduce across, the two-level all-reduce's middle phase), they share them: each sends
+    ceil(ranks / nics) times its bytes' worth of time. A ring has one crossing hop a node."""
     if dp == 1:
         return 0.0
     k = min(dp, dp_per_node)
@@ -104,9 +107,9 @@ def sharding_time(
         in_link = h.intra if s <= k else h.inter
         inside = 2 * cost.predict("all_gather", "ring", psi, s, in_link)
         inside += cost.predict("reduce_scatter", "ring", psi, s, in_link)
-        return inside + cost.predict(
-            "all_reduce", "ring", psi / s, r, h.inter if r > 1 else h.intra
-        )
+        share = math.ceil(min(s, k) / nics) if nics else 1
+        across = cost.predict("all_reduce", "ring", psi / s * share, r, h.inter) if r > 1 else 0.0
+        return inside + across
     if mode == "full":  # 3 rings of p-1 steps: 1.5 ring all-reduces' steps and bytes
         link = h.intra if dp <= k else h.inter
         return 1.5 * cost.predict("all_reduce", "ring", psi, dp, link)
@@ -114,6 +117,10 @@ def sharding_time(
         return cost.predict("all_reduce", "ring", psi, dp, h.intra)
     if dp % k:
         return cost.predict("all_reduce", "ring", psi, dp, h.inter)
-    return cost.all_reduce_on_cluster(
-        psi, dp // k, "hierarchical", cost.Hierarchy(h.intra, h.inter, k)
-    )
+    if nics:  # reduce-scatter inside, all-reduce of the k-th across (shared links), gather inside
+        inside = cost.predict("reduce_scatter", "ring", psi, k, h.intra)
+        inside += cost.predict("all_gather", "ring", psi, k, h.intra)
+        across = cost.predict("all_reduce", "ring", psi / k * math.ceil(k / nics), dp // k, h.inter)
+        return inside + across
+    two_level = cost.Hierarchy(h.intra, h.inter, k)
+    return cost.all_reduce_on_cluster(psi, dp // k, "hierarchical", two_level)

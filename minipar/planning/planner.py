@@ -189,6 +189,9 @@ class Cluster:
     optimizer_ops_per_tensor: float = 0.0  # 0: a foreach/fused optimizer, OPTIMIZER_OPS a step
     core_share: float = 1.0  # of a core (GPU) per rank; < 1: ranks outnumber cores
     ddp_bucket_bytes: float = 0.0  # gradients within one bucket hide nothing (0: not modelled)
+    # the links out of a node, shared by its ranks' concurrent crossing messages; 0: one per GPU
+    # (cost.Hierarchy's assumption); 1: an emulated node's one veth (minipar.cluster)
+    nics_per_node: int = 0
 
 
 CLUSTERS = {
@@ -370,7 +373,9 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     ranks = lay.dp * lay.cp  # the replicated parameters' gradients average over dp x cp
     # DDP, full sharding or hybrid, each collective at the rate of the link its group spans
     dp_per_node, shard = max(1, h.per_node // lay.tp), lay.dp_shard * lay.cp
-    dp_total = node_traffic.sharding_time(grads, ranks, dp_per_node, lay.dp_mode, shard, h)
+    dp_total = node_traffic.sharding_time(
+        grads, ranks, dp_per_node, lay.dp_mode, shard, h, c.nics_per_node
+    )
     lay.across_bytes = across_bytes(lay, grads, act, tp_calls, h.per_node)
     if m.expert_params:  # the experts' gradients: summed over the ranks sharing each expert
         expert_grads = m.expert_params / (lay.ep * lay.pp) * value_bytes
@@ -378,7 +383,9 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
         dp_total += dp_all_reduce_time(expert_grads, ranks // lay.ep, stride, h)
     # DDP launches a bucket when its gradients are ready: with a single bucket (a model that
     # small) that is after the whole backward, and nothing hides
-    one_bucket = grads <= c.ddp_bucket_bytes and zero < 3
+    # minipar's FSDP (the clusters that model minipar's runtime: ddp_bucket_bytes) gathers and
+    # reduces in blocking calls: nothing of ZeRO-3's traffic hides either
+    one_bucket = c.ddp_bucket_bytes and (grads <= c.ddp_bucket_bytes or zero >= 3)
     dp_comm = dp_total if one_bucket else max(0.0, dp_total - 2 / 3 * compute)
     waits = {}
     if c.step_wait:  # every message-step on the critical path waits for its peer's turn
