@@ -36,11 +36,17 @@ Step time on one GPU, the sum of:
 - pipeline communication, exposed: a send of b s h activations forward and of their gradient
   backward in each of the m + p - 1 slots of the schedule;
 - data-parallel communication, exposed: the gradient all-reduce (ZeRO 1-2: reduce-scatter plus
-  all-gather, the same bytes; ZeRO-3: 1.5 times that) less what hides behind the backward pass
-  (assumed: up to 2/3 of the compute; on the "cpu" cluster nothing when the gradients fit one
-  25 MiB bucket of minipar's DDP, which starts only after the whole backward).
-Each collective is priced with minipar.cost on the link it crosses: NVLink when the group fits
-inside a node, InfiniBand otherwise (tp innermost, then dp, then pp, as DeviceMesh lays them).
+  all-gather, the same bytes; ZeRO-3: two all-gathers and a reduce-scatter, 1.5 times that;
+  hybrid sharding, `dp_shard`: those three inside the shard group, one all-reduce of the
+  gradient shard across; node_traffic.py) less what hides behind the backward pass (assumed:
+  up to 2/3 of the compute; on the "cpu" cluster nothing when the gradients fit one 25 MiB
+  bucket of minipar's DDP, which starts only after the whole backward, nor of minipar's
+  FSDP, whose gathers block).
+Each collective is priced with minipar.cost on the link its group spans: a group of g ranks
+`stride` apart on nodes of k lies on ceil(g / (k/stride)) nodes (tp innermost, then cp, dp,
+pp, as DeviceMesh lays them), at NVLink's rate on one node, InfiniBand's on more; full
+sharding's rings over nodes run at the link between nodes, and the layout records where each
+axis runs (`nodes`) and the bytes a node sends across per step (`across_bytes`).
 - waits, only where ranks outnumber cores (the cluster's `step_wait` > 0; 0 for the GPU
   presets): a rank that waits for a peer the scheduler is not running waits its turn, so every
   message-step on the critical path costs `step_wait` more than the link's alpha. The steps
