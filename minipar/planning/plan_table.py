@@ -12,7 +12,8 @@ from minipar.planning.planner import GB, Cluster, Layout, ModelSpec, best
 
 
 def table(layouts: list[Layout], model: ModelSpec, cluster: Cluster, gpus: int, top: int):
-    """The feasible layouts, fastest first, the best marked: memory per GPU and step time."""
+    """The feasible layouts, fastest first, the best marked: memory per GPU and step time; on
+    more than one node (or with hybrid sharding) also where each group runs and what crosses."""
     from rich import box
     from rich.table import Table
 
@@ -25,22 +26,26 @@ def table(layouts: list[Layout], model: ModelSpec, cluster: Cluster, gpus: int, 
         lay = layouts[0]
         moe = f", top-{model.top_k} of {model.experts} experts" if model.experts else ""
         title += f"; cp={lay.cp} ({lay.cp_variant}), ep={lay.ep}{moe}"
-    if layouts:
+    nodes = gpus > cluster.hierarchy.per_node or any(lay.dp_shard for lay in layouts)
+    if layouts and nodes:
         title += f"; data parallel: {DP_MODES[layouts[0].dp_mode]}"
         if layouts[0].dp_shard:
             title += f" (shard over {layouts[0].dp_shard})"
     t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", padding=0, pad_edge=False)
-    for col in COLUMNS:
+    columns = [col for col in COLUMNS if nodes or col not in NODE_COLUMNS]
+    for col in columns:
         t.add_column(
             col, justify="left" if col in ("", "mb x m", "where") else "right", no_wrap=True
         )
     for lay in [lay for lay in layouts if lay.feasible][:top]:
-        t.add_row(*_row(lay, model, lay is chosen))
+        row = dict(zip(COLUMNS, _row(lay, model, lay is chosen), strict=True))
+        t.add_row(*(row[col] for col in columns))
     return t
 
 
 COLUMNS = ("", "dp", "tp", "pp", "mb x m", "where", "states", "acts", "total", "compute", "comm",
            "bubble", "step", "across", "tok/s")  # fmt: skip
+NODE_COLUMNS = ("where", "across")  # shown only when the layouts span nodes
 DP_MODES = {"ddp": "DDP (one gradient all-reduce)", "full": "full sharding (ZeRO-3 over all dp)",
             "hybrid": "hybrid sharding (inside a node, replicated across)"}  # fmt: skip
 
