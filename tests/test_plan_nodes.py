@@ -131,3 +131,17 @@ def test_hybrid_against_full_sharding_as_measured_on_two_emulated_nodes():
     assert predicted_ratio == pytest.approx(measured["full"] / measured["hybrid"], rel=0.25)
     for mode in measured:  # and each step within 25% too
         assert step[mode] == pytest.approx(measured[mode], rel=0.25), mode
+
+
+def test_spans_agree_with_the_mesh_groups():
+    """node_traffic's ceil(g / (k/stride)) against DeviceMesh's real groups (MeshShape builds
+    every group's ranks): inside a node exactly when it spans one."""
+    from minipar.parallel.mesh import MeshShape
+
+    for dp, tp, pp, cp, ep in ((2, 2, 2, 1, 1), (4, 2, 1, 1, 2), (2, 4, 1, 2, 1), (8, 1, 2, 1, 4)):
+        for per_node in (2, 4, 8):
+            shape = MeshShape(dp, tp, pp, cp, ep)
+            spans = node_traffic.placement(dp, tp, pp, cp, ep, per_node)
+            for axis, word in shape.placement(per_node).items():
+                if axis in spans:
+                    assert (spans[axis] == 1) == (word == "inside a node"), (shape, per_node, axis)
