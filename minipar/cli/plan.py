@@ -45,6 +45,7 @@ examples:
   minipar plan --model 7b --all                      also the layouts that do not fit, and why
   minipar plan --model 70b --seq 131072 --batch 16 --gpus 64 --cp 8 --recompute --zero 1
   minipar plan --model 7b --experts 8 --ep 4 --gpus 16   a mixture of 8 experts, 4 ranks each
+  minipar plan --model 7b --nodes 4 --zero 3 --dp-shard 8   hybrid sharding: FSDP in a node
   minipar plan --json                                the table as JSON
 
 model presets: {", ".join(MODELS)}; clusters: {", ".join(CLUSTERS)} (presets), here (this
@@ -95,6 +96,14 @@ def configure(parser) -> None:
     how.add_argument("--cp", type=int, default=1, help="context-parallel degree (default 1)")
     how.add_argument("--cp-variant", default="ring", choices=["ring", "ulysses"])
     how.add_argument("--ep", type=int, default=1, help="expert-parallel degree (divides dp)")
+    how.add_argument(
+        "--dp-shard",
+        type=int,
+        default=0,
+        metavar="K",
+        help="hybrid sharding: ZeRO-3 inside groups of K dp ranks (a node), replicated across "
+        "(needs --zero 3; default: shard over all dp)",
+    )
     out = parser.add_argument_group("output")
     out.add_argument("--top", type=int, default=12, help="feasible rows shown (default 12)")
     out.add_argument("--all", action="store_true", help="also show infeasible layouts")
@@ -155,7 +164,9 @@ def rejected(layouts: list[Layout]):
 
 LEGEND = (
     "mb x m: micro-batch size x micro-batches per step; memory per GPU: states (weights, "
-    "grads, optimizer), acts (activations); comm: exposed tp + cp + ep + pp + dp communication"
+    "grads, optimizer), acts (activations); comm: exposed tp + cp + ep + pp + dp communication; "
+    "where: each axis's groups inside a node (in) or across N nodes (Nn), priced at that link; "
+    "across: bytes one node sends to the others per step"
 )
 
 
@@ -177,7 +188,7 @@ def main(args) -> int:
         cluster, gpus = cluster_from_args(args)
         layouts = plan_layouts(
             model, cluster, gpus, args.zero, args.recompute, args.micro_batch or None,
-            cp=args.cp, ep=args.ep, cp_variant=args.cp_variant,
+            cp=args.cp, ep=args.ep, cp_variant=args.cp_variant, dp_shard=args.dp_shard,
         )  # fmt: skip
     except ValueError as error:
         print(f"minipar plan: {error}", file=sys.stderr)

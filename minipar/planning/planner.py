@@ -36,11 +36,17 @@ Step time on one GPU, the sum of:
 - pipeline communication, exposed: a send of b s h activations forward and of their gradient
   backward in each of the m + p - 1 slots of the schedule;
 - data-parallel communication, exposed: the gradient all-reduce (ZeRO 1-2: reduce-scatter plus
-  all-gather, the same bytes; ZeRO-3: 1.5 times that) less what hides behind the backward pass
-  (assumed: up to 2/3 of the compute; on the "cpu" cluster nothing when the gradients fit one
-  25 MiB bucket of minipar's DDP, which starts only after the whole backward).
-Each collective is priced with minipar.cost on the link it crosses: NVLink when the group fits
-inside a node, InfiniBand otherwise (tp innermost, then dp, then pp, as DeviceMesh lays them).
+  all-gather, the same bytes; ZeRO-3: two all-gathers and a reduce-scatter, 1.5 times that;
+  hybrid sharding, `dp_shard`: those three inside the shard group, one all-reduce of the
+  gradient shard across; node_traffic.py) less what hides behind the backward pass (assumed:
+  up to 2/3 of the compute; on the "cpu" cluster nothing when the gradients fit one 25 MiB
+  bucket of minipar's DDP, which starts only after the whole backward, nor of minipar's
+  FSDP, whose gathers block).
+Each collective is priced with minipar.cost on the link its group spans: a group of g ranks
+`stride` apart on nodes of k lies on ceil(g / (k/stride)) nodes (tp innermost, then cp, dp,
+pp, as DeviceMesh lays them), at NVLink's rate on one node, InfiniBand's on more; full
+sharding's rings over nodes run at the link between nodes, and the layout records where each
+axis runs (`nodes`) and the bytes a node sends across per step (`across_bytes`).
 - waits, only where ranks outnumber cores (the cluster's `step_wait` > 0; 0 for the GPU
   presets): a rank that waits for a peer the scheduler is not running waits its turn, so every
   message-step on the critical path costs `step_wait` more than the link's alpha. The steps
@@ -71,7 +77,7 @@ from dataclasses import dataclass, field, replace
 
 from minipar import cost
 from minipar.models.config import RunSpec
-from minipar.planning import axes, step_messages
+from minipar.planning import axes, node_traffic, step_messages
 
 GB = 1e9
 
@@ -189,6 +195,9 @@ class Cluster:
     optimizer_ops_per_tensor: float = 0.0  # 0: a foreach/fused optimizer, OPTIMIZER_OPS a step
     core_share: float = 1.0  # of a core (GPU) per rank; < 1: ranks outnumber cores
     ddp_bucket_bytes: float = 0.0  # gradients within one bucket hide nothing (0: not modelled)
+    # the links out of a node, shared by its ranks' concurrent crossing messages; 0: one per GPU
+    # (cost.Hierarchy's assumption); 1: an emulated node's one veth (minipar.cluster)
+    nics_per_node: int = 0
 
 
 CLUSTERS = {
@@ -232,6 +241,15 @@ class Layout:
     cp: int = 1  # context parallel: each sequence over cp ranks
     ep: int = 1  # expert parallel: the experts over ep of the dp ranks
     cp_variant: str = "ring"  # or "ulysses"
+    dp_shard: int = 0  # hybrid sharding: ZeRO-3 inside groups of dp_shard ranks; 0: over all dp
+    nodes: dict = field(default_factory=dict)  # {axis: nodes one of its groups spans}
+    across_bytes: float = 0.0  # bytes one node sends over the link between nodes per step
+    zero: int = 0  # the ZeRO stage it was priced with
+
+    @property
+    def dp_mode(self) -> str:
+        """ "hybrid", "full" (ZeRO-3 over all dp) or "ddp" (ZeRO 0-2: one all-reduce's bytes)."""
+        return "hybrid" if self.dp_shard else ("full" if self.zero >= 3 else "ddp")
 
     @property
     def gpus(self) -> int:
@@ -359,14 +377,21 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     pp_comm = 2 * (lay.microbatches + lay.pp - 1) * hop if lay.pp > 1 else 0.0
     grads = (m.params - m.expert_params) / (lay.tp * lay.pp) * value_bytes
     ranks = lay.dp * lay.cp  # the replicated parameters' gradients average over dp x cp
-    dp_total = dp_all_reduce_time(grads, ranks, lay.tp, h) * (1.5 if zero >= 3 else 1.0)
+    # DDP, full sharding or hybrid, each collective at the rate of the link its group spans
+    dp_per_node, shard = max(1, h.per_node // lay.tp), lay.dp_shard * lay.cp
+    dp_total = node_traffic.sharding_time(
+        grads, ranks, dp_per_node, lay.dp_mode, shard, h, c.nics_per_node
+    )
+    lay.across_bytes = across_bytes(lay, grads, act, tp_calls, h.per_node)
     if m.expert_params:  # the experts' gradients: summed over the ranks sharing each expert
         expert_grads = m.expert_params / (lay.ep * lay.pp) * value_bytes
         stride = lay.tp * (lay.ep if lay.cp == 1 else 1)  # how far apart those ranks lie
         dp_total += dp_all_reduce_time(expert_grads, ranks // lay.ep, stride, h)
     # DDP launches a bucket when its gradients are ready: with a single bucket (a model that
     # small) that is after the whole backward, and nothing hides
-    one_bucket = grads <= c.ddp_bucket_bytes and zero < 3
+    # minipar's FSDP (the clusters that model minipar's runtime: ddp_bucket_bytes) gathers and
+    # reduces in blocking calls: nothing of ZeRO-3's traffic hides either
+    one_bucket = c.ddp_bucket_bytes and (grads <= c.ddp_bucket_bytes or zero >= 3)
     dp_comm = dp_total if one_bucket else max(0.0, dp_total - 2 / 3 * compute)
     waits = {}
     if c.step_wait:  # every message-step on the critical path waits for its peer's turn
@@ -388,6 +413,22 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
         "waits": sum(waits.values()),  # already inside the comm terms
         "total": total,
     }
+
+
+def across_bytes(lay: Layout, grads: float, act: float, tp_calls: float, per_node: int) -> float:
+    """Bytes one node sends over the link between nodes per step: the data-parallel traffic
+    (node_traffic.sharding_bytes), a tp group's all-reduces when it spans nodes (a ring has one
+    crossing hop out of each node: 2(tp-1)/tp of the activations per call) and the pipeline's
+    activations and their gradients when consecutive stages sit on different nodes (2 m b s h
+    per step at a boundary). cp's and ep's messages are priced on their link, not counted here."""
+    dp_per_node, shard = max(1, per_node // lay.tp), lay.dp_shard * lay.cp
+    dp = node_traffic.sharding_bytes(grads, lay.dp * lay.cp, dp_per_node, lay.dp_mode, shard)
+    total = dp["across"]
+    if lay.nodes.get("tp", 1) > 1:
+        total += tp_calls * 2 * (lay.tp - 1) / lay.tp * act
+    if lay.nodes.get("pp", 1) > 1:
+        total += 2 * lay.microbatches * act
+    return total
 
 
 def cp_layer_time(m: ModelSpec, c: Cluster, lay: Layout, value_bytes: int) -> float:
@@ -460,8 +501,11 @@ def evaluate(
     cp: int = 1,
     ep: int = 1,
     cp_variant: str = "ring",
+    dp_shard: int = 0,
 ) -> Layout:
-    """Memory and time of one layout; `problems` says why it is infeasible, if it is."""
+    """Memory and time of one layout; `problems` says why it is infeasible, if it is.
+    dp_shard: hybrid sharding (needs zero=3): states sharded over dp_shard ranks in a node,
+    replicated across; 0: over all dp."""
     if m.global_batch % (dp * micro_batch):
         raise ValueError(
             f"global_batch={m.global_batch} is not divisible by dp={dp} x micro_batch={micro_batch}"
@@ -469,8 +513,13 @@ def evaluate(
     if cp_variant not in ("ring", "ulysses"):
         raise ValueError(f"cp_variant must be 'ring' or 'ulysses', got {cp_variant!r}")
     n_micro = m.global_batch // (dp * micro_batch)
+    if dp_shard:
+        check_hybrid(dp, dp_shard, zero)
     lay = Layout(dp, tp, pp, micro_batch, n_micro, cp=cp, ep=ep, cp_variant=cp_variant)
-    dense = state_memory((m.params - m.expert_params) / (tp * pp), dp * cp, zero, c.precision)
+    lay.dp_shard, lay.zero = dp_shard, zero
+    lay.nodes = node_traffic.placement(dp, tp, pp, cp, ep, c.hierarchy.per_node)
+    sharded_over = (dp_shard or dp) * cp
+    dense = state_memory((m.params - m.expert_params) / (tp * pp), sharded_over, zero, c.precision)
     experts = state_memory(m.expert_params / (ep * pp), max(1, dp * cp // ep), zero, c.precision)
     lay.memory = {key: dense[key] + experts[key] for key in dense}
     lay.memory["activations"] = activation_memory(
@@ -480,6 +529,16 @@ def evaluate(
     lay.time = step_time(m, c, lay, zero, recompute)
     lay.problems = _problems(m, c, lay, tp_across_nodes)
     return lay
+
+
+def check_hybrid(dp: int, dp_shard: int, zero: int) -> None:
+    """Hybrid sharding is ZeRO-3 inside shard groups that divide dp (clear errors if not)."""
+    if zero != 3:
+        raise ValueError(
+            f"dp_shard={dp_shard} (--dp-shard) is hybrid sharding: "
+            f"it needs zero=3 (--zero 3), got {zero}"
+        )
+    node_traffic.check_shard(dp, dp_shard)
 
 
 def _divisors(n: int) -> list[int]:
@@ -497,6 +556,7 @@ def plan_layouts(
     cp: int = 1,
     ep: int = 1,
     cp_variant: str = "ring",
+    dp_shard: int = 0,
 ) -> list[Layout]:
     """Every (dp, tp, pp) with dp cp tp pp = gpus (cp and ep fixed; ep dividing dp), and every
     micro-batch size (powers of two, or those given) dividing the per-rank batch: feasible
@@ -510,9 +570,11 @@ def plan_layouts(
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if gpus % cp:
         raise ValueError(f"gpus={gpus} is not divisible by cp={cp}")
+    if dp_shard:
+        check_hybrid(dp_shard, dp_shard, zero)
     out = []
     for dp in _divisors(gpus // cp):
-        if model.global_batch % dp or dp % ep:
+        if model.global_batch % dp or dp % ep or (dp_shard and dp % dp_shard):
             continue
         for tp in _divisors(gpus // (cp * dp)):
             pp = gpus // (cp * dp * tp)
@@ -534,11 +596,14 @@ def plan_layouts(
                             cp,
                             ep,
                             cp_variant,
+                            dp_shard,
                         )  # fmt: skip
                     )
     if not out:
         raise ValueError(
-            f"no layout of {gpus} GPUs (cp={cp}, ep={ep} dividing dp) divides "
+            f"no layout of {gpus} GPUs (cp={cp}, ep={ep}"
+            + (f", dp_shard={dp_shard}" if dp_shard else "")
+            + " dividing dp) divides "
             f"global_batch={model.global_batch}"
         )
     out.sort(key=lambda lay: (not lay.feasible, lay.step_time))

@@ -1,0 +1,147 @@
+"""The planner knows the nodes: every group priced at the link it spans, DDP vs full sharding vs
+hybrid sharding's bytes across per node, and `minipar plan` showing where each group runs.
+No ranks: the expected values are the formulas written out here, on links whose alpha and gamma
+are zero so that a collective's seconds are its bytes sent times beta."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import replace
+
+import pytest
+
+from minipar import cost
+from minipar.cli import plan as plan_cli
+from minipar.planning import node_traffic, plan_table
+from minipar.planning.planner import CLUSTERS, ModelSpec, evaluate, plan_layouts, shared_cores
+
+FAST = cost.Link("fast", alpha=0.0, beta=1e-9, gamma=0.0)  # 1 GB/s
+SLOW = cost.Link("slow", alpha=0.0, beta=4e-8, gamma=0.0)  # 25 MB/s (200 Mbit/s)
+TWO_A_NODE = replace(CLUSTERS["cpu"], hierarchy=cost.Hierarchy(FAST, SLOW, 2))
+# the tiny GPT a colleague measured on 2 emulated nodes x 2 ranks: 2 layers, hidden 256
+TINY = ModelSpec(2, 256, 4, seq_len=64, global_batch=8, vocab=256, dropout=False)
+
+
+def test_a_group_spans_ceil_g_over_k_nodes():
+    for g, k, nodes in ((1, 8, 1), (8, 8, 1), (9, 8, 2), (16, 8, 2), (17, 8, 3), (3, 2, 2)):
+        assert node_traffic.spanned(g, 1, k) == nodes == math.ceil(g / k)
+    # dp ranks tp = 2 apart on nodes of 8: 4 of them in a node
+    assert node_traffic.spanned(16, 2, 8) == 4
+    where = node_traffic.placement(dp=4, tp=4, pp=2, cp=1, ep=1, per_node=8)
+    assert where == {"tp": 1, "dp": 2, "pp": 2}  # tp in a node; dp 4 apart: 2 a node
+
+
+def test_tp_across_nodes_is_priced_at_the_inter_node_link():
+    h100 = CLUSTERS["dgx-h100"]
+    m = ModelSpec.preset("7b", seq_len=2048, global_batch=16)
+    act = 1 * m.seq_len * m.hidden * 2  # one micro-batch's activations, bf16
+    calls = 4 * m.layers * 16  # 4 all-reduces a layer, 16 micro-batches
+    for tp, link in ((8, cost.NVLINK4), (16, cost.IB_NDR)):
+        lay = evaluate(m, h100, 1, tp, 1, 1, tp_across_nodes=True)
+        ring = 2 * (tp - 1) * link.alpha + 2 * (tp - 1) / tp * act * link.beta
+        ring += (tp - 1) / tp * act * link.gamma  # the ring's reductions
+        assert lay.time["tp_comm"] == pytest.approx(calls * ring, rel=1e-3)
+        assert lay.nodes["tp"] == math.ceil(tp / 8)
+    # across: one crossing hop out of each node, 2 (tp-1)/tp of the activations per call
+    assert lay.across_bytes == pytest.approx(calls * 2 * 15 / 16 * act)
+
+
+def test_ddp_full_and_hybrid_bytes_across_per_node():
+    psi = 1000.0
+    ddp, full = (node_traffic.sharding_bytes(psi, 4, 2, mode) for mode in ("ddp", "full"))
+    hybrid = node_traffic.sharding_bytes(psi, 4, 2, "hybrid", 2)
+    # p = 4 ranks on n = 2 nodes of k = 2; hybrid: s = 2 inside, r = 2 across
+    assert ddp["across"] == pytest.approx(2 * (2 - 1) / 2 * psi)  # two-level: 2(n-1)/n Psi
+    assert full["across"] == pytest.approx(3 * (4 - 1) / 4 * psi)  # 3 rings, one hop out a node
+    assert hybrid["across"] == pytest.approx(2 * 2 * (2 - 1) / 2 * psi / 2)  # s x 2(r-1)/r Psi/s
+    assert hybrid["inside"] == pytest.approx(2 * (2 - 1) / 2 * psi + (2 - 1) / 2 * psi)
+    # 8 ranks on 2 nodes of 4, shard inside the node: full 3 x 7/8, hybrid 2 x 1/2
+    assert node_traffic.sharding_bytes(psi, 8, 4, "full")["across"] == pytest.approx(2.625 * psi)
+    assert node_traffic.sharding_bytes(psi, 8, 4, "hybrid", 4)["across"] == pytest.approx(psi)
+    # 6 ranks on nodes of 4 (not a multiple): DDP's flat ring, 2(p-1)/p Psi across
+    assert node_traffic.sharding_bytes(psi, 6, 4, "ddp")["across"] == pytest.approx(10 / 6 * psi)
+    assert node_traffic.sharding_bytes(psi, 2, 2, "full") == {"inside": 1.5 * psi, "across": 0.0}
+
+
+def test_hybrid_layout_prices_gathers_inside_and_one_all_reduce_across():
+    psi = TINY.params * 4  # fp32 gradients, no tp or pp
+    full = evaluate(TINY, TWO_A_NODE, 4, 1, 1, 2, zero=3)
+    hybrid = evaluate(TINY, TWO_A_NODE, 4, 1, 1, 2, zero=3, dp_shard=2)
+    ddp = evaluate(TINY, TWO_A_NODE, 4, 1, 1, 2, zero=0)
+    assert (full.dp_mode, hybrid.dp_mode, ddp.dp_mode) == ("full", "hybrid", "ddp")
+    assert full.across_bytes == pytest.approx(3 * 3 / 4 * psi)
+    assert hybrid.across_bytes == pytest.approx(2 * 1 / 2 * psi)
+    assert ddp.across_bytes == pytest.approx(psi)
+    # full: 3 rings over 4 ranks at the slow link; hybrid: 3 rings over 2 at the fast one, then an
+    # all-reduce of Psi/2 over 2 ranks at the slow one
+    assert full.time["dp_total"] == pytest.approx(3 * 3 / 4 * psi * SLOW.beta)
+    inside, across = 3 * 1 / 2 * psi * FAST.beta, 2 * 1 / 2 * (psi / 2) * SLOW.beta
+    assert hybrid.time["dp_total"] == pytest.approx(inside + across)
+    # states sharded over the 2 ranks of the shard group, not the 4 of dp
+    assert hybrid.memory["optimizer"] == pytest.approx(2 * full.memory["optimizer"])
+
+
+def test_plan_table_shows_where_and_what_crosses():
+    from rich.console import Console
+
+    layouts = plan_layouts(TINY, TWO_A_NODE, gpus=4, zero=3, dp_shard=2, micro_batches=[1])
+    assert {lay.dp for lay in layouts} == {2, 4}  # dp = 1 cannot hold a shard group of 2
+    console = Console(record=True, width=200)
+    console.print(plan_table.table(layouts, TINY, TWO_A_NODE, 4, top=10))
+    text = console.export_text()
+    assert "hybrid sharding" in text
+    rows = {lay.dp: lay for lay in layouts if lay.tp == 1 and lay.pp == 1}
+    line = next(
+        row for row in text.splitlines() if row.split()[:3] in (["★", "4", "1"], ["4", "1", "1"])
+    )
+    assert "dp 2n" in line and plan_table.short_bytes(rows[4].across_bytes) in line
+    tp2 = next(row for row in text.splitlines() if row.split()[:3] == ["2", "2", "1"])
+    assert "tp 1n" not in tp2 and "tp in" in tp2 and "dp 2n" in tp2
+
+
+def test_plan_refuses_a_bad_dp_shard(capsys):
+    parser = argparse.ArgumentParser()
+    plan_cli.configure(parser)
+    for argv, said in (
+        (["--dp-shard", "2"], "needs zero=3 (--zero 3), got 0"),
+        (["--zero", "3", "--dp-shard", "0"], None),  # 0: shard over all dp
+        (["--zero", "3", "--dp-shard", "-1"], "dp_shard=-1 (--dp-shard)"),
+    ):
+        args = parser.parse_args(["--model", "tiny", "--cluster", "cpu", "--gpus", "4", *argv])
+        rc = plan_cli.main(args)
+        err = capsys.readouterr().err
+        assert (rc, said is None or said in err) == (0 if said is None else 2, True), err
+
+
+def test_hybrid_against_full_sharding_as_measured_on_two_emulated_nodes():
+    """A recorded run (issue 58): the tiny GPT above, 2 emulated nodes x 2 ranks on a 2-core
+    machine, one 200 Mbit/s veth a node, median step: full sharding 876 ms, hybrid 503 ms, DDP
+    628 ms. The planner, with the "cpu" preset's assumed rate shared by 4 ranks on 2 cores,
+    must put full / hybrid within 25% of the measured 1.74 (the issue's goal)."""
+    link = cost.Link("200 Mbit/s", alpha=50e-6, beta=8 / 200e6, gamma=1 / 5e9)
+    cpu = replace(CLUSTERS["cpu"], hierarchy=cost.Hierarchy(cost.SHARED_MEMORY, link, 2))
+    emulated = replace(shared_cores(cpu, 4, 2), nics_per_node=1)
+    step = {
+        mode: evaluate(TINY, emulated, 4, 1, 1, 2, zero=zero, dp_shard=shard).step_time
+        for mode, zero, shard in (("full", 3, 0), ("hybrid", 3, 2), ("ddp", 0, 0))
+    }
+    measured = {"full": 0.876, "hybrid": 0.503, "ddp": 0.628}
+    predicted_ratio = step["full"] / step["hybrid"]
+    assert predicted_ratio == pytest.approx(measured["full"] / measured["hybrid"], rel=0.25)
+    for mode in measured:  # and each step within 25% too
+        assert step[mode] == pytest.approx(measured[mode], rel=0.25), mode
+
+
+def test_spans_agree_with_the_mesh_groups():
+    """node_traffic's ceil(g / (k/stride)) against DeviceMesh's real groups (MeshShape builds
+    every group's ranks): inside a node exactly when it spans one."""
+    from minipar.parallel.mesh import MeshShape
+
+    for dp, tp, pp, cp, ep in ((2, 2, 2, 1, 1), (4, 2, 1, 1, 2), (2, 4, 1, 2, 1), (8, 1, 2, 1, 4)):
+        for per_node in (2, 4, 8):
+            shape = MeshShape(dp, tp, pp, cp, ep)
+            spans = node_traffic.placement(dp, tp, pp, cp, ep, per_node)
+            for axis, word in shape.placement(per_node).items():
+                if axis in spans:
+                    assert (spans[axis] == 1) == (word == "inside a node"), (shape, per_node, axis)
