@@ -184,7 +184,7 @@ def digest_case():
         for algorithm in api.algorithms(collective):
             if algorithm == "auto" or "@" in algorithm:
                 continue
-            if algorithm == "hierarchical" and collective in (
+            if algorithm.startswith("hierarchical") and collective in (
                 "all_reduce",
                 "reduce_scatter_tensor",
             ):
