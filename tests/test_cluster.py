@@ -33,32 +33,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import ranks_suite
+from emulated import emulation
 
 from minipar.launcher.cluster import enter, leftovers, link, mpi_args, needs
-from minipar.launcher.cluster.nodes import EmulatedCluster, EmulationError, namespaces
+from minipar.launcher.cluster.nodes import EmulatedCluster, namespaces
 from minipar.testing import harness
 
 EXTENDED = os.environ.get("MINIPAR_EXTENDED") == "1"
 SUITE = ranks_suite("cluster.py")
 MATRIX = ranks_suite("collectives.py")
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
-
-
-def _can_emulate() -> str:
-    """'' when emulated nodes can be made here, else why not (printed with the skip)."""
-    lacks = needs.missing()
-    if lacks:
-        return "; ".join(lacks)
-    try:
-        with EmulatedCluster(1, "unlimited"):
-            pass
-    except EmulationError as error:
-        return str(error)
-    return ""
-
-
-WHY_NOT = _can_emulate()
-emulation = pytest.mark.skipif(bool(WHY_NOT), reason=f"no emulated nodes here: {WHY_NOT}")
 
 
 # -- the parts on their own ---------------------------------------------------------------------

@@ -11,26 +11,10 @@ import re
 import subprocess
 import sys
 
-import pytest
+from emulated import emulation
 
-from minipar.launcher.cluster import leftovers, needs
-from minipar.launcher.cluster.nodes import EmulatedCluster, EmulationError
-
-
-def _can_emulate() -> str:
-    lacks = needs.missing()
-    if lacks:
-        return "; ".join(lacks)
-    try:
-        with EmulatedCluster(1, "unlimited"):
-            pass
-    except EmulationError as error:
-        return str(error)
-    return ""
-
-
-WHY_NOT = _can_emulate()
-emulation = pytest.mark.skipif(bool(WHY_NOT), reason=f"no emulated nodes here: {WHY_NOT}")
+from minipar.launcher.cluster import leftovers
+from minipar.launcher.cluster.nodes import EmulatedCluster
 
 
 # -- a dead job's folders ------------------------------------------------------------------------
