@@ -16,12 +16,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from minipar import cost, launcher
+from minipar import cost
 from minipar.bench import calibrate as measuring
 from minipar.cost import calibration
 
 QUICK_SIZES = [8, 64 << 10, 1 << 20]
-FRESH_SECONDS = 7 * 86400  # an older calibration is measured again at the lesson's start
 
 
 @dataclass(frozen=True)
@@ -38,13 +37,7 @@ class Machine:
 def _stored(comm) -> dict | None:
     """Rank 0's calibration, if it is this machine's and fresh; the same on every rank."""
     record = calibration.load() if comm.rank == 0 else None
-    fresh = (
-        record is not None
-        and record.get("cores") == launcher.cores()
-        and calibration.age_seconds(record) < FRESH_SECONDS
-        and calibration.calibrated_link(record, "mpi") is not None
-        and record.get("step_s") is not None
-    )
+    fresh = record is not None and not calibration.unusable(record)  # the cost model's rule
     return comm.allgather_object(record if fresh else None)[0]
 
 
