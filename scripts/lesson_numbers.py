@@ -4,7 +4,8 @@ lesson_numbers.py explains the markers).
     python scripts/lesson_numbers.py record [NAME ...]  run the lessons the texts quote, keep
                                                        their records in lessons/records/
                                                        (NN: --quick; NN-nodes: --quick --nodes 2,
-                                                       as root; NN-full: the full lesson)
+                                                       as root, NN-nodes-RATE on --link RATE;
+                                                       NN-full: the full lesson)
     python scripts/lesson_numbers.py write             rewrite every marked number from them
     python scripts/lesson_numbers.py check             what disagrees (exit 1 if anything)
 
@@ -35,7 +36,9 @@ def record(names) -> int:
     status = 0
     for name in sorted(names or quoted()):
         lesson, _, how = name.partition("-")
+        how, _, rate = how.partition("-")  # NN-nodes-200mbit: on that link
         args = {"": ["--quick"], "nodes": ["--quick", "--nodes", "2"], "full": []}[how]
+        args += ["--link", rate] if rate else []
         out = RECORDS / f"{name}.json"
         cmd = [sys.executable, "-m", "minipar", "lesson", lesson, *args, "--json", str(out)]
         print(" ".join(cmd[1:]), flush=True)

@@ -445,6 +445,7 @@ def test_a_killed_node_ends_the_job_at_once_and_is_named():
     [
         ("01", "the link between nodes is the slower one at 16 MiB"),
         ("04", "the two-level all-reduce beats the flat ring across nodes"),
+        ("05", "hybrid sharding beats full sharding across the link"),
         ("08", "tp across nodes is slower"),
         ("09", "longer sequences hide more of the K/V messages"),
     ],

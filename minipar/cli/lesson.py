@@ -152,7 +152,7 @@ def configure(parser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="on N emulated nodes (docs/cluster.md): lessons 01, 04, 08, 09 measure the link",
+        help="on N emulated nodes (docs/cluster.md): lessons 01, 04, 05, 08, 09 measure the link",
     )
     parser.add_argument(
         "--link", default="2gbit", metavar="RATE", help="the emulated link (default 2gbit)"

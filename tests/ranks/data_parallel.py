@@ -597,6 +597,43 @@ def fsdp_ledger():
 
 
 @quiet
+def auto_reductions_by_node():
+    """What `auto` runs for DDP's bucket and FSDP's reduce-scatter above 64 KiB: the ring on one
+    node (the window's order); across N equal nodes of k ranks the two-level schemes, whose
+    bytes out of a node are 2 (N-1)/N Psi for DDP's all-reduce and 3 (N-1)/N Psi for FSDP's
+    gathers and reduce-scatter (the flat ring's would be 2 (p-1)/p and 3 (p-1)/p Psi)."""
+    comm = minipar.init()
+    if comm.size == 1:
+        return  # nothing to reduce
+    torch.manual_seed(0)
+    wide = nn.Sequential(nn.Linear(128, 128), nn.Tanh(), nn.Linear(128, 128))  # 2 x 66 KiB
+    x = torch.randn(N, 128, generator=torch.Generator().manual_seed(comm.rank), requires_grad=True)
+    node_of = minipar.node_map()
+    nodes, p = len(set(node_of)), comm.size
+    for strategy, passes in ((DistributedDataParallel, 2), (FullyShardedDataParallel, 3)):
+        model = strategy(copy.deepcopy(wide))
+        with minipar.trace() as t:
+            model(x).square().mean().backward()
+        big = [c for c in t.calls if c.collective in ("all_reduce", "reduce_scatter")
+               and c.bytes_sent > 1024]  # fmt: skip
+        algorithms = {c.algorithm.split("@")[0] for c in big}  # ring@shm: in the window
+        psi = 4 * p * sum(-(-q.numel() // p) for q in wide.parameters())  # FSDP pads to p
+        out = {}
+        for node, sent in zip(node_of, comm.allgather_object(t.bytes_sent(link="inter"))):
+            out[node] = out.get(node, 0) + sent
+        if nodes == 1:
+            assert algorithms == {"ring"}, (strategy.__name__, algorithms)
+            assert out == {node_of[0]: 0}, out
+            continue
+        assert all(a.startswith("hierarchical") for a in algorithms), algorithms
+        if strategy is DistributedDataParallel:
+            psi = 4 * sum(q.numel() for q in wide.parameters())  # one bucket, unpadded
+        for node, sent in out.items():  # + the 1-byte used map's few bytes, DDP's
+            want = passes * (nodes - 1) / nodes * psi
+            assert want <= sent <= want + 64, (strategy.__name__, node, sent, want)
+
+
+@quiet
 def fsdp_bad_inputs():
     minipar.init()
     for bad in (torch.int32, "float16", torch.bool):
@@ -797,6 +834,7 @@ def cases(size):
         fsdp_mlp_fp16=fsdp_training("mlp", "sgd", torch.float16),
         fsdp_ledger=fsdp_ledger,
         fsdp_bad_inputs=fsdp_bad_inputs,
+        auto_reductions_by_node=auto_reductions_by_node,
     )
     if size > 2:
         table["on_a_subgroup"] = on_a_subgroup

@@ -17,7 +17,7 @@ import time
 import minipar
 from minipar import cost
 from minipar.course import claims as C
-from minipar.course.lessons import planted
+from minipar.course.lessons import planted, sharding_across_nodes
 from minipar.course.lessons.page import Page, fmt_bytes, fmt_time
 from minipar.course.machine import this_machine
 
@@ -39,23 +39,23 @@ def widths(quick: bool) -> tuple[int, ...]:
     return (64, 128, 128, 64) if quick else (256, 512, 512, 512, 256)
 
 
-def build(quick: bool):
+def build(quick: bool, w: tuple[int, ...] | None = None):
     import torch
     from torch import nn
 
     torch.manual_seed(0)
-    w = widths(quick)
+    w = w or widths(quick)
     layers = []
     for a, b in zip(w[:-1], w[1:]):
         layers += [nn.Linear(a, b), nn.Tanh()]
     return nn.Sequential(*layers[:-1])
 
 
-def data(page: Page):
+def data(page: Page, w: tuple[int, ...] | None = None):
     import torch
 
     g = torch.Generator().manual_seed(page.rank)
-    w = widths(page.quick)
+    w = w or widths(page.quick)
     return torch.randn(16, w[0], generator=g), torch.randn(16, w[-1], generator=g)
 
 
@@ -340,6 +340,7 @@ def main(argv=None) -> int:
     else:
         sync_section(page)
         memory_section(page)
+        sharding_across_nodes.nodes_section(page)
         page.try_this(
             [
                 "Write the naive and the bucketed sync yourself: exercises/ex05_naive_ddp.py, "

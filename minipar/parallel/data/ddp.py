@@ -60,6 +60,7 @@ import torch
 from torch import nn
 
 from minipar import collectives, cost, runtime
+from minipar.collectives import hierarchical
 from minipar.collectives.reduce_op import ReduceOp
 from minipar.comm.trace import ledger
 from minipar.parallel import replicas
@@ -188,11 +189,16 @@ def place_buckets(buckets: list[Bucket], comm) -> None:
             b.place(raw[start : start + b.numel * b.dtype.itemsize].view(b.dtype))
 
 
-def reduction_algorithm(algorithm, nbytes: int):
+def reduction_algorithm(algorithm, nbytes: int, comm=None):
     """What a strategy's reduction of a flat buffer of nbytes runs: `auto` means the ring above
     cost.SHM_MIN_BYTES (the bandwidth algorithm, as torch DDP's gloo and NCCL use, and the order
     the windows' in-place schedule keeps: so a bucket in the shared window and a private one
-    give the same bits), and the cost model's choice below."""
+    give the same bits), and the cost model's choice below. On a group that spans nodes
+    (`comm` given) `auto` stays the cost model's choice on both links at every size: no window
+    spans nodes, so no bucket needs the ring's order, and the two-level schemes put a k-th of
+    the flat ring's bytes on the link between nodes."""
+    if algorithm == "auto" and comm is not None and hierarchical.shape(comm) is not None:
+        return "auto"
     return "ring" if algorithm == "auto" and nbytes > cost.SHM_MIN_BYTES else algorithm
 
 
@@ -274,7 +280,7 @@ class DistributedDataParallel(nn.Module):
 
     def _launch(self, bucket: Bucket) -> None:
         nbytes = bucket.numel * bucket.dtype.itemsize
-        algorithm = reduction_algorithm(self.algorithm, nbytes)
+        algorithm = reduction_algorithm(self.algorithm, nbytes, self.comm)
         with ledger.span(f"launch bucket {bucket.index}", "ddp", bytes=nbytes):  # for a trace
             bucket.work = collectives.all_reduce(
                 bucket.buffer, ReduceOp.AVG, self.comm, algorithm, async_op=True

@@ -242,7 +242,7 @@ class Unit:
                 part.copy_(grad.reshape(-1))
         flat[self.numel :].zero_()
         out = torch.empty(self.block, dtype=dtype, device=flat.device)
-        algorithm = reduction_algorithm("auto", flat.numel() * dtype.itemsize)
+        algorithm = reduction_algorithm("auto", flat.numel() * dtype.itemsize, comm)
         work = collectives.reduce_scatter_tensor(
             out, flat, ReduceOp.AVG, group=comm, algorithm=algorithm, async_op=True
         )
@@ -443,7 +443,7 @@ class FullyShardedDataParallel(nn.Module):
         """Hybrid sharding: average this rank's reduce-scattered blocks over the replicate group,
         all in one flat all-reduce (2 (r-1)/r of their bytes with the ring), in place."""
         flat = torch.cat([o.reshape(-1) for o in outs])
-        algorithm = reduction_algorithm("auto", flat.numel() * flat.element_size())
+        algorithm = reduction_algorithm("auto", flat.numel() * flat.element_size(), self.replicate)
         collectives.all_reduce(flat, ReduceOp.AVG, self.replicate, algorithm=algorithm)
         offset = 0
         for o in outs:
