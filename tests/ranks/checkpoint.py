@@ -54,10 +54,12 @@ def shared_dir() -> str:
     return comm.allgather_object(folder)[0]
 
 
-def spec_for(dp=1, tp=1, pp=1, cp=1, ep=1, fsdp=False, schedule="1f1b", tied=False, experts=0):
+def spec_for(dp=1, tp=1, pp=1, cp=1, ep=1, fsdp=False, schedule="1f1b", tied=False, experts=0,
+             shard=0):  # fmt: skip
+    """A layout of the tiny GPT; shard K: hybrid sharding, FSDP inside runs of K dp ranks."""
     model = dataclasses.replace(TINY, tied_head=tied, n_experts=experts)
-    return RunSpec(dp, tp, pp, 2 if pp > 1 else 1, schedule, fsdp, steps=2, model=model,
-                   cp=cp, ep=ep)  # fmt: skip
+    return RunSpec(dp, tp, pp, 2 if pp > 1 else 1, schedule, fsdp or shard > 0, steps=2,
+                   model=model, cp=cp, ep=ep, dp_shard=shard)  # fmt: skip
 
 
 @functools.cache
@@ -120,6 +122,8 @@ def _reshard(comm, root, first, second, n_first, n_second):
         saver.save(3, part, opt, {"note": "test"})
         saver.finish()
         assert not saver.errors, saver.errors
+        if 0 < first.dp_shard < first.dp:
+            written_once(folder, first, mesh, model)
     comm.allgather_object(None)  # the manifest is on disk before anyone looks
     whole, manifest = checkpoint_files.problem(folder)
     assert whole is None, whole
@@ -145,6 +149,26 @@ def _reshard(comm, root, first, second, n_first, n_second):
     comm.allgather_object(None)  # every rank done with the files
 
 
+def written_once(folder, spec, mesh, model):
+    """Hybrid sharding: each shard's R copies written once, by the ranks of the first run of
+    shard ranks (dp rank < dp_shard); the others' files hold nothing. The tensors on disk are
+    the dense model's weights, exp_avg and exp_avg_sq once: 3 x 4 bytes a parameter (fp32),
+    not R times that; the files' own bytes (zip and pickle) add little to it."""
+    ranks = mesh.group.allgather_object((mesh.group.rank, mesh.dp_rank))  # collective
+    if mesh.group.rank != 0:
+        return
+    payload, on_disk = 0, 0
+    for rank, dp_rank in ranks:
+        path = os.path.join(folder, checkpoint_files.shard_name(rank) + ".pt")
+        tensors = torch.load(path, weights_only=True)
+        assert bool(tensors) == (dp_rank < spec.dp_shard), (rank, dp_rank, sorted(tensors)[:3])
+        payload += sum(t.numel() * t.element_size() for t in tensors.values())
+        on_disk += os.path.getsize(path)
+    once = 3 * 4 * sum(q.numel() for q in model.parameters())  # a tied head counted once
+    assert payload == once, (payload, once, spec.dp // spec.dp_shard)
+    assert on_disk < 1.5 * once, (on_disk, once)  # R >= 2 copies: at least 2 x once
+
+
 FAMILIES = {  # each saved by one and loaded by the next, round the ring
     "plain": [
         spec_for(dp=4, tp=2), spec_for(dp=2, tp=2, pp=2, fsdp=True),
@@ -158,9 +182,10 @@ FAMILIES = {  # each saved by one and loaded by the next, round the ring
 EXTENDED_FAMILIES = {
     "plain": [
         spec_for(dp=8), spec_for(tp=4, pp=2), spec_for(pp=8), spec_for(dp=2, tp=4),
-        spec_for(dp=4, pp=2, fsdp=True), spec_for(dp=4, cp=2),
+        spec_for(dp=4, pp=2, fsdp=True), spec_for(dp=4, cp=2), spec_for(dp=4, pp=2, shard=2),
     ],
-    "tied": [spec_for(dp=2, tp=2, pp=2, tied=True), spec_for(tp=2, pp=4, tied=True)],
+    "tied": [spec_for(dp=2, tp=2, pp=2, tied=True), spec_for(tp=2, pp=4, tied=True),
+             spec_for(dp=4, tp=2, shard=2, tied=True)],
     "moe": [spec_for(dp=8, ep=4, experts=4), spec_for(dp=4, tp=2, ep=2, experts=4)],
 }  # fmt: skip
 
@@ -168,7 +193,9 @@ EXTENDED_FAMILIES = {
 def name_of(spec) -> str:
     parts = [f"{k}{getattr(spec, k)}" for k in ("dp", "cp", "tp", "pp", "ep")]
     parts = [p for p in parts if not p.endswith("1") or p in ("dp1",)]
-    extra = ["fsdp"] * spec.fsdp + ["interleaved"] * (spec.schedule == "interleaved")
+    hybrid = 0 < spec.dp_shard < spec.dp
+    extra = [f"hsdp{spec.dp_shard}" if hybrid else "fsdp"] * spec.fsdp
+    extra += ["interleaved"] * (spec.schedule == "interleaved")
     return "_".join(parts + extra + ["tied"] * spec.model.tied_head)
 
 
@@ -278,7 +305,8 @@ def corrupt():
 
 # the default cases, on 4 ranks: dp x tp, pp (interleaved), FSDP, each saved and loaded once
 QUICK_RING = [spec_for(dp=2, tp=2), spec_for(tp=2, pp=2, schedule="interleaved"),
-              spec_for(dp=2, pp=2, fsdp=True)]  # fmt: skip
+              spec_for(dp=2, pp=2, fsdp=True), spec_for(dp=4, shard=2)]  # fmt: skip
+HYBRID = spec_for(dp=4, shard=2)  # hybrid sharding: 2 shards, each on 2 replicas
 
 
 def cases(size):
@@ -293,8 +321,11 @@ def quick_cases():
     table = {}
     for a, b in zip(QUICK_RING, QUICK_RING[1:] + QUICK_RING[:1]):
         table[f"reshard.plain.{name_of(a)}_to_{name_of(b)}"] = reshard(a, b)
+    table["reshard.hybrid.dp4_hsdp2_to_dp4_fsdp"] = reshard(HYBRID, spec_for(dp=4, fsdp=True))
+    table["reshard.hybrid.dp4_hsdp2_to_dp2"] = reshard(HYBRID, spec_for(dp=2), None, 2)
     same = spec_for(dp=2, pp=2)
     table["resume.same.dp2_pp2"] = resume_case(same, same, 4, 4, bitwise=True)
+    table["resume.same.dp4_hsdp2"] = resume_case(HYBRID, HYBRID, 4, 4, bitwise=True)
     table["corrupt"] = corrupt
     return table
 
@@ -318,5 +349,8 @@ def extended_cases():
         dataclasses.replace(spec_for(dp=3, tp=2), batch_size=12),
         dataclasses.replace(spec_for(dp=2, tp=2), batch_size=12), 6, 4, bitwise=False,
     )  # fmt: skip
+    table["resume.dp4_hsdp2_to_dp2_fsdp"] = resume_case(
+        spec_for(dp=4, shard=2), spec_for(dp=2, shard=2), 4, 2, bitwise=False
+    )  # hybrid sharding after a node is lost: one replica of each shard left, sharded as before
     table["corrupt"] = corrupt
     return table
