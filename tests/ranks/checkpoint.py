@@ -6,17 +6,21 @@ MINIPAR_EXTENDED=1 adds one of 8, the long checks CI also runs).
   layout B by the loader: the dense weights and moments B gathers (MeshGPT.dense_state /
   optimizer_state, collectives independent of the checkpoint code) are the seeded dense ones,
   bit for bit; so is the one-process load_dense. A rank reads only pieces of its own names: at
-  an unchanged tp, 1/tp of a cut tensor. On 4 ranks, a ring of three: dp 2 x tp 2 -> tp 2 x pp
-  2 interleaved -> dp 2 x pp 2 FSDP -> dp 2 x tp 2. On 8: every layout of the 3D checks (tests/
-  ranks/gpt_mesh.py: dp, tp, pp of 8, interleaved, FSDP, a tied head, cp, MoE with ep), saved
-  once and loaded once in a ring of its family; dp 3 x tp 2 (6 of the 8 ranks) to dp 2 x tp 2
-  and to one process.
+  an unchanged tp, 1/tp of a cut tensor. On 4 ranks, a ring of four: dp 2 x tp 2 -> tp 2 x pp
+  2 interleaved -> dp 2 x pp 2 FSDP -> dp 4 hybrid (shard 2 x replicate 2) -> dp 2 x tp 2; the
+  hybrid one also loaded at full FSDP dp 4 and at DDP dp 2 (2 ranks). A hybrid save writes each
+  shard once: the ranks of the first replica hold every tensor on disk, the others none, and
+  the tensors' bytes are 3 x 4 x the dense model's parameters. On 8: every layout of the 3D
+  checks (tests/ranks/gpt_mesh.py: dp, tp, pp of 8, interleaved, FSDP, hybrid sharding, a tied
+  head, cp, MoE with ep), saved once and loaded once in a ring of its family; dp 3 x tp 2 (6 of
+  the 8 ranks) to dp 2 x tp 2 and to one process.
 - resume.same: 4 steps straight against 2, a save, a load and 2 more on the same layout (dp 2 x
-  pp 2; on 8 ranks dp 2 x tp 2 x pp 2): the same losses and final weights, bitwise (the data
-  order is a function of the step).
+  pp 2, and dp 4 hybrid 2 x 2; on 8 ranks dp 2 x tp 2 x pp 2): the same losses and final
+  weights, bitwise (the data order is a function of the step).
 - resume.A_to_B (8 ranks): 2 steps on A, the checkpoint loaded on B with dp shrunk as a restart
-  refits (dp 3 x tp 2 to dp 2 x tp 2; dp 2 x tp 2 to tp 2) for 2 more: every loss and the
-  final weights within the dense run's bounds (the dense twin of all 4).
+  refits (dp 3 x tp 2 to dp 2 x tp 2; dp 2 x tp 2 to tp 2; hybrid 2 x 2 to full FSDP dp 2, a
+  node lost) for 2 more: every loss and the final weights within the dense run's bounds (the
+  dense twin of all 4).
 - corrupt: a truncated shard, a missing manifest, a flipped byte: never loaded, the one before
   is, and the message names what was wrong; prune keeps the newest N whole.
 """
