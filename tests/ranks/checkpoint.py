@@ -157,10 +157,9 @@ def written_once(folder, spec, mesh, model):
     """Hybrid sharding: each shard's R copies written once, by the ranks of the first run of
     shard ranks (dp rank < dp_shard); the others' files hold nothing. The tensors on disk are
     the dense model's weights, exp_avg and exp_avg_sq once: 3 x 4 bytes a parameter (fp32),
-    not R times that; the files' own bytes (zip and pickle) add little to it."""
+    not R times that; the files' own bytes (zip and pickle) add little to it. Every rank checks
+    (a few MB read), so a wrong save fails on all of them at once."""
     ranks = mesh.group.allgather_object((mesh.group.rank, mesh.dp_rank))  # collective
-    if mesh.group.rank != 0:
-        return
     payload, on_disk = 0, 0
     for rank, dp_rank in ranks:
         path = os.path.join(folder, checkpoint_files.shard_name(rank) + ".pt")
