@@ -78,7 +78,7 @@ def _rehybrid(args) -> str:
     shrunk (a lost node takes whole replicas of every shard); ValueError when --dp-shard no
     longer divides dp. The words added to refit's line."""
     shard = getattr(args, "dp_shard", None)
-    if not shard or shard == 1:
+    if not shard:
         return ""
     if args.dp % shard:
         raise ValueError(
