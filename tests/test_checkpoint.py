@@ -1,5 +1,6 @@
 """Sharded checkpoints (minipar/models/checkpoint_*.py): resharded between every layout of the 3D
-checks, resumed bitwise on the same layout and within the dense bounds on another, corrupt and
+checks (hybrid sharding's too: each shard written once), resumed bitwise on the same layout and
+within the dense bounds on another, corrupt and
 partial ones passed over with the reason (tests/ranks/checkpoint.py: the telling cases on 4
 ranks; MINIPAR_EXTENDED=1 adds every layout of the 3D checks on 8); the pieces' arithmetic on
 one process."""

@@ -82,6 +82,19 @@ def test_dp_shrinks_first_and_other_layouts_are_refused(monkeypatch):
     assert train_checkpoint.refit(args, 4) is None and args.dp == 3  # not supervised: as given
 
 
+def test_hybrid_sharding_keeps_its_shard_group_and_loses_replicas(monkeypatch):
+    """dp 6 = shard 2 x replicate 3 on nodes of 2: a node lost, dp 4 = 2 x 2 (the replicas
+    shrink); one rank lost, dp 5, which shard groups of 2 cannot fill: refused, naming both."""
+    monkeypatch.setenv(train_checkpoint.REFIT_ENV, "1")
+    args = _args(dp=6, tp=1, dp_shard=2, dp_replicate=3)
+    said = train_checkpoint.refit(args, 4)
+    assert "dp 6 -> 4" in said and "--dp-replicate 3 -> 2" in said, said
+    assert (args.dp, args.dp_shard, args.dp_replicate) == (4, 2, 2)
+    args = _args(dp=6, tp=1, dp_shard=2, dp_replicate=3)
+    with pytest.raises(ValueError, match="hybrid sharding to dp=5: --dp-shard 2 must divide it"):
+        train_checkpoint.refit(args, 5)
+
+
 def test_the_account_of_a_restart():
     """Steps at 1 s each; the job dies after step 5 at t=5, the next attempt resumes from the
     checkpoint of step 4 and does step 5 again at t=9: 1 step lost, 9 - 5 - 1 + 1 = 4 s lost."""

@@ -15,8 +15,8 @@
   taking the two-level all-reduce across a slow link.
 MINIPAR_EXTENDED=1 (CI's cluster step) adds the collectives matrix on 2x2, 2x3 and 4x1 nodes,
 uneven nodes, the strategies' suites (DDP, FSDP, TP, PP, CP, EP, the mesh) on 2x2, 20 jobs of
-every ending, 3D training with --check across 2 nodes, and the launch on 2 nodes of 3 and on
-3 + 2 ranks.
+every ending, 3D training with --check across 2 nodes, the launch on 2 nodes of 3 and on
+3 + 2 ranks, and training restarted on the nodes left (dp 3 x tp 2; hybrid sharding 2 x 2).
 """
 
 import functools
@@ -575,6 +575,38 @@ def test_training_restarts_on_the_nodes_left(fault, tmp_path):
     first = _train(tmp_path, "-n", "6", steps=2, folder="ref")
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
     then = _train(tmp_path, "-n", "4", layout=("--dp", "2", "--tp", "2"), folder="ref")
+    assert then.returncode == 0, (then.stdout + then.stderr)[-3000:]
+    got, _ = checkpoint_loader.load_dense(checkpoint_files.step_dir(tmp_path / "ck", 6))
+    want, _ = checkpoint_loader.load_dense(checkpoint_files.step_dir(tmp_path / "ref", 6))
+    for name, w in want.items():
+        assert torch.equal(got[name], w), name
+
+
+@emulation
+@pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's cluster step)")
+def test_hybrid_sharding_restarts_on_the_node_left(tmp_path):
+    """Hybrid sharding dp 4 = shard 2 x replicate 2 on 2 nodes (each node one shard group, the
+    replicas across); node1 killed after step 3: the job starts again on node0 at dp 2, shard 2
+    x replicate 1 (full FSDP over the node left), from the checkpoint of step 2 (written by
+    node0's replica alone) and finishes. Its final weights are, bit for bit, those of a run
+    that makes the same change at the same step without a fault, on one node."""
+    import json
+
+    import torch
+
+    from minipar.models import checkpoint_files, checkpoint_loader
+
+    hybrid, log = ("--dp-shard", "2", "--dp-replicate", "2"), tmp_path / "restarts.json"
+    done = _train(tmp_path, "--nodes", "2", "-n", "4", "--max-restarts", "1", "--fault",
+                  "kill-node:1@step=3", "--restart-log", str(log), layout=hybrid)  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    (restart,) = json.loads(log.read_text())["restarts"]
+    assert restart["nodes_after"] == 1 and restart["ranks_after"] == 2, restart
+    assert restart["resumed_from"] == 2, restart
+    assert "dp 4 -> 2" in done.stderr and "--dp-replicate 2 -> 1" in done.stderr, done.stderr
+    first = _train(tmp_path, "-n", "4", layout=hybrid, steps=2, folder="ref")
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    then = _train(tmp_path, "-n", "2", layout=("--dp-shard", "2"), folder="ref")
     assert then.returncode == 0, (then.stdout + then.stderr)[-3000:]
     got, _ = checkpoint_loader.load_dense(checkpoint_files.step_dir(tmp_path / "ck", 6))
     want, _ = checkpoint_loader.load_dense(checkpoint_files.step_dir(tmp_path / "ref", 6))

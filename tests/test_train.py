@@ -142,13 +142,16 @@ def test_hybrid_sharding_flags_refused_before_any_rank(argv, message, capsys):
 
 
 def test_hybrid_sharding_flags_resolve():
-    """Either flag alone, with --dp, gives the other; both set dp and turn FSDP on."""
+    """Either flag alone, with --dp, gives the other; both set dp and turn FSDP on; checkpoints
+    (sharded or dense) go with them."""
     from minipar.cli import train_checks
 
     for argv, want in (
         (["--dp-shard", "2", "--dp-replicate", "3"], (6, 2, 3)),
         (["--dp", "8", "--dp-shard", "4"], (8, 4, 2)),
         (["--dp", "8", "--dp-replicate", "4"], (8, 2, 4)),
+        (["--dp-shard", "2", "--dp-replicate", "2", "--checkpoint-dir", "ck"], (4, 2, 2)),
+        (["--dp-shard", "2", "--dp-replicate", "2", "--save", "ck.pt"], (4, 2, 2)),
     ):
         args = _parser().parse_args(argv)
         assert train_checks.hybrid(args) is None

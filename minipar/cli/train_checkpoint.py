@@ -7,7 +7,8 @@ With --checkpoint-dir the run resumes from the newest whole checkpoint there (no
 start) and trains until --steps steps are done in all; every --checkpoint-every steps, and at
 the end, every rank saves its pieces (models/checkpoint_saver.py; a thread writes them, or the
 step itself with --checkpoint-blocking). Under `minipar run --max-restarts` (MINIPAR_REFIT set)
-a world that lost ranks is refitted: dp shrinks to the ranks left, tp, pp and cp kept.
+a world that lost ranks is refitted: dp shrinks to the ranks left, tp, pp and cp kept (and
+hybrid sharding's shard group: its replicas shrink).
 MINIPAR_PROGRESS=FILE: rank 0 appends "step time" after every step, each rank writes its pid
 to FILE.rankN (the supervisor's view of the run: launcher/supervisor.py).
 """
@@ -69,7 +70,23 @@ def refit(args, world: int) -> str | None:
     old, args.dp = args.dp, world // rest
     if args.dp % args.ep:
         raise ValueError(f"cannot refit to dp={args.dp}: --ep {args.ep} must divide it")
-    return f"refitted to {world} ranks: dp {old} -> {args.dp} (tp, pp, cp kept)"
+    return f"refitted to {world} ranks: dp {old} -> {args.dp} (tp, pp, cp kept{_rehybrid(args)})"
+
+
+def _rehybrid(args) -> str:
+    """Hybrid sharding refitted with dp: the shard group (a node's ranks) kept, the replicas
+    shrunk (a lost node takes whole replicas of every shard); ValueError when --dp-shard no
+    longer divides dp. The words added to refit's line."""
+    shard = getattr(args, "dp_shard", None)
+    if not shard:
+        return ""
+    if args.dp % shard:
+        raise ValueError(
+            f"cannot refit hybrid sharding to dp={args.dp}: --dp-shard {shard} must divide it "
+            f"(the ranks left hold {args.dp / shard:g} shard groups of {shard})"
+        )
+    old, args.dp_replicate = args.dp_replicate, args.dp // shard
+    return f"; --dp-shard {shard} kept, --dp-replicate {old} -> {args.dp_replicate}"
 
 
 def resume(args, spec, mesh, comm, log):
@@ -108,9 +125,15 @@ def dense_start(folder: str):
 
 
 def layout_text(layout: dict) -> str:
-    return " x ".join(f"{k} {layout[k]}" for k in ("dp", "cp", "tp", "pp") if layout[k] > 1) or (
-        "dp 1"
-    )
+    """'dp 3 x tp 2'; hybrid sharding: 'dp 4 (hybrid: shard 2 x replicate 2)'."""
+    text = " x ".join(f"{k} {layout[k]}" for k in ("dp", "cp", "tp", "pp") if layout[k] > 1)
+    shard = layout.get("dp_shard") or layout["dp"]  # older manifests have no dp_shard
+    if shard < layout["dp"]:
+        text = text.replace(
+            f"dp {layout['dp']}",
+            f"dp {layout['dp']} (hybrid: shard {shard} x replicate {layout['dp'] // shard})",
+        )
+    return text or "dp 1"
 
 
 class Checkpointing:

@@ -87,8 +87,6 @@ def hybrid(args) -> str | None:
             f"--dp {dp} is not --dp-shard {shard} x --dp-replicate {replicate}; give --dp "
             f"{shard * replicate} (or leave --dp out)"
         )
-    if getattr(args, "save", None) or getattr(args, "checkpoint_dir", None):
-        return "--dp-shard/--dp-replicate with --save or --checkpoint-dir: not built yet"
     args.dp, args.dp_shard, args.dp_replicate, args.fsdp = dp, shard, replicate, True
     return None
 

@@ -17,6 +17,17 @@ Roughly, a save at step s:
     rank 0's thread: once every rank's .json is there (with the token), manifest.json, last;
                 then older checkpoints beyond `keep` are removed
 
+Hybrid sharding (--dp-shard K --dp-replicate R; torch's HSDP): each FSDP shard is held by the R
+ranks of its replicate group under the same keys (a key names a piece of a dense tensor, not a
+rank: checkpoint_pieces), so the rule above has replicate rank 0 (the first run of K dp ranks,
+the lowest) write every shard, and the other R - 1 ranks write an empty shard file and their
+record. The tensors on disk are the model's state once, not R times: 3 x 4 bytes a parameter
+(fp32 weights, exp_avg, exp_avg_sq), 12 N bytes for N parameters, about 12 N / K from each
+writer without tp or pp. Every rank still writes its record and rank 0 still waits for all of
+them before the manifest, so a whole checkpoint still means every rank saw its save through.
+The pieces are those of any layout: checkpoint_loader reads them into hybrid sharding again or
+into any other layout (full FSDP, DDP, tp x pp).
+
 What the step loses: the copy, plus a wait if the previous save has not finished (one save in
 flight at a time); `costs` records both, and the write's own seconds. With `blocking` the write
 runs on the step itself (what a save without a thread costs, for comparison).
@@ -117,6 +128,7 @@ class ShardedSaver:
                 "cp": s.cp,
                 "ep": s.ep,
                 "fsdp": s.fsdp,
+                "dp_shard": s.dp_shard or s.dp,  # hybrid sharding's shard group (dp: full)
                 "schedule": s.schedule,
             },  # fmt: skip
             "config": s.model.to_dict(),

@@ -6,17 +6,21 @@ MINIPAR_EXTENDED=1 adds one of 8, the long checks CI also runs).
   layout B by the loader: the dense weights and moments B gathers (MeshGPT.dense_state /
   optimizer_state, collectives independent of the checkpoint code) are the seeded dense ones,
   bit for bit; so is the one-process load_dense. A rank reads only pieces of its own names: at
-  an unchanged tp, 1/tp of a cut tensor. On 4 ranks, a ring of three: dp 2 x tp 2 -> tp 2 x pp
-  2 interleaved -> dp 2 x pp 2 FSDP -> dp 2 x tp 2. On 8: every layout of the 3D checks (tests/
-  ranks/gpt_mesh.py: dp, tp, pp of 8, interleaved, FSDP, a tied head, cp, MoE with ep), saved
-  once and loaded once in a ring of its family; dp 3 x tp 2 (6 of the 8 ranks) to dp 2 x tp 2
-  and to one process.
+  an unchanged tp, 1/tp of a cut tensor. On 4 ranks, a ring of four: dp 2 x tp 2 -> tp 2 x pp
+  2 interleaved -> dp 2 x pp 2 FSDP -> dp 4 hybrid (shard 2 x replicate 2) -> dp 2 x tp 2; the
+  hybrid one also loaded at full FSDP dp 4 and at DDP dp 2 (2 ranks). A hybrid save writes each
+  shard once: the ranks of the first replica hold every tensor on disk, the others none, and
+  the tensors' bytes are 3 x 4 x the dense model's parameters. On 8: every layout of the 3D
+  checks (tests/ranks/gpt_mesh.py: dp, tp, pp of 8, interleaved, FSDP, hybrid sharding, a tied
+  head, cp, MoE with ep), saved once and loaded once in a ring of its family; dp 3 x tp 2 (6 of
+  the 8 ranks) to dp 2 x tp 2 and to one process.
 - resume.same: 4 steps straight against 2, a save, a load and 2 more on the same layout (dp 2 x
-  pp 2; on 8 ranks dp 2 x tp 2 x pp 2): the same losses and final weights, bitwise (the data
-  order is a function of the step).
+  pp 2, and dp 4 hybrid 2 x 2; on 8 ranks dp 2 x tp 2 x pp 2): the same losses and final
+  weights, bitwise (the data order is a function of the step).
 - resume.A_to_B (8 ranks): 2 steps on A, the checkpoint loaded on B with dp shrunk as a restart
-  refits (dp 3 x tp 2 to dp 2 x tp 2; dp 2 x tp 2 to tp 2) for 2 more: every loss and the
-  final weights within the dense run's bounds (the dense twin of all 4).
+  refits (dp 3 x tp 2 to dp 2 x tp 2; dp 2 x tp 2 to tp 2; hybrid 2 x 2 to full FSDP dp 2, a
+  node lost) for 2 more: every loss and the final weights within the dense run's bounds (the
+  dense twin of all 4).
 - corrupt: a truncated shard, a missing manifest, a flipped byte: never loaded, the one before
   is, and the message names what was wrong; prune keeps the newest N whole.
 """
@@ -54,10 +58,12 @@ def shared_dir() -> str:
     return comm.allgather_object(folder)[0]
 
 
-def spec_for(dp=1, tp=1, pp=1, cp=1, ep=1, fsdp=False, schedule="1f1b", tied=False, experts=0):
+def spec_for(dp=1, tp=1, pp=1, cp=1, ep=1, fsdp=False, schedule="1f1b", tied=False, experts=0,
+             shard=0):  # fmt: skip
+    """A layout of the tiny GPT; shard K: hybrid sharding, FSDP inside runs of K dp ranks."""
     model = dataclasses.replace(TINY, tied_head=tied, n_experts=experts)
-    return RunSpec(dp, tp, pp, 2 if pp > 1 else 1, schedule, fsdp, steps=2, model=model,
-                   cp=cp, ep=ep)  # fmt: skip
+    return RunSpec(dp, tp, pp, 2 if pp > 1 else 1, schedule, fsdp or shard > 0, steps=2,
+                   model=model, cp=cp, ep=ep, dp_shard=shard)  # fmt: skip
 
 
 @functools.cache
@@ -120,6 +126,8 @@ def _reshard(comm, root, first, second, n_first, n_second):
         saver.save(3, part, opt, {"note": "test"})
         saver.finish()
         assert not saver.errors, saver.errors
+        if 0 < first.dp_shard < first.dp:
+            written_once(folder, first, mesh, model)
     comm.allgather_object(None)  # the manifest is on disk before anyone looks
     whole, manifest = checkpoint_files.problem(folder)
     assert whole is None, whole
@@ -145,6 +153,25 @@ def _reshard(comm, root, first, second, n_first, n_second):
     comm.allgather_object(None)  # every rank done with the files
 
 
+def written_once(folder, spec, mesh, model):
+    """Hybrid sharding: each shard's R copies written once, by the ranks of the first run of
+    shard ranks (dp rank < dp_shard); the others' files hold nothing. The tensors on disk are
+    the dense model's weights, exp_avg and exp_avg_sq once: 3 x 4 bytes a parameter (fp32),
+    not R times that; the files' own bytes (zip and pickle) add little to it. Every rank checks
+    (a few MB read), so a wrong save fails on all of them at once."""
+    ranks = mesh.group.allgather_object((mesh.group.rank, mesh.dp_rank))  # collective
+    payload, on_disk = 0, 0
+    for rank, dp_rank in ranks:
+        path = os.path.join(folder, checkpoint_files.shard_name(rank) + ".pt")
+        tensors = torch.load(path, weights_only=True)
+        assert bool(tensors) == (dp_rank < spec.dp_shard), (rank, dp_rank, sorted(tensors)[:3])
+        payload += sum(t.numel() * t.element_size() for t in tensors.values())
+        on_disk += os.path.getsize(path)
+    once = 3 * 4 * sum(q.numel() for q in model.parameters())  # a tied head counted once
+    assert payload == once, (payload, once, spec.dp // spec.dp_shard)
+    assert on_disk < 1.5 * once, (on_disk, once)  # R >= 2 copies: at least 2 x once
+
+
 FAMILIES = {  # each saved by one and loaded by the next, round the ring
     "plain": [
         spec_for(dp=4, tp=2), spec_for(dp=2, tp=2, pp=2, fsdp=True),
@@ -158,9 +185,10 @@ FAMILIES = {  # each saved by one and loaded by the next, round the ring
 EXTENDED_FAMILIES = {
     "plain": [
         spec_for(dp=8), spec_for(tp=4, pp=2), spec_for(pp=8), spec_for(dp=2, tp=4),
-        spec_for(dp=4, pp=2, fsdp=True), spec_for(dp=4, cp=2),
+        spec_for(dp=4, pp=2, fsdp=True), spec_for(dp=4, cp=2), spec_for(dp=4, pp=2, shard=2),
     ],
-    "tied": [spec_for(dp=2, tp=2, pp=2, tied=True), spec_for(tp=2, pp=4, tied=True)],
+    "tied": [spec_for(dp=2, tp=2, pp=2, tied=True), spec_for(tp=2, pp=4, tied=True),
+             spec_for(dp=4, tp=2, shard=2, tied=True)],
     "moe": [spec_for(dp=8, ep=4, experts=4), spec_for(dp=4, tp=2, ep=2, experts=4)],
 }  # fmt: skip
 
@@ -168,7 +196,9 @@ EXTENDED_FAMILIES = {
 def name_of(spec) -> str:
     parts = [f"{k}{getattr(spec, k)}" for k in ("dp", "cp", "tp", "pp", "ep")]
     parts = [p for p in parts if not p.endswith("1") or p in ("dp1",)]
-    extra = ["fsdp"] * spec.fsdp + ["interleaved"] * (spec.schedule == "interleaved")
+    hybrid = 0 < spec.dp_shard < spec.dp
+    extra = [f"hsdp{spec.dp_shard}" if hybrid else "fsdp"] * spec.fsdp
+    extra += ["interleaved"] * (spec.schedule == "interleaved")
     return "_".join(parts + extra + ["tied"] * spec.model.tied_head)
 
 
@@ -278,7 +308,8 @@ def corrupt():
 
 # the default cases, on 4 ranks: dp x tp, pp (interleaved), FSDP, each saved and loaded once
 QUICK_RING = [spec_for(dp=2, tp=2), spec_for(tp=2, pp=2, schedule="interleaved"),
-              spec_for(dp=2, pp=2, fsdp=True)]  # fmt: skip
+              spec_for(dp=2, pp=2, fsdp=True), spec_for(dp=4, shard=2)]  # fmt: skip
+HYBRID = spec_for(dp=4, shard=2)  # hybrid sharding: 2 shards, each on 2 replicas
 
 
 def cases(size):
@@ -293,8 +324,11 @@ def quick_cases():
     table = {}
     for a, b in zip(QUICK_RING, QUICK_RING[1:] + QUICK_RING[:1]):
         table[f"reshard.plain.{name_of(a)}_to_{name_of(b)}"] = reshard(a, b)
+    table["reshard.hybrid.dp4_hsdp2_to_dp4_fsdp"] = reshard(HYBRID, spec_for(dp=4, fsdp=True))
+    table["reshard.hybrid.dp4_hsdp2_to_dp2"] = reshard(HYBRID, spec_for(dp=2), None, 2)
     same = spec_for(dp=2, pp=2)
     table["resume.same.dp2_pp2"] = resume_case(same, same, 4, 4, bitwise=True)
+    table["resume.same.dp4_hsdp2"] = resume_case(HYBRID, HYBRID, 4, 4, bitwise=True)
     table["corrupt"] = corrupt
     return table
 
@@ -318,5 +352,8 @@ def extended_cases():
         dataclasses.replace(spec_for(dp=3, tp=2), batch_size=12),
         dataclasses.replace(spec_for(dp=2, tp=2), batch_size=12), 6, 4, bitwise=False,
     )  # fmt: skip
+    table["resume.dp4_hsdp2_to_dp2_fsdp"] = resume_case(
+        spec_for(dp=4, shard=2), spec_for(dp=2, shard=2), 4, 2, bitwise=False
+    )  # hybrid sharding after a node is lost: one replica of each shard left, sharded as before
     table["corrupt"] = corrupt
     return table
