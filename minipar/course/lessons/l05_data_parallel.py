@@ -11,13 +11,11 @@ model, memory from the ZeRO paper), then what the trace ledger and the clock mea
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import minipar
 from minipar import cost
 from minipar.course import claims as C
 from minipar.course.lessons import planted, sharding_across_nodes
+from minipar.course.lessons.mlp_steps import build, data, one_step, step_spread, widths
 from minipar.course.lessons.page import Page, fmt_bytes, fmt_time
 from minipar.course.machine import this_machine
 
@@ -35,30 +33,6 @@ def claims() -> list[str]:
     ]
 
 
-def widths(quick: bool) -> tuple[int, ...]:
-    return (64, 128, 128, 64) if quick else (256, 512, 512, 512, 256)
-
-
-def build(quick: bool, w: tuple[int, ...] | None = None):
-    import torch
-    from torch import nn
-
-    torch.manual_seed(0)
-    w = w or widths(quick)
-    layers = []
-    for a, b in zip(w[:-1], w[1:]):
-        layers += [nn.Linear(a, b), nn.Tanh()]
-    return nn.Sequential(*layers[:-1])
-
-
-def data(page: Page, w: tuple[int, ...] | None = None):
-    import torch
-
-    g = torch.Generator().manual_seed(page.rank)
-    w = w or widths(page.quick)
-    return torch.randn(16, w[0], generator=g), torch.randn(16, w[-1], generator=g)
-
-
 def ring_bytes(nbytes: int, p: int) -> float:
     return cost.traffic("all_reduce", "ring", nbytes, p).bytes_sent
 
@@ -68,35 +42,6 @@ def naive_all_reduce(model, p: int) -> None:
     for param in model.parameters():
         minipar.all_reduce(param.grad, algorithm="ring")
         param.grad.div_(p)
-
-
-def one_step(model, x, y, after=None) -> None:
-    for param in model.parameters():
-        param.grad = None
-    ((model(x) - y) ** 2).mean().backward()
-    if after is not None:
-        after()
-
-
-def step_time(page: Page, model, x, y, after=None, reps: int = 5) -> float:
-    """Median over reps of forward + backward (+ after()), the slowest rank's time."""
-    return step_spread(page, model, x, y, after, reps)[1]
-
-
-def step_spread(page: Page, model, x, y, after=None, reps: int = 5) -> tuple:
-    """(min, median, max) over reps of forward + backward (+ after()), the slowest rank's time,
-    after one untimed step; the steps of the variants are timed one after another."""
-    times = []
-    for _ in range(reps + 1):
-        for param in model.parameters():
-            param.grad = None
-        page.comm.barrier()
-        t0 = time.perf_counter()
-        ((model(x) - y) ** 2).mean().backward()
-        if after is not None:
-            after()
-        times.append(max(page.gather(time.perf_counter() - t0)))
-    return min(times[1:]), statistics.median(times[1:]), max(times[1:])
 
 
 def sync_section(page: Page) -> None:

@@ -30,6 +30,7 @@ import minipar
 from minipar import cost
 from minipar.course import claims as C
 from minipar.course.lessons.l04_topology_bandwidth import between_nodes
+from minipar.course.lessons.mlp_steps import build, data, one_step, step_spread
 from minipar.course.lessons.page import Page, fmt_bytes, fmt_time
 from minipar.course.machine import link_bits, this_machine
 from minipar.launcher.cluster import link as wires
@@ -97,7 +98,6 @@ def hybrid_groups(page: Page, node_of):
 
 def strategies(page: Page, w, node_of) -> dict:
     # here, not at the top of the file: torch loads only when used
-    from minipar.course.lessons.l05_data_parallel import build
     from minipar.parallel import DistributedDataParallel, FullyShardedDataParallel
 
     shard, replicate = hybrid_groups(page, node_of)
@@ -155,9 +155,6 @@ def predict(page: Page, nodes: int, k: int, intra, inter) -> dict:
 
 
 def measure(page: Page, node_of) -> dict:
-    # here, not at the top of the file: torch loads only when used
-    from minipar.course.lessons.l05_data_parallel import build, data, one_step, step_spread
-
     w = node_widths(page.quick)
     x, y = data(page, w)
     x.requires_grad_(True)  # so backward needs every unit's weight: 3 collectives each
