@@ -29,7 +29,10 @@ window (comm/transport/shm_buffers.py), and the all-reduce reads the peers' buck
 with no copy in (collectives/fast/in_place.py; the trace's path "shm-in-place"). Elsewhere (over
 the torch transport, across nodes, fast paths off) the buffer is private and the all-reduce
 goes over messages. Either way `auto` means the ring for a bucket above 64 KiB
-(`reduction_algorithm`), so the two give bitwise the same gradients.
+(`reduction_algorithm`), so the two give bitwise the same gradients. On a group that spans
+nodes (no window can) `auto` stays the cost model's choice on both links: the two-level
+all-reduce, pipelined for large buckets (collectives/registry.py), whose bytes between nodes
+are a k-th of the ring's.
 
 Buckets fill in reverse registration order (backward meets the last layers first) and launch
 strictly in bucket order, so every rank issues the same collectives in the same order even when
@@ -60,6 +63,7 @@ import torch
 from torch import nn
 
 from minipar import collectives, cost, runtime
+from minipar.collectives import hierarchical
 from minipar.collectives.reduce_op import ReduceOp
 from minipar.comm.trace import ledger
 from minipar.parallel import replicas
@@ -188,11 +192,14 @@ def place_buckets(buckets: list[Bucket], comm) -> None:
             b.place(raw[start : start + b.numel * b.dtype.itemsize].view(b.dtype))
 
 
-def reduction_algorithm(algorithm, nbytes: int):
+def reduction_algorithm(algorithm, nbytes: int, comm=None):
     """What a strategy's reduction of a flat buffer of nbytes runs: `auto` means the ring above
     cost.SHM_MIN_BYTES (the bandwidth algorithm, as torch DDP's gloo and NCCL use, and the order
     the windows' in-place schedule keeps: so a bucket in the shared window and a private one
-    give the same bits), and the cost model's choice below."""
+    give the same bits), and the cost model's choice below. On `comm` spanning equal nodes
+    (where no window is) `auto` is left to the cost model: the two-level schemes."""
+    if comm is not None and hierarchical.shape(comm) is not None:
+        return algorithm
     return "ring" if algorithm == "auto" and nbytes > cost.SHM_MIN_BYTES else algorithm
 
 
@@ -274,7 +281,7 @@ class DistributedDataParallel(nn.Module):
 
     def _launch(self, bucket: Bucket) -> None:
         nbytes = bucket.numel * bucket.dtype.itemsize
-        algorithm = reduction_algorithm(self.algorithm, nbytes)
+        algorithm = reduction_algorithm(self.algorithm, nbytes, self.comm)
         with ledger.span(f"launch bucket {bucket.index}", "ddp", bytes=nbytes):  # for a trace
             bucket.work = collectives.all_reduce(
                 bucket.buffer, ReduceOp.AVG, self.comm, algorithm, async_op=True
