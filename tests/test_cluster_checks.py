@@ -164,7 +164,7 @@ def test_bench_ddp_across_two_nodes_times_both_sides(tmp_path):
     (compute, about 0.15 s here, comes on top)."""
     out = tmp_path / "ddp.json"
     cmd = [sys.executable, "-m", "minipar", "bench", "ddp", "--nodes", "2", "-n", "4",
-           "--link", "2gbit", "--json", str(out), "--timeout", "150"]  # fmt: skip
+           "--link", "2gbit", "--repeat", "2", "--json", str(out), "--timeout", "150"]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -173,5 +173,5 @@ def test_bench_ddp_across_two_nodes_times_both_sides(tmp_path):
     floor = 4 * DDP_PARAMS * 8 / DDP_RATE  # 2 (N-1)/N S through a node's cable, N = 2
     for side in ("minipar DDP 25 MB", "torch DDP 25 MB", "MPI_Allreduce 25 MB, no overlap"):
         times = data["times"][side]
-        assert len(times) == 3, (side, times)
+        assert len(times) == 2, (side, times)
         assert min(times) >= 0.95 * floor, f"{side}: {min(times):.3f} s < the wire's {floor:.3f}"

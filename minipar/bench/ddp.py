@@ -252,7 +252,7 @@ def report(args, module: str, kind: str, what: str) -> int:
     title = f"{what}, {data['ranks']} ranks, 9.44M-param MLP"
     if getattr(args, "nodes", None):
         data["link"] = args.link or link.DEFAULT
-        title += f", {data['nodes']} emulated nodes joined at {data['link']}"
+        title += f", {data.get('nodes')} emulated nodes joined at {data['link']}"
     show_times(console, data, title + (f" (load {load[0]:.1f} at the start)" if load else ""))
     show_memory(console, data)
     if args.json:

@@ -393,8 +393,9 @@ def pipelined_all_reduce(
     hierarchical's time plus 2 (k-1) (N-1) alphas inside (N messages a step, not 1); each more
     piece hides more of the node's work behind the link and costs a piece's alphas again, so
     small buffers (where alphas rule) stay with hierarchical. Measured on 2 emulated nodes of 2
-    at 2 Gbit/s (docs/cluster.md): slower than hierarchical at 1 and 4 MiB, faster at 16 and 64
-    MiB; pricing the alphas as overlapped (max, not sum) had the crossover below 1 MiB."""
+    at 2 Gbit/s, a loaded machine (docs/cluster.md): no faster than hierarchical up to 4 MiB
+    (up to 1.6x slower in 4 pieces), 0.7-0.8x its time at 16 and 64 MiB; priced as overlapped
+    (max, not sum) the alphas put the crossover at 1 MiB."""
     intra, inter = intra or default_link(), inter or inter_link()
     N, k, s = nodes, per_node, nbytes / chunks
     share = max(1.0, k / links_per_node)
