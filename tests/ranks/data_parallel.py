@@ -275,10 +275,11 @@ def ddp_ledger():
 @quiet
 def ddp_across_nodes_takes_two_levels():
     """A bucket of 1 MiB with algorithm="auto": on one node the ring (the windows' order); on
-    2 nodes of 2 (a node map set here, a 2 Gbit/s link between) the cost model's choice on both
-    links, a two-level all-reduce (plain or pipelined), as on emulated nodes; the average right
-    and bitwise the same on every rank either way."""
+    2 nodes of 2 (emulated ones, or a node map set here; a 2 Gbit/s link between) the cost
+    model's choice on both links, a two-level all-reduce (plain or pipelined); the average
+    right and bitwise the same on every rank either way."""
     from minipar import cost
+    from minipar.collectives import hierarchical
     from minipar.runtime import nodes
     from minipar.state import process
 
@@ -287,13 +288,14 @@ def ddp_across_nodes_takes_two_levels():
     cost.set_default_link(cost.SHARED_MEMORY)  # not this machine's calibration
     cost.set_inter_link(cost.Link("2 Gbit/s", 50e-6, 1 / 0.25e9, 1 / 5e9))
     try:
-        maps = [("one node", None)]
+        maps = [("this job's nodes", saved_nodes)]
         if comm.size == 4:
             maps.append(("2x2", nodes.from_keys([(n, f"node{n}") for n in (0, 0, 1, 1)], "test")))
         for label, owner in maps:
-            process.nodes = owner or saved_nodes
-            # the ranks share this machine: no shared window for the buckets, as across nodes
-            process.fast_paths = fast and owner is None
+            process.nodes = owner
+            across = hierarchical.shape(comm) is not None
+            # a map set here, ranks on one machine: no shared window, as across real nodes
+            process.fast_paths = fast and owner is saved_nodes
             torch.manual_seed(0)
             model = nn.Linear(512, 512, bias=False)  # 1 MiB of gradient: one bucket
             ddp = DistributedDataParallel(copy.deepcopy(model))
@@ -303,7 +305,7 @@ def ddp_across_nodes_takes_two_levels():
             got = [c.algorithm for c in t.calls if c.bytes_sent > 1 << 18]  # not the used map
             two = ("hierarchical", "hierarchical_pipelined")
             assert len(got) == 1, f"{label}: {got}"
-            assert got[0] in two if owner else got[0].split("@")[0] == "ring", f"{label}: {got}"
+            assert got[0] in two if across else got[0].split("@")[0] == "ring", f"{label}: {got}"
             model(x).square().sum().backward()
             want = torch.stack(comm.allgather_object(model.weight.grad)).mean(0)
             torch.testing.assert_close(ddp.module.weight.grad, want, rtol=1e-5, atol=1e-6)
@@ -828,7 +830,6 @@ def cases(size):
         ddp_unused_on_some_ranks=ddp_unused_on_some_ranks,
         ddp_explicit_finish_idempotent=ddp_explicit_finish_idempotent,
         ddp_ledger=ddp_ledger,
-        ddp_across_nodes_takes_two_levels=ddp_across_nodes_takes_two_levels,
         ddp_skips_expert_parameters=ddp_skips_expert_parameters,
         ddp_bad_inputs=ddp_bad_inputs,
         zero_alone_bitwise=zero_alone_bitwise,
@@ -856,4 +857,5 @@ def cases(size):
         )
     if size > 1:
         table.update(ddp_vs_torch_ddp=ddp_vs_torch_ddp, zero_vs_torch_zero=zero_vs_torch_zero)
+        table["ddp_across_nodes_takes_two_levels"] = ddp_across_nodes_takes_two_levels
     return table
