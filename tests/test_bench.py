@@ -382,3 +382,26 @@ def test_link_needs_nodes():
 
     with pytest.raises(ValueError, match="give --nodes N too"):
         bench.job_spec(Namespace(link="2gbit", nodes=None))
+
+
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (["ddp", "--link", "2gbit"], "give --nodes N too"),
+        (["fsdp", "--link", "500mbit"], "give --nodes N too"),
+        (["tp", "--nodes", "2", "-n", "4"], "this one runs on one node"),
+        (["moe", "--link", "2gbit"], "this one runs on one node"),
+    ],
+)
+def test_strategy_benches_refuse_nodes_they_cannot_use(argv, says, capsys):
+    """bench ddp and fsdp run on emulated nodes; --link without --nodes is refused there as for
+    the collectives, and the benches that run on one node refuse both: exit 2, nothing run."""
+    import argparse
+
+    from minipar.cli import bench
+
+    parser = argparse.ArgumentParser()
+    bench.configure(parser)
+    assert bench.main(parser.parse_args(argv)) == 2
+    said = capsys.readouterr()
+    assert says in said.out + said.err

@@ -1,7 +1,9 @@
 """The emulated cluster (minipar/launcher/cluster/) checked from outside its own code: a dead
 job's folders of every kind found by a pattern written here; a cable's rate in both directions
 (the kernel's shapers, and the time many flows through one cable take) against the rate asked.
-(Ranks on 3 nodes of 2, 2 of 3 and 3 + 2 against a written table: tests/test_cluster.py.)"""
+MINIPAR_EXTENDED=1 adds `minipar bench ddp` on 2 nodes: minipar's DDP, torch's over gloo and
+MPI_Allreduce each timed, none faster than the wire. (Ranks on 3 nodes of 2, 2 of 3 and 3 + 2
+against a written table: tests/test_cluster.py.)"""
 
 from __future__ import annotations
 
@@ -11,10 +13,13 @@ import re
 import subprocess
 import sys
 
+import pytest
 from emulated import emulation
 
 from minipar.launcher.cluster import leftovers
 from minipar.launcher.cluster.nodes import EmulatedCluster
+
+EXTENDED = os.environ.get("MINIPAR_EXTENDED") == "1"
 
 
 # -- a dead job's folders ------------------------------------------------------------------------
@@ -141,3 +146,32 @@ def test_a_cable_is_shaped_out_of_the_node_and_into_it():
         assert took >= 0.75 * need, f"out of a node: {took:.3f} s, not {need} s"
         q = _shaper(cluster.namespace(0), "eth0")
         assert q["bytes"] >= 3 * FLOW and q["overlimits"] > 0, q
+
+
+# -- a DDP step across nodes, minipar against gloo -----------------------------------------------
+DDP_PARAMS = sum(a * b + b for a, b in zip((1024, 2048, 2048, 1024), (2048, 2048, 1024, 1024)))
+DDP_RATE = 2e9  # bits per second: the link `bench ddp --link 2gbit` makes
+
+
+@emulation
+@pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's cluster step)")
+def test_bench_ddp_across_two_nodes_times_both_sides(tmp_path):
+    """`minipar bench ddp --nodes 2 -n 4` on a 2 Gbit/s link: its JSON says 2 nodes, 4 ranks,
+    and times every repeat of minipar's DDP, torch's over gloo and MPI_Allreduce. Each crossed
+    the link: any all-reduce of the 9.44M fp32 gradients (S bytes) on N nodes moves at least
+    2 (N-1)/N S through each node's cable each way (the other nodes' parts of its half of the
+    sum in, their sums out), S for N = 2: no step is faster than 37.8 MB at 2 Gbit/s, 151 ms
+    (compute, about 0.15 s here, comes on top)."""
+    out = tmp_path / "ddp.json"
+    cmd = [sys.executable, "-m", "minipar", "bench", "ddp", "--nodes", "2", "-n", "4",
+           "--link", "2gbit", "--repeat", "2", "--json", str(out), "--timeout", "150"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert (data["nodes"], data["ranks"]) == (2, 4), data
+    floor = 4 * DDP_PARAMS * 8 / DDP_RATE  # 2 (N-1)/N S through a node's cable, N = 2
+    for side in ("minipar DDP 25 MB", "torch DDP 25 MB", "MPI_Allreduce 25 MB, no overlap"):
+        times = data["times"][side]
+        assert len(times) == 2, (side, times)
+        assert min(times) >= 0.95 * floor, f"{side}: {min(times):.3f} s < the wire's {floor:.3f}"

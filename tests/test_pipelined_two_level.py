@@ -10,7 +10,7 @@ import pytest
 
 import minipar
 from minipar import cost
-from minipar.collectives import api
+from minipar.collectives import api, registry
 from minipar.cost.links import Link
 from minipar.simulate import cluster as clusters
 from minipar.simulate.runner import simulate
@@ -71,13 +71,57 @@ def test_bitwise_hierarchical_and_bytes_per_link(N, k):
 
 def test_cost_function_hand_worked():
     """2 nodes of 2, S = 8 MB in C = 4 pieces: s = 2 MB. Inside (alpha 1 us, beta 1 ns/B, no
-    gamma): reduce-scatter = 1 step x 2 messages x 1 us + 1/2 x 2 MB x 1 ns = 1002 us; the
-    all-gather the same. Across (alpha 10 us, beta 10 ns/B; 2 ranks share one cable: x2):
-    2 steps x 10 us + 2 x 1/2 x (2 MB / 2) x 10 ns x 2 = 20 us + 20000 us = 20020 us.
-    T = 1002 + 20020 + 1002 + 3 x max(2004, 20020) = 82084 us."""
+    gamma): reduce-scatter's bytes = 1/2 x 2 MB x 1 ns = 1000 us; the all-gather's the same.
+    Across (alpha 10 us, beta 10 ns/B; 2 ranks share one cable: x2): 2 x 1/2 x (2 MB / 2) x
+    10 ns x 2 = 20000 us. The alphas, paid one after the other by the thread that posts every
+    stage's messages: 4 pieces x (2 steps inside x 2 messages x 1 us + 2 steps across x 10 us)
+    = 96 us. T = 96 + 1000 + 20000 + 1000 + 3 x max(2000, 20000) = 82096 us."""
     intra, inter = Link("in", 1e-6, 1e-9, 0.0), Link("x", 1e-5, 1e-8, 0.0)
     got = cost.pipelined_all_reduce(8e6, 2, 2, 4, intra, inter)
-    assert got == pytest.approx(82084e-6, rel=1e-12)
+    assert got == pytest.approx(82096e-6, rel=1e-12)
     # more pieces shorten the link's idle start, until alphas dominate: the best is in between
     best = cost.pipeline_chunks(8e6, 2, 2, intra, inter)
     assert 1 < best < cost.model.MAX_CHUNKS
+
+
+def two_level_time(S, N, k, intra, inter):
+    """hierarchical.py's all-reduce, written out: a ring inside (2 (k-1) steps, 2 (k-1)/k S
+    sent, (k-1)/k S reduced), then a ring across on S/k from all k ranks of a node at once on
+    one cable (2 (N-1) steps, 2 (N-1)/N S/k sent each: k times that on the cable)."""
+    inside = 2 * (k - 1) * intra.alpha + (k - 1) / k * S * (2 * intra.beta + intra.gamma)
+    across = 2 * (N - 1) * inter.alpha + (N - 1) / N * S / k * (2 * k * inter.beta + intra.gamma)
+    return inside + across
+
+
+def piped_time(S, N, k, intra, inter):
+    """pipelined.py's, best over 1..64 pieces: every piece's messages' alphas one after the
+    other (one thread posts them all: N a step inside), its bytes as a three-stage pipeline."""
+    best = None
+    for C in range(1, 65):
+        s = S / C
+        alphas = C * (2 * (k - 1) * N * intra.alpha + 2 * (N - 1) * inter.alpha)
+        rs = (k - 1) / k * s * (intra.beta + intra.gamma)
+        ag = (k - 1) / k * s * intra.beta
+        across = (N - 1) / N * s / k * (2 * k * inter.beta + intra.gamma)
+        t = alphas + rs + across + ag + (C - 1) * max(rs + ag, across)
+        best = t if best is None else min(best, t)
+    return best
+
+
+@pytest.mark.parametrize("N,k", [(2, 2), (2, 3), (3, 2)])
+def test_auto_takes_the_pipelined_one_only_where_it_is_priced_faster(N, k):
+    """`auto` on a node map (registry.auto_choice: what every rank computes from the shape and
+    the two links, no message): on N x k nodes with an emulated node's links (shared memory
+    inside, 2 Gbit/s between), the plain two-level all-reduce at 1 MiB, the pipelined one at
+    64 MiB, each as the formulas written here say; on one node neither."""
+    intra = cost.SHARED_MEMORY
+    inter = Link("2 Gbit/s", 50e-6, 1 / 0.25e9, 1 / 5e9)
+    want = {}
+    for S in (1 << 20, 64 << 20):
+        faster = piped_time(S, N, k, intra, inter) < two_level_time(S, N, k, intra, inter)
+        want[S] = "hierarchical_pipelined" if faster else "hierarchical"
+        got = registry.auto_choice("all_reduce", S, N * k, (N, k), (intra, inter))
+        assert got == want[S], f"{S} B on {N}x{k}: auto chose {got}, the formulas {want[S]}"
+        alone = registry.auto_choice("all_reduce", S, N * k, None, (intra, None))
+        assert not alone.startswith("hierarchical"), f"{S} B on one node: {alone}"
+    assert want == {1 << 20: "hierarchical", 64 << 20: "hierarchical_pipelined"}, want

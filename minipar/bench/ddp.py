@@ -3,10 +3,13 @@
     minipar bench ddp -n 2 --repeat 5
 
 On an MLP of about 10M parameters (fp32) every rank times forward + backward + gradient sync
-for: minipar DDP bucketed (25 MB) and per parameter, torch DDP over gloo (same buckets), and the
-same step without communication (the compute floor). Exposed communication = step - compute:
-the part of the all-reduce that backward did not hide. Each figure is min / median / max over
-repeats of the slowest rank's step.
+for: minipar DDP bucketed (25 MB) and per parameter, torch DDP over gloo (same buckets), the
+MPI library's own MPI_Allreduce of the gradients in 25 MB pieces after backward (no overlap),
+and the same step without communication (the compute floor). `--nodes 2 -n 4 [--link RATE]`
+runs it on emulated nodes (gloo crosses the same link: its ranks find rank 0 by the node's
+host name), where minipar's `auto` takes the two-level all-reduce for each bucket. Exposed
+communication = step - compute: the part of the all-reduce that backward did not hide. Each
+figure is min / median / max over repeats of the slowest rank's step.
 
 Memory: after one AdamW step, the bytes of model state each rank holds (parameters, gradients,
 optimizer state, DDP buckets, FSDP's slots; memory that two of them share counted once) for
@@ -26,9 +29,11 @@ import time
 
 import minipar
 from minipar.bench import job
+from minipar.launcher.cluster import link
 
 WIDTHS = (1024, 2048, 2048, 1024, 1024)  # 9.44M parameters
 BATCH = 32
+MPI_ROW = "MPI_Allreduce 25 MB, no overlap"  # the MPI library's own, after backward
 
 
 def build():
@@ -60,6 +65,31 @@ def timed_steps(model, steps: int, sync=None) -> list[float]:
         minipar.all_reduce(mine, minipar.ReduceOp.MAX)
         times.append(float(mine))
     return times[1:]  # the first step allocates buckets and warms caches
+
+
+def mpi_sync(model, mpi_comm, cap: int = 25 * 10**6):
+    """The reference's gradient sync, after backward (no overlap): every gradient into one flat
+    vector, MPI_Allreduce (the MPI library's own) of it in pieces of `cap` bytes (DDP's bucket
+    size), divided by the ranks, copied back."""
+    import torch
+    from mpi4py import MPI
+
+    params = list(model.parameters())
+    flat = torch.empty(sum(p.numel() for p in params))
+    step = cap // flat.element_size()
+
+    def sync():
+        torch.cat([p.grad.reshape(-1) for p in params], out=flat)
+        view = flat.numpy()
+        for start in range(0, len(view), step):
+            mpi_comm.Allreduce(MPI.IN_PLACE, view[start : start + step], op=MPI.SUM)
+        flat.div_(mpi_comm.Get_size())
+        at = 0
+        for p in params:
+            p.grad.copy_(flat[at : at + p.numel()].view_as(p.grad))
+            at += p.numel()
+
+    return sync
 
 
 def tensor_bytes(tensors) -> int:
@@ -144,19 +174,23 @@ def ranks(out_path: str, repeat: int, steps: int) -> None:
             record(f"minipar DDP {'25 MB' if cap else 'per param'}", timed_steps(ddp, steps))
             theirs = torch.nn.parallel.DistributedDataParallel(build(), bucket_cap_mb=cap or 1e-6)
             record(f"torch DDP {'25 MB' if cap else 'per param'}", timed_steps(theirs, steps))
+        plain = build()
+        record(MPI_ROW, timed_steps(plain, steps, mpi_sync(plain, comm.mpi)))
     mem = memory(comm)
     if comm.rank == 0:
         with open(out_path, "w") as f:
-            json.dump({"times": results, "memory": mem, "ranks": comm.size, "load": load}, f)
+            json.dump({"times": results, "memory": mem, "ranks": comm.size, "load": load,
+                       "nodes": minipar.num_nodes()}, f)  # fmt: skip
     torch.distributed.destroy_process_group()
     minipar.finalize()
 
 
 def run_job(args, module: str, what: str):
-    """Launch `python -m module OUT REPEAT STEPS` on args.ranks ranks; its JSON, or None (the
-    failure printed)."""
+    """Launch `python -m module OUT REPEAT STEPS` on args.ranks ranks (on args.nodes emulated
+    nodes joined at args.link, when given); its JSON, or None (the failure printed)."""
     repeat = max(1, args.repeat if args.repeat > 1 else 3)
-    return job.run_json(args.ranks, module, [repeat, 5], args.timeout, what)
+    nodes, rate = getattr(args, "nodes", None), getattr(args, "link", None)
+    return job.run_json(args.ranks, module, [repeat, 5], args.timeout, what, nodes, rate)
 
 
 def show_times(console, data: dict, title: str) -> None:
@@ -208,11 +242,17 @@ def report(args, module: str, kind: str, what: str) -> int:
 
     console = Console()
     console.width = max(console.width, 110)
+    if getattr(args, "link", None) and not getattr(args, "nodes", None):
+        console.print("[red]minipar bench: --link shapes emulated nodes: give --nodes N too[/]")
+        return 2
     data = run_job(args, module, kind)
     if data is None:
         return 1
     load = data.get("load")
     title = f"{what}, {data['ranks']} ranks, 9.44M-param MLP"
+    if getattr(args, "nodes", None):
+        data["link"] = args.link or link.DEFAULT
+        title += f", {data.get('nodes')} emulated nodes joined at {data['link']}"
     show_times(console, data, title + (f" (load {load[0]:.1f} at the start)" if load else ""))
     show_memory(console, data)
     if args.json:

@@ -103,7 +103,8 @@ def ranks(out_path: str, repeat: int, steps: int) -> None:
     mem = memory(comm, mesh)
     if comm.rank == 0:
         with open(out_path, "w") as f:
-            json.dump({"times": results, "memory": mem, "ranks": comm.size, "load": load}, f)
+            json.dump({"times": results, "memory": mem, "ranks": comm.size, "load": load,
+                       "nodes": minipar.num_nodes()}, f)  # fmt: skip
     torch.distributed.destroy_process_group()
     minipar.finalize()
 

@@ -1,5 +1,6 @@
-"""One strategy bench's job: launch `python -m module OUT ...` on some ranks, read the JSON its
-rank 0 wrote to OUT, and leave no folder behind (bench ddp, fsdp, cp, moe)."""
+"""One strategy bench's job: launch `python -m module OUT ...` on some ranks (on emulated nodes
+with `--nodes`: bench ddp, fsdp), read the JSON its rank 0 wrote to OUT, and leave no folder
+behind (bench ddp, fsdp, cp, moe)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,25 @@ import tempfile
 from minipar import launcher
 
 
-def run_json(ranks: int, module: str, args: list, timeout, what: str):
-    """The job's JSON, or None with its failure printed (`minipar bench {what}`)."""
+def run_json(ranks: int, module: str, args: list, timeout, what: str, nodes=None, rate=None):
+    """The job's JSON, or None with its failure printed (`minipar bench {what}`). With `nodes`:
+    on that many emulated nodes joined at `rate` (default link.DEFAULT), made for this job."""
+    if nodes is None:
+        return _run_json(ranks, module, args, timeout, what, None)
+    # here, not at the top of the file: the cluster's modules load only when used
+    from minipar.launcher.cluster import link
+    from minipar.launcher.cluster.job import emulated
+
+    with emulated(nodes, rate or link.DEFAULT) as cluster:
+        return _run_json(ranks, module, args, timeout, what, cluster)
+
+
+def _run_json(ranks: int, module: str, args: list, timeout, what: str, cluster):
     folder = tempfile.mkdtemp(prefix=f"minipar-bench-{what}-")
     out = os.path.join(folder, "result.json")
     try:
         done = launcher.run(ranks, ["-m", module, out, *map(str, args)], timeout=timeout,
-                            capture=True)  # fmt: skip
+                            capture=True, cluster=cluster)  # fmt: skip
         if done.returncode != 0 or not os.path.exists(out):
             # here, not at the top of the file: rich loads only when used
             from minipar.term import Console

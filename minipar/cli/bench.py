@@ -249,6 +249,10 @@ def main(args) -> int:
     # here, not at the top of the file: rich loads only when used
     from minipar.term import Console
 
+    if args.collective in ("tp", "pp", "cp", "moe") and (args.nodes or args.link):
+        print(f"minipar bench {args.collective}: --nodes/--link are for the collectives, ddp "
+              "and fsdp; this one runs on one node", file=sys.stderr)  # fmt: skip
+        return 2
     if args.collective == "ddp":  # a training step, not a collective: its own module
         return ddp.main(args)
     if args.collective == "fsdp":  # the sharded step against torch's FSDP2: bench/fsdp.py

@@ -68,8 +68,8 @@ BUILTIN = {name: frozenset(table) for name, table in ALGORITHMS.items()}  # mini
 
 
 _AUTO_CACHE: dict = {}  # (collective, nbytes, size, nodes) -> (links, name): auto's answers
-TWO_LEVEL = "hierarchical"  # priced only where a group spans nodes (on one node: the ring)
-NOT_AUTO = {"hierarchical_pipelined"}  # chosen by name only, until measured to beat TWO_LEVEL
+# priced only where a group spans nodes (on one node they are the ring: never auto's there)
+TWO_LEVEL = ("hierarchical", "hierarchical_pipelined")
 
 
 def canonical(collective: str) -> str:
@@ -113,7 +113,7 @@ def pick(collective: str, algorithm, nbytes: int, size: int, comm=None):
         if hit is None or hit[0] != links:  # a new size, or a new default link
             if len(_AUTO_CACHE) > 4096:
                 _AUTO_CACHE.clear()
-            hit = _AUTO_CACHE[key] = (links, _auto(collective, nbytes, size, shape, links))
+            hit = _AUTO_CACHE[key] = (links, auto_choice(collective, nbytes, size, shape, links))
         return hit[1], table[hit[1]]
     if algorithm not in table:
         raise ValueError(
@@ -123,12 +123,15 @@ def pick(collective: str, algorithm, nbytes: int, size: int, comm=None):
     return algorithm, table[algorithm]
 
 
-def _auto(collective: str, nbytes: int, size: int, shape, links) -> str:
+def auto_choice(collective: str, nbytes: int, size: int, shape, links) -> str:
     """The cost model's pick: on one node (or unequal nodes) among the flat algorithms on the
-    default link; on `shape` = (nodes, per_node), every built-in on both links."""
-    names = sorted(BUILTIN[collective] - NOT_AUTO)
+    default link; on `shape` = (nodes, per_node), every built-in on `links` = (inside, between):
+    the two-level all-reduce, or its pipelined form where the model prices that faster (large
+    buffers: cost.pipelined_all_reduce). A function of its arguments only, so ranks that agree
+    on the links (runtime/nodes.py checks at init) pick the same."""
+    names = sorted(BUILTIN[collective])
     if shape is None:
-        flat = [a for a in names if a != TWO_LEVEL]
+        flat = [a for a in names if a not in TWO_LEVEL]
         return cost.choose(collective, flat, nbytes, size, links[0])
     return cost.choose_on_nodes(collective, names, nbytes, *shape, *links)
 

@@ -377,27 +377,33 @@ def pipelined_all_reduce(
 
     priced alpha a message, beta a byte, gamma a byte reduced (inside: intra; across: inter,
     whose bytes cost k / links_per_node times one rank's: the node's k ranks cross at once).
-    The first piece goes through all three; each later one adds the slower of the node's link
-    (both inside stages share it) and the link between nodes:
 
-        T(C) = t_rs + t_across + t_ag + (C-1) max(t_rs + t_ag, t_across)
+    Only the bytes overlap. One thread posts every stage's messages of a step, then waits for
+    them and reduces, so the messages' fixed costs add up, all (C+1) R + 2 (k-1) steps' worth:
 
-    In all, the bytes are hierarchical's (2 (k-1)/k S inside, 2 (N-1)/N S/k between) in
-    (C+1) R + 2 (k-1) steps, R = max(2 (k-1), 2 (N-1)); C = 1 is hierarchical's time plus N-1
-    extra alphas a step inside. More pieces hide the node's work behind the link, at the price
-    of more alphas."""
+        alphas = C (2 (k-1) N alpha_intra + 2 (N-1) alpha_inter)
+
+    The bytes flow as a pipeline: the first piece goes through all three stages, each later one
+    adds the slower of the node's link (both inside stages share it) and the link between:
+
+        T(C) = alphas + b_rs + b_across + b_ag + (C-1) max(b_rs + b_ag, b_across)
+
+    (b: a stage's bytes sent, reduced and copied for one piece, without its alphas.) In all, the
+    bytes are hierarchical's (2 (k-1)/k S inside, 2 (N-1)/N S/k between). C = 1 is
+    hierarchical's time plus 2 (k-1) (N-1) alphas inside (N messages a step, not 1); each more
+    piece hides more of the node's work behind the link and costs a piece's alphas again, so
+    small buffers (where alphas rule) stay with hierarchical. Measured on 2 emulated nodes of 2
+    at 2 Gbit/s, a loaded machine (docs/cluster.md): no faster than hierarchical up to 4 MiB
+    (up to 1.6x slower in 4 pieces), 0.7-0.8x its time at 16 and 64 MiB; priced as overlapped
+    (max, not sum) the alphas put the crossover at 1 MiB."""
     intra, inter = intra or default_link(), inter or inter_link()
     N, k, s = nodes, per_node, nbytes / chunks
     share = max(1.0, k / links_per_node)
-    one_way = (k - 1) * N * intra.alpha + (k - 1) / k * s * intra.beta
-    t_rs = one_way + (k - 1) / k * s * intra.gamma
-    t_ag = one_way
-    t_across = (
-        2 * (N - 1) * inter.alpha
-        + 2 * (N - 1) / N * s / k * inter.beta * share
-        + (N - 1) / N * s / k * intra.gamma
-    )
-    return t_rs + t_across + t_ag + (chunks - 1) * max(t_rs + t_ag, t_across)
+    alphas = chunks * (2 * (k - 1) * N * intra.alpha + 2 * (N - 1) * inter.alpha)
+    b_rs = (k - 1) / k * s * (intra.beta + intra.gamma)
+    b_ag = (k - 1) / k * s * intra.beta
+    b_across = (N - 1) / N * s / k * (2 * inter.beta * share + intra.gamma)
+    return alphas + b_rs + b_across + b_ag + (chunks - 1) * max(b_rs + b_ag, b_across)
 
 
 def pipeline_chunks(nbytes: float, nodes: int, per_node: int, intra=None, inter=None) -> int:

@@ -78,13 +78,17 @@ def remember(comm) -> None:
     """Called by init(): every rank sends its node key, all ranks build the same map. The link
     `auto` prices with rides along: `auto` decides on each rank alone, so ranks that price
     differently (a calibration file of each host's own, one just turned stale) would pick
-    different algorithms and wait for each other forever; where they differ, rank 0's holds."""
+    different algorithms and wait for each other forever; where they differ, rank 0's holds.
+    So does the link between nodes (a MINIPAR_INTER_LINK file one host lacks): across nodes
+    `auto` prices on both."""
     key, source = _node_key(comm)
-    link = links.default_link()
-    keys = comm.allgather_object((key, socket.gethostname(), link), "finding the node map")
+    priced = (links.default_link(), links.inter_link())
+    keys = comm.allgather_object((key, socket.gethostname(), priced), "finding the node map")
     process.nodes = from_keys([k[:2] for k in keys], source)
-    if any(k[2] != keys[0][2] for k in keys):
-        links.set_default_link(keys[0][2])
+    if any(k[2][0] != keys[0][2][0] for k in keys):
+        links.set_default_link(keys[0][2][0])
+    if any(k[2][1] != keys[0][2][1] for k in keys):
+        links.set_inter_link(keys[0][2][1])
 
 
 def forget() -> None:

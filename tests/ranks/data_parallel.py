@@ -273,6 +273,51 @@ def ddp_ledger():
 
 
 @quiet
+def ddp_across_nodes_takes_two_levels():
+    """A bucket of 1 MiB with algorithm="auto": on one node the ring (the windows' order); on
+    2 nodes of 2 (emulated ones, or a node map set here; a 2 Gbit/s link between) the cost
+    model's choice on both links, a two-level all-reduce (plain or pipelined); the average
+    right and bitwise the same on every rank either way."""
+    from minipar import cost
+    from minipar.collectives import hierarchical
+    from minipar.runtime import nodes
+    from minipar.state import process
+
+    comm = minipar.init()
+    saved_nodes, saved_links, fast = process.nodes, dict(process.links), process.fast_paths
+    cost.set_default_link(cost.SHARED_MEMORY)  # not this machine's calibration
+    cost.set_inter_link(cost.Link("2 Gbit/s", 50e-6, 1 / 0.25e9, 1 / 5e9))
+    try:
+        maps = [("this job's nodes", saved_nodes)]
+        if comm.size == 4:
+            maps.append(("2x2", nodes.from_keys([(n, f"node{n}") for n in (0, 0, 1, 1)], "test")))
+        for label, owner in maps:
+            process.nodes = owner
+            across = hierarchical.shape(comm) is not None
+            # a map set here, ranks on one machine: no shared window, as across real nodes
+            process.fast_paths = fast and owner is saved_nodes
+            torch.manual_seed(0)
+            model = nn.Linear(512, 512, bias=False)  # 1 MiB of gradient: one bucket
+            ddp = DistributedDataParallel(copy.deepcopy(model))
+            x = torch.randn(8, 512, generator=torch.Generator().manual_seed(comm.rank))
+            with minipar.trace() as t:
+                ddp(x).square().sum().backward()
+            got = [c.algorithm for c in t.calls if c.bytes_sent > 1 << 18]  # not the used map
+            two = ("hierarchical", "hierarchical_pipelined")
+            assert len(got) == 1, f"{label}: {got}"
+            assert got[0] in two if across else got[0].split("@")[0] == "ring", f"{label}: {got}"
+            model(x).square().sum().backward()
+            want = torch.stack(comm.allgather_object(model.weight.grad)).mean(0)
+            torch.testing.assert_close(ddp.module.weight.grad, want, rtol=1e-5, atol=1e-6)
+            seen = comm.allgather_object(ddp.module.weight.grad)
+            assert all(torch.equal(g, seen[0]) for g in seen), f"{label}: ranks differ"
+    finally:
+        process.nodes, process.fast_paths = saved_nodes, fast
+        process.links.clear()
+        process.links.update(saved_links)
+
+
+@quiet
 def ddp_skips_expert_parameters():
     """A parameter marked expert_parallel keeps this rank's value (no broadcast) and this rank's
     gradient (no average): the ledger's buckets hold the other parameters' bytes only."""
@@ -850,4 +895,5 @@ def cases(size):
         )
     if size > 1:
         table.update(ddp_vs_torch_ddp=ddp_vs_torch_ddp, zero_vs_torch_zero=zero_vs_torch_zero)
+        table["ddp_across_nodes_takes_two_levels"] = ddp_across_nodes_takes_two_levels
     return table

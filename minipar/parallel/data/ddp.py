@@ -29,7 +29,10 @@ window (comm/transport/shm_buffers.py), and the all-reduce reads the peers' buck
 with no copy in (collectives/fast/in_place.py; the trace's path "shm-in-place"). Elsewhere (over
 the torch transport, across nodes, fast paths off) the buffer is private and the all-reduce
 goes over messages. Either way `auto` means the ring for a bucket above 64 KiB
-(`reduction_algorithm`), so the two give bitwise the same gradients.
+(`reduction_algorithm`), so the two give bitwise the same gradients. On a group that spans
+nodes (no window can) `auto` stays the cost model's choice on both links: the two-level
+all-reduce, pipelined for large buckets (collectives/registry.py), whose bytes between nodes
+are a k-th of the ring's.
 
 Buckets fill in reverse registration order (backward meets the last layers first) and launch
 strictly in bucket order, so every rank issues the same collectives in the same order even when
