@@ -10,6 +10,8 @@ import shutil
 import tempfile
 
 from minipar import launcher
+from minipar.launcher.cluster import link
+from minipar.launcher.cluster.job import emulated
 
 
 def run_json(ranks: int, module: str, args: list, timeout, what: str, nodes=None, rate=None):
@@ -17,10 +19,6 @@ def run_json(ranks: int, module: str, args: list, timeout, what: str, nodes=None
     on that many emulated nodes joined at `rate` (default link.DEFAULT), made for this job."""
     if nodes is None:
         return _run_json(ranks, module, args, timeout, what, None)
-    # here, not at the top of the file: the cluster's modules load only when used
-    from minipar.launcher.cluster import link
-    from minipar.launcher.cluster.job import emulated
-
     with emulated(nodes, rate or link.DEFAULT) as cluster:
         return _run_json(ranks, module, args, timeout, what, cluster)
 
