@@ -74,3 +74,23 @@ def test_run_on_nodes_prints_the_link_in_use():
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "minipar run: 2 emulated nodes, link: 500 Mbit/s (62.5 MB/s)" in done.stderr
+    assert "priced between nodes at 62500000 B/s" in done.stdout, done.stdout  # 500e6 / 8
+
+
+def test_auto_prices_the_emulated_cable_at_its_shaped_rate(monkeypatch):
+    """On emulated nodes the launcher tells the ranks the cable's rate (MINIPAR_LINK_BITS);
+    the link between nodes `auto` prices is then 8 / rate seconds a byte, not the 10 Gb
+    Ethernet assumed elsewhere; a fitted link (MINIPAR_INTER_LINK) or one set in the program
+    still wins, and without the variable the assumption holds."""
+    from minipar import cost
+
+    monkeypatch.delenv(cost.INTER_LINK_ENV, raising=False)
+    monkeypatch.setenv(cost.EMULATED_LINK_ENV, "2e+08")
+    assert cost.inter_link().beta == pytest.approx(8 / 200e6)  # 200 Mbit/s = 25 MB/s
+    cost.set_inter_link(cost.NVLINK4)
+    try:
+        assert cost.inter_link() is cost.NVLINK4
+    finally:
+        cost.set_inter_link(None)
+    monkeypatch.delenv(cost.EMULATED_LINK_ENV)
+    assert cost.inter_link().beta == pytest.approx(1 / 1.25e9)  # 10 Gbit/s assumed

@@ -36,7 +36,7 @@ from minipar.models.config import GPTConfig
 
 LINK_SIZES = [8, 4 << 10, 64 << 10, 1 << 20, 4 << 20]
 COPY_BYTES = 32 << 20  # beyond the caches: the copy streams from memory
-LINK_ENV = "MINIPAR_LINK_BITS"  # the emulated link's rate, set by the command with --nodes
+LINK_ENV = cost.EMULATED_LINK_ENV  # the emulated link's rate, set by the launcher with --nodes
 LOAD_ENV = "MINIPAR_LOAD_BEFORE"
 
 

@@ -99,7 +99,6 @@ def main(args) -> int:
         env["MINIPAR_LOAD_BEFORE"] = f"{before:.2f}"
         if cluster is not None:
             console.print(f"{cluster.n_nodes} emulated nodes, link {links.describe(cluster.rate)}")
-            env["MINIPAR_LINK_BITS"] = "" if cluster.rate is None else f"{cluster.rate:g}"
         return launcher.run_command(cmd, env, args.timeout).returncode
 
     try:

@@ -97,7 +97,6 @@ def _run(n, argv, cluster, timeout, capture):
     if cluster is not None:
         rate = links.describe(cluster.rate)
         print(f"minipar lesson: {cluster.n_nodes} emulated nodes joined by a {rate} link")
-        env["MINIPAR_LINK_BITS"] = "" if cluster.rate is None else f"{cluster.rate:g}"
     if sys.stdout.isatty() and not capture:  # ranks print through a pipe: keep colour and width
         env.setdefault("FORCE_COLOR", "1")
         env.setdefault("COLUMNS", str(shutil.get_terminal_size().columns))

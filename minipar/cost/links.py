@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from minipar.cost import calibration
 from minipar.cost.link import Link
@@ -132,6 +132,7 @@ def set_shm_link(link: Link) -> None:
 
 # -- the link between nodes: what a message from one node to another costs ---------------------
 INTER_LINK_ENV = "MINIPAR_INTER_LINK"  # `minipar bench --fit` on a group that spans nodes
+EMULATED_LINK_ENV = "MINIPAR_LINK_BITS"  # the emulated link's rate, bits/s (`--nodes`, `--link`)
 
 
 # Until `minipar bench --fit` measures it, the link between nodes is assumed a 10 Gb Ethernet
@@ -147,15 +148,25 @@ BETWEEN_NODES = Link(
 def inter_link() -> Link:
     """The link between nodes `auto` prices a group that spans nodes with: set_inter_link's,
     else the JSON file named by MINIPAR_INTER_LINK (`minipar bench --fit` across nodes writes
-    it), else BETWEEN_NODES (assumed)."""
+    it), else the emulated nodes' cable at the rate it is shaped to (MINIPAR_LINK_BITS, with
+    BETWEEN_NODES' alpha and gamma), else BETWEEN_NODES (assumed)."""
     found = process.links.get("inter")
     if found is not None:
         return found
     path = os.environ.get(INTER_LINK_ENV)
     if not path:
-        return BETWEEN_NODES
+        return emulated_link() or BETWEEN_NODES
     process.links["inter"] = load_link(path)
     return process.links["inter"]
+
+
+def emulated_link() -> Link | None:
+    """The emulated nodes' cable (`minipar run --nodes N --link RATE`), or None."""
+    bits = os.environ.get(EMULATED_LINK_ENV)
+    if not bits:
+        return None
+    return replace(BETWEEN_NODES, name=f"emulated, {float(bits):g} bit/s", beta=8 / float(bits),
+                   source=f"the emulated cable's shaped rate ({EMULATED_LINK_ENV})")  # fmt: skip
 
 
 def set_inter_link(link: Link | None) -> None:

@@ -19,6 +19,7 @@ import sys
 import time
 
 from minipar.comm.setup import mpisetup
+from minipar.cost.links import EMULATED_LINK_ENV
 from minipar.launcher import stop
 from minipar.launcher.cluster import mpi_args
 from minipar.launcher.relay import Relay, tag_from_env
@@ -110,6 +111,8 @@ def command(
         nodes_args, nodes_env = mpi_args.for_cluster(flavor, cluster, n)
         cmd += nodes_args
         env.update(nodes_env)
+        # the link's rate, so `auto` prices it (cost.inter_link) and lessons can say it
+        env[EMULATED_LINK_ENV] = "" if cluster.rate is None else f"{cluster.rate:g}"
         warm = False  # a rank forked by the fork server would run in its namespace, not a node's
     else:
         cmd += mpi_args.for_hosts(flavor, hosts, hostfile)

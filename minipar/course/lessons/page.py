@@ -27,13 +27,14 @@ from rich.table import Table
 
 import minipar
 from minipar import launcher
+from minipar.cost.links import EMULATED_LINK_ENV
 from minipar.course import claims
 from minipar.course.claims import Claim
 from minipar.course.formats import fmt_bytes, fmt_rate, fmt_time  # noqa: F401 (the lessons')
 from minipar.term import Console
 
 LOAD_BEFORE_ENV = "MINIPAR_LOAD_BEFORE"  # the load average `minipar lesson` read before launching
-LINK_ENV = "MINIPAR_LINK_BITS"  # the emulated link's rate, bits/s, when run with --nodes
+LINK_ENV = EMULATED_LINK_ENV  # the emulated link's rate, bits/s, when run with --nodes
 
 
 class Page:
