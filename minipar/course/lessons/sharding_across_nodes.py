@@ -16,8 +16,9 @@ The same MLP trained three ways on N nodes of k ranks (p = N k), Psi its fp32 gr
   2 (N-1)/N Psi/k per rank, 2 (N-1)/N Psi per node. DDP's bytes across, with a k-th of the
   parameters held.
 
-The prediction prices each collective on the two links measured first (lesson 04's
-ping-pong), with the cost model's price for the two-level schemes; the step is the measured
+The prediction prices each collective as `auto` runs it (the two-level schemes, or the
+pipelined two-level all-reduce for large buffers) on the two links measured first (lesson 04's
+ping-pong); the step is the measured
 compute plus that communication (minipar's FSDP waits for each gather, and DDP's one bucket
 fills only at the end of backward: nothing hides).
 """
@@ -28,6 +29,7 @@ import math
 
 import minipar
 from minipar import cost
+from minipar.collectives.registry import auto_choice
 from minipar.course import claims as C
 from minipar.course.lessons.l04_topology_bandwidth import between_nodes
 from minipar.course.lessons.mlp_steps import build, data, one_step, step_spread
@@ -65,23 +67,25 @@ def across_bytes(units: list[int], nodes: int, k: int) -> dict:
 
 
 def comm_seconds(units: list[int], nodes: int, k: int, intra, inter) -> dict:
-    """One step's communication, each collective on the links it spans (one cable a node)."""
+    """One step's communication, each collective as `auto` runs it (the registry's choice on
+    the links it prices with), priced on the links measured here (one cable a node)."""
     p, psi = nodes * k, 4 * sum(units)
+    chooses = (cost.default_link(), cost.inter_link())
 
-    def two_level(collective, nbytes):
-        return cost.predict_on_nodes(collective, "hierarchical", nbytes, nodes, k, intra, inter)
+    def priced(collective, nbytes, per_node=k, chosen_at=None):
+        shape = (nodes, per_node)
+        algorithm = auto_choice(collective, chosen_at or nbytes, nodes * per_node, shape, chooses)
+        return cost.predict_on_nodes(collective, algorithm, nbytes, *shape, intra, inter)
 
-    full = sum(2 * two_level("all_gather", 4 * padded(u, p)) +
-               two_level("reduce_scatter", 4 * padded(u, p)) for u in units)  # fmt: skip
+    full = sum(2 * priced("all_gather", 4 * padded(u, p)) +
+               priced("reduce_scatter", 4 * padded(u, p)) for u in units)  # fmt: skip
     inside = sum(2 * cost.predict("all_gather", "ring", 4 * padded(u, k), k, intra) +
                  cost.predict("reduce_scatter", "ring", 4 * padded(u, k), k, intra)
                  for u in units)  # fmt: skip
-    shards = 4 * sum(padded(u, k) for u in units)  # a node's k shards cross at once
-    return {
-        "DDP": two_level("all_reduce", psi),
-        "full sharding": full,
-        "hybrid sharding": inside + cost.predict("all_reduce", "ring", shards, nodes, inter),
-    }
+    shards = 4 * sum(padded(u, k) for u in units)  # a node's k replicate rings cross at once
+    across = priced("all_reduce", shards, per_node=1, chosen_at=shards // k)
+    return {"DDP": priced("all_reduce", psi), "full sharding": full,
+            "hybrid sharding": inside + across}  # fmt: skip
 
 
 def hybrid_groups(page: Page, node_of):
