@@ -245,6 +245,7 @@ class Layout:
     nodes: dict = field(default_factory=dict)  # {axis: nodes one of its groups spans}
     across_bytes: float = 0.0  # bytes one node sends over the link between nodes per step
     zero: int = 0  # the ZeRO stage it was priced with
+    fill: str = "block"  # ranks on nodes: "block" (consecutive) or "cyclic" (dealt round)
 
     @property
     def dp_mode(self) -> str:
@@ -333,26 +334,6 @@ def activation_memory(
     return total * min(n_micro, pp)
 
 
-def _link(span: int, per_node: int, h: cost.Hierarchy) -> cost.Link:
-    """The link a group crosses: NVLink if its ranks (spread over `span` consecutive ranks) fit in
-    one node, else InfiniBand."""
-    return h.intra if span <= per_node else h.inter
-
-
-def dp_all_reduce_time(nbytes: float, dp: int, tp: int, h: cost.Hierarchy) -> float:
-    """A dp group's ranks sit tp apart: per node per_node/tp of them over NVLink, the rest
-    across nodes; priced as minipar.cost's hierarchical all-reduce."""
-    if dp == 1:
-        return 0.0
-    per_node = max(1, h.per_node // tp)
-    if dp <= per_node:
-        return cost.predict("all_reduce", "ring", nbytes, dp, h.intra)
-    if dp % per_node:
-        return cost.predict("all_reduce", "ring", nbytes, dp, h.inter)
-    inner = cost.Hierarchy(h.intra, h.inter, per_node)
-    return cost.all_reduce_on_cluster(nbytes, dp // per_node, "hierarchical", inner)
-
-
 def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool) -> dict:
     """Seconds of one training step, split into compute, bubble and exposed communication."""
     h, gpus = c.hierarchy, lay.gpus
@@ -365,14 +346,13 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     tokens = lay.micro_batch * m.seq_len / lay.cp  # one micro-batch's tokens on this rank
     act = tokens * m.hidden * value_bytes  # their activations: b s h / cp
     per_layer = 6 if recompute_policy(recompute) == "full" else 4  # full: g's again in backward
-    tp_link = _link(lay.tp, h.per_node, h)
     tp_calls = per_layer * (m.layers / lay.pp) * lay.microbatches
-    tp_comm = tp_calls * cost.predict("all_reduce", "ring", act, lay.tp, tp_link)
+    tp_comm = tp_calls * cost.predict("all_reduce", "ring", act, lay.tp, axis_link(c, lay, "tp"))
     cp_comm = (m.layers / lay.pp) * lay.microbatches * cp_layer_time(m, c, lay, value_bytes)
-    ep_link = _link(lay.ep * lay.cp * lay.tp, h.per_node, h)
+    ep_link = axis_link(c, lay, "ep")
     ep_layer = axes.expert_time(tokens, m.hidden, m.top_k, lay.ep, value_bytes, ep_link)
     ep_comm = (m.moe_layers / lay.pp) * lay.microbatches * ep_layer
-    pp_link = _link(gpus, h.per_node, h)
+    pp_link = axis_link(c, lay, "pp")
     hop = pp_link.alpha + act * pp_link.beta
     pp_comm = 2 * (lay.microbatches + lay.pp - 1) * hop if lay.pp > 1 else 0.0
     grads = (m.params - m.expert_params) / (lay.tp * lay.pp) * value_bytes
@@ -380,13 +360,15 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     # DDP, full sharding or hybrid, each collective at the rate of the link its group spans
     dp_per_node, shard = max(1, h.per_node // lay.tp), lay.dp_shard * lay.cp
     dp_total = node_traffic.sharding_time(
-        grads, ranks, dp_per_node, lay.dp_mode, shard, h, c.nics_per_node
+        grads, ranks, dp_per_node, lay.dp_mode, shard, h, c.nics_per_node, dp_where(c, lay, lay.tp)
     )
     lay.across_bytes = across_bytes(lay, grads, act, tp_calls, h.per_node)
     if m.expert_params:  # the experts' gradients: summed over the ranks sharing each expert
         expert_grads = m.expert_params / (lay.ep * lay.pp) * value_bytes
         stride = lay.tp * (lay.ep if lay.cp == 1 else 1)  # how far apart those ranks lie
-        dp_total += dp_all_reduce_time(expert_grads, ranks // lay.ep, stride, h)
+        dp_total += node_traffic.sharding_time(
+            expert_grads, ranks // lay.ep, 0, "ddp", 0, h, c.nics_per_node, dp_where(c, lay, stride)
+        )
     # DDP launches a bucket when its gradients are ready: with a single bucket (a model that
     # small) that is after the whole backward, and nothing hides
     # minipar's FSDP (the clusters that model minipar's runtime: ddp_bucket_bytes) gathers and
@@ -417,18 +399,46 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
 
 def across_bytes(lay: Layout, grads: float, act: float, tp_calls: float, per_node: int) -> float:
     """Bytes one node sends over the link between nodes per step: the data-parallel traffic
-    (node_traffic.sharding_bytes), a tp group's all-reduces when it spans nodes (a ring has one
-    crossing hop out of each node: 2(tp-1)/tp of the activations per call) and the pipeline's
-    activations and their gradients when consecutive stages sit on different nodes (2 m b s h
-    per step at a boundary). cp's and ep's messages are priced on their link, not counted here."""
+    (node_traffic.sharding_bytes), the tp groups' all-reduces when they span nodes (a ring's
+    crossing hops, `senders` of them a node: 2(tp-1)/tp of the activations per call each) and
+    the pipeline's activations and their gradients when consecutive stages sit on different
+    nodes (2 m b s h per step at a boundary, for each of the node's senders). cp's and ep's
+    messages are priced on their link, not counted here."""
     dp_per_node, shard = max(1, per_node // lay.tp), lay.dp_shard * lay.cp
-    dp = node_traffic.sharding_bytes(grads, lay.dp * lay.cp, dp_per_node, lay.dp_mode, shard)
+    where = node_traffic.Where(per_node, lay.tp, lay.fill, node_traffic.n_nodes(lay.gpus, per_node))
+    dp = node_traffic.sharding_bytes(
+        grads, lay.dp * lay.cp, dp_per_node, lay.dp_mode, shard, where
+    )  # fmt: skip
     total = dp["across"]
     if lay.nodes.get("tp", 1) > 1:
-        total += tp_calls * 2 * (lay.tp - 1) / lay.tp * act
+        total += senders(lay, per_node, "tp") * tp_calls * 2 * (lay.tp - 1) / lay.tp * act
     if lay.nodes.get("pp", 1) > 1:
-        total += 2 * lay.microbatches * act
+        total += senders(lay, per_node, "pp") * 2 * lay.microbatches * act
     return total
+
+
+def senders(lay: Layout, per_node: int, axis: str) -> int:
+    """Ranks of a node whose `axis` messages cross to another node at once (node_traffic)."""
+    size, stride = node_traffic.strides(lay.dp, lay.tp, lay.pp, lay.cp, lay.ep)[axis]
+    nodes = node_traffic.n_nodes(lay.gpus, per_node)
+    return node_traffic.senders(size, stride, per_node, lay.fill, nodes)
+
+
+def axis_link(c: Cluster, lay: Layout, axis: str) -> cost.Link:
+    """The link `axis`'s groups run at: the node's own when a group fits one, else the link
+    between nodes, its rate shared by the node's ranks that cross at once when they outnumber
+    its links (`nics_per_node`)."""
+    h = c.hierarchy
+    if lay.nodes.get(axis, 1) == 1:
+        return h.intra
+    share = node_traffic.link_share(senders(lay, h.per_node, axis), c.nics_per_node)
+    return node_traffic.shared(h.inter, share)
+
+
+def dp_where(c: Cluster, lay: Layout, stride: int) -> node_traffic.Where:
+    """Where a data-parallel group `stride` ranks apart sits, on this layout's nodes and fill."""
+    per_node = c.hierarchy.per_node
+    return node_traffic.Where(per_node, stride, lay.fill, node_traffic.n_nodes(lay.gpus, per_node))
 
 
 def cp_layer_time(m: ModelSpec, c: Cluster, lay: Layout, value_bytes: int) -> float:
@@ -436,7 +446,7 @@ def cp_layer_time(m: ModelSpec, c: Cluster, lay: Layout, value_bytes: int) -> fl
     backward, for one micro-batch (axes.py): the ring's or Ulysses'."""
     if lay.cp == 1:
         return 0.0
-    link = _link(lay.tp * lay.cp, c.hierarchy.per_node, c.hierarchy)
+    link = axis_link(c, lay, "cp")
     shape = (lay.micro_batch, m.seq_len, m.hidden, lay.tp, lay.cp, value_bytes)
     if lay.cp_variant == "ulysses":
         return axes.ulysses_time(*shape, link)
@@ -502,10 +512,14 @@ def evaluate(
     ep: int = 1,
     cp_variant: str = "ring",
     dp_shard: int = 0,
+    fill: str = "block",
 ) -> Layout:
     """Memory and time of one layout; `problems` says why it is infeasible, if it is.
-    dp_shard: hybrid sharding (needs zero=3): states sharded over dp_shard ranks in a node,
-    replicated across; 0: over all dp."""
+    dp_shard: hybrid sharding (needs zero=3): states sharded over dp_shard consecutive dp ranks
+    (a node's with block fill), replicated across; 0: over all dp. fill: how ranks lie on the
+    cluster's nodes, "block" (consecutive ranks a node, as launchers do) or "cyclic" (rank r on
+    node r mod nodes: `minipar run --fill cyclic`)."""
+    node_traffic.check_fill(fill)
     if m.global_batch % (dp * micro_batch):
         raise ValueError(
             f"global_batch={m.global_batch} is not divisible by dp={dp} x micro_batch={micro_batch}"
@@ -516,8 +530,8 @@ def evaluate(
     if dp_shard:
         check_hybrid(dp, dp_shard, zero)
     lay = Layout(dp, tp, pp, micro_batch, n_micro, cp=cp, ep=ep, cp_variant=cp_variant)
-    lay.dp_shard, lay.zero = dp_shard, zero
-    lay.nodes = node_traffic.placement(dp, tp, pp, cp, ep, c.hierarchy.per_node)
+    lay.dp_shard, lay.zero, lay.fill = dp_shard, zero, fill
+    lay.nodes = node_traffic.placement(dp, tp, pp, cp, ep, c.hierarchy.per_node, fill)
     sharded_over = (dp_shard or dp) * cp
     dense = state_memory((m.params - m.expert_params) / (tp * pp), sharded_over, zero, c.precision)
     experts = state_memory(m.expert_params / (ep * pp), max(1, dp * cp // ep), zero, c.precision)
@@ -557,6 +571,7 @@ def plan_layouts(
     ep: int = 1,
     cp_variant: str = "ring",
     dp_shard: int = 0,
+    fill: str = "block",
 ) -> list[Layout]:
     """Every (dp, tp, pp) with dp cp tp pp = gpus (cp and ep fixed; ep dividing dp), and every
     micro-batch size (powers of two, or those given) dividing the per-rank batch: feasible
@@ -572,6 +587,7 @@ def plan_layouts(
         raise ValueError(f"gpus={gpus} is not divisible by cp={cp}")
     if dp_shard:
         check_hybrid(dp_shard, dp_shard, zero)
+    node_traffic.check_fill(fill)
     out = []
     for dp in _divisors(gpus // cp):
         if model.global_batch % dp or dp % ep or (dp_shard and dp % dp_shard):
@@ -597,6 +613,7 @@ def plan_layouts(
                             ep,
                             cp_variant,
                             dp_shard,
+                            fill,
                         )  # fmt: skip
                     )
     if not out:
