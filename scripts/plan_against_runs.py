@@ -121,7 +121,51 @@ def run_once(link: str, fill: str, layout: str, steps: int, timeout: float) -> d
     }
 
 
+def dense_step(steps: int = 5) -> dict:
+    """CPU seconds of one dense training step of the tiny GPT above on this one process (the
+    fastest of `steps` after a warm-up; time.process_time, so other jobs' load does not count),
+    with 1 and with 4 micro-batches: the compute the planner's rate is calibrated to."""
+    from minipar.models import training
+    from minipar.models.config import GPTConfig
+    from minipar.models.data import Batches, load_tokens
+    from minipar.models.gpt import build_gpt
+
+    config = GPTConfig(seq_len=64, hidden=256, n_layers=2, n_heads=4)
+    model = build_gpt(config, 0)
+    opt = training.make_optimizer(model, 1e-3)
+    inputs, targets = Batches(load_tokens(), 8, 64, 0).get(0)
+    seconds = {}
+    for m in (1, 4):
+        times = []
+        for _ in range(steps + 1):
+            start = time.process_time()
+            training.accumulate(model, inputs, targets, m, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            times.append(time.process_time() - start)
+        seconds[str(m)] = min(times[1:])
+    return seconds
+
+
+def step_waits(ranks: int = 4) -> dict:
+    """Seconds per message-step of 4 ranks on this machine's cores, measured busy (between the
+    tiny GPT's passes: minipar.bench.step_latency with gpt_work), its seconds per byte within a
+    step, and the share of a core each rank computed with: what the planner's calibrated_cpu
+    takes when ranks outnumber cores. One rank a core here needs none."""
+    from minipar.bench import step_latency
+
+    link, measured = step_latency.measure(ranks, gpt=True)
+    return {"alpha": link.alpha, "beta": link.beta, "share": measured["share"],
+            "load": round(load1(), 2)}  # fmt: skip
+
+
+def calibrate() -> dict:
+    """This machine's compute and message-step costs, as the test prices the runs with them."""
+    return {"dense_step_cpu_s": dense_step(), "step_latency_4": step_waits(4)}
+
+
 def record(args) -> None:
+    calibration = {"before": calibrate()}
     runs = []
     for link in args.links:
         for fill in FILLS:
@@ -147,8 +191,10 @@ def record(args) -> None:
                     f" / {run['load_during']}, others {run['others_cores']} cores",
                     flush=True,
                 )
+    calibration["after"] = calibrate()
     found = {
         "what": "minipar train on 2 emulated nodes x 2 ranks (scripts/plan_against_runs.py)",
+        "calibration": calibration,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cores": os.cpu_count(),
         "machine": "shared with other work; load averages beside each run",
@@ -189,6 +235,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--record", metavar="JSON", help="run every layout and write the runs")
     parser.add_argument("--table", metavar="JSON", help="price the recorded runs and compare")
+    parser.add_argument("--calibrate", action="store_true", help="only print the calibration")
     parser.add_argument("--links", nargs="+", default=list(LINKS), choices=list(LINKS))
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     parser.add_argument("--steps", type=int, default=6, help="steps a run (the first excluded)")
@@ -199,8 +246,11 @@ def main() -> None:
     parser.add_argument("--pause", type=float, default=5.0, help="seconds before a retry")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a run may take")
     args = parser.parse_args()
+    if args.calibrate:
+        print(json.dumps(calibrate(), indent=1))
+        return
     if not (args.record or args.table):
-        parser.error("give --record JSON or --table JSON")
+        parser.error("give --record JSON, --table JSON or --calibrate")
     if args.record:
         record(args)
     if args.table:

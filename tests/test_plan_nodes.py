@@ -73,7 +73,11 @@ def test_hybrid_layout_prices_gathers_inside_and_one_all_reduce_across():
     assert (full.dp_mode, hybrid.dp_mode, ddp.dp_mode) == ("full", "hybrid", "ddp")
     assert full.across_bytes == pytest.approx(3 * 3 / 4 * psi)
     assert hybrid.across_bytes == pytest.approx(2 * 1 / 2 * psi)
-    assert ddp.across_bytes == pytest.approx(psi)
+    # minipar's DDP (the cpu preset's minipar_collectives) runs the flat ring across: one hop
+    # out of each node, 2(p-1)/p Psi; a two-level all-reduce (NCCL's, say) puts Psi across
+    assert ddp.across_bytes == pytest.approx(2 * 3 / 4 * psi)
+    two_level = replace(TWO_A_NODE, minipar_collectives=False)
+    assert evaluate(TINY, two_level, 4, 1, 1, 2).across_bytes == pytest.approx(psi)
     # full: 3 rings over 4 ranks at the slow link; hybrid: 3 rings over 2 at the fast one, then an
     # all-reduce of Psi/2 over 2 ranks at the slow one
     assert full.time["dp_total"] == pytest.approx(3 * 3 / 4 * psi * SLOW.beta)
@@ -246,26 +250,41 @@ def test_spans_agree_with_the_mesh_groups():
 RUNS = Path(__file__).parent / "data" / "plan_runs_two_nodes.json"
 
 
-def emulated_nodes(bits_per_s: float):
-    """The "cpu" preset as 2 emulated nodes x 2 ranks on a 2-core machine see it: the preset's
-    assumed 10 GFLOP/s shared by 4 ranks on 2 cores, one veth a node at the link's rate
-    (alpha 50 us, a byte reduced at 5 GB/s)."""
+def emulated_nodes(bits_per_s: float, dense_step: float = 0.0, cores_left: float = 2.0):
+    """The "cpu" preset as 2 emulated nodes x 2 ranks on a 2-core machine see it: one veth a node
+    at the link's rate (alpha 50 us, a byte reduced at 5 GB/s), the 4 ranks sharing the cores
+    other jobs left them (`cores_left`, as measured during the run; core_share = cores_left / 4,
+    at most 1), each at a rate calibrated so that the planner's dense step of the model on one
+    process takes `dense_step` CPU seconds (as measured; 0: the preset's assumed 10 GFLOP/s)."""
     link = cost.Link(f"{bits_per_s / 1e6:g} Mbit/s", alpha=50e-6, beta=8 / bits_per_s, gamma=2e-10)
     cpu = replace(CLUSTERS["cpu"], hierarchy=cost.Hierarchy(cost.SHARED_MEMORY, link, 2))
-    return replace(shared_cores(cpu, 4, 2), nics_per_node=1)
+    if dense_step:
+        cpu = replace(cpu, peak_flops=calibrated_rate(cpu, dense_step))
+    share = min(1.0, max(cores_left, 0.1) / 4)
+    return replace(shared_cores(cpu, 4, 2, share=share), nics_per_node=1, core_share=share)
 
 
-def predicted_step(run: dict) -> float:
+def calibrated_rate(cpu, dense_step: float, model: ModelSpec = TINY) -> float:
+    """The peak rate at which one process's dense step of `model` (one micro-batch, the cpu
+    preset's per-op cost) takes `dense_step` seconds: rate = FLOPs / (step - ops x op cost)."""
+    dense = evaluate(model, cpu, 1, 1, 1, model.global_batch)
+    ops_seconds = dense.time["compute"] - model.train_flops() / (cpu.peak_flops * cpu.efficiency)
+    return model.train_flops() / cpu.efficiency / max(dense_step - ops_seconds, 0.05 * dense_step)
+
+
+def predicted_step(run: dict, dense_step: float = 0.0) -> float:
     """The planner's step for one recorded run (scripts/plan_against_runs.py): its mesh, FSDP
-    (zero 3) or hybrid sharding, MoE, fill and link rate, the tiny GPT above."""
+    (zero 3) or hybrid sharding, MoE, fill and link rate, the tiny GPT above, on the cores the
+    run had (2 less what other jobs used meanwhile) at the calibrated rate."""
     mesh, args = run["mesh"], run["train_args"]
     model = replace(TINY, experts=4, top_k=2) if "--moe" in args else TINY
     hybrid = "--dp-shard" in args
     shard = int(args[args.index("--dp-shard") + 1]) if hybrid else 0
     zero = 3 if hybrid or "--fsdp" in args else 0
     micro = model.global_batch // (mesh["dp"] * mesh["microbatches"])
+    cluster = emulated_nodes(run["link_bits_per_s"], dense_step, 2 - run["others_cores"])
     lay = evaluate(
-        model, emulated_nodes(run["link_bits_per_s"]), mesh["dp"], mesh["tp"], mesh["pp"], micro,
+        model, cluster, mesh["dp"], mesh["tp"], mesh["pp"], micro,
         zero=zero, cp=mesh["cp"], ep=mesh["ep"], dp_shard=shard, fill=run["fill"],
     )  # fmt: skip
     return lay.step_time

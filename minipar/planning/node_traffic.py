@@ -29,10 +29,12 @@ times its time on the link.
 Data parallelism over p ranks (a dp group spanning n nodes, g_n = p / n of its ranks in a node),
 Psi the bytes of one rank's gradients (= its parameters):
 - "ddp": one all-reduce of the gradients. A ring over p ranks sends 2(p-1)/p Psi per rank;
-  across nodes the planner prices minipar's two-level all-reduce (reduce-scatter inside, the
-  g_n-th of it across, all-gather inside): each of a node's k ranks sends 2(n-1)/n Psi/g_n
-  across (block, one dp group a node: 2(n-1)/n Psi a node); when p is not a multiple of g_n,
-  a flat ring: `senders` x 2(p-1)/p Psi across a node.
+  across nodes the planner prices a two-level all-reduce (reduce-scatter inside, the g_n-th
+  of it across, all-gather inside; NCCL's and minipar's "hierarchical"): each of a node's k
+  ranks sends 2(n-1)/n Psi/g_n across (block, one dp group a node: 2(n-1)/n Psi a node); when
+  the nodes hold unequal parts of the group, or `two_level` is False (minipar's own DDP: its
+  buckets above 64 KiB run the flat ring, ddp.reduction_algorithm), the flat ring:
+  `senders` x 2(p-1)/p Psi across a node.
 - "full" (FSDP / ZeRO-3 over all p): the parameters all-gathered in forward and again in
   backward, the gradients reduce-scattered: 3 rings of (p-1) steps of Psi/p, 3(p-1)/p Psi per
   rank, `senders` x that across a node (block, one dp group a node: 3(p-1)/p Psi).
@@ -148,11 +150,18 @@ def check_shard(dp: int, shard: int) -> None:
 
 
 def sharding_bytes(
-    psi: float, dp: int, dp_per_node: int, mode: str, shard: int = 0, where: Where | None = None
+    psi: float,
+    dp: int,
+    dp_per_node: int,
+    mode: str,
+    shard: int = 0,
+    where: Where | None = None,
+    two_level: bool = True,
 ) -> dict:
     """Bytes of one step's data-parallel traffic: "inside" per rank on the node's link, "across"
     out of one node over the link between nodes (the module docstring's formulas). `where`: the
-    dp groups' place (default: one group, dp_per_node of its ranks a node, block fill)."""
+    dp groups' place (default: one group, dp_per_node of its ranks a node, block fill);
+    two_level: DDP's all-reduce across nodes two-level (else the flat ring)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if dp == 1:
@@ -173,7 +182,7 @@ def sharding_bytes(
     n, g_n = w.span(p), w.even(p)  # nodes, ranks of one dp group in each (0: unequal)
     if n == 1:
         return {"inside": passes * (p - 1) / p * psi, "across": 0.0}
-    if mode == "ddp" and g_n:  # the two-level all-reduce: every rank of a node crosses
+    if mode == "ddp" and g_n and two_level:  # the two-level all-reduce: every rank crosses
         ranks = min(w.per_node, max(g_n, w.senders(p)))
         return {"inside": 2 * (g_n - 1) / g_n * psi, "across": ranks * 2 * (n - 1) / n * psi / g_n}
     return {"inside": 0.0, "across": w.senders(p) * passes * (p - 1) / p * psi}
@@ -200,6 +209,7 @@ def sharding_time(
     h: cost.Hierarchy,
     nics: int = 0,
     where: Where | None = None,
+    two_level: bool = True,
 ) -> float:
     """Seconds of one step's data-parallel traffic (all of it; the planner subtracts what hides
     behind the backward pass), each collective on the link its group spans. `nics`: links out
@@ -224,7 +234,7 @@ def sharding_time(
     if mode == "full":  # 3 rings of p-1 steps: 1.5 ring all-reduces' steps and bytes
         return 1.5 * _ring("all_reduce", psi, dp, n > 1, h, share)
     g_n = w.even(dp)
-    if n == 1 or not g_n:
+    if n == 1 or not g_n or not two_level:
         return _ring("all_reduce", psi, dp, n > 1, h, share)
     if nics:  # reduce-scatter inside, all-reduce of the g_n-th across (shared links), gather
         ranks = min(w.per_node, max(g_n, w.senders(dp)))

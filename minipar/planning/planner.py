@@ -30,7 +30,9 @@ Step time on one GPU, the sum of:
   (p-1)/(m+p-1) of the pipeline's time (Megatron-LM 2021, the same for GPipe and 1F1B). With
   more ranks than cores (calibrated_cpu: `core_share` < 1 of a core per rank) an idle stage
   leaves its core to the working ones, and only the fill and drain at a whole core's speed is
-  lost: (p-1)/m of the compute times core_share;
+  lost: (p-1)/m of the compute times core_share; and nothing when the ranks of one stage of
+  every pipeline (1/p of them, all that run at the fill's first slot) outnumber the cores
+  (core_share x p <= 1: 4 ranks of pp 2 on 2 cores), for then no core ever idles;
 - tensor-parallel communication, exposed: 4 all-reduces of the b s h activations per layer per
   micro-batch (2 forward, 2 backward; 6 with full recomputation), on the critical path;
 - pipeline communication, exposed: a send of b s h activations forward and of their gradient
@@ -198,6 +200,11 @@ class Cluster:
     # the links out of a node, shared by its ranks' concurrent crossing messages; 0: one per GPU
     # (cost.Hierarchy's assumption); 1: an emulated node's one veth (minipar.cluster)
     nics_per_node: int = 0
+    # the collectives minipar's runtime runs across nodes (True: the cpu preset): DDP's and
+    # FSDP's reductions of buckets > 64 KiB the flat ring in rank order (ddp.reduction_algorithm),
+    # tp's all-reduces what `auto` picks on nodes, the two-level one; False: a two-level DDP
+    # all-reduce and tp's ring, as NCCL's tree and ring across nodes are priced
+    minipar_collectives: bool = False
 
 
 CLUSTERS = {
@@ -221,6 +228,7 @@ CLUSTERS = {
         ops_outside=36,  # embedding, head and loss
         optimizer_ops_per_tensor=9,  # torch's AdamW on a CPU loops over the tensors
         ddp_bucket_bytes=step_messages.BUCKET_BYTES,  # minipar's DistributedDataParallel's
+        minipar_collectives=True,
     ),
 }
 
@@ -341,13 +349,16 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     flops = m.train_flops(recompute) / gpus / (c.peak_flops * c.efficiency)
     compute = flops + ops_per_step(m, lay, c) * c.op_overhead
     # a stage idle in the fill or drain leaves its core to the working ones: with a share of a
-    # core per rank (ranks > cores), only the fill and drain at a whole core's speed is lost
-    bubble = compute * c.core_share * (lay.pp - 1) / lay.microbatches
+    # core per rank (ranks > cores), only the fill and drain at a whole core's speed is lost,
+    # and nothing when one stage of every pipeline (1/pp of the ranks) fills the cores alone
+    share = c.core_share
+    hidden = share < 1 and share * lay.pp <= 1
+    bubble = 0.0 if hidden else compute * share * (lay.pp - 1) / lay.microbatches
     tokens = lay.micro_batch * m.seq_len / lay.cp  # one micro-batch's tokens on this rank
     act = tokens * m.hidden * value_bytes  # their activations: b s h / cp
     per_layer = 6 if recompute_policy(recompute) == "full" else 4  # full: g's again in backward
     tp_calls = per_layer * (m.layers / lay.pp) * lay.microbatches
-    tp_comm = tp_calls * cost.predict("all_reduce", "ring", act, lay.tp, axis_link(c, lay, "tp"))
+    tp_comm = tp_calls * tp_all_reduce_time(c, lay, act)
     cp_comm = (m.layers / lay.pp) * lay.microbatches * cp_layer_time(m, c, lay, value_bytes)
     ep_link = axis_link(c, lay, "ep")
     ep_layer = axes.expert_time(tokens, m.hidden, m.top_k, lay.ep, value_bytes, ep_link)
@@ -360,9 +371,10 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     # DDP, full sharding or hybrid, each collective at the rate of the link its group spans
     dp_per_node, shard = max(1, h.per_node // lay.tp), lay.dp_shard * lay.cp
     dp_total = node_traffic.sharding_time(
-        grads, ranks, dp_per_node, lay.dp_mode, shard, h, c.nics_per_node, dp_where(c, lay, lay.tp)
-    )
-    lay.across_bytes = across_bytes(lay, grads, act, tp_calls, h.per_node)
+        grads, ranks, dp_per_node, lay.dp_mode, shard, h, c.nics_per_node,
+        dp_where(c, lay, lay.tp), not c.minipar_collectives,
+    )  # fmt: skip
+    lay.across_bytes = across_bytes(lay, grads, act, tp_calls, h.per_node, c.minipar_collectives)
     if m.expert_params:  # the experts' gradients: summed over the ranks sharing each expert
         expert_grads = m.expert_params / (lay.ep * lay.pp) * value_bytes
         stride = lay.tp * (lay.ep if lay.cp == 1 else 1)  # how far apart those ranks lie
@@ -397,20 +409,27 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     }
 
 
-def across_bytes(lay: Layout, grads: float, act: float, tp_calls: float, per_node: int) -> float:
+def across_bytes(
+    lay: Layout, grads: float, act: float, tp_calls: float, per_node: int, minipar: bool = False
+) -> float:
     """Bytes one node sends over the link between nodes per step: the data-parallel traffic
     (node_traffic.sharding_bytes), the tp groups' all-reduces when they span nodes (a ring's
     crossing hops, `senders` of them a node: 2(tp-1)/tp of the activations per call each) and
     the pipeline's activations and their gradients when consecutive stages sit on different
     nodes (2 m b s h per step at a boundary, for each of the node's senders). cp's and ep's
-    messages are priced on their link, not counted here."""
+    messages are priced on their link, not counted here. `minipar`: the cluster's
+    minipar_collectives (DDP's flat ring; tp's two-level all-reduce across nodes)."""
     dp_per_node, shard = max(1, per_node // lay.tp), lay.dp_shard * lay.cp
     where = node_traffic.Where(per_node, lay.tp, lay.fill, node_traffic.n_nodes(lay.gpus, per_node))
     dp = node_traffic.sharding_bytes(
-        grads, lay.dp * lay.cp, dp_per_node, lay.dp_mode, shard, where
+        grads, lay.dp * lay.cp, dp_per_node, lay.dp_mode, shard, where, not minipar
     )  # fmt: skip
     total = dp["across"]
-    if lay.nodes.get("tp", 1) > 1:
+    if lay.nodes.get("tp", 1) > 1 and minipar:  # the two-level all-reduce, as for DDP's bytes
+        tp_where = node_traffic.Where(per_node, 1, lay.fill, where.nodes)
+        tp = node_traffic.sharding_bytes(act, lay.tp, 0, "ddp", 0, tp_where)
+        total += tp_calls * tp["across"]
+    elif lay.nodes.get("tp", 1) > 1:
         total += senders(lay, per_node, "tp") * tp_calls * 2 * (lay.tp - 1) / lay.tp * act
     if lay.nodes.get("pp", 1) > 1:
         total += senders(lay, per_node, "pp") * 2 * lay.microbatches * act
@@ -422,6 +441,17 @@ def senders(lay: Layout, per_node: int, axis: str) -> int:
     size, stride = node_traffic.strides(lay.dp, lay.tp, lay.pp, lay.cp, lay.ep)[axis]
     nodes = node_traffic.n_nodes(lay.gpus, per_node)
     return node_traffic.senders(size, stride, per_node, lay.fill, nodes)
+
+
+def tp_all_reduce_time(c: Cluster, lay: Layout, act: float) -> float:
+    """One tp all-reduce of `act` bytes: a ring on the link the tp group spans; on a cluster of
+    minipar_collectives across nodes the two-level all-reduce `auto` picks there (each node's
+    ranks of the group reduce-scatter, the k-th crosses, all-gather: node_traffic's "ddp")."""
+    if lay.nodes.get("tp", 1) == 1 or not c.minipar_collectives:
+        return cost.predict("all_reduce", "ring", act, lay.tp, axis_link(c, lay, "tp"))
+    h = c.hierarchy
+    where = node_traffic.Where(h.per_node, 1, lay.fill, node_traffic.n_nodes(lay.gpus, h.per_node))
+    return node_traffic.sharding_time(act, lay.tp, 0, "ddp", 0, h, c.nics_per_node, where)
 
 
 def axis_link(c: Cluster, lay: Layout, axis: str) -> cost.Link:
