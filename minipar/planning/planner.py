@@ -46,9 +46,14 @@ Step time on one GPU, the sum of:
   FSDP, whose gathers block).
 Each collective is priced with minipar.cost on the link its group spans: a group of g ranks
 `stride` apart on nodes of k lies on ceil(g / (k/stride)) nodes (tp innermost, then cp, dp,
-pp, as DeviceMesh lays them), at NVLink's rate on one node, InfiniBand's on more; full
-sharding's rings over nodes run at the link between nodes, and the layout records where each
-axis runs (`nodes`) and the bytes a node sends across per step (`across_bytes`).
+pp, as DeviceMesh lays them), or with `fill="cyclic"` (rank r on node r mod N, `minipar run
+--fill cyclic`) on min(g, N / gcd(stride, N)) nodes, at NVLink's rate on one node,
+InfiniBand's on more; a node's ranks whose messages cross at once share its links when they
+outnumber them (`nics_per_node`; node_traffic.senders: block fill, min(stride, k) rings leave a
+node; cyclic, every rank's hop crosses); the layout records where each axis runs (`nodes`) and
+the bytes a node sends across per step (`across_bytes`). A cluster that runs minipar's own
+collectives (`minipar_collectives`: the "cpu" preset) prices DDP's and FSDP's buckets as the
+flat ring they run and tp's all-reduces across nodes as the two-level one `auto` picks.
 - waits, only where ranks outnumber cores (the cluster's `step_wait` > 0; 0 for the GPU
   presets): a rank that waits for a peer the scheduler is not running waits its turn, so every
   message-step on the critical path costs `step_wait` more than the link's alpha. The steps
