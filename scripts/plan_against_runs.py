@@ -211,18 +211,25 @@ def table(path: str) -> None:
     from test_plan_nodes import predicted_step  # the test's own pricing of a record
 
     with open(path) as f:
-        runs = json.load(f)["runs"]
+        data = json.load(f)
+    runs, calibration = data["runs"], data["calibration"]
+    calibration = calibration.get("before") or calibration["after"]
     ratios = []
-    print("| link | fill | layout | predicted | measured (min / median / max) | ratio | load |")
+    print(
+        "| link | fill | layout | predicted | measured (min / median / max) | ratio | "
+        "load before / during, cores other jobs used |"
+    )
     print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
     for run in runs:
-        pred = predicted_step(run)
+        pred = predicted_step(run, calibration)
         ratio = pred / run["median"]
         ratios.append(ratio)
+        miss = " (miss: see the record's cause)" if "miss" in run else ""
         print(
             f"| {run['link']} | {run['fill']} | {run['layout']} | {pred * 1e3:.0f} ms | "
             f"{run['min'] * 1e3:.0f} / {run['median'] * 1e3:.0f} / {run['max'] * 1e3:.0f} ms | "
-            f"{ratio:.2f} | {run['load_before']} / {run['load_during']} |"
+            f"{ratio:.2f}{miss} | {run['load_before']} / {run['load_during']}, "
+            f"others {run['others_cores']} |"
         )
     ratios.sort()
     print(

@@ -127,6 +127,8 @@ def test_oversubscribed_message_steps_cost_the_measured_alpha():
             evaluate(TINY, plain, dp, tp, pp, micro),
         )
         steps = message_steps(TINY, lay)
+        if pp * cpu.core_share <= 1:  # one stage's ranks fill the cores: pp's waits are hidden
+            steps["pp"] = 0
         assert lay.time["waits"] == pytest.approx(sum(steps.values()) * wait)
         for axis in ("tp", "pp", "dp"):  # each axis's waits land in its comm term
             added = lay.time[f"{axis}_comm"] - before.time[f"{axis}_comm"]

@@ -32,7 +32,8 @@ Step time on one GPU, the sum of:
   leaves its core to the working ones, and only the fill and drain at a whole core's speed is
   lost: (p-1)/m of the compute times core_share; and nothing when the ranks of one stage of
   every pipeline (1/p of them, all that run at the fill's first slot) outnumber the cores
-  (core_share x p <= 1: 4 ranks of pp 2 on 2 cores), for then no core ever idles;
+  (core_share x p <= 1: 4 ranks of pp 2 on 2 cores), for then no core ever idles (nor
+  while a stage waits its neighbour's turn for a hop: no `step_wait` on the pipeline's hops);
 - tensor-parallel communication, exposed: 4 all-reduces of the b s h activations per layer per
   micro-batch (2 forward, 2 backward; 6 with full recomputation), on the critical path;
 - pipeline communication, exposed: a send of b s h activations forward and of their gradient
@@ -396,6 +397,8 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     if c.step_wait:  # every message-step on the critical path waits for its peer's turn
         steps = step_messages.message_steps(m, lay, zero, value_bytes)
         waits = {axis: n * c.step_wait for axis, n in steps.items()}
+        if hidden:  # a stage waiting for its neighbour's turn leaves the core to the others
+            waits["pp"] = 0.0
     tp_comm, pp_comm = tp_comm + waits.get("tp", 0.0), pp_comm + waits.get("pp", 0.0)
     cp_comm, ep_comm = cp_comm + waits.get("cp", 0.0), ep_comm + waits.get("ep", 0.0)
     dp_comm += waits.get("dp", 0.0) + waits.get("expert_dp", 0.0)
