@@ -167,30 +167,31 @@ def calibrate() -> dict:
 def record(args) -> None:
     calibration = {"before": calibrate()}
     runs = []
-    for link in args.links:
-        for fill in FILLS:
-            for layout in args.layouts:
-                tries = []
-                for _ in range(args.tries):
-                    run = run_once(link, fill, layout, args.steps, args.timeout)
-                    if not run:
-                        break
-                    tries.append(run)
-                    if run["others_cores"] <= args.max_others:
-                        break
-                    print(f"  others used {run['others_cores']} cores: again", flush=True)
-                    time.sleep(args.pause)
-                if not tries:
-                    continue
-                run = min(tries, key=lambda r: r["others_cores"])  # the quietest try
-                run["tries"] = len(tries)
-                runs.append(run)
-                print(
-                    f"{link:8} {fill:6} {layout:11} median {run['median'] * 1e3:6.0f} ms "
-                    f"({run['min'] * 1e3:.0f}-{run['max'] * 1e3:.0f}) load {run['load_before']}"
-                    f" / {run['load_during']}, others {run['others_cores']} cores",
-                    flush=True,
-                )
+    chosen = [tuple(t.split(":")) for t in args.only] or [
+        (link, fill, layout) for link in args.links for fill in FILLS for layout in args.layouts
+    ]
+    for link, fill, layout in chosen:
+        tries = []
+        for _ in range(args.tries):
+            run = run_once(link, fill, layout, args.steps, args.timeout)
+            if not run:
+                break
+            tries.append(run)
+            if run["others_cores"] <= args.max_others:
+                break
+            print(f"  others used {run['others_cores']} cores: again", flush=True)
+            time.sleep(args.pause)
+        if not tries:
+            continue
+        run = min(tries, key=lambda r: r["others_cores"])  # the quietest try
+        run["tries"] = len(tries)
+        runs.append(run)
+        print(
+            f"{link:8} {fill:6} {layout:11} median {run['median'] * 1e3:6.0f} ms "
+            f"({run['min'] * 1e3:.0f}-{run['max'] * 1e3:.0f}) load {run['load_before']}"
+            f" / {run['load_during']}, others {run['others_cores']} cores",
+            flush=True,
+        )
     calibration["after"] = calibrate()
     found = {
         "what": "minipar train on 2 emulated nodes x 2 ranks (scripts/plan_against_runs.py)",
@@ -245,6 +246,10 @@ def main() -> None:
     parser.add_argument("--calibrate", action="store_true", help="only print the calibration")
     parser.add_argument("--links", nargs="+", default=list(LINKS), choices=list(LINKS))
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+    parser.add_argument(
+        "--only", nargs="+", default=[], metavar="LINK:FILL:LAYOUT",
+        help="record only these runs, e.g. 2gbit:block:tp4 (a retake of a busy run)",
+    )  # fmt: skip
     parser.add_argument("--steps", type=int, default=6, help="steps a run (the first excluded)")
     parser.add_argument(
         "--max-others", type=float, default=0.5, help="run again when other jobs used more cores"

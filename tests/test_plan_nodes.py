@@ -258,26 +258,32 @@ def emulated_nodes(
     bits_per_s: float,
     dense_step: float = 0.0,
     cores_left: float = 2.0,
-    step_alpha: float = 0.0,
-    alpha_share: float = 0.5,
+    steps: dict | None = None,
 ):
     """The "cpu" preset as 2 emulated nodes x 2 ranks on a 2-core machine see it: one veth a node
     at the link's rate (alpha 50 us, a byte reduced at 5 GB/s; calibrated: at the 93% of it TCP
     reached, docs/cluster.md), the 4 ranks sharing the cores other jobs left them (`cores_left`,
     as measured during the run; core_share = cores_left / 4, at most 1), each at a rate
     calibrated so that the planner's dense step of the model on one process takes `dense_step`
-    CPU seconds (as measured; 0: the preset's assumed 10 GFLOP/s), and every message-step on the
-    critical path `step_alpha` seconds (minipar.bench.step_latency's, measured with 4 ranks
-    computing on the 2 cores at a share `alpha_share` of a core each; 0: none) as
-    planner.calibrated_cpu takes it, scaled by alpha_share / core_share: a rank waits for its
-    peer's turn as long as the other ranks' time slices last, longer the fewer cores are left."""
+    CPU seconds (as measured; 0: the preset's assumed 10 GFLOP/s). `steps`: what
+    minipar.bench.step_latency measured with 4 ranks computing on the 2 cores at a `share` of a
+    core each: the seconds of a message-step (`alpha`) and of a byte within one (`beta`), taken
+    as planner.calibrated_cpu takes them (every message-step on the critical path waits alpha;
+    no message moves a byte faster than beta) and scaled by share / core_share: a rank waits
+    for its peer's turn, and a large message crosses in turns, as long as the other ranks' time
+    slices last, the longer the fewer cores are left."""
+    share = min(1.0, max(cores_left, 0.1) / 4)
+    steps = steps or {"alpha": 0.0, "beta": 0.0, "share": share}
+    slower = steps["share"] / share
     beta = 8 / (bits_per_s * (LINK_EFFICIENCY if dense_step else 1.0))
-    link = cost.Link(f"{bits_per_s / 1e6:g} Mbit/s", alpha=50e-6, beta=beta, gamma=2e-10)
-    cpu = replace(CLUSTERS["cpu"], hierarchy=cost.Hierarchy(cost.SHARED_MEMORY, link, 2))
+    beta_min = steps["beta"] * slower
+    link = cost.Link(f"{bits_per_s / 1e6:g} Mbit/s", alpha=50e-6, beta=max(beta, beta_min),
+                     gamma=2e-10)  # fmt: skip
+    intra = replace(cost.SHARED_MEMORY, beta=max(cost.SHARED_MEMORY.beta, beta_min))
+    cpu = replace(CLUSTERS["cpu"], hierarchy=cost.Hierarchy(intra, link, 2))
     if dense_step:
         cpu = replace(cpu, peak_flops=calibrated_rate(cpu, dense_step))
-    share = min(1.0, max(cores_left, 0.1) / 4)
-    wait = max(0.0, step_alpha - cpu.hierarchy.intra.alpha) * alpha_share / share
+    wait = max(0.0, steps["alpha"] - intra.alpha) * slower
     cluster = shared_cores(cpu, 4, 2, share=share)
     return replace(cluster, nics_per_node=1, core_share=share, step_wait=wait)
 
@@ -302,11 +308,8 @@ def predicted_step(run: dict, calibration: dict | None = None) -> float:
     zero = 3 if hybrid or "--fsdp" in args else 0
     micro = model.global_batch // (mesh["dp"] * mesh["microbatches"])
     dense = calibration["dense_step_cpu_s"]["1"] if calibration else 0.0
-    steps = calibration["step_latency_4"] if calibration else {"alpha": 0.0, "share": 0.5}
-    cores_left = 2 - run["others_cores"]
-    cluster = emulated_nodes(
-        run["link_bits_per_s"], dense, cores_left, steps["alpha"], steps["share"]
-    )  # fmt: skip
+    steps = calibration["step_latency_4"] if calibration else None
+    cluster = emulated_nodes(run["link_bits_per_s"], dense, 2 - run["others_cores"], steps)
     lay = evaluate(
         model, cluster, mesh["dp"], mesh["tp"], mesh["pp"], micro,
         zero=zero, cp=mesh["cp"], ep=mesh["ep"], dp_shard=shard, fill=run["fill"],
