@@ -209,19 +209,18 @@ def record(args) -> None:
 def table(path: str) -> None:
     # here: the measuring half needs no planner (nor torch) in this process
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-    from test_plan_nodes import predicted_step  # the test's own pricing of a record
+    from test_plan_nodes import (
+        predicted_step,  # the test's own pricing of a record
+        recorded,
+    )
 
-    with open(path) as f:
-        data = json.load(f)
-    runs, calibration = data["runs"], data["calibration"]
-    calibration = calibration.get("before") or calibration["after"]
     ratios = []
     print(
         "| link | fill | layout | predicted | measured (min / median / max) | ratio | "
         "load before / during, cores other jobs used |"
     )
     print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
-    for run in runs:
+    for run, calibration in recorded(path):
         pred = predicted_step(run, calibration)
         ratio = pred / run["median"]
         ratios.append(ratio)

@@ -35,7 +35,9 @@ Step time on one GPU, the sum of:
   (core_share x p <= 1: 4 ranks of pp 2 on 2 cores), for then no core ever idles (nor
   while a stage waits its neighbour's turn for a hop: no `step_wait` on the pipeline's hops);
 - tensor-parallel communication, exposed: 4 all-reduces of the b s h activations per layer per
-  micro-batch (2 forward, 2 backward; 6 with full recomputation), on the critical path;
+  micro-batch (2 forward, 2 backward; 6 with full recomputation), and the vocabulary-parallel
+  embedding's (forward) and the head's (backward) on the stages that hold them, as
+  step_messages counts them, on the critical path;
 - pipeline communication, exposed: a send of b s h activations forward and of their gradient
   backward in each of the m + p - 1 slots of the schedule;
 - data-parallel communication, exposed: the gradient all-reduce (ZeRO 1-2: reduce-scatter plus
@@ -363,7 +365,8 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     tokens = lay.micro_batch * m.seq_len / lay.cp  # one micro-batch's tokens on this rank
     act = tokens * m.hidden * value_bytes  # their activations: b s h / cp
     per_layer = 6 if recompute_policy(recompute) == "full" else 4  # full: g's again in backward
-    tp_calls = per_layer * (m.layers / lay.pp) * lay.microbatches
+    ends = 2 if lay.pp == 1 else 1  # the embedding's all-reduce, the head's (the busiest stage)
+    tp_calls = (per_layer * (m.layers / lay.pp) + ends) * lay.microbatches
     tp_comm = tp_calls * tp_all_reduce_time(c, lay, act)
     cp_comm = (m.layers / lay.pp) * lay.microbatches * cp_layer_time(m, c, lay, value_bytes)
     ep_link = axis_link(c, lay, "ep")
