@@ -232,6 +232,16 @@ def test_plan_refuses_a_bad_fill(capsys):
     assert "fill='diagonal' (--fill) must be one of block, cyclic" in capsys.readouterr().err
     with pytest.raises(ValueError, match="fill='round'"):
         evaluate(TINY, TWO_A_NODE, 4, 1, 1, 2, fill="round")
+    # a good one: the layouts priced dealt round, and the best's axes placed so
+    args = parser.parse_args(["--model", "7b", "--nodes", "2", "--fill", "cyclic", "--json"])
+    assert plan_cli.main(args) == 0
+    layouts = json.loads(capsys.readouterr().out)["layouts"]
+    assert {lay["fill"] for lay in layouts} == {"cyclic"}
+    tp8 = next(lay for lay in layouts if lay["tp"] == 8)
+    assert tp8["nodes"]["tp"] == 2  # 8 consecutive ranks dealt over 2 nodes: tp crosses
+    best = evaluate(ModelSpec.preset("7b"), CLUSTERS["dgx-h100"], 2, 1, 8, 1, fill="cyclic")
+    said = plan_cli.placement(best, 8)
+    assert "dealt round" in said and "pp inside a node" in said and "dp across nodes" in said
 
 
 def test_spans_agree_with_the_mesh_groups():
