@@ -1,7 +1,9 @@
 """The planner knows the nodes: every group priced at the link it spans, DDP vs full sharding vs
 hybrid sharding's bytes across per node, and `minipar plan` showing where each group runs.
 No ranks: the expected values are the formulas written out here, on links whose alpha and gamma
-are zero so that a collective's seconds are its bytes sent times beta."""
+are zero so that a collective's seconds are its bytes sent times beta, DeviceMesh's own groups on
+each fill's node map, and runs of `minipar train` on emulated nodes recorded as data
+(tests/data/plan_runs_two_nodes.json, scripts/plan_against_runs.py)."""
 
 from __future__ import annotations
 
