@@ -127,6 +127,8 @@ def test_oversubscribed_message_steps_cost_the_measured_alpha():
             evaluate(TINY, plain, dp, tp, pp, micro),
         )
         steps = message_steps(TINY, lay)
+        if pp * cpu.core_share <= 1:  # one stage's ranks fill the cores: pp's waits are hidden
+            steps["pp"] = 0
         assert lay.time["waits"] == pytest.approx(sum(steps.values()) * wait)
         for axis in ("tp", "pp", "dp"):  # each axis's waits land in its comm term
             added = lay.time[f"{axis}_comm"] - before.time[f"{axis}_comm"]
@@ -181,7 +183,8 @@ def test_calibrated_cpu_takes_the_measured_share_and_bytes():
     act = 8 * 64 * 64 * 4  # one micro-batch's activations, fp32
     ring = cost.predict("all_reduce", "ring", act, 8, cpu.hierarchy.intra)
     waits = message_steps(TINY, lay)["tp"] * cpu.step_wait
-    assert lay.time["tp_comm"] == pytest.approx(32 * ring + waits)  # bytes: 4 per block
+    # bytes: 4 per block, the embedding's and the head's (as step_messages counts them)
+    assert lay.time["tp_comm"] == pytest.approx(34 * ring + waits)
     with pytest.raises(ValueError, match="share must be in"):
         calibrated_cpu(8, 2, measured, share=1.5)
 

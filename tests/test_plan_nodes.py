@@ -1,13 +1,17 @@
 """The planner knows the nodes: every group priced at the link it spans, DDP vs full sharding vs
 hybrid sharding's bytes across per node, and `minipar plan` showing where each group runs.
 No ranks: the expected values are the formulas written out here, on links whose alpha and gamma
-are zero so that a collective's seconds are its bytes sent times beta."""
+are zero so that a collective's seconds are its bytes sent times beta, DeviceMesh's own groups on
+each fill's node map, and runs of `minipar train` on emulated nodes recorded as data
+(tests/data/plan_runs_two_nodes.json, scripts/plan_against_runs.py)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -36,7 +40,7 @@ def test_tp_across_nodes_is_priced_at_the_inter_node_link():
     h100 = CLUSTERS["dgx-h100"]
     m = ModelSpec.preset("7b", seq_len=2048, global_batch=16)
     act = 1 * m.seq_len * m.hidden * 2  # one micro-batch's activations, bf16
-    calls = 4 * m.layers * 16  # 4 all-reduces a layer, 16 micro-batches
+    calls = (4 * m.layers + 2) * 16  # 4 all-reduces a layer, the embedding's, the head's; m 16
     for tp, link in ((8, cost.NVLINK4), (16, cost.IB_NDR)):
         lay = evaluate(m, h100, 1, tp, 1, 1, tp_across_nodes=True)
         ring = 2 * (tp - 1) * link.alpha + 2 * (tp - 1) / tp * act * link.beta
@@ -72,7 +76,11 @@ def test_hybrid_layout_prices_gathers_inside_and_one_all_reduce_across():
     assert (full.dp_mode, hybrid.dp_mode, ddp.dp_mode) == ("full", "hybrid", "ddp")
     assert full.across_bytes == pytest.approx(3 * 3 / 4 * psi)
     assert hybrid.across_bytes == pytest.approx(2 * 1 / 2 * psi)
-    assert ddp.across_bytes == pytest.approx(psi)
+    # minipar's DDP (the cpu preset's minipar_collectives) runs the flat ring across: one hop
+    # out of each node, 2(p-1)/p Psi; a two-level all-reduce (NCCL's, say) puts Psi across
+    assert ddp.across_bytes == pytest.approx(2 * 3 / 4 * psi)
+    two_level = replace(TWO_A_NODE, minipar_collectives=False)
+    assert evaluate(TINY, two_level, 4, 1, 1, 2).across_bytes == pytest.approx(psi)
     # full: 3 rings over 4 ranks at the slow link; hybrid: 3 rings over 2 at the fast one, then an
     # all-reduce of Psi/2 over 2 ranks at the slow one
     assert full.time["dp_total"] == pytest.approx(3 * 3 / 4 * psi * SLOW.beta)
@@ -133,6 +141,111 @@ def test_hybrid_against_full_sharding_as_measured_on_two_emulated_nodes():
         assert step[mode] == pytest.approx(measured[mode], rel=0.25), mode
 
 
+def node_maps(size: int, per_node: int) -> dict:
+    """{fill: node of each rank} as minipar run --fill lays `size` ranks on nodes of per_node."""
+    nodes = math.ceil(size / per_node)
+    return {
+        "block": [r // per_node for r in range(size)],
+        "cyclic": [r % nodes for r in range(size)],
+    }
+
+
+def test_spans_and_senders_under_both_fills_against_the_mesh_groups():
+    """spanned's min(g, N / gcd(stride, N)) (cyclic) and ceil(g / (k/stride)) (block), and
+    senders (ranks of a node whose ring hop, every group of the axis round in rank order at
+    once, leaves it), against MeshShape's real groups laid on each fill's node map. Groups that
+    straddle nodes unevenly (tp = 3 on nodes of 2) are outside the formulas and not tried."""
+    from minipar.parallel.mesh import MeshShape
+
+    shapes = (
+        (2, 2, 2, 1, 1),
+        (4, 2, 1, 1, 2),
+        (2, 4, 1, 2, 1),
+        (8, 1, 2, 1, 4),
+        (4, 1, 1, 1, 1),
+        (2, 2, 1, 1, 1),
+        (1, 2, 2, 1, 1),
+        (2, 1, 1, 2, 1),
+        (3, 2, 1, 1, 1),
+        (2, 2, 2, 2, 1),
+    )
+    checked = 0
+    for dp, tp, pp, cp, ep in shapes:
+        shape = MeshShape(dp, tp, pp, cp, ep)
+        for per_node in (2, 4, 8):
+            for fill, node_of in node_maps(shape.size, per_node).items():
+                if fill == "cyclic" and shape.size % per_node:
+                    continue  # cyclic fill deals whole nodes' worth
+                spans = node_traffic.placement(dp, tp, pp, cp, ep, per_node, fill)
+                n = math.ceil(shape.size / per_node)
+                for axis, (size, stride) in node_traffic.strides(dp, tp, pp, cp, ep).items():
+                    if size == 1:
+                        continue
+                    groups = shape.all_groups(axis)
+                    on = [len({node_of[r] for r in g}) for g in groups]
+                    assert spans[axis] == max(on), (shape, per_node, fill, axis)
+                    out = [0] * n  # ring hops leaving each node, all groups at once
+                    for g in groups:
+                        for a, b in zip(g, g[1:] + g[:1], strict=True):
+                            out[node_of[a]] += node_of[a] != node_of[b]
+                    said = node_traffic.senders(size, stride, per_node, fill, n)
+                    assert said == max(out), (shape, per_node, fill, axis, out)
+                    checked += 1
+    assert checked > 100
+
+
+def test_cyclic_fill_swaps_which_axes_cross():
+    """2 nodes of 2, rank r on node r mod 2: a tp pair (ranks 0, 1) crosses, a dp pair tp = 2
+    apart (0, 2) stays inside; a pipeline over dp x tp = 2 apart stays inside too."""
+    assert node_traffic.placement(2, 2, 1, 1, 1, 2, "cyclic") == {"tp": 2, "dp": 1}
+    assert node_traffic.placement(2, 2, 1, 1, 1, 2, "block") == {"tp": 1, "dp": 2}
+    assert node_traffic.placement(2, 1, 2, 1, 1, 2, "cyclic") == {"dp": 2, "pp": 1}
+    # min(g, N / gcd(stride, N)): 8 nodes, a group of 4 ranks 2 apart lies on 4 of them,
+    # 4 apart on 2, 8 apart on 1
+    assert [node_traffic.spanned(4, d, 1, "cyclic", 8) for d in (1, 2, 4, 8)] == [4, 4, 2, 1]
+    lay = evaluate(TINY, TWO_A_NODE, 2, 2, 1, 4, fill="cyclic", tp_across_nodes=True)
+    assert lay.nodes == {"tp": 2, "dp": 1} and lay.fill == "cyclic"
+    psi = TINY.params / 2 * 4  # a tp rank's fp32 gradients: dp inside, nothing of it crosses
+    assert lay.time["dp_total"] == pytest.approx(2 * 1 / 2 * psi * FAST.beta, rel=0.02)
+
+
+def test_cyclic_dp_rings_cross_at_every_hop():
+    """dp = 4 on 2 nodes of 2 dealt round (nodes 0 1 0 1): the flat ring's every hop crosses,
+    both ranks of a node send at once: 2 x 3(p-1)/p Psi of full sharding's rings leave a node
+    (block: 1 x), and on one link a node (nics 1) each byte takes twice its time."""
+    psi = 1000.0
+    where = node_traffic.Where(2, 1, "cyclic", 2)
+    full = node_traffic.sharding_bytes(psi, 4, 2, "full", 0, where)
+    assert full == {"inside": 0.0, "across": pytest.approx(2 * 3 * 3 / 4 * psi)}
+    # hybrid, shard pairs (0, 1) (2, 3) across, copies (0, 2) (1, 3) inside a node
+    hybrid = node_traffic.sharding_bytes(psi, 4, 2, "hybrid", 2, where)
+    assert hybrid["across"] == pytest.approx(2 * 3 * 1 / 2 * psi)
+    assert hybrid["inside"] == pytest.approx(2 * 1 / 2 * psi / 2)
+    h = TWO_A_NODE.hierarchy
+    t = node_traffic.sharding_time(psi, 4, 2, "full", 0, h, nics=1, where=where)
+    assert t == pytest.approx(3 * 3 / 4 * psi * 2 * SLOW.beta)  # shared by 2 senders
+
+
+def test_plan_refuses_a_bad_fill(capsys):
+    parser = argparse.ArgumentParser()
+    plan_cli.configure(parser)
+    args = parser.parse_args(["--model", "7b", "--nodes", "2", "--fill", "diagonal"])
+    assert plan_cli.main(args) == 2
+    assert "fill='diagonal' (--fill) must be one of block, cyclic" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="fill='round'"):
+        evaluate(TINY, TWO_A_NODE, 4, 1, 1, 2, fill="round")
+    # a good one: the layouts priced dealt round, and the best's axes placed so
+    args = parser.parse_args(["--model", "7b", "--nodes", "2", "--fill", "cyclic", "--json"])
+    assert plan_cli.main(args) == 0
+    layouts = json.loads(capsys.readouterr().out)["layouts"]
+    assert {lay["fill"] for lay in layouts} == {"cyclic"}
+    tp8 = next(lay for lay in layouts if lay["tp"] == 8)
+    assert tp8["nodes"]["tp"] == 2  # 8 consecutive ranks dealt over 2 nodes: tp crosses
+    best = evaluate(ModelSpec.preset("7b"), CLUSTERS["dgx-h100"], 2, 1, 8, 1, fill="cyclic")
+    said = plan_cli.placement(best, 8)
+    assert "dealt round" in said and "pp inside a node" in said and "dp across nodes" in said
+
+
 def test_spans_agree_with_the_mesh_groups():
     """node_traffic's ceil(g / (k/stride)) against DeviceMesh's real groups (MeshShape builds
     every group's ranks): inside a node exactly when it spans one."""
@@ -145,3 +258,118 @@ def test_spans_agree_with_the_mesh_groups():
             for axis, word in shape.placement(per_node).items():
                 if axis in spans:
                     assert (spans[axis] == 1) == (word == "inside a node"), (shape, per_node, axis)
+
+
+RUNS = Path(__file__).parent / "data" / "plan_runs_two_nodes.json"
+
+
+LINK_EFFICIENCY = 0.93  # of the shaped rate TCP reached across the link (docs/cluster.md)
+
+
+def emulated_nodes(
+    bits_per_s: float,
+    dense_step: float = 0.0,
+    cores_left: float = 2.0,
+    steps: dict | None = None,
+):
+    """The "cpu" preset as 2 emulated nodes x 2 ranks on a 2-core machine see it: one veth a node
+    at the link's rate (alpha 50 us, a byte reduced at 5 GB/s; calibrated: at the 93% of it TCP
+    reached, docs/cluster.md), the 4 ranks sharing the cores other jobs left them (`cores_left`,
+    as measured during the run; core_share = cores_left / 4, at most 1), each at a rate
+    calibrated so that the planner's dense step of the model on one process takes `dense_step`
+    CPU seconds (as measured; 0: the preset's assumed 10 GFLOP/s). `steps`: what
+    minipar.bench.step_latency measured with 4 ranks computing on the 2 cores at a `share` of a
+    core each: the seconds of a message-step (`alpha`) and of a byte within one (`beta`), taken
+    as planner.calibrated_cpu takes them (every message-step on the critical path waits alpha;
+    no message moves a byte faster than beta) and scaled by share / core_share: a rank waits
+    for its peer's turn, and a large message crosses in turns, as long as the other ranks' time
+    slices last, the longer the fewer cores are left."""
+    share = min(1.0, max(cores_left, 0.1) / 4)
+    steps = steps or {"alpha": 0.0, "beta": 0.0, "share": share}
+    slower = steps["share"] / share
+    beta = 8 / (bits_per_s * (LINK_EFFICIENCY if dense_step else 1.0))
+    beta_min = steps["beta"] * slower
+    link = cost.Link(f"{bits_per_s / 1e6:g} Mbit/s", alpha=50e-6, beta=max(beta, beta_min),
+                     gamma=2e-10)  # fmt: skip
+    intra = replace(cost.SHARED_MEMORY, beta=max(cost.SHARED_MEMORY.beta, beta_min))
+    cpu = replace(CLUSTERS["cpu"], hierarchy=cost.Hierarchy(intra, link, 2))
+    if dense_step:
+        cpu = replace(cpu, peak_flops=calibrated_rate(cpu, dense_step))
+    wait = max(0.0, steps["alpha"] - intra.alpha) * slower
+    cluster = shared_cores(cpu, 4, 2, share=share)
+    return replace(cluster, nics_per_node=1, core_share=share, step_wait=wait)
+
+
+def calibrated_rate(cpu, dense_step: float, model: ModelSpec = TINY) -> float:
+    """The peak rate at which one process's dense step of `model` (one micro-batch, the cpu
+    preset's per-op cost) takes `dense_step` seconds: rate = FLOPs / (step - ops x op cost)."""
+    dense = evaluate(model, cpu, 1, 1, 1, model.global_batch)
+    ops_seconds = dense.time["compute"] - model.train_flops() / (cpu.peak_flops * cpu.efficiency)
+    return model.train_flops() / cpu.efficiency / max(dense_step - ops_seconds, 0.05 * dense_step)
+
+
+def predicted_step(run: dict, calibration: dict | None = None) -> float:
+    """The planner's step for one recorded run (scripts/plan_against_runs.py): its mesh, FSDP
+    (zero 3) or hybrid sharding, MoE, fill and link rate, the tiny GPT above, on the cores the
+    run had (2 less what other jobs used meanwhile), with the recorded calibration (the dense
+    step's CPU seconds, the message-step's; None: the preset's assumptions)."""
+    mesh, args = run["mesh"], run["train_args"]
+    model = replace(TINY, experts=4, top_k=2) if "--moe" in args else TINY
+    hybrid = "--dp-shard" in args
+    shard = int(args[args.index("--dp-shard") + 1]) if hybrid else 0
+    zero = 3 if hybrid or "--fsdp" in args else 0
+    micro = model.global_batch // (mesh["dp"] * mesh["microbatches"])
+    dense = calibration["dense_step_cpu_s"]["1"] if calibration else 0.0
+    steps = calibration["step_latency_4"] if calibration else None
+    cluster = emulated_nodes(run["link_bits_per_s"], dense, 2 - run["others_cores"], steps)
+    lay = evaluate(
+        model, cluster, mesh["dp"], mesh["tp"], mesh["pp"], micro,
+        zero=zero, cp=mesh["cp"], ep=mesh["ep"], dp_shard=shard, fill=run["fill"],
+    )  # fmt: skip
+    return lay.step_time
+
+
+def recorded(path=RUNS) -> list[tuple[dict, dict]]:
+    """(run, its calibration) for every run of tests/data/plan_runs_two_nodes.json: the
+    calibration of the session that took the run (before the runs, else after them)."""
+    data = json.loads(Path(path).read_text())
+    sessions = {k: c.get("before") or c["after"] for k, c in data["calibration"].items()}
+    return [(run, sessions[run["calibration"]]) for run in data["runs"]]
+
+
+def test_the_planner_within_25_percent_of_every_recorded_run():
+    """Issue 58's goal: the planner's step within 25% of the measured median on every layout
+    `minipar train` runs on 2 emulated nodes x 2 ranks (4 ranks: dp, tp, pp, cp, FSDP, hybrid
+    sharding, experts), --fill block and cyclic, at 200 Mbit/s and 2 Gbit/s. A record that
+    misses for a measured cause says so (`miss`) and is listed, not judged."""
+    runs = recorded()
+    assert {(r["fill"], r["link"]) for r, _ in runs} == {
+        (f, link) for f in ("block", "cyclic") for link in ("200mbit", "2gbit")
+    }
+    assert len({r["layout"] for r, _ in runs}) >= 8
+    off = []
+    for run, calibration in runs:
+        ratio = predicted_step(run, calibration) / run["median"]
+        if "miss" in run:
+            assert run["miss"]["cause"], run["layout"]
+            continue
+        if abs(ratio - 1) > 0.25:
+            off.append(f"{run['link']} {run['fill']} {run['layout']}: {ratio:.2f}")
+    assert not off, off
+
+
+def test_a_bubble_hidden_when_one_stage_fills_the_cores():
+    """4 ranks on 2 cores (half a core each), pp = 2: the ranks of one stage alone fill the
+    cores, so a stage waiting in the fill or drain (or for its neighbour's hop) idles no core:
+    no bubble, no pipeline waits. pp = 4 on 2 cores of 8 ranks' shares (1/4 each) hides it too;
+    pp = 4 at half a core each does not: (p-1)/m of the compute at a whole core's speed."""
+    half = replace(emulated_nodes(2e9), step_wait=1e-3)
+    two = evaluate(TINY, half, 2, 1, 2, 2)
+    link, act = half.hierarchy.inter, 2 * 64 * 256 * 4  # a micro-batch of 2, fp32
+    # 2 (m + p - 1) hops, both ranks of a stage crossing the one veth at once; no waits
+    hops = 2 * (2 + 2 - 1) * (link.alpha + 2 * act * link.beta)
+    assert two.time["bubble"] == 0 and two.time["pp_comm"] == pytest.approx(hops)
+    four = evaluate(TINY, half, 1, 1, 4, 2)  # 4 micro-batches of 2
+    assert four.time["bubble"] == pytest.approx(four.time["compute"] * 0.5 * 3 / 4)
+    quarter = replace(half, core_share=0.25)
+    assert evaluate(TINY, quarter, 1, 1, 4, 2).time["bubble"] == 0

@@ -46,6 +46,7 @@ examples:
   minipar plan --model 70b --seq 131072 --batch 16 --gpus 64 --cp 8 --recompute --zero 1
   minipar plan --model 7b --experts 8 --ep 4 --gpus 16   a mixture of 8 experts, 4 ranks each
   minipar plan --model 7b --nodes 4 --zero 3 --dp-shard 8   hybrid sharding: FSDP in a node
+  minipar plan --model 7b --nodes 2 --fill cyclic    ranks dealt round the nodes: tp across
   minipar plan --json                                the table as JSON
 
 model presets: {", ".join(MODELS)}; clusters: {", ".join(CLUSTERS)} (presets), here (this
@@ -79,6 +80,11 @@ def configure(parser) -> None:
     )  # fmt: skip
     where.add_argument("--gpus", type=int, help="GPUs in all (default: one node)")
     where.add_argument("--nodes", type=int, help="nodes (instead of --gpus)")
+    where.add_argument(
+        "--fill", default="block", metavar="block|cyclic",
+        help="how ranks lie on the nodes: consecutive ranks a node (block, as launchers do; "
+        "default) or dealt round, rank r on node r mod nodes (cyclic: `minipar run --fill`)",
+    )  # fmt: skip
     where.add_argument("--gpu-memory", type=float, metavar="GB", help="memory per GPU")
     where.add_argument("--flops", type=float, help="peak FLOP/s per GPU (e.g. a measured one)")
     where.add_argument("--efficiency", type=float, help="fraction of peak reached (default 0.5)")
@@ -171,15 +177,22 @@ LEGEND = (
 
 
 def placement(lay, per_node: int) -> str:
-    """Where each axis of a layout runs, consecutive ranks filling nodes of per_node GPUs
-    (minipar's mesh order, tp innermost): "tp inside a node, dp across nodes"."""
+    """Where each axis of a layout runs, its ranks on nodes of per_node GPUs as the layout's fill
+    lays them (block: consecutive ranks a node; cyclic: rank r on node r mod nodes; minipar's
+    mesh order, tp innermost): "tp inside a node, dp across nodes"."""
     # here, not at the top of the file: the CLI's imports stay light
     from minipar.parallel.mesh import MeshShape
 
     shape = MeshShape(lay.dp, lay.tp, lay.pp, lay.cp, lay.ep)
-    where = shape.placement(per_node)
+    fill = getattr(lay, "fill", "block")
+    if fill == "cyclic":
+        nodes = max(1, -(-shape.size // per_node))
+        where = shape.placement([r % nodes for r in range(shape.size)])
+    else:
+        where = shape.placement(per_node)
     words = ", ".join(f"{a} {p}" for a, p in where.items()) or "one GPU"
-    return f"  where each axis runs ({per_node} GPUs a node): {words}"
+    said = "" if fill == "block" else ", dealt round"
+    return f"  where each axis runs ({per_node} GPUs a node{said}): {words}"
 
 
 def main(args) -> int:
@@ -189,6 +202,7 @@ def main(args) -> int:
         layouts = plan_layouts(
             model, cluster, gpus, args.zero, args.recompute, args.micro_batch or None,
             cp=args.cp, ep=args.ep, cp_variant=args.cp_variant, dp_shard=args.dp_shard,
+            fill=args.fill,
         )  # fmt: skip
     except ValueError as error:
         print(f"minipar plan: {error}", file=sys.stderr)

@@ -31,6 +31,8 @@ def table(layouts: list[Layout], model: ModelSpec, cluster: Cluster, gpus: int, 
         title += f"; data parallel: {DP_MODES[layouts[0].dp_mode]}"
         if layouts[0].dp_shard:
             title += f" (shard over {layouts[0].dp_shard})"
+        if layouts[0].fill == "cyclic":
+            title += "; ranks dealt round the nodes (--fill cyclic)"
     t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", padding=0, pad_edge=False)
     columns = [col for col in COLUMNS if nodes or col not in NODE_COLUMNS]
     for col in columns:

@@ -30,9 +30,14 @@ Step time on one GPU, the sum of:
   (p-1)/(m+p-1) of the pipeline's time (Megatron-LM 2021, the same for GPipe and 1F1B). With
   more ranks than cores (calibrated_cpu: `core_share` < 1 of a core per rank) an idle stage
   leaves its core to the working ones, and only the fill and drain at a whole core's speed is
-  lost: (p-1)/m of the compute times core_share;
+  lost: (p-1)/m of the compute times core_share; and nothing when the ranks of one stage of
+  every pipeline (1/p of them, all that run at the fill's first slot) outnumber the cores
+  (core_share x p <= 1: 4 ranks of pp 2 on 2 cores), for then no core ever idles (nor
+  while a stage waits its neighbour's turn for a hop: no `step_wait` on the pipeline's hops);
 - tensor-parallel communication, exposed: 4 all-reduces of the b s h activations per layer per
-  micro-batch (2 forward, 2 backward; 6 with full recomputation), on the critical path;
+  micro-batch (2 forward, 2 backward; 6 with full recomputation), and the vocabulary-parallel
+  embedding's (forward) and the head's (backward) on the stages that hold them, as
+  step_messages counts them, on the critical path;
 - pipeline communication, exposed: a send of b s h activations forward and of their gradient
   backward in each of the m + p - 1 slots of the schedule;
 - data-parallel communication, exposed: the gradient all-reduce (ZeRO 1-2: reduce-scatter plus
@@ -44,9 +49,14 @@ Step time on one GPU, the sum of:
   FSDP, whose gathers block).
 Each collective is priced with minipar.cost on the link its group spans: a group of g ranks
 `stride` apart on nodes of k lies on ceil(g / (k/stride)) nodes (tp innermost, then cp, dp,
-pp, as DeviceMesh lays them), at NVLink's rate on one node, InfiniBand's on more; full
-sharding's rings over nodes run at the link between nodes, and the layout records where each
-axis runs (`nodes`) and the bytes a node sends across per step (`across_bytes`).
+pp, as DeviceMesh lays them), or with `fill="cyclic"` (rank r on node r mod N, `minipar run
+--fill cyclic`) on min(g, N / gcd(stride, N)) nodes, at NVLink's rate on one node,
+InfiniBand's on more; a node's ranks whose messages cross at once share its links when they
+outnumber them (`nics_per_node`; node_traffic.senders: block fill, min(stride, k) rings leave a
+node; cyclic, every rank's hop crosses); the layout records where each axis runs (`nodes`) and
+the bytes a node sends across per step (`across_bytes`). A cluster that runs minipar's own
+collectives (`minipar_collectives`: the "cpu" preset) prices DDP's and FSDP's buckets as the
+flat ring they run and tp's all-reduces across nodes as the two-level one `auto` picks.
 - waits, only where ranks outnumber cores (the cluster's `step_wait` > 0; 0 for the GPU
   presets): a rank that waits for a peer the scheduler is not running waits its turn, so every
   message-step on the critical path costs `step_wait` more than the link's alpha. The steps
@@ -198,6 +208,11 @@ class Cluster:
     # the links out of a node, shared by its ranks' concurrent crossing messages; 0: one per GPU
     # (cost.Hierarchy's assumption); 1: an emulated node's one veth (minipar.cluster)
     nics_per_node: int = 0
+    # the collectives minipar's runtime runs across nodes (True: the cpu preset): DDP's and
+    # FSDP's reductions of buckets > 64 KiB the flat ring in rank order (ddp.reduction_algorithm),
+    # tp's all-reduces what `auto` picks on nodes, the two-level one; False: a two-level DDP
+    # all-reduce and tp's ring, as NCCL's tree and ring across nodes are priced
+    minipar_collectives: bool = False
 
 
 CLUSTERS = {
@@ -221,6 +236,7 @@ CLUSTERS = {
         ops_outside=36,  # embedding, head and loss
         optimizer_ops_per_tensor=9,  # torch's AdamW on a CPU loops over the tensors
         ddp_bucket_bytes=step_messages.BUCKET_BYTES,  # minipar's DistributedDataParallel's
+        minipar_collectives=True,
     ),
 }
 
@@ -245,6 +261,7 @@ class Layout:
     nodes: dict = field(default_factory=dict)  # {axis: nodes one of its groups spans}
     across_bytes: float = 0.0  # bytes one node sends over the link between nodes per step
     zero: int = 0  # the ZeRO stage it was priced with
+    fill: str = "block"  # ranks on nodes: "block" (consecutive) or "cyclic" (dealt round)
 
     @property
     def dp_mode(self) -> str:
@@ -333,26 +350,6 @@ def activation_memory(
     return total * min(n_micro, pp)
 
 
-def _link(span: int, per_node: int, h: cost.Hierarchy) -> cost.Link:
-    """The link a group crosses: NVLink if its ranks (spread over `span` consecutive ranks) fit in
-    one node, else InfiniBand."""
-    return h.intra if span <= per_node else h.inter
-
-
-def dp_all_reduce_time(nbytes: float, dp: int, tp: int, h: cost.Hierarchy) -> float:
-    """A dp group's ranks sit tp apart: per node per_node/tp of them over NVLink, the rest
-    across nodes; priced as minipar.cost's hierarchical all-reduce."""
-    if dp == 1:
-        return 0.0
-    per_node = max(1, h.per_node // tp)
-    if dp <= per_node:
-        return cost.predict("all_reduce", "ring", nbytes, dp, h.intra)
-    if dp % per_node:
-        return cost.predict("all_reduce", "ring", nbytes, dp, h.inter)
-    inner = cost.Hierarchy(h.intra, h.inter, per_node)
-    return cost.all_reduce_on_cluster(nbytes, dp // per_node, "hierarchical", inner)
-
-
 def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool) -> dict:
     """Seconds of one training step, split into compute, bubble and exposed communication."""
     h, gpus = c.hierarchy, lay.gpus
@@ -360,19 +357,22 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     flops = m.train_flops(recompute) / gpus / (c.peak_flops * c.efficiency)
     compute = flops + ops_per_step(m, lay, c) * c.op_overhead
     # a stage idle in the fill or drain leaves its core to the working ones: with a share of a
-    # core per rank (ranks > cores), only the fill and drain at a whole core's speed is lost
-    bubble = compute * c.core_share * (lay.pp - 1) / lay.microbatches
+    # core per rank (ranks > cores), only the fill and drain at a whole core's speed is lost,
+    # and nothing when one stage of every pipeline (1/pp of the ranks) fills the cores alone
+    share = c.core_share
+    hidden = share < 1 and share * lay.pp <= 1
+    bubble = 0.0 if hidden else compute * share * (lay.pp - 1) / lay.microbatches
     tokens = lay.micro_batch * m.seq_len / lay.cp  # one micro-batch's tokens on this rank
     act = tokens * m.hidden * value_bytes  # their activations: b s h / cp
     per_layer = 6 if recompute_policy(recompute) == "full" else 4  # full: g's again in backward
-    tp_link = _link(lay.tp, h.per_node, h)
-    tp_calls = per_layer * (m.layers / lay.pp) * lay.microbatches
-    tp_comm = tp_calls * cost.predict("all_reduce", "ring", act, lay.tp, tp_link)
+    ends = 2 if lay.pp == 1 else 1  # the embedding's all-reduce, the head's (the busiest stage)
+    tp_calls = (per_layer * (m.layers / lay.pp) + ends) * lay.microbatches
+    tp_comm = tp_calls * tp_all_reduce_time(c, lay, act)
     cp_comm = (m.layers / lay.pp) * lay.microbatches * cp_layer_time(m, c, lay, value_bytes)
-    ep_link = _link(lay.ep * lay.cp * lay.tp, h.per_node, h)
+    ep_link = axis_link(c, lay, "ep")
     ep_layer = axes.expert_time(tokens, m.hidden, m.top_k, lay.ep, value_bytes, ep_link)
     ep_comm = (m.moe_layers / lay.pp) * lay.microbatches * ep_layer
-    pp_link = _link(gpus, h.per_node, h)
+    pp_link = axis_link(c, lay, "pp")
     hop = pp_link.alpha + act * pp_link.beta
     pp_comm = 2 * (lay.microbatches + lay.pp - 1) * hop if lay.pp > 1 else 0.0
     grads = (m.params - m.expert_params) / (lay.tp * lay.pp) * value_bytes
@@ -380,13 +380,16 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     # DDP, full sharding or hybrid, each collective at the rate of the link its group spans
     dp_per_node, shard = max(1, h.per_node // lay.tp), lay.dp_shard * lay.cp
     dp_total = node_traffic.sharding_time(
-        grads, ranks, dp_per_node, lay.dp_mode, shard, h, c.nics_per_node
-    )
-    lay.across_bytes = across_bytes(lay, grads, act, tp_calls, h.per_node)
+        grads, ranks, dp_per_node, lay.dp_mode, shard, h, c.nics_per_node,
+        dp_where(c, lay, lay.tp), not c.minipar_collectives,
+    )  # fmt: skip
+    lay.across_bytes = across_bytes(lay, grads, act, tp_calls, h.per_node, c.minipar_collectives)
     if m.expert_params:  # the experts' gradients: summed over the ranks sharing each expert
         expert_grads = m.expert_params / (lay.ep * lay.pp) * value_bytes
         stride = lay.tp * (lay.ep if lay.cp == 1 else 1)  # how far apart those ranks lie
-        dp_total += dp_all_reduce_time(expert_grads, ranks // lay.ep, stride, h)
+        dp_total += node_traffic.sharding_time(
+            expert_grads, ranks // lay.ep, 0, "ddp", 0, h, c.nics_per_node, dp_where(c, lay, stride)
+        )
     # DDP launches a bucket when its gradients are ready: with a single bucket (a model that
     # small) that is after the whole backward, and nothing hides
     # minipar's FSDP (the clusters that model minipar's runtime: ddp_bucket_bytes) gathers and
@@ -397,6 +400,8 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     if c.step_wait:  # every message-step on the critical path waits for its peer's turn
         steps = step_messages.message_steps(m, lay, zero, value_bytes)
         waits = {axis: n * c.step_wait for axis, n in steps.items()}
+        if hidden:  # a stage waiting for its neighbour's turn leaves the core to the others
+            waits["pp"] = 0.0
     tp_comm, pp_comm = tp_comm + waits.get("tp", 0.0), pp_comm + waits.get("pp", 0.0)
     cp_comm, ep_comm = cp_comm + waits.get("cp", 0.0), ep_comm + waits.get("ep", 0.0)
     dp_comm += waits.get("dp", 0.0) + waits.get("expert_dp", 0.0)
@@ -415,20 +420,66 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     }
 
 
-def across_bytes(lay: Layout, grads: float, act: float, tp_calls: float, per_node: int) -> float:
+def across_bytes(
+    lay: Layout, grads: float, act: float, tp_calls: float, per_node: int, minipar: bool = False
+) -> float:
     """Bytes one node sends over the link between nodes per step: the data-parallel traffic
-    (node_traffic.sharding_bytes), a tp group's all-reduces when it spans nodes (a ring has one
-    crossing hop out of each node: 2(tp-1)/tp of the activations per call) and the pipeline's
-    activations and their gradients when consecutive stages sit on different nodes (2 m b s h
-    per step at a boundary). cp's and ep's messages are priced on their link, not counted here."""
+    (node_traffic.sharding_bytes), the tp groups' all-reduces when they span nodes (a ring's
+    crossing hops, `senders` of them a node: 2(tp-1)/tp of the activations per call each) and
+    the pipeline's activations and their gradients when consecutive stages sit on different
+    nodes (2 m b s h per step at a boundary, for each of the node's senders). cp's and ep's
+    messages are priced on their link, not counted here. `minipar`: the cluster's
+    minipar_collectives (DDP's flat ring; tp's two-level all-reduce across nodes)."""
     dp_per_node, shard = max(1, per_node // lay.tp), lay.dp_shard * lay.cp
-    dp = node_traffic.sharding_bytes(grads, lay.dp * lay.cp, dp_per_node, lay.dp_mode, shard)
+    where = node_traffic.Where(per_node, lay.tp, lay.fill, node_traffic.n_nodes(lay.gpus, per_node))
+    dp = node_traffic.sharding_bytes(
+        grads, lay.dp * lay.cp, dp_per_node, lay.dp_mode, shard, where, not minipar
+    )  # fmt: skip
     total = dp["across"]
-    if lay.nodes.get("tp", 1) > 1:
-        total += tp_calls * 2 * (lay.tp - 1) / lay.tp * act
+    if lay.nodes.get("tp", 1) > 1 and minipar:  # the two-level all-reduce, as for DDP's bytes
+        tp_where = node_traffic.Where(per_node, 1, lay.fill, where.nodes)
+        tp = node_traffic.sharding_bytes(act, lay.tp, 0, "ddp", 0, tp_where)
+        total += tp_calls * tp["across"]
+    elif lay.nodes.get("tp", 1) > 1:
+        total += senders(lay, per_node, "tp") * tp_calls * 2 * (lay.tp - 1) / lay.tp * act
     if lay.nodes.get("pp", 1) > 1:
-        total += 2 * lay.microbatches * act
+        total += senders(lay, per_node, "pp") * 2 * lay.microbatches * act
     return total
+
+
+def senders(lay: Layout, per_node: int, axis: str) -> int:
+    """Ranks of a node whose `axis` messages cross to another node at once (node_traffic)."""
+    size, stride = node_traffic.strides(lay.dp, lay.tp, lay.pp, lay.cp, lay.ep)[axis]
+    nodes = node_traffic.n_nodes(lay.gpus, per_node)
+    return node_traffic.senders(size, stride, per_node, lay.fill, nodes)
+
+
+def tp_all_reduce_time(c: Cluster, lay: Layout, act: float) -> float:
+    """One tp all-reduce of `act` bytes: a ring on the link the tp group spans; on a cluster of
+    minipar_collectives across nodes the two-level all-reduce `auto` picks there (each node's
+    ranks of the group reduce-scatter, the k-th crosses, all-gather: node_traffic's "ddp")."""
+    if lay.nodes.get("tp", 1) == 1 or not c.minipar_collectives:
+        return cost.predict("all_reduce", "ring", act, lay.tp, axis_link(c, lay, "tp"))
+    h = c.hierarchy
+    where = node_traffic.Where(h.per_node, 1, lay.fill, node_traffic.n_nodes(lay.gpus, h.per_node))
+    return node_traffic.sharding_time(act, lay.tp, 0, "ddp", 0, h, c.nics_per_node, where)
+
+
+def axis_link(c: Cluster, lay: Layout, axis: str) -> cost.Link:
+    """The link `axis`'s groups run at: the node's own when a group fits one, else the link
+    between nodes, its rate shared by the node's ranks that cross at once when they outnumber
+    its links (`nics_per_node`)."""
+    h = c.hierarchy
+    if lay.nodes.get(axis, 1) == 1:
+        return h.intra
+    share = node_traffic.link_share(senders(lay, h.per_node, axis), c.nics_per_node)
+    return node_traffic.shared(h.inter, share)
+
+
+def dp_where(c: Cluster, lay: Layout, stride: int) -> node_traffic.Where:
+    """Where a data-parallel group `stride` ranks apart sits, on this layout's nodes and fill."""
+    per_node = c.hierarchy.per_node
+    return node_traffic.Where(per_node, stride, lay.fill, node_traffic.n_nodes(lay.gpus, per_node))
 
 
 def cp_layer_time(m: ModelSpec, c: Cluster, lay: Layout, value_bytes: int) -> float:
@@ -436,7 +487,7 @@ def cp_layer_time(m: ModelSpec, c: Cluster, lay: Layout, value_bytes: int) -> fl
     backward, for one micro-batch (axes.py): the ring's or Ulysses'."""
     if lay.cp == 1:
         return 0.0
-    link = _link(lay.tp * lay.cp, c.hierarchy.per_node, c.hierarchy)
+    link = axis_link(c, lay, "cp")
     shape = (lay.micro_batch, m.seq_len, m.hidden, lay.tp, lay.cp, value_bytes)
     if lay.cp_variant == "ulysses":
         return axes.ulysses_time(*shape, link)
@@ -502,10 +553,14 @@ def evaluate(
     ep: int = 1,
     cp_variant: str = "ring",
     dp_shard: int = 0,
+    fill: str = "block",
 ) -> Layout:
     """Memory and time of one layout; `problems` says why it is infeasible, if it is.
-    dp_shard: hybrid sharding (needs zero=3): states sharded over dp_shard ranks in a node,
-    replicated across; 0: over all dp."""
+    dp_shard: hybrid sharding (needs zero=3): states sharded over dp_shard consecutive dp ranks
+    (a node's with block fill), replicated across; 0: over all dp. fill: how ranks lie on the
+    cluster's nodes, "block" (consecutive ranks a node, as launchers do) or "cyclic" (rank r on
+    node r mod nodes: `minipar run --fill cyclic`)."""
+    node_traffic.check_fill(fill)
     if m.global_batch % (dp * micro_batch):
         raise ValueError(
             f"global_batch={m.global_batch} is not divisible by dp={dp} x micro_batch={micro_batch}"
@@ -516,8 +571,8 @@ def evaluate(
     if dp_shard:
         check_hybrid(dp, dp_shard, zero)
     lay = Layout(dp, tp, pp, micro_batch, n_micro, cp=cp, ep=ep, cp_variant=cp_variant)
-    lay.dp_shard, lay.zero = dp_shard, zero
-    lay.nodes = node_traffic.placement(dp, tp, pp, cp, ep, c.hierarchy.per_node)
+    lay.dp_shard, lay.zero, lay.fill = dp_shard, zero, fill
+    lay.nodes = node_traffic.placement(dp, tp, pp, cp, ep, c.hierarchy.per_node, fill)
     sharded_over = (dp_shard or dp) * cp
     dense = state_memory((m.params - m.expert_params) / (tp * pp), sharded_over, zero, c.precision)
     experts = state_memory(m.expert_params / (ep * pp), max(1, dp * cp // ep), zero, c.precision)
@@ -557,6 +612,7 @@ def plan_layouts(
     ep: int = 1,
     cp_variant: str = "ring",
     dp_shard: int = 0,
+    fill: str = "block",
 ) -> list[Layout]:
     """Every (dp, tp, pp) with dp cp tp pp = gpus (cp and ep fixed; ep dividing dp), and every
     micro-batch size (powers of two, or those given) dividing the per-rank batch: feasible
@@ -572,6 +628,7 @@ def plan_layouts(
         raise ValueError(f"gpus={gpus} is not divisible by cp={cp}")
     if dp_shard:
         check_hybrid(dp_shard, dp_shard, zero)
+    node_traffic.check_fill(fill)
     out = []
     for dp in _divisors(gpus // cp):
         if model.global_batch % dp or dp % ep or (dp_shard and dp % dp_shard):
@@ -597,6 +654,7 @@ def plan_layouts(
                             ep,
                             cp_variant,
                             dp_shard,
+                            fill,
                         )  # fmt: skip
                     )
     if not out:
