@@ -30,14 +30,17 @@ Data parallelism over p ranks (a dp group spanning n nodes, g_n = p / n of its r
 Psi the bytes of one rank's gradients (= its parameters):
 - "ddp": one all-reduce of the gradients. A ring over p ranks sends 2(p-1)/p Psi per rank;
   across nodes the planner prices a two-level all-reduce (reduce-scatter inside, the g_n-th
-  of it across, all-gather inside; NCCL's and minipar's "hierarchical"): each of a node's k
-  ranks sends 2(n-1)/n Psi/g_n across (block, one dp group a node: 2(n-1)/n Psi a node); when
-  the nodes hold unequal parts of the group, or `two_level` is False (minipar's own DDP: its
-  buckets above 64 KiB run the flat ring, ddp.reduction_algorithm), the flat ring:
-  `senders` x 2(p-1)/p Psi across a node.
+  of it across, all-gather inside; NCCL's and minipar's "hierarchical", which minipar's DDP
+  buckets take across nodes: ddp.reduction_algorithm): each of a node's k ranks sends
+  2(n-1)/n Psi/g_n across (block, one dp group a node: 2(n-1)/n Psi a node); when the nodes
+  hold unequal parts of the group, the flat ring: `senders` x 2(p-1)/p Psi across a node.
 - "full" (FSDP / ZeRO-3 over all p): the parameters all-gathered in forward and again in
   backward, the gradients reduce-scattered: 3 rings of (p-1) steps of Psi/p, 3(p-1)/p Psi per
-  rank, `senders` x that across a node (block, one dp group a node: 3(p-1)/p Psi).
+  rank, `senders` x that across a node (block, one dp group a node: 3(p-1)/p Psi): NCCL's
+  rings (the GPU presets). minipar's FSDP (`minipar`: the "cpu" preset) takes auto's
+  two-level all-gather and reduce-scatter across equal nodes: each of them moves the g_n-th
+  of the vector across, (n-1)/n Psi/g_n per rank, so 3(n-1)/n Psi/g_n per rank and step (block,
+  one dp group a node: 3(n-1)/n Psi a node), and 3(g_n-1)/g_n Psi inside.
 - "hybrid" (shard over s consecutive dp ranks, replicate over r = p/s; torch's HSDP, minipar's
   FullyShardedDataParallel(replicate_group=...)): the shard group's 3 rings, 3(s-1)/s Psi per
   rank, inside a node when it fits one (block: s <= g_n), else `senders` x that across; one
@@ -156,12 +159,12 @@ def sharding_bytes(
     mode: str,
     shard: int = 0,
     where: Where | None = None,
-    two_level: bool = True,
+    minipar: bool = False,
 ) -> dict:
     """Bytes of one step's data-parallel traffic: "inside" per rank on the node's link, "across"
     out of one node over the link between nodes (the module docstring's formulas). `where`: the
     dp groups' place (default: one group, dp_per_node of its ranks a node, block fill);
-    two_level: DDP's all-reduce across nodes two-level (else the flat ring)."""
+    minipar: full sharding's collectives across nodes two-level, as minipar's FSDP runs them."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if dp == 1:
@@ -182,9 +185,10 @@ def sharding_bytes(
     n, g_n = w.span(p), w.even(p)  # nodes, ranks of one dp group in each (0: unequal)
     if n == 1:
         return {"inside": passes * (p - 1) / p * psi, "across": 0.0}
-    if mode == "ddp" and g_n and two_level:  # the two-level all-reduce: every rank crosses
+    if g_n and (mode == "ddp" or minipar):  # two-level: every rank of the node crosses
         ranks = min(w.per_node, max(g_n, w.senders(p)))
-        return {"inside": 2 * (g_n - 1) / g_n * psi, "across": ranks * 2 * (n - 1) / n * psi / g_n}
+        return {"inside": passes * (g_n - 1) / g_n * psi,
+                "across": ranks * passes * (n - 1) / n * psi / g_n}  # fmt: skip
     return {"inside": 0.0, "across": w.senders(p) * passes * (p - 1) / p * psi}
 
 
@@ -209,13 +213,14 @@ def sharding_time(
     h: cost.Hierarchy,
     nics: int = 0,
     where: Where | None = None,
-    two_level: bool = True,
+    minipar: bool = False,
 ) -> float:
     """Seconds of one step's data-parallel traffic (all of it; the planner subtracts what hides
     behind the backward pass), each collective on the link its group spans. `nics`: links out
     of a node (0: one per GPU); when fewer than the node's ranks that cross at once (`senders`
     of a ring; all the node's ranks in the two-level all-reduce's middle phase), they share
-    them: each sends ceil(senders / nics) times its bytes' worth of time."""
+    them: each sends ceil(senders / nics) times its bytes' worth of time. minipar: full
+    sharding two-level across equal nodes (sharding_bytes)."""
     if dp == 1:
         return 0.0
     w = _where(dp, dp_per_node, where)
@@ -231,19 +236,39 @@ def sharding_time(
         return inside + _ring("all_reduce", psi / s, r, w.span(r, s) > 1, h, share)
     n = w.span(dp)
     share = link_share(w.senders(dp), nics)
+    g_n = w.even(dp)
+    if mode == "full" and n > 1 and g_n and minipar:
+        crossing = min(w.per_node, max(g_n, w.senders(dp)))  # every rank of the node
+        return _two_level_sharding(psi, n, g_n, h, link_share(crossing, nics))
     if mode == "full":  # 3 rings of p-1 steps: 1.5 ring all-reduces' steps and bytes
         return 1.5 * _ring("all_reduce", psi, dp, n > 1, h, share)
-    g_n = w.even(dp)
-    if n == 1 or not g_n or not two_level:
+    if n == 1 or not g_n:
         return _ring("all_reduce", psi, dp, n > 1, h, share)
     if nics:  # reduce-scatter inside, all-reduce of the g_n-th across (shared links), gather
         ranks = min(w.per_node, max(g_n, w.senders(dp)))
         inside = cost.predict("reduce_scatter", "ring", psi, g_n, h.intra) if g_n > 1 else 0.0
         inside += cost.predict("all_gather", "ring", psi, g_n, h.intra) if g_n > 1 else 0.0
         across = cost.predict("all_reduce", "ring", psi / g_n * link_share(ranks, nics), n, h.inter)
-        return inside + across
+        if not minipar or g_n == 1:
+            return inside + across
+        # auto's choice: the pipelined form where its pieces overlap the phases for less
+        links = g_n / link_share(ranks, nics)  # the node's crossing ranks on its links
+        piped = cost.predict_on_nodes("all_reduce", "hierarchical_pipelined", psi, n, g_n,
+                                      h.intra, h.inter, links)  # fmt: skip
+        return min(inside + across, piped)
     two_level = cost.Hierarchy(h.intra, h.inter, g_n)
     return cost.all_reduce_on_cluster(psi, n, "hierarchical", two_level)
+
+
+def _two_level_sharding(psi: float, n: int, g_n: int, h: cost.Hierarchy, share: int) -> float:
+    """Full sharding's 2 all-gathers and reduce-scatter, each two-level: a ring over the g_n
+    ranks inside a node, and one over the n nodes of the g_n-th of the vector, `share` of a
+    node's crossing ranks on one link."""
+    part, inside, across = psi / g_n * share, 0.0, 0.0
+    for collective in ("all_gather", "all_gather", "reduce_scatter"):
+        inside += cost.predict(collective, "ring", psi, g_n, h.intra) if g_n > 1 else 0.0
+        across += cost.predict(collective, "ring", part, n, h.inter)
+    return inside + across
 
 
 def shared(link: cost.Link, share: int) -> cost.Link:

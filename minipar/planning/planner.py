@@ -55,8 +55,9 @@ InfiniBand's on more; a node's ranks whose messages cross at once share its link
 outnumber them (`nics_per_node`; node_traffic.senders: block fill, min(stride, k) rings leave a
 node; cyclic, every rank's hop crosses); the layout records where each axis runs (`nodes`) and
 the bytes a node sends across per step (`across_bytes`). A cluster that runs minipar's own
-collectives (`minipar_collectives`: the "cpu" preset) prices DDP's and FSDP's buckets as the
-flat ring they run and tp's all-reduces across nodes as the two-level one `auto` picks.
+collectives (`minipar_collectives`: the "cpu" preset) prices FSDP's gathers and reduce-scatters
+and tp's all-reduces across nodes as the two-level ones `auto` picks there (DDP's bucket is
+two-level across nodes on every cluster).
 - waits, only where ranks outnumber cores (the cluster's `step_wait` > 0; 0 for the GPU
   presets): a rank that waits for a peer the scheduler is not running waits its turn, so every
   message-step on the critical path costs `step_wait` more than the link's alpha. The steps
@@ -208,10 +209,10 @@ class Cluster:
     # the links out of a node, shared by its ranks' concurrent crossing messages; 0: one per GPU
     # (cost.Hierarchy's assumption); 1: an emulated node's one veth (minipar.cluster)
     nics_per_node: int = 0
-    # the collectives minipar's runtime runs across nodes (True: the cpu preset): DDP's and
-    # FSDP's reductions of buckets > 64 KiB the flat ring in rank order (ddp.reduction_algorithm),
-    # tp's all-reduces what `auto` picks on nodes, the two-level one; False: a two-level DDP
-    # all-reduce and tp's ring, as NCCL's tree and ring across nodes are priced
+    # the collectives minipar's runtime runs across nodes (True: the cpu preset): what `auto`
+    # picks on nodes, the two-level ones, for FSDP's vectors and tp's all-reduces (and DDP's
+    # buckets, ddp.reduction_algorithm); False: a two-level DDP all-reduce, FSDP's and tp's
+    # rings, as NCCL's tree and ring across nodes are priced
     minipar_collectives: bool = False
 
 
@@ -381,7 +382,7 @@ def step_time(m: ModelSpec, c: Cluster, lay: Layout, zero: int, recompute: bool)
     dp_per_node, shard = max(1, h.per_node // lay.tp), lay.dp_shard * lay.cp
     dp_total = node_traffic.sharding_time(
         grads, ranks, dp_per_node, lay.dp_mode, shard, h, c.nics_per_node,
-        dp_where(c, lay, lay.tp), not c.minipar_collectives,
+        dp_where(c, lay, lay.tp), c.minipar_collectives,
     )  # fmt: skip
     lay.across_bytes = across_bytes(lay, grads, act, tp_calls, h.per_node, c.minipar_collectives)
     if m.expert_params:  # the experts' gradients: summed over the ranks sharing each expert
@@ -429,11 +430,11 @@ def across_bytes(
     the pipeline's activations and their gradients when consecutive stages sit on different
     nodes (2 m b s h per step at a boundary, for each of the node's senders). cp's and ep's
     messages are priced on their link, not counted here. `minipar`: the cluster's
-    minipar_collectives (DDP's flat ring; tp's two-level all-reduce across nodes)."""
+    minipar_collectives (FSDP's and tp's two-level collectives across nodes)."""
     dp_per_node, shard = max(1, per_node // lay.tp), lay.dp_shard * lay.cp
     where = node_traffic.Where(per_node, lay.tp, lay.fill, node_traffic.n_nodes(lay.gpus, per_node))
     dp = node_traffic.sharding_bytes(
-        grads, lay.dp * lay.cp, dp_per_node, lay.dp_mode, shard, where, not minipar
+        grads, lay.dp * lay.cp, dp_per_node, lay.dp_mode, shard, where, minipar
     )  # fmt: skip
     total = dp["across"]
     if lay.nodes.get("tp", 1) > 1 and minipar:  # the two-level all-reduce, as for DDP's bytes
