@@ -293,6 +293,8 @@ def main(argv=None) -> int:
                 "The ZeRO-1 step: exercises/ex05_zero1_step.py.",
                 "minipar bench ddp -n 2: minipar DDP against torch DDP on a 10M-parameter MLP.",
                 "minipar lesson 05 --break tied-twice: why does the ledger see it first?",
+                "minipar lesson 05 --nodes 2 --link 200mbit (as root): full against hybrid "
+                "sharding across a slow link; at 2gbit, does hybrid still win?",
             ]
         )
     return page.finish()
