@@ -135,10 +135,12 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint(tmp_path):
         (restart,) = json.load(f)["restarts"]
     assert restart["died"].startswith("rank 1 killed"), restart
     # the kill comes once step 3 is seen: on a busy machine a step or two more may be done
-    # (10 steps: the kill lands before the end however late it is seen)
-    reached = restart["step_reached"]
-    assert 3 <= reached < 10 and restart["resumed_from"] == reached - reached % 2, restart
-    assert restart["steps_lost"] == reached % 2, restart
+    # (10 steps: the kill lands before the end however late it is seen); the checkpoint of the
+    # last even step may still be on its way to disk (written in the background), and then the
+    # one before it is the newest complete one
+    reached, resumed = restart["step_reached"], restart.get("resumed_from")
+    assert 3 <= reached < 10 and resumed in (reached - reached % 2, reached - reached % 2 - 2)
+    assert resumed >= 2 and restart["steps_lost"] == reached - resumed, restart
     assert "resumed from" in out and f"step-{restart['resumed_from']:08d}" in out, out[-3000:]
     assert checkpoint_files.steps(folder) == [8, 10]  # --keep 2
     state, _ = checkpoint_loader.load_dense(checkpoint_files.step_dir(folder, 10))
