@@ -234,6 +234,34 @@ def test_plan_refuses_a_bad_fill(capsys):
     assert "dealt round" in said and "pp inside a node" in said and "dp across nodes" in said
 
 
+def test_plan_prices_the_nodes_minipar_run_makes(capsys):
+    """`minipar plan --per-node 2 --link 200mbit`: the cluster of `minipar run --nodes 2 -n 4
+    --link 200mbit`, 2 ranks a node, one 25 MB/s cable a node that their crossing messages
+    share. Hybrid sharding (shard 2 in a node, 2 copies) sends one all-reduce of each rank's
+    half across: 2 (r-1)/r Psi/2 from each of a node's 2 ranks = Psi (fp32) out of a node;
+    full sharding, two-level, 3 (n-1)/n Psi = 1.5 Psi. Bad values are named."""
+    parser = argparse.ArgumentParser()
+    plan_cli.configure(parser)
+    common = ["--model", "tiny", "--cluster", "cpu", "--gpus", "4", "--per-node", "2",
+              "--link", "200mbit", "--zero", "3", "--json"]  # fmt: skip
+    across = {}
+    for mode, extra in (("hybrid", ["--dp-shard", "2"]), ("full", [])):
+        assert plan_cli.main(parser.parse_args(common + extra)) == 0
+        layouts = json.loads(capsys.readouterr().out)["layouts"]
+        dp4 = next(lay for lay in layouts if (lay["dp"], lay["tp"], lay["pp"]) == (4, 1, 1))
+        assert dp4["nodes"] == {"dp": 2}, dp4["nodes"]
+        across[mode] = dp4["across_bytes"]
+    psi = 4 * ModelSpec.preset("tiny").params
+    assert across == {"hybrid": pytest.approx(psi), "full": pytest.approx(1.5 * psi)}
+    cluster, gpus = plan_cli.cluster_from_args(parser.parse_args(common))
+    assert (gpus, cluster.nics_per_node, cluster.hierarchy.per_node) == (4, 1, 2)
+    assert cluster.hierarchy.inter.beta == pytest.approx(8 / 200e6)
+    for bad, said in ((["--per-node", "0"], "per_node=0 (--per-node)"),
+                      (["--link", "2gbps"], "'2gbps'")):  # fmt: skip
+        assert plan_cli.main(parser.parse_args(common + bad)) == 2
+        assert said in capsys.readouterr().err
+
+
 def test_spans_agree_with_the_mesh_groups():
     """node_traffic's ceil(g / (k/stride)) against DeviceMesh's real groups (MeshShape builds
     every group's ranks): inside a node exactly when it spans one."""

@@ -14,7 +14,8 @@ import sys
 from dataclasses import asdict
 
 from minipar import launcher
-from minipar.planning.here import NAME, here_cluster
+from minipar.launcher.cluster import link as links
+from minipar.planning.here import NAME, here_cluster, on_nodes
 from minipar.planning.plan_table import short_bytes, table
 from minipar.planning.planner import (
     CLUSTERS,
@@ -47,6 +48,8 @@ examples:
   minipar plan --model 7b --experts 8 --ep 4 --gpus 16   a mixture of 8 experts, 4 ranks each
   minipar plan --model 7b --nodes 4 --zero 3 --dp-shard 8   hybrid sharding: FSDP in a node
   minipar plan --model 7b --nodes 2 --fill cyclic    ranks dealt round the nodes: tp across
+  minipar plan --model tiny --cluster cpu --gpus 4 --per-node 2 --link 200mbit --zero 3 \
+      --dp-shard 2                                   `minipar run --nodes 2 -n 4 --link 200mbit`
   minipar plan --json                                the table as JSON
 
 model presets: {", ".join(MODELS)}; clusters: {", ".join(CLUSTERS)} (presets), here (this
@@ -84,6 +87,13 @@ def configure(parser) -> None:
         "--fill", default="block", metavar="block|cyclic",
         help="how ranks lie on the nodes: consecutive ranks a node (block, as launchers do; "
         "default) or dealt round, rank r on node r mod nodes (cyclic: `minipar run --fill`)",
+    )  # fmt: skip
+    where.add_argument("--per-node", type=int, metavar="K",
+                       help="GPUs (ranks) a node (default: the cluster's)")  # fmt: skip
+    where.add_argument(
+        "--link", metavar="RATE",
+        help="nodes joined as `minipar run --nodes N --link RATE` joins them: one cable a node "
+        "at RATE (2gbit, 200mbit)",
     )  # fmt: skip
     where.add_argument("--gpu-memory", type=float, metavar="GB", help="memory per GPU")
     where.add_argument("--flops", type=float, help="peak FLOP/s per GPU (e.g. a measured one)")
@@ -143,6 +153,8 @@ def cluster_from_args(args) -> tuple[Cluster, int]:
     )
     if args.measure_flops:  # this CPU's rate, shared by the ranks that will run on its cores
         cluster = shared_cores(cluster, args.gpus or 1, launcher.cores(), measure_flops())
+    bits = links.parse(args.link) if getattr(args, "link", None) else None
+    cluster = on_nodes(cluster, getattr(args, "per_node", None), bits)
     per_node = cluster.hierarchy.per_node
     if args.gpus and args.nodes:
         raise ValueError("give --gpus or --nodes, not both")
