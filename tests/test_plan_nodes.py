@@ -391,3 +391,26 @@ def test_a_bubble_hidden_when_one_stage_fills_the_cores():
     assert four.time["bubble"] == pytest.approx(four.time["compute"] * 0.5 * 3 / 4)
     quarter = replace(half, core_share=0.25)
     assert evaluate(TINY, quarter, 1, 1, 4, 2).time["bubble"] == 0
+
+
+def test_two_level_sharding_on_three_nodes_of_two():
+    """3 nodes of k = 2 dp ranks (p = 6; n and k differ, so (n-1)/n and (k-1)/k cannot stand in
+    for each other), one cable a node shared by its 2 crossing ranks, links with alpha = gamma
+    = 0: minipar's collectives two-level, the formulas of node_traffic's docstring written out."""
+    psi, n, k = 1200.0, 3, 2
+    where = node_traffic.Where(k, 1, "block", n)
+
+    def traffic(mode, shard=0, minipar=True):
+        return node_traffic.sharding_bytes(psi, n * k, k, mode, shard, where, minipar)
+
+    assert traffic("ddp") == pytest.approx({"inside": psi, "across": 2 * 2 / 3 * psi})
+    assert traffic("full") == pytest.approx({"inside": 1.5 * psi, "across": 3 * 2 / 3 * psi})
+    # NCCL's rings: one hop out of each node, 3 (p-1)/p Psi
+    assert traffic("full", minipar=False)["across"] == pytest.approx(3 * 5 / 6 * psi)
+    # hybrid, a shard pair in each node, 3 copies: each rank 2 (r-1)/r of its half across
+    assert traffic("hybrid", 2) == pytest.approx({"inside": 1.5 * psi, "across": 4 / 3 * psi})
+    h = cost.Hierarchy(FAST, SLOW, k)
+    full = node_traffic.sharding_time(psi, n * k, k, "full", 0, h, 1, where, minipar=True)
+    # inside: 3 rings over 2 of Psi (Psi/2 sent each); across: 3 rings over the 3 nodes of the
+    # node's 2 halves at once (Psi, 2/3 of it sent each), on the one shared cable
+    assert full == pytest.approx(3 * psi / 2 * FAST.beta + 3 * 2 / 3 * psi * SLOW.beta)

@@ -137,12 +137,8 @@ def supervised(args, err) -> int:
     )  # fmt: skip
     try:
         rc = sup.run()
-    except (ValueError, EmulationError) as error:
-        err.fail(str(error))
-        return 2
-    except Terminated as stopped:
-        err.print(f"minipar run: signal {stopped.signum}, job killed, nodes removed")
-        return 128 + stopped.signum
+    except (ValueError, EmulationError, Terminated) as error:
+        return _ended(err, error)
     for line in sup.summary_lines():
         err.print(f"minipar run: {line}")
     if args.restart_log:
@@ -195,12 +191,18 @@ def main(args) -> int:
         with emulated(args.nodes, args.link or link.DEFAULT, args.fill) as cluster:
             sys.stderr.write(f"minipar run: {args.nodes} emulated nodes, {link.line(args.link)}\n")
             return _job(args, err, cluster)
-    except (ValueError, EmulationError) as error:
-        err.fail(str(error))
-        return 2
-    except Terminated as stopped:
-        err.print(f"minipar run: signal {stopped.signum}, job killed, nodes removed")
-        return 128 + stopped.signum
+    except (ValueError, EmulationError, Terminated) as error:
+        return _ended(err, error)
+
+
+def _ended(err, error) -> int:
+    """The status of a job on emulated nodes ended by `error`: a signal (128 + it, the nodes
+    removed) or a refusal (2, said)."""
+    if isinstance(error, Terminated):
+        err.print(f"minipar run: signal {error.signum}, job killed, nodes removed")
+        return 128 + error.signum
+    err.fail(str(error))
+    return 2
 
 
 def _job(args, err, cluster) -> int:

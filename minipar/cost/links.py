@@ -160,13 +160,18 @@ def inter_link() -> Link:
     return process.links["inter"]
 
 
+def cable(bits: float) -> Link:
+    """An emulated node's cable shaped to `bits` per second (`minipar run --nodes N --link
+    RATE`: tc tbf), with BETWEEN_NODES' alpha and gamma."""
+    return replace(BETWEEN_NODES, name=f"a cable of {bits:g} bit/s", beta=8 / bits,
+                   source="minipar run --link's emulated cable (tc tbf)")  # fmt: skip
+
+
 def emulated_link() -> Link | None:
-    """The emulated nodes' cable (`minipar run --nodes N --link RATE`), or None."""
+    """The emulated nodes' cable this job runs on (MINIPAR_LINK_BITS, set by the launcher), or
+    None."""
     bits = os.environ.get(EMULATED_LINK_ENV)
-    if not bits:
-        return None
-    return replace(BETWEEN_NODES, name=f"emulated, {float(bits):g} bit/s", beta=8 / float(bits),
-                   source=f"the emulated cable's shaped rate ({EMULATED_LINK_ENV})")  # fmt: skip
+    return cable(float(bits)) if bits else None
 
 
 def set_inter_link(link: Link | None) -> None:

@@ -25,17 +25,16 @@ NAME = "here"
 def on_nodes(cluster: Cluster, per_node: int | None = None, bits: float | None = None) -> Cluster:
     """The cluster with `per_node` GPUs (ranks) a node and, with `bits`, nodes joined as
     `minipar run --nodes N --link RATE` joins them: one cable a node (nics_per_node 1: the
-    node's crossing ranks share it), `bits` per second each way, BETWEEN_NODES' alpha and
-    gamma (cost.emulated_link's). Inside a node the cluster's own link."""
+    node's crossing ranks share it), `bits` per second each way (cost.cable). Inside a node the
+    cluster's own link."""
     if per_node is not None and (isinstance(per_node, bool) or per_node < 1):
         raise ValueError(f"per_node={per_node!r} (--per-node) must be a positive integer")
     h = cluster.hierarchy
     k = per_node or h.per_node
     if bits is None:
         return replace(cluster, hierarchy=cost.Hierarchy(h.intra, h.inter, k))
-    cable = replace(cost.BETWEEN_NODES, name=f"a cable of {bits:g} bit/s", beta=8 / bits,
-                    source="minipar run --link's emulated cable (tc tbf)")  # fmt: skip
-    return replace(cluster, hierarchy=cost.Hierarchy(h.intra, cable, k), nics_per_node=1)
+    between = cost.cable(bits)
+    return replace(cluster, hierarchy=cost.Hierarchy(h.intra, between, k), nics_per_node=1)
 
 
 def here_cluster(where=None) -> Cluster:

@@ -432,14 +432,13 @@ def across_bytes(
     messages are priced on their link, not counted here. `minipar`: the cluster's
     minipar_collectives (FSDP's and tp's two-level collectives across nodes)."""
     dp_per_node, shard = max(1, per_node // lay.tp), lay.dp_shard * lay.cp
-    where = node_traffic.Where(per_node, lay.tp, lay.fill, node_traffic.n_nodes(lay.gpus, per_node))
     dp = node_traffic.sharding_bytes(
-        grads, lay.dp * lay.cp, dp_per_node, lay.dp_mode, shard, where, minipar
+        grads, lay.dp * lay.cp, dp_per_node, lay.dp_mode, shard, placed(lay, per_node, lay.tp),
+        minipar,
     )  # fmt: skip
     total = dp["across"]
     if lay.nodes.get("tp", 1) > 1 and minipar:  # the two-level all-reduce, as for DDP's bytes
-        tp_where = node_traffic.Where(per_node, 1, lay.fill, where.nodes)
-        tp = node_traffic.sharding_bytes(act, lay.tp, 0, "ddp", 0, tp_where)
+        tp = node_traffic.sharding_bytes(act, lay.tp, 0, "ddp", 0, placed(lay, per_node, 1))
         total += tp_calls * tp["across"]
     elif lay.nodes.get("tp", 1) > 1:
         total += senders(lay, per_node, "tp") * tp_calls * 2 * (lay.tp - 1) / lay.tp * act
@@ -462,7 +461,7 @@ def tp_all_reduce_time(c: Cluster, lay: Layout, act: float) -> float:
     if lay.nodes.get("tp", 1) == 1 or not c.minipar_collectives:
         return cost.predict("all_reduce", "ring", act, lay.tp, axis_link(c, lay, "tp"))
     h = c.hierarchy
-    where = node_traffic.Where(h.per_node, 1, lay.fill, node_traffic.n_nodes(lay.gpus, h.per_node))
+    where = placed(lay, h.per_node, 1)
     return node_traffic.sharding_time(act, lay.tp, 0, "ddp", 0, h, c.nics_per_node, where)
 
 
@@ -477,10 +476,14 @@ def axis_link(c: Cluster, lay: Layout, axis: str) -> cost.Link:
     return node_traffic.shared(h.inter, share)
 
 
-def dp_where(c: Cluster, lay: Layout, stride: int) -> node_traffic.Where:
-    """Where a data-parallel group `stride` ranks apart sits, on this layout's nodes and fill."""
-    per_node = c.hierarchy.per_node
+def placed(lay: Layout, per_node: int, stride: int) -> node_traffic.Where:
+    """Where a group `stride` ranks apart sits, on this layout's nodes of per_node and fill."""
     return node_traffic.Where(per_node, stride, lay.fill, node_traffic.n_nodes(lay.gpus, per_node))
+
+
+def dp_where(c: Cluster, lay: Layout, stride: int) -> node_traffic.Where:
+    """Where a data-parallel group `stride` ranks apart sits, on the cluster's nodes."""
+    return placed(lay, c.hierarchy.per_node, stride)
 
 
 def cp_layer_time(m: ModelSpec, c: Cluster, lay: Layout, value_bytes: int) -> float:

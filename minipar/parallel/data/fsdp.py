@@ -229,7 +229,7 @@ class Unit:
         flat vector (zeros where a parameter has none, and in the
         padding), in `slot` (where the parameters were gathered) or the next free one,
         reduce-scattered with the ring above 64 KiB (the bits of a window slot and a private
-        vector agree: ddp.reduction_algorithm)."""
+        vector agree), or across nodes auto's two-level one (ddp.reduction_algorithm)."""
         self.owner._queue_finish()
         comm, slots = self.owner.comm, self.owner.slots
         dtype = self.owner.reduce_dtype or torch.float32
