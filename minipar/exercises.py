@@ -14,6 +14,7 @@ grading them (`minipar grade`) are the course's: minipar/course/.
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository, for an editable install
@@ -48,11 +49,26 @@ def tree(which: str) -> Path:
     return path.resolve()
 
 
+_GUARDED: list = []  # this process installed the grader's audit hook (once is for good)
+
+
 def load(name: str, which: str = "exercises"):
-    """Import exercise module `name` (e.g. 'ex03_ring_allreduce') from a tree, by path."""
+    """Import exercise module `name` (e.g. 'ex03_ring_allreduce') from a tree, by path. In the
+    grader's own process it is not imported there: the module seen through the grader's wall
+    (course/sandbox.py) runs in a process of its own."""
     path = tree(which) / f"{name}.py"
     if not path.exists():
         raise FileNotFoundError(f"no exercise {name} in {path.parent}")
+    trusted = path.parent == tree("solutions")  # the worked answers: the grader's own
+    if not trusted and os.environ.get("MINIPAR_GRADE_SEALED") == str(os.getpid()):
+        from minipar.course import sandbox  # the course's room: only while grading
+
+        return sandbox.load(name, str(path.parent))
+    if not trusted and os.environ.get("MINIPAR_GRADE_HIDE") and not _GUARDED:
+        from minipar.course import sandbox
+
+        sandbox.guard()  # a rank about to run a student's file: the answers are out of reach
+        _GUARDED.append(True)
     spec = importlib.util.spec_from_file_location(f"minipar_{path.parent.name}_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

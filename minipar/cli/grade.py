@@ -237,7 +237,9 @@ def selection(lesson: str | None, impl: str, folder: Path) -> list[str] | None:
         return chosen or [lesson]
     if impl in ("exercises", "solutions"):
         return None
-    held = sorted(p.stem for p in folder.glob("ex[0-9][0-9]_*.py"))
+    from minipar.course import submission
+
+    held = sorted(submission.files(folder, set(names)))  # nested uploads flattened
     if not held:
         raise FileNotFoundError(f"no exNN_*.py exercise in {folder}")
     return held
@@ -271,9 +273,14 @@ def run(
     verbose: bool = False,
     progress: bool = True,
     nodes: int | None = None,
+    hide: tuple = (),
 ) -> list[Result]:
-    """Run the exercise tests against `impl` in this process; the results, one per test (the
-    collector sees them only here: no xdist workers)."""
+    """Run the exercise tests against `impl`; the results, one per test. The worked answers
+    (solutions/) run here as they are; anything else goes through the grader's wall
+    (course/sandbox.py): each file checked against its exercise's policy and copied to a folder
+    of its own, its one-process functions run in a child process, its ranks with the answers
+    and `hide` (the results file, hidden tests) refused to them. This process never imports
+    a student's file."""
     import pytest
 
     root = root or exercises.repo_root()
@@ -283,23 +290,56 @@ def run(
     folder = exercises.tree(impl)
     if not folder.is_dir():
         raise FileNotFoundError(f"no folder {folder}")
-    args = [str(tests), f"--impl={folder}", "-p", "no:cacheprovider", "-p", "no:xdist"]
-    args += ["-p", "no:benchmark"]  # pytest-benchmark, where installed, leaves .benchmarks/ behind
-    if not verbose:  # the report is ours; pytest's own output only with --verbose (kept
-        # off the screen, not switched off: without its terminal plugin pytest loses the
-        # message of some failed asserts)
-        args += ["-o", "addopts=", "-q"]
     chosen = selection(lesson, impl, folder)
-    if chosen is not None:
-        args += ["-k", " or ".join(chosen)]
+    walled = folder != exercises.tree("solutions")
+    if walled and chosen is None:  # the ranks read the chosen exercises' answers first
+        from minipar.course import submission
+
+        chosen = sorted(submission.files(folder, {p.stem for p in exercises.sources()}))
     collector = Collector()
     if nodes:
         needs.check("minipar grade --nodes")  # everything it lacks, before any rank starts
-    with _short_timeouts(), _only(chosen), _environ(NODES_ENV, str(nodes) if nodes else None):
+    with contextlib.ExitStack() as stack:
+        if walled:
+            folder = stack.enter_context(_walled(folder, chosen, [*hide, str(root / "solutions")]))
+        args = [str(tests), f"--impl={folder}", "-p", "no:cacheprovider", "-p", "no:xdist"]
+        args += ["-p", "no:benchmark"]  # pytest-benchmark, where installed, leaves .benchmarks/
+        if not verbose:  # the report is ours; pytest's own output only with --verbose (kept
+            # off the screen, not switched off: without its terminal plugin pytest loses the
+            # message of some failed asserts)
+            args += ["-o", "addopts=", "-q"]
+        if chosen is not None:
+            args += ["-k", " or ".join(chosen)]
+        stack.enter_context(_short_timeouts())
+        stack.enter_context(_only(chosen))
+        stack.enter_context(_environ(NODES_ENV, str(nodes) if nodes else None))
         quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
         with quiet:
             pytest.main(args, plugins=[collector, *([Progress()] if progress else [])])
     return collector.results
+
+
+@contextlib.contextmanager
+def _walled(folder: Path, chosen, hidden: list[str]):
+    """A private copy of the submission's admissible files (course/submission.py), with this
+    process sealed (its exercises.load() goes through the wall) and `hidden` refused to every
+    process that runs student code; the copy and the student's processes gone afterwards."""
+    import tempfile
+
+    from minipar.course import sandbox, submission
+
+    known = {p.stem for p in exercises.sources()}
+    found = submission.files(folder, known)
+    if chosen is not None:
+        found = {k: v for k, v in found.items() if k in chosen}
+    with tempfile.TemporaryDirectory(prefix="minipar-grade-") as scratch:
+        submission.admit(found, Path(scratch), exercises.tree("solutions"))
+        hide = os.pathsep.join(str(Path(h).resolve()) for h in hidden)
+        with _environ(sandbox.SEALED_ENV, str(os.getpid())), _environ(sandbox.HIDE_ENV, hide):
+            try:
+                yield Path(scratch)
+            finally:
+                sandbox.close_all()
 
 
 # -- the command ---------------------------------------------------------------------------------

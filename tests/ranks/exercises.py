@@ -28,12 +28,11 @@ def student(module: str, function: str):
     when a case fails, the grader names the first step where the two part. Any exercise whose
     function takes a Call first gets this; the solution's PHASES (if any) names its
     call.rounds() loops."""
-    mine = getattr(exercises.load(module, IMPL), function)
     if exercises.tree(IMPL) == exercises.tree("solutions"):
-        return mine
-    try:
-        reference = exercises.load(module, "solutions")
-    except FileNotFoundError:  # a course that ships no solutions: grade without explaining
+        return getattr(exercises.load(module, IMPL), function)
+    reference = worked(module)
+    mine = getattr(exercises.load(module, IMPL), function)
+    if reference is None:  # a course that ships no solutions: grade without explaining
         return mine
     return stepdiff.graded(
         mine,
@@ -41,6 +40,21 @@ def student(module: str, function: str):
         getattr(reference, "PHASES", ()),
         getattr(reference, "chunks_of_x", None),
     )
+
+
+@functools.cache
+def worked(module: str):
+    """The worked answer's module, or None where the course ships none. Loaded before any
+    student's file: from then on the grader hides solutions/ from this process (sandbox.py)."""
+    try:
+        return exercises.load(module, "solutions")
+    except FileNotFoundError:
+        return None
+
+
+if os.environ.get("MINIPAR_GRADE_HIDE"):  # grading: every chosen exercise's answer read now
+    for _name in filter(None, os.environ.get("MINIPAR_EXERCISES_ONLY", "").split(",")):
+        worked(_name)
 
 
 def world():
@@ -569,7 +583,7 @@ def pipeline_messages(schedule: str, v: int):
 
         w = world()
         step = student("ex07_send_recv", "message_step")
-        reference = exercises.load("ex07_send_recv", "solutions").message_step
+        reference = worked("ex07_send_recv").message_step
         p, m, n_stages = w.size, 4, w.size * v
         got, outs, grads, pending, results = {}, {}, {}, [], {}
 

@@ -1,0 +1,290 @@
+"""The grader's wall: a student's code runs in processes of its own, the grade is decided outside.
+
+    grader (pytest, the tests' checks, the results)          student's process (its code only)
+      mod = exercises.load("ex10_moe_dispatch", DIR)  --->  python -m minipar.course.sandbox DIR
+      mod.sort_by_expert(experts, kept, 4)   -- JSON -->    runs it, nothing else
+      compares, in the grader's own process  <-- JSON --    the value, or the error's name
+
+A one-process exercise's functions run in one child per submission (`Wall`): the grader's
+process never imports the student's file, sends the arguments and reads back plain values
+(course/codec.py: no pickle), each call within CALL_TIMEOUT seconds; a call that hangs is
+stopped with its stack named, a process that ends (os._exit, a crash) fails that call only.
+The ranks of a multi-rank exercise are processes of their own already (testing/harness.py).
+
+In every process that runs student code, `guard()` installs an audit hook (it cannot be
+removed): opening a hidden path (the worked answers, the hidden tests, the results) and starting
+or replacing processes are refused. Where the grader runs as root, those processes also run as
+an unprivileged user in a mount namespace where the hidden paths are empty (`isolated()`):
+the walls are listed in docs/course.md, with what they cannot stop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+HIDE_ENV = "MINIPAR_GRADE_HIDE"  # os.pathsep-separated paths student code may not open
+SEALED_ENV = "MINIPAR_GRADE_SEALED"  # the grader's pid: its exercises.load() goes through a Wall
+TIMEOUT_ENV = "MINIPAR_GRADE_CALL_TIMEOUT"
+CALL_TIMEOUT = 10.0  # seconds one call of a student's function may take
+REFUSED = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork")
+REFUSED += ("os.forkpty", "pty.spawn")
+BUILTIN = {
+    e.__name__: e
+    for e in (NotImplementedError, ValueError, TypeError, IndexError, KeyError, AssertionError,
+              RuntimeError, ZeroDivisionError, ArithmeticError, AttributeError, OverflowError,
+              RecursionError, MemoryError, LookupError, StopIteration)
+}  # fmt: skip
+
+
+def hidden_paths() -> list[str]:
+    return [os.path.realpath(p) for p in os.environ.get(HIDE_ENV, "").split(os.pathsep) if p]
+
+
+def guard(hidden: list[str] | None = None) -> None:
+    """Refuse, in this process from now on, opening anything under `hidden` (default: HIDE_ENV)
+    and starting or replacing a process. An audit hook: nothing can take it back."""
+    hidden = hidden_paths() if hidden is None else hidden
+
+    def refuse(event, args):
+        if event == "open" and hidden and isinstance(args[0], (str, bytes, os.PathLike)):
+            path = os.path.realpath(os.fsdecode(args[0]))
+            if any(path == h or path.startswith(h + os.sep) for h in hidden):
+                raise PermissionError(f"the grader hides {os.fsdecode(args[0])}")
+        elif event.startswith(REFUSED):
+            raise PermissionError(f"{event}: refused while grading")
+
+    sys.addaudithook(refuse)
+
+
+def sealed() -> bool:
+    """Whether this process is the grader's own (its exercises.load() goes through a Wall)."""
+    return os.environ.get(SEALED_ENV) == str(os.getpid())
+
+
+# -- the grader's side --------------------------------------------------------------------------
+
+
+def isolated(hidden: list[str]) -> list[str]:
+    """The command prefix that runs a student's process apart: as root, in a mount namespace
+    where every hidden path is an empty read-only folder, as the unprivileged user `nobody`;
+    otherwise, in a user namespace of its own where the kernel allows one; else nothing (the
+    audit hook stays)."""
+    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    if not unshare or os.environ.get("MINIPAR_GRADE_ISOLATE") == "0":
+        return []
+    cover = 'for d in "$@"; do [ "$d" = -- ] && break; mount -t tmpfs -o ro,size=4k none "$d"; '
+    cover += 'shift; done; shift; '
+    dirs = [h for h in hidden if os.path.isdir(h)]
+    if os.geteuid() == 0 and setpriv:
+        drop = f"exec {setpriv} --reuid=65534 --regid=65534 --clear-groups " '"$@"'
+        return [unshare, "--mount", "--propagation", "private", "sh", "-c", cover + drop, "sh",
+                *dirs, "--"]  # fmt: skip
+    if _user_namespaces():
+        return [unshare, "--user", "--map-root-user", "--mount", "sh", "-c", cover + 'exec "$@"',
+                "sh", *dirs, "--"]  # fmt: skip
+    return []
+
+
+def _user_namespaces() -> bool:
+    try:
+        done = subprocess.run(["unshare", "--user", "--map-root-user", "true"], timeout=10,
+                              capture_output=True)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+class Wall:
+    """One child process serving a folder's exercise functions to the grader, call by call."""
+
+    def __init__(self, folder: str, timeout: float | None = None):
+        self.folder = folder
+        self.timeout = timeout or float(os.environ.get(TIMEOUT_ENV) or CALL_TIMEOUT)
+        self.child, self.errors = None, []
+
+    def _start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k != SEALED_ENV}
+        env["PYTHONDONTWRITEBYTECODE"] = "1"  # nothing written beside a student's files
+        command = [sys.executable, "-m", "minipar.course.sandbox", self.folder]
+        self.child = subprocess.Popen(
+            isolated(hidden_paths()) + command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env=env, start_new_session=True,
+        )  # fmt: skip
+        self.errors = []
+        threading.Thread(target=self._drain, args=(self.child,), daemon=True).start()
+
+    def _drain(self, child) -> None:
+        for line in child.stderr:  # what the student printed, and a stack when asked
+            self.errors.append(line.decode(errors="replace"))
+            del self.errors[:-200]
+
+    def close(self) -> None:
+        if self.child is not None:
+            _end(self.child)
+            self.child = None
+
+    def call(self, module: str, what: dict):
+        """Send one request; the reply's JSON value, or the student's error raised here."""
+        if self.child is None or self.child.poll() is not None:
+            self._start()
+        nonce = secrets.token_hex(8)
+        self.child.stdin.write((json.dumps({"id": nonce, "module": module, **what}) + "\n").encode())
+        self.child.stdin.flush()
+        line = self._reply(module, what)
+        reply = json.loads(line)
+        if reply.get("id") != nonce:
+            raise RuntimeError(f"{module}: a reply the grader did not ask for")
+        if "error" in reply:
+            error = reply["error"]
+            kind = BUILTIN.get(error.get("type"), RuntimeError)
+            said = error.get("message", "")
+            message = said if kind is not RuntimeError else f"{error.get('type')}: {said}"
+            raise kind(message)
+        return reply["value"]
+
+    def _reply(self, module: str, what: dict) -> bytes:
+        selector = selectors.DefaultSelector()
+        selector.register(self.child.stdout, selectors.EVENT_READ)
+        if selector.select(self.timeout):
+            line = self.child.stdout.readline()
+            if line:
+                return line
+            code = self.child.wait()
+            raise RuntimeError(
+                f"{module}.{what.get('call', what.get('get'))}: your code ended its process "
+                f"(exit status {code}) before returning{self._tail()}"
+            )
+        where = self._stack()
+        self.close()
+        raise TimeoutError(
+            f"{module}.{what.get('call')} did not return within {self.timeout:g} s (a loop that "
+            f"never ends?){where}"
+        )
+
+    def _stack(self) -> str:
+        """The student's process's stack, from faulthandler (SIGUSR1), as ': at FILE:LINE'."""
+        before = len(self.errors)
+        try:
+            os.kill(self.child.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return ""
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and not any("File" in e for e in self.errors[before:]):
+            time.sleep(0.05)
+        frames = [e.strip() for e in self.errors[before:] if e.strip().startswith("File")]
+        student = [f for f in frames if self.folder in f] or frames
+        return f"; it was at {student[0]}" if student else ""
+
+    def _tail(self) -> str:
+        text = "".join(self.errors[-5:]).strip()
+        return f"; it printed: {text.splitlines()[-1]}" if text else ""
+
+
+def _end(child) -> None:
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        child.kill()
+    child.wait()
+    for stream in (child.stdin, child.stdout):
+        stream.close()
+
+
+class SealedModule:
+    """A student's exercise module seen from the grader: each function a call through the
+    Wall, each constant its value."""
+
+    def __init__(self, wall: Wall, name: str):
+        self._wall, self._name = wall, name
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        kind = self._wall.call(self._name, {"get": attr})
+        from minipar.course import codec
+
+        if kind != "function":
+            return codec.decode(kind["value"])
+
+        def forward(*args, **kwargs):
+            payload = {"call": attr, "args": codec.encode(list(args))}
+            reply = self._wall.call(self._name, {**payload, "kwargs": codec.encode(kwargs)})
+            return codec.decode(reply)
+
+        forward.__name__ = attr
+        return forward
+
+
+_WALLS: dict[str, Wall] = {}
+
+
+def load(name: str, folder: str) -> SealedModule:
+    """Exercise `name` of `folder` as the grader sees it (one Wall per folder)."""
+    wall = _WALLS.get(folder) or _WALLS.setdefault(folder, Wall(folder))
+    wall.call(name, {"get": None})  # its file loads (or fails) now, as an import would
+    return SealedModule(wall, name)
+
+
+def close_all() -> None:
+    for wall in _WALLS.values():
+        wall.close()
+    _WALLS.clear()
+
+
+# -- the student's side ------------------------------------------------------------------------
+
+
+def _answer(modules: dict, folder: str, request: dict):
+    from minipar import exercises
+    from minipar.course import codec
+
+    name = request["module"]
+    if name not in modules:
+        modules[name] = exercises.load(name, folder)
+    module = modules[name]
+    if "get" in request:
+        if request["get"] is None:
+            return None
+        value = getattr(module, request["get"])
+        return "function" if callable(value) else {"value": codec.encode(value)}
+    fn = getattr(module, request["call"])
+    return codec.encode(fn(*codec.decode(request["args"]), **codec.decode(request["kwargs"])))
+
+
+def serve(folder: str) -> None:
+    """Answer the grader's requests, one JSON line each, on the stdout this process started
+    with (what the student prints goes to stderr)."""
+    import faulthandler
+    import traceback
+
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+    guard()
+    modules: dict = {}
+    for line in sys.stdin:
+        request = json.loads(line)
+        reply = {"id": request.get("id")}
+        try:
+            reply["value"] = _answer(modules, folder, request)
+        except BaseException as error:  # noqa: BLE001 - every failure goes back by name
+            if isinstance(error, KeyboardInterrupt):
+                raise
+            reply["error"] = {"type": type(error).__name__, "message": str(error)[:4000]}
+            traceback.print_exc()
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
