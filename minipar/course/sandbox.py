@@ -82,10 +82,10 @@ def isolated(hidden: list[str]) -> list[str]:
     if not unshare or os.environ.get("MINIPAR_GRADE_ISOLATE") == "0":
         return []
     cover = 'for d in "$@"; do [ "$d" = -- ] && break; mount -t tmpfs -o ro,size=4k none "$d"; '
-    cover += 'shift; done; shift; '
+    cover += "shift; done; shift; "
     dirs = [h for h in hidden if os.path.isdir(h)]
     if os.geteuid() == 0 and setpriv:
-        drop = f"exec {setpriv} --reuid=65534 --regid=65534 --clear-groups " '"$@"'
+        drop = f'exec {setpriv} --reuid=65534 --regid=65534 --clear-groups "$@"'
         return [unshare, "--mount", "--propagation", "private", "sh", "-c", cover + drop, "sh",
                 *dirs, "--"]  # fmt: skip
     if _user_namespaces():
@@ -137,7 +137,8 @@ class Wall:
         if self.child is None or self.child.poll() is not None:
             self._start()
         nonce = secrets.token_hex(8)
-        self.child.stdin.write((json.dumps({"id": nonce, "module": module, **what}) + "\n").encode())
+        request = json.dumps({"id": nonce, "module": module, **what}) + "\n"
+        self.child.stdin.write(request.encode())
         self.child.stdin.flush()
         line = self._reply(module, what)
         reply = json.loads(line)
