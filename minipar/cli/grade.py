@@ -490,7 +490,8 @@ def document(results: list[Result], fmt: str, points_path) -> str:
         return json.dumps([asdict(r) for r in results], indent=1)
     points = gradebook.points_table(points_path)
     if fmt == "gradescope":
-        return json.dumps(gradebook.gradescope(results, points), indent=1)
+        seen = gradebook.visibility_table(points_path)
+        return json.dumps(gradebook.gradescope(results, points, seen), indent=1)
     return gradebook.junit(results, points)
 
 
@@ -510,13 +511,19 @@ def main(args) -> int:
         gradebook.points_table(points)  # a bad table fails before the tests run
         if args.nodes is not None and args.nodes < 1:
             raise ValueError(f"--nodes {args.nodes}: the number of nodes must be 1 or more")
-        results = run(impl, args.lesson, verbose=args.verbose, nodes=args.nodes)
+        hide = (str(Path(args.output).resolve()),) if args.output else ()
+        results = run(impl, args.lesson, verbose=args.verbose, nodes=args.nodes, hide=hide)
     except (FileNotFoundError, ValueError, EmulationError) as error:
         err.print(f"[bold red]minipar grade:[/] {error}")
-        return 2
+        return _stopped(args, points, f"{error}", 2)
+    except Exception as error:  # noqa: BLE001 - the results file is written whatever happened
+        err.print(f"[bold red]minipar grade:[/] stopped: {type(error).__name__}: {error}")
+        return _stopped(args, points, f"{type(error).__name__}: {error}", 1)
     if not results:
         err.print("[bold red]minipar grade:[/] no tests ran (is the lesson number right?)")
-        return 2
+        return _stopped(args, points, "no tests ran", 2)
+    if not args.solutions:
+        results += unsubmitted(results, points, args.lesson)
     shown = results  # what a student sees on a course platform: hints only on request
     if args.format in ("gradescope", "junit"):
         shown = [
@@ -532,6 +539,33 @@ def main(args) -> int:
     if args.output:
         Path(args.output).write_text(document(shown, args.format, points))
     return 0 if all(r.status == "passed" for r in results) else 1
+
+
+def unsubmitted(results: list[Result], points, lesson: str | None) -> list[Result]:
+    """A failed result for each exercise of the assignment (the points table's, else every
+    one; a lesson's only, when one is named) that nothing was graded for: the maximum is the
+    assignment's, not what was submitted."""
+    table = gradebook.points_table(points)[1]
+    assignment = list(table) or [p.stem for p in exercises.sources()]
+    if lesson:
+        assignment = [n for n in assignment if n in (selection(lesson, "solutions", Path()) or [])]
+    graded = {r.exercise for r in results}
+    return [
+        Result(name, "submitted", "failed", f"no {name}.py in the submission")
+        for name in assignment
+        if name not in graded
+    ]
+
+
+def _stopped(args, points, why: str, status: int) -> int:
+    """The grader could not grade: still a results file (every exercise of the assignment at
+    0, saying why) where one was asked for, and a non-zero status."""
+    if args.output:
+        table = gradebook.points_table(points)[1] if Path(points).exists() else {}
+        names = list(table) or [p.stem for p in exercises.sources()] or ["?"]
+        failed = [Result(n, "grading", "failed", f"not graded: {why}") for n in names]
+        Path(args.output).write_text(document(failed, args.format, points))
+    return status
 
 
 if __name__ == "__main__":

@@ -62,15 +62,25 @@ def points_table(path: Path | None) -> tuple[float, dict[str, float]]:
     return float(default), {k: float(v) for k, v in table.items()}
 
 
+def counts(r) -> bool:
+    """Whether a test earns points: a case on 1 rank does not (an empty body passes it: there
+    is nothing to send), unless the exercise has no other."""
+    return not r.test.endswith(" on 1 rank")
+
+
 def scored(results, points) -> list[tuple]:
-    """(result, score, max_score) per test: an exercise's points split evenly over its tests."""
+    """(result, score, max_score) per test: an exercise's points split evenly over its tests
+    that count (course/gradebook.counts); the others are shown, worth 0."""
     default, table = points
-    per_exercise: dict[str, int] = {}
+    per_exercise: dict[str, list] = {}
     for r in results:
-        per_exercise[r.exercise] = per_exercise.get(r.exercise, 0) + 1
+        per_exercise.setdefault(r.exercise, []).append(r)
     out = []
     for r in results:
-        worth = table.get(r.exercise, default) / per_exercise[r.exercise]
+        mine = per_exercise[r.exercise]
+        earning = [t for t in mine if counts(t)] or mine
+        earns = any(r is e for e in earning)
+        worth = table.get(r.exercise, default) / len(earning) if earns else 0.0
         out.append((r, worth if r.status == "passed" else 0.0, worth))
     return out
 
@@ -83,9 +93,26 @@ def output_of(r) -> str:
     return head + (f"\n\n{r.explanation}" if r.explanation else "")
 
 
-def gradescope(results, points) -> dict:
-    """Gradescope's autograder results.json: tests, each with a score, and the total score."""
-    rows = scored(results, points)
+VISIBILITY = ("visible", "hidden", "after_due_date", "after_published")
+
+
+def visibility_table(path: Path | None) -> dict[str, str]:
+    """{exercise or "exercise: test": Gradescope's visibility} from points.toml's
+    [visibility] table (a test not named there is visible)."""
+    if path is None or not Path(path).exists():
+        return {}
+    table = _toml(Path(path).read_text()).get("visibility", {})
+    for name, value in table.items():
+        if value not in VISIBILITY:
+            raise ValueError(f"{path}: visibility of {name} must be one of {VISIBILITY}, "
+                             f"got {value!r}")  # fmt: skip
+    return dict(table)
+
+
+def gradescope(results, points, visibility: dict | None = None) -> dict:
+    """Gradescope's autograder results.json: tests, each with a score, and the total score;
+    each test's visibility from `visibility` (by "exercise: test", then by exercise)."""
+    rows, shown = scored(results, points), visibility or {}
     tests = [
         {
             "name": f"{r.exercise}: {r.test}",
@@ -96,7 +123,7 @@ def gradescope(results, points) -> dict:
             "output": output_of(r),
             "output_format": "text",
             "tags": [r.exercise],
-            "visibility": "visible",
+            "visibility": shown.get(f"{r.exercise}: {r.test}", shown.get(r.exercise, "visible")),
         }
         for i, (r, score, worth) in enumerate(rows)
     ]

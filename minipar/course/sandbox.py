@@ -35,6 +35,7 @@ HIDE_ENV = "MINIPAR_GRADE_HIDE"  # os.pathsep-separated paths student code may n
 SEALED_ENV = "MINIPAR_GRADE_SEALED"  # the grader's pid: its exercises.load() goes through a Wall
 TIMEOUT_ENV = "MINIPAR_GRADE_CALL_TIMEOUT"
 CALL_TIMEOUT = 10.0  # seconds one call of a student's function may take
+LOAD_TIMEOUT = 30.0  # ... and starting its process and loading its file (torch: seconds)
 REFUSED = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork")
 REFUSED += ("os.forkpty", "pty.spawn")
 BUILTIN = {
@@ -107,16 +108,17 @@ class Wall:
     """One child process serving a folder's exercise functions to the grader, call by call."""
 
     def __init__(self, folder: str, timeout: float | None = None):
-        self.folder = folder
+        self.folder, self.hidden = folder, hidden_paths()  # as the grader set them now
         self.timeout = timeout or float(os.environ.get(TIMEOUT_ENV) or CALL_TIMEOUT)
         self.child, self.errors = None, []
 
     def _start(self) -> None:
         env = {k: v for k, v in os.environ.items() if k != SEALED_ENV}
         env["PYTHONDONTWRITEBYTECODE"] = "1"  # nothing written beside a student's files
+        env[HIDE_ENV] = os.pathsep.join(self.hidden)
         command = [sys.executable, "-m", "minipar.course.sandbox", self.folder]
         self.child = subprocess.Popen(
-            isolated(hidden_paths()) + command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            isolated(self.hidden) + command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, env=env, start_new_session=True,
         )  # fmt: skip
         self.errors = []
@@ -155,7 +157,8 @@ class Wall:
     def _reply(self, module: str, what: dict) -> bytes:
         selector = selectors.DefaultSelector()
         selector.register(self.child.stdout, selectors.EVENT_READ)
-        if selector.select(self.timeout):
+        limit = max(self.timeout, LOAD_TIMEOUT) if "get" in what else self.timeout
+        if selector.select(limit):
             line = self.child.stdout.readline()
             if line:
                 return line
@@ -167,8 +170,8 @@ class Wall:
         where = self._stack()
         self.close()
         raise TimeoutError(
-            f"{module}.{what.get('call')} did not return within {self.timeout:g} s (a loop that "
-            f"never ends?){where}"
+            f"{module}.{what.get('call') or 'loading the file'} did not return within {limit:g} s "
+            f"(a loop that never ends?){where}"
         )
 
     def _stack(self) -> str:

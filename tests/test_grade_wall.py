@@ -1,0 +1,300 @@
+"""The grader's wall (minipar/course/policy.py, sandbox.py, codec.py, submission.py): what a
+submission may use, the process its code runs in, and what crosses back. Each attack here is a
+file a cheating student could hand in; each must gain nothing. The attacks that the policy
+refuses are also run past it (straight into the wall's child process) where the wall alone
+must hold."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minipar import exercises
+from minipar.course import codec, policy, sandbox, submission
+
+SOLUTIONS = exercises.tree("solutions")
+
+
+def refusals(text: str, exercise: str) -> list[str]:
+    solution = SOLUTIONS / f"{exercise}.py"
+    return policy.check_text(textwrap.dedent(text), f"{exercise}.py",
+                             policy.allowed_imports(solution))  # fmt: skip
+
+
+# -- the policy: each line below names the attack it stops -----------------------------------
+
+
+@pytest.mark.parametrize(
+    "exercise,text,said",
+    [
+        ("ex03_ring_allreduce", "from minipar.collectives.ring import all_reduce_ring", "ring"),
+        ("ex03_ring_allreduce", "import minipar\nminipar.all_reduce", "import minipar"),
+        ("ex03_ring_allreduce", "from mpi4py import MPI", "mpi4py"),
+        ("ex03_ring_allreduce", "def f(call, x):\n    call.comm.Allreduce(x)", ".comm"),
+        ("ex10_moe_dispatch", "import minipar.cli.grade as g", "minipar.cli.grade"),
+        ("ex10_moe_dispatch", "import atexit", "atexit"),
+        ("ex10_moe_dispatch", "import os\nos._exit(0)", "import os"),
+        ("ex10_moe_dispatch", "exec(open('solutions/ex10_moe_dispatch.py').read())", "open"),
+        ("ex10_moe_dispatch", "x = ().__class__.__base__.__subclasses__()", ".__class__"),
+        ("ex10_moe_dispatch", "f = getattr(torch, 'lo' + 'ad')", "getattr"),
+        ("ex10_moe_dispatch", "import torch\ntorch.load('x')", ".load"),
+        ("ex10_moe_dispatch", "import torch\ntorch.distributed.all_reduce(t)", ".distributed"),
+        ("ex10_moe_dispatch", "import numpy as np\nnp.savetxt('results.json', [1])", ".savetxt"),
+        ("ex10_moe_dispatch", "s = '{0.__class__}'.format(1)", "'__'"),
+        ("ex10_moe_dispatch", "from . import dispatch", "relative import"),
+        ("ex10_moe_dispatch", "__import__('os')", "__import__"),
+        (
+            "ex05_naive_ddp",
+            "import minipar\nminipar.exercises.load('x', 'solutions')",
+            ".exercises",
+        ),
+    ],
+)
+def test_policy_refuses_each_attack_naming_file_and_line(exercise, text, said):
+    found = refusals(text, exercise)
+    assert found, f"{text!r} was admitted for {exercise}"
+    assert found[0].startswith(f"{exercise}.py:"), found[0]
+    assert said in " ".join(found), found
+
+
+def test_policy_admits_every_worked_answer_and_every_stub():
+    for folder in (SOLUTIONS, exercises.tree("exercises")):
+        for path in sorted(folder.glob("ex[0-9][0-9]_*.py")):
+            assert policy.check(path, path.stem, SOLUTIONS) == [], path.name
+
+
+def test_policy_names_a_syntax_error_with_its_line():
+    found = refusals("def f(:\n    pass\n", "ex12_checkpoint_interval")
+    assert found == [
+        "ex12_checkpoint_interval.py:1: SyntaxError: invalid syntax (the file does not parse)"
+    ] or found[0].startswith("ex12_checkpoint_interval.py:1: Syntax")
+
+
+def test_policy_lets_a_docstring_mention_dunders_and_an_exercise_its_own_imports():
+    text = (
+        '''"""Uses __init__ in prose."""\nimport math\nfrom minipar.collectives import layout\n'''
+    )
+    assert refusals(text, "ex03_ring_allreduce") == []
+    assert refusals("import math\nimport torch", "ex12_checkpoint_interval") == []
+
+
+# -- submissions: nested uploads, refused files --------------------------------------------------
+
+
+def test_a_nested_upload_is_flattened_and_a_refused_file_raises_its_refusal(tmp_path):
+    upload = tmp_path / "upload"
+    (upload / "deep" / "er").mkdir(parents=True)
+    (upload / "__MACOSX").mkdir()
+    (upload / "deep" / "er" / "ex12_checkpoint_interval.py").write_text("import os\n")
+    (upload / "__MACOSX" / "ex10_moe_dispatch.py").write_text("junk")
+    (upload / "deep" / "ex11_nccl_rings.py").write_text("x = 1\n")
+    (upload / "notes_ex11.py").write_text("")
+    found = submission.files(upload, {"ex12_checkpoint_interval", "ex11_nccl_rings"})
+    assert sorted(found) == ["ex11_nccl_rings", "ex12_checkpoint_interval"]
+    scratch = tmp_path / "scratch"
+    refused = submission.admit(found, scratch, SOLUTIONS)
+    assert list(refused) == ["ex12_checkpoint_interval"]
+    assert (scratch / "ex11_nccl_rings.py").read_text() == "x = 1\n"
+    stand_in = (scratch / "ex12_checkpoint_interval.py").read_text()
+    assert "import os" in stand_in and stand_in.startswith("raise ImportError(")
+    assert oct(scratch.stat().st_mode & 0o777) == "0o755"
+
+
+# -- the codec: values, never code ---------------------------------------------------------------
+
+
+def test_codec_carries_arrays_tensors_floats_and_instructions_exactly():
+    import torch
+
+    from minipar.parallel.pipeline import schedules as S
+
+    value = {
+        "a": np.arange(6, dtype=np.int32).reshape(2, 3),
+        "t": torch.tensor([1.5, -2.0], dtype=torch.bfloat16),
+        "b": torch.tensor([True, False]),
+        "f": (float("inf"), float("-inf"), 0.1),
+        "i": [S.Forward(3), S.Backward(1, chunk=2)],
+        "g": (x for x in range(3)),
+    }
+    back = codec.decode(json.loads(json.dumps(codec.encode(value))))
+    assert back["a"].dtype == np.int32 and np.array_equal(back["a"], value["a"])
+    assert back["t"].dtype == torch.bfloat16 and torch.equal(back["t"], value["t"])
+    assert back["b"].dtype == torch.bool and back["b"].tolist() == [True, False]
+    assert back["f"] == (float("inf"), float("-inf"), 0.1)
+    assert back["i"] == [S.Forward(3), S.Backward(1, chunk=2)] and back["g"] == [0, 1, 2]
+
+
+def test_codec_refuses_what_it_cannot_read_by_name():
+    with pytest.raises(codec.CodecError, match="function"):
+        codec.encode(lambda: 0)
+    with pytest.raises(codec.CodecError, match="not a value"):
+        codec.decode({"pickle": "gASV..."})
+    with pytest.raises(codec.CodecError, match="instruction"):
+        codec.decode({"instruction": "Popen", "fields": {}})
+
+
+# -- the wall alone: what a file does when nothing checked it -------------------------------------
+
+
+@pytest.fixture
+def tmp_open():
+    """A temporary folder others may read (the wall's child may run as `nobody`; pytest's
+    tmp_path sits under a folder only its owner may enter)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="minipar-wall-test-") as folder:
+        os.chmod(folder, 0o755)
+        yield Path(folder)
+
+
+def walled(tmp_path, text: str, name: str = "ex12_checkpoint_interval", hide=(), timeout=None):
+    folder = tmp_path / "sub"
+    folder.mkdir(exist_ok=True)
+    os.chmod(folder, 0o755)
+    (folder / f"{name}.py").write_text(textwrap.dedent(text))
+    os.chmod(folder / f"{name}.py", 0o644)
+    os.environ[sandbox.HIDE_ENV] = os.pathsep.join(str(h) for h in hide)
+    try:
+        wall = sandbox.Wall(str(folder), timeout=timeout)
+        return wall, sandbox.SealedModule(wall, name)
+    finally:
+        del os.environ[sandbox.HIDE_ENV]
+
+
+def test_wall_returns_values_and_raises_the_students_error_by_type(tmp_open):
+    tmp_path = tmp_open
+    wall, mod = walled(
+        tmp_path,
+        """
+        def best_interval(save_s, mtbi_s):
+            return (2 * save_s * mtbi_s) ** 0.5
+        def waste(*args):
+            raise ValueError("bad interval 7")
+        LIMIT = 3
+    """,
+    )
+    try:
+        assert mod.best_interval(8.0, 4.0) == 8.0
+        assert mod.LIMIT == 3
+        with pytest.raises(ValueError, match="bad interval 7"):
+            mod.waste(1, 2, 3, 4)
+        assert sys.modules.get("minipar_sub_ex12_checkpoint_interval") is None  # not here
+    finally:
+        wall.close()
+
+
+def test_wall_an_exit_fails_the_call_and_the_next_call_runs_again(tmp_open):
+    tmp_path = tmp_open
+    wall, mod = walled(
+        tmp_path,
+        """
+        import os
+        def best_interval(save_s, mtbi_s):
+            os._exit(0)
+        def waste(*args):
+            return 1.0
+    """,
+    )
+    try:
+        with pytest.raises(RuntimeError, match="ended its process \\(exit status 0\\)"):
+            mod.best_interval(1.0, 2.0)
+        assert mod.waste(1, 2, 3, 4) == 1.0
+    finally:
+        wall.close()
+
+
+def test_wall_a_hang_fails_in_its_time_and_names_the_line(tmp_open):
+    tmp_path = tmp_open
+    wall, mod = walled(
+        tmp_path,
+        """
+        def best_interval(save_s, mtbi_s):
+            while True:
+                pass
+    """,
+        timeout=1.5,
+    )
+    start = time.monotonic()
+    try:
+        with pytest.raises(
+            TimeoutError, match=r"within 1.5 s.*ex12_checkpoint_interval.py.*line 3"
+        ):
+            mod.best_interval(1.0, 2.0)
+    finally:
+        wall.close()
+    assert time.monotonic() - start < 6
+
+
+def test_wall_hides_the_answers_and_the_results_and_starts_no_process(tmp_open):
+    tmp_path = tmp_open
+    secret = tmp_path / "answers"
+    secret.mkdir()
+    (secret / "ex12_checkpoint_interval.py").write_text("ANSWER = 42\n")
+    results = tmp_path / "results.json"
+    results.write_text("{}")
+    wall, mod = walled(
+        tmp_path,
+        f"""
+        import subprocess
+        def read():
+            return open({str(secret / "ex12_checkpoint_interval.py")!r}).read()
+        def write():
+            open({str(results)!r}, "w").write('{{"score": 999}}')
+        def spawn():
+            return subprocess.run(["true"]).returncode
+    """,
+        hide=(secret, results),
+    )
+    try:
+        for attack in (mod.read, mod.write, mod.spawn):
+            with pytest.raises(RuntimeError, match="PermissionError"):
+                attack()
+    finally:
+        wall.close()
+    assert results.read_text() == "{}"
+
+
+# -- the whole grader, in one command: attacks beside honest work -------------------------------
+
+
+def test_grade_attacks_gain_nothing_and_honest_work_keeps_its_points(tmp_path):
+    """One `minipar grade --impl` run over a submission where each exercise holds another
+    attack; the results file is the grader's and the exit status says not all passed."""
+    sub = tmp_path / "sub" / "nested"
+    sub.mkdir(parents=True)
+    attacks = {
+        "ex10_moe_dispatch": "from minipar.parallel.expert.dispatch import *\n",
+        "ex11_nccl_rings": "import minipar.cli.grade as g\ng.Result = None\n",
+        "ex09_online_softmax_merge": "import os\nos._exit(0)\n",
+        "ex07_one_f_one_b": "exec(open('solutions/ex07_one_f_one_b.py').read())\n",
+        "ex04_alpha_beta_fit": "import atexit\natexit.register(print)\n",
+    }
+    for name, text in attacks.items():
+        (sub / f"{name}.py").write_text(text)
+    (sub / "ex12_checkpoint_interval.py").write_text(
+        (SOLUTIONS / "ex12_checkpoint_interval.py").read_text())  # fmt: skip
+    out = tmp_path / "results.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "minipar", "grade", "--impl", str(tmp_path / "sub"), "--format",
+         "gradescope", "--json", str(out)],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+    results = json.loads(out.read_text())
+    by = {}
+    for test in results["tests"]:
+        by.setdefault(test["tags"][0], []).append(test)
+    for name in attacks:
+        assert sum(t["score"] for t in by[name]) == 0, (name, by[name][:1])
+        assert f"{name}.py:" in by[name][0]["output"], by[name][0]["output"]
+    honest = by["ex12_checkpoint_interval"]
+    assert all(t["status"] == "passed" for t in honest) and sum(t["score"] for t in honest) == 10
+    assert all(t["score"] == 0 for t in by["ex03_ring_allreduce"])  # not submitted: 0 of 25
+    assert sum(t["max_score"] for t in results["tests"]) == pytest.approx(295)
+    assert results["score"] == pytest.approx(10)
