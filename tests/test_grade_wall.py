@@ -6,6 +6,7 @@ must hold."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -279,12 +280,20 @@ def test_grade_attacks_gain_nothing_and_honest_work_keeps_its_points(tmp_path):
         (sub / f"{name}.py").write_text(text)
     (sub / "ex12_checkpoint_interval.py").write_text(
         (SOLUTIONS / "ex12_checkpoint_interval.py").read_text())  # fmt: skip
+    spin = (SOLUTIONS / "ex02_broadcast_linear.py").read_text().replace(
+        "    if call.rank == root:\n", "    while call.rank == 1:\n        pass\n"
+        "    if call.rank == root:\n", 1)  # fmt: skip
+    assert "while call.rank == 1" in spin
+    (sub / "ex02_broadcast_linear.py").write_text(spin)  # a rank that never returns
     out = tmp_path / "results.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MINIPAR_GRADE_CASE_LIMIT": "8"}
+    start = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "minipar", "grade", "--impl", str(tmp_path / "sub"), "--format",
          "gradescope", "--json", str(out)],
-        capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True, text=True, timeout=240, env=env,
     )  # fmt: skip
+    seconds = time.monotonic() - start
     assert done.returncode == 1, done.stderr[-2000:]
     results = json.loads(out.read_text())
     by = {}
@@ -296,5 +305,15 @@ def test_grade_attacks_gain_nothing_and_honest_work_keeps_its_points(tmp_path):
     honest = by["ex12_checkpoint_interval"]
     assert all(t["status"] == "passed" for t in honest) and sum(t["score"] for t in honest) == 10
     assert all(t["score"] == 0 for t in by["ex03_ring_allreduce"])  # not submitted: 0 of 25
+    spun = by["ex02_broadcast_linear"]
+    assert sum(t["score"] for t in spun) == 0, spun  # its 1-rank cases pass, and are worth 0
+    hung = next(t for t in spun if t["status"] == "failed")["output"]
+    loop = spin.splitlines().index("    while call.rank == 1:") + 1  # the loop's two lines
+    assert re.search(
+        f"rank 1 did not return within 8 s \\(hung\\): at ex02_broadcast_linear.py:"
+        f"({loop}|{loop + 1}) in broadcast_linear; ranks \\[0\\] waited",
+        hung,
+    ), hung
+    assert seconds < 120, f"the hang took {seconds:.0f} s of the grade"
     assert sum(t["max_score"] for t in results["tests"]) == pytest.approx(295)
     assert results["score"] == pytest.approx(10)

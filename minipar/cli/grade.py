@@ -41,6 +41,10 @@ from minipar.launcher.cluster.nodes import EmulationError
 TESTS = Path("tests") / "test_exercises.py"
 GRADE_TIMEOUT = "5"  # seconds any wait may take while grading: a deadlock is named quickly
 FORMATS = ("text", "json", "gradescope", "junit")
+HUNG = re.compile(r"no result from ranks \[([\d, ]+)\]: ranks \[[\d, ]+\] were still inside the "
+                  r"case (\d+) s")  # fmt: skip
+FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\w+)')  # faulthandler's stack lines
+EXERCISE_FRAME = re.compile(r"ex\d\d_\w+\.py$")
 EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Exit))\b:?\s*(.*)$")
 
 
@@ -78,6 +82,37 @@ def _last_error(traceback_text: str) -> tuple[str, str] | None:
     return found
 
 
+def _where_stuck(section: str) -> tuple[bool, str] | None:
+    """(spinning, 'FILE:LINE in FUNCTION') of the exercise's frame in one rank's stacks
+    (faulthandler's, most recent call first): spinning when no call is above it in its thread
+    (its own loop, not a wait on another rank); None without an exercise frame."""
+    for block in re.split(r"\n(?=Thread 0x|Current thread)", section):
+        frames = FRAME.findall(block)
+        for i, (path, line, function) in enumerate(frames):
+            if EXERCISE_FRAME.search(path):
+                return i == 0, f"{Path(path).name}:{line} in {function}"
+    return None
+
+
+def hang_words(message: str, seconds: str) -> str:
+    """'rank 1 did not return within 30 s (hung): at ex02_x.py:22 in f; rank 0 waited on it'
+    from a hung case's message: the ranks spinning in the exercise's own code are the cause,
+    the ranks waiting are named after them; all waiting is a deadlock."""
+    sections = re.split(r"--- rank (\d+) output ---", message)
+    stuck = {int(r): _where_stuck(text) for r, text in zip(sections[1::2], sections[2::2])}
+    spinning = {r: w[1] for r, w in stuck.items() if w and w[0]}
+    waiting = {r: w[1] for r, w in stuck.items() if w and not w[0]}
+    if spinning:
+        first = min(spinning)
+        said = f"rank {first} did not return within {seconds} s (hung): at {spinning[first]}"
+        others = sorted(set(stuck) - {first})
+        return said + (f"; ranks {others} waited on it" if others else "")
+    if waiting:
+        places = "; ".join(f"rank {r} at {w}" for r, w in sorted(waiting.items()))
+        return f"ranks {sorted(waiting)} waited on each other for {seconds} s (deadlock): {places}"
+    return f"ranks {sorted(stuck)} did not return within {seconds} s (hung)"
+
+
 def classify(error: BaseException | None) -> tuple[str, str]:
     """(status, detail) for a test's outcome: `error` is the exception it raised (None if it
     passed). Multi-rank failures arrive as one AssertionError holding every rank's traceback;
@@ -87,6 +122,9 @@ def classify(error: BaseException | None) -> tuple[str, str]:
     if isinstance(error, NotImplementedError):
         return "not started", str(error)
     message = str(error).strip()
+    hung = HUNG.search(message)
+    if hung:  # a rank that never returned is the cause, whatever the others then said
+        return "failed", hang_words(message, hung.group(2))
     if "--- rank" in message:
         found = _last_error(message.split("--- rank", 2)[1].partition(SENTINEL)[0])
         if found and found[0] == "NotImplementedError":
@@ -522,8 +560,8 @@ def main(args) -> int:
     if not results:
         err.print("[bold red]minipar grade:[/] no tests ran (is the lesson number right?)")
         return _stopped(args, points, "no tests ran", 2)
-    if not args.solutions:
-        results += unsubmitted(results, points, args.lesson)
+    if not args.solutions and (args.output or args.format in ("gradescope", "junit")):
+        results += unsubmitted(results, points, args.lesson)  # a course's record
     shown = results  # what a student sees on a course platform: hints only on request
     if args.format in ("gradescope", "junit"):
         shown = [

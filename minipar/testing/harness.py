@@ -39,6 +39,7 @@ from minipar.testing.pool import CASE_TIMEOUT
 from minipar.testing.worker import load_suite
 
 POOL_ENV = "MINIPAR_TEST_POOL"
+SKIP_GROUPS_ENV = "MINIPAR_TEST_SKIP_GROUPS"  # groups (a suite's group_of) not to run at all
 LAUNCH_LOG_ENV = "MINIPAR_TEST_LAUNCH_LOG"
 
 
@@ -71,13 +72,18 @@ class SuiteResult:
                 shown = f"--- rank {rank} output ---\n{output}" if output.strip() else ""
                 failures.append(f"--- rank {rank} ---\n{result['error']}{shown}")
         where = f"{os.path.basename(self.suite)} [{name}] on {self.size} ranks ({self.backend})"
+        why = self.notes.get(name) or (
+            f"job exit {self.returncode} after {self.seconds:.1f} s\n--- stderr ---\n"
+            f"{self.stderr[-4000:]}"
+        )
+        if missing and failures and name in self.notes:  # the others failed waiting on them:
+            raise AssertionError(  # the ranks that never answered come first, as the cause
+                f"{where}: no result from ranks {missing}: {why}\nthe other ranks, which "
+                "failed waiting on them:\n" + "\n".join(failures)
+            )
         if failures:
             raise AssertionError(f"{where} failed:\n" + "\n".join(failures))
         if missing:
-            why = self.notes.get(name) or (
-                f"job exit {self.returncode} after {self.seconds:.1f} s\n--- stderr ---\n"
-                f"{self.stderr[-4000:]}"
-            )
             raise AssertionError(f"{where}: no result from ranks {missing}: {why}")
 
 
@@ -101,13 +107,18 @@ def run_suite(
     if os.environ.get(POOL_ENV, "1") == "0":
         return launch_suite(suite, size, backend, timeout)
     start = time.monotonic()
-    limit = float(getattr(load_suite(suite), "CASE_LIMIT", 0)) or None
+    loaded = load_suite(suite)
+    limit = float(getattr(loaded, "CASE_LIMIT", 0)) or None
+    group_of = getattr(loaded, "group_of", None)  # a broken case takes its group with it
+    skipped = set(filter(None, os.environ.get(SKIP_GROUPS_ENV, "").split(",")))
+    if group_of is not None and skipped:
+        names = [n for n in names if group_of(n) not in skipped]
     settings = {"timeout": os.environ.get("MINIPAR_TIMEOUT") or CASE_TIMEOUT}
     the_pool = pool()
     launched = the_pool.launches
     results, notes, returncode, log = the_pool.run(
         os.path.abspath(suite), size, backend, names, timeout,
-        limit or warm.CASE_LIMIT, settings,
+        limit or warm.CASE_LIMIT, settings, group_of,
     )  # fmt: skip
     for _ in range(the_pool.launches - launched):
         _log_launch("pool", suite, size, backend)

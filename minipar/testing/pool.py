@@ -109,9 +109,12 @@ class Pool:
         self.zygote: zygote.Server | zygote.Borrowed | None = None  # forks the ranks, torch
         # loaded (zygote.py): this process's own, or a parent's (MINIPAR_FORK_SERVER)
 
-    def run(self, suite, size, backend, names, timeout, case_limit, settings):
+    def run(self, suite, size, backend, names, timeout, case_limit, settings, group_of=None):
         """Run the cases `names` of `suite`; ({name: {rank: result}}, {name: why some ranks
-        gave no result}, returncode of a job that ended, the end of its log)."""
+        gave no result}, returncode of a job that ended, the end of its log). With `group_of`
+        (name -> group), a case that hangs or kills its job takes the rest of its group with
+        it (noted, not run) and its time is not the suite's: one exercise's hang costs that
+        exercise only."""
         results, notes, returncode, log = {}, {}, 0, ""
         deadline = time.monotonic() + timeout
         pending = list(names)
@@ -134,6 +137,11 @@ class Pool:
                 results[name], notes[name] = partial, why
                 pending = pending[1:]
                 returncode, log = job.returncode_after_kill(), job.log_tail()
+                if group_of is not None:
+                    deadline += time.monotonic() - started  # its own group pays for it
+                    gone = [n for n in pending if group_of(n) == group_of(name)]
+                    notes.update(dict.fromkeys(gone, f"not run: {name} broke its job already"))
+                    pending = [n for n in pending if n not in gone]
             if not job.usable:
                 self._close(job)
         return results, notes, returncode, log
