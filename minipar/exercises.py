@@ -18,6 +18,9 @@ import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository, for an editable install
+EDITION = "full"  # "student" in a course's hand-out (minipar course handout), where the library
+# calls the student's exercises where its answers stood (minipar/course/handout.py)
+EXERCISES_ENV = "MINIPAR_EXERCISES"  # the student edition's exercises/ folder, if not beside it
 
 # what `register()` adds to minipar's algorithm tables: (exercise, function, collective, name)
 PLUGS = [
@@ -73,6 +76,51 @@ def load(name: str, which: str = "exercises"):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+class ExerciseNotDone(NotImplementedError):
+    """The student edition's library reached an exercise the student has not written yet."""
+
+
+def assigned(name: str):
+    """The student's exercise `name`, as the student edition's library calls it where the
+    answer was cut: each function runs the student's; one still unwritten raises
+    ExerciseNotDone naming the exercise and how to grade it."""
+    folder = Path(os.environ.get(EXERCISES_ENV) or ROOT / "exercises")
+    path = folder / f"{name}.py"
+    if not path.exists():
+        raise ExerciseNotDone(
+            f"this part of minipar is your exercise {name}, and {path} is missing: copy it back "
+            f"from the hand-out (or set {EXERCISES_ENV} to your exercises/ folder)"
+        )
+    key = (str(path), path.stat().st_mtime_ns)
+    if key not in _LOADED:  # once per version of the file: a collective calls it every time
+        _LOADED[key] = load(name, str(folder))
+    return _Assigned(_LOADED[key], name)
+
+
+_LOADED: dict = {}  # (path, mtime) -> the student's module, for assigned()
+
+
+class _Assigned:
+    def __init__(self, module, name: str):
+        self._module, self._name = module, name
+
+    def __getattr__(self, function: str):
+        fn = getattr(self._module, function)
+
+        def run(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except ExerciseNotDone:
+                raise
+            except NotImplementedError as error:
+                raise ExerciseNotDone(
+                    f"minipar runs your exercise {self._name} here ({function}), which is not "
+                    f"finished: {error}; write it, then `minipar grade {self._name}`"
+                ) from None
+
+        return run
 
 
 def written(fn) -> bool:

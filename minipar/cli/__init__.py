@@ -32,6 +32,7 @@ COMMANDS = {
     "lesson": ("minipar.cli.lesson", "run one lesson and print what moved where"),
     "bench": ("minipar.cli.bench", "time the collectives' algorithms against the cost model"),
     "exercises": ("minipar.cli.exercises", "list, build or check the student exercises"),
+    "course": ("minipar.cli.course", "hand a course out: the student edition (instructors)"),
     "grade": ("minipar.cli.grade", "grade the exercises with the lessons' tests"),
     "train": ("minipar.cli.train", "train a tiny model with data, tensor and pipeline parallelism"),
     "plan": ("minipar.cli.plan", "plan a parallel layout for a model on a cluster"),

@@ -323,6 +323,12 @@ def run(
 
     root = root or exercises.repo_root()
     tests = root / TESTS
+    if not tests.exists() and exercises.EDITION == "student":
+        raise FileNotFoundError(
+            "this is a course's student edition: its grader runs on the course's server, with "
+            "tests you do not have; hand in your exercises/ files there (your library already "
+            "runs them: minipar.all_reduce(x, algorithm='ring') runs your ring)"
+        )
     if not tests.exists():
         raise FileNotFoundError(f"{tests} not found: grade from a clone of the repository")
     folder = exercises.tree(impl)

@@ -124,6 +124,7 @@ def levels(call, by_node):
 
 def all_reduce_hierarchical(call, x, op) -> None:
     """Reduce-scatter inside the node, all-reduce each chunk across nodes, all-gather inside."""
+    # BEGIN ANSWER ex04_hierarchical_allreduce all_reduce_two_level
     by_node = members(call.comm)
     two = levels(call, by_node) if len(by_node) > 1 else None
     if two is None:  # one node, or unequal nodes: the flat ring
@@ -133,6 +134,7 @@ def all_reduce_hierarchical(call, x, op) -> None:
     ring.reduce_scatter_inplace(inside, x, edges, op)
     ring.all_reduce_ring(across, layout.chunk(x, edges, inside.rank), op)
     ring.all_gather_inplace(inside, x, edges)
+    # END ANSWER
 
 
 def _by_position(by_node, n: int) -> list[int]:

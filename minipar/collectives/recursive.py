@@ -55,6 +55,7 @@ def all_reduce_recursive_doubling(call, x, op) -> None:
     (higher rank's data), so every rank ends bitwise identical, even for MIN of -0.0 and +0.0;
     it is not a left-to-right sum (the association is a balanced tree).
     """
+    # BEGIN ANSWER ex03_recursive_doubling
     p2, rem = layout.fold(call.size)
     me = _fold_in(call, x, op, rem)
     if me is not None:
@@ -64,6 +65,7 @@ def all_reduce_recursive_doubling(call, x, op) -> None:
             call.sendrecv(x, partner, incoming, partner)
             reduce_(x, incoming, op, reverse=partner < call.rank)  # both compute low op high
     _fold_out(call, x, rem, me)
+    # END ANSWER
 
 
 def _halving(call, x, edges, me: int, p2: int, rem: int, span, op, scratch) -> None:

@@ -23,6 +23,7 @@ def _depth(p: int) -> int:
 def broadcast_tree(call, x, root: int) -> None:
     """Binomial broadcast: ceil(log2 p) steps; the root sends n bytes in each step, every other
     rank receives n bytes once and forwards at most ceil(log2 p) - 1 times."""
+    # BEGIN ANSWER ex02_broadcast_binomial broadcast_binomial
     p = call.size
     vr = (call.rank - root) % p
     for k in call.rounds(_depth(p)):
@@ -31,6 +32,7 @@ def broadcast_tree(call, x, root: int) -> None:
             call.send(x, (call.rank + mask) % p)
         elif mask <= vr < 2 * mask:
             call.recv(x, (call.rank - mask) % p)
+    # END ANSWER
 
 
 def reduce_tree(call, x, root: int, op) -> None:

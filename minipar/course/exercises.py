@@ -27,7 +27,7 @@ import re
 import textwrap
 from pathlib import Path
 
-from minipar.exercises import load, repo_root, tree  # noqa: F401  (the grader reads them here)
+from minipar.exercises import EDITION, load, repo_root, tree  # noqa: F401  (the grader reads them)
 
 BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION(?:\s+hint:\s*(?P<hint>.*))?$")
 HINT = re.compile(r"^\s*# hint:\s*(?P<hint>.*)$")

@@ -23,6 +23,7 @@ from minipar.simulate.runner import concurrently
 
 def ring_orders(size: int, per_node: int, channels: int) -> list[list[int]]:
     """The world ranks of each channel's ring, in ring order."""
+    # BEGIN ANSWER ex11_nccl_rings
     if not 1 <= channels <= per_node:
         raise ValueError(f"channels must be between 1 and per_node = {per_node}, got {channels}")
     nodes = -(-size // per_node)
@@ -34,6 +35,7 @@ def ring_orders(size: int, per_node: int, channels: int) -> list[list[int]]:
             order += [node * per_node + q for q in local if node * per_node + q < size]
         orders.append(order)
     return orders
+    # END ANSWER
 
 
 def ring_groups(size: int, per_node: int, channels: int) -> list:

@@ -49,7 +49,9 @@ def mtbi_hours(gpus: int) -> float:
 
 def young_daly(save_s: float, mtbi_s: float) -> float:
     """The checkpoint interval that loses the least, to first order: sqrt(2 delta M)."""
+    # BEGIN ANSWER ex12_checkpoint_interval best_interval
     return math.sqrt(2 * save_s * mtbi_s)
+    # END ANSWER
 
 
 def goodput(interval_s: float, save_s: float, restart_s: float, mtbi_s: float) -> float:

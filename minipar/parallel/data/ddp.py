@@ -156,6 +156,8 @@ def make_buckets(params: list[nn.Parameter], cap_bytes: int, dtype=None) -> list
     """Group `params` (already in reverse registration order) into buckets of at most
     `cap_bytes` (at least one parameter each), one dtype and device per bucket; their buffers
     are placed later (`place_buckets`); `dtype`: the buffers' (default the parameters')."""
+    # BEGIN ANSWER ex05_bucketed_ddp do: return [Bucket(ps, i, dtype) for i, ps in enumerate(
+    # more: assigned("ex05_bucketed_ddp").make_buckets(list(reversed(params)), cap_bytes))]
     buckets, current, size = [], [], 0
     for p in params:
         nbytes = p.numel() * p.element_size()
@@ -168,6 +170,7 @@ def make_buckets(params: list[nn.Parameter], cap_bytes: int, dtype=None) -> list
     if current:
         buckets.append(Bucket(current, len(buckets), dtype))
     return buckets
+    # END ANSWER
 
 
 ALIGN = 64  # bytes between buckets that share one window: each starts on a cache line

@@ -37,12 +37,14 @@ def partition(sizes: list[int], world: int) -> list[int]:
     computes the same answer. The most-loaded rank then holds at most the least-loaded one's
     elements plus the smallest parameter of its own shard (its last: when it came, that rank
     was the least loaded)."""
+    # BEGIN ANSWER ex05_zero1_step
     load, owner = [0] * world, [0] * len(sizes)
     for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
         r = min(range(world), key=lambda q: (load[q], q))
         owner[i] = r
         load[r] += sizes[i]
     return owner
+    # END ANSWER
 
 
 def _check_optimizer_class(optimizer_class) -> None:

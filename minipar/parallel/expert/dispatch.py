@@ -43,22 +43,28 @@ class Plan:
 def sort_by_expert(experts: torch.Tensor, kept: torch.Tensor, n_experts: int):
     """(order, counts): the (T, k) copies sorted stably by expert, dropped ones (key E) last,
     and the kept copies per expert."""
+    # BEGIN ANSWER ex10_moe_dispatch
     key = torch.where(kept, experts, n_experts).reshape(-1)
     order = torch.argsort(key, stable=True)
     counts = torch.bincount(key, minlength=n_experts + 1)[:n_experts]
     return order, counts
+    # END ANSWER
 
 
 def split_sizes(counts: torch.Tensor, n_ranks: int) -> list:
     """Rows for each rank: rank q owns experts q*E/p .. (q+1)*E/p - 1, contiguous."""
+    # BEGIN ANSWER ex10_moe_dispatch
     return counts.reshape(n_ranks, -1).sum(1).tolist()
+    # END ANSWER
 
 
 def inverse_permutation(order: torch.Tensor) -> torch.Tensor:
     """inverse[order[i]] = i."""
+    # BEGIN ANSWER ex10_moe_dispatch
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(len(order), device=order.device)
     return inverse
+    # END ANSWER
 
 
 def plan(experts: torch.Tensor, kept: torch.Tensor, n_experts: int, n_ranks: int) -> Plan:

@@ -117,20 +117,22 @@ def gpipe(rank: int, p: int, m: int, v: int = 1):
 def one_f_one_b(rank: int, p: int, m: int, v: int = 1):
     """1F1B (PipeDream-flush): warm-up forwards, then one forward one backward, then cool-down.
 
-    Roughly:
-        warmup = min(p - rank - 1, m)
-        for i in range(warmup): forward i
-        for i in range(m - warmup): forward warmup+i; backward i
-        for i in range(m - warmup, m): backward i
+    Roughly, on rank `rank`:
+        warm-up: forward micro-batches 0 .. w-1, where w = min(p - rank - 1, m)
+        steady: forward w + i, then backward i, for i = 0 .. m-w-1
+        cool-down: backward m-w .. m-1
 
     The same bubble as GPipe, (p-1)/(m+p-1), but rank r holds at most p - r micro-batches'
     activations (<= p) instead of m: a backward frees one as each new forward takes one.
     """
+    # BEGIN ANSWER ex07_one_f_one_b do: compute = list(
+    # more: assigned("ex07_one_f_one_b").one_f_one_b(rank, p, m))
     warmup = min(p - rank - 1, m)
     compute = [Forward(i) for i in range(warmup)]
     for i in range(m - warmup):
         compute += [Forward(warmup + i), Backward(i)]
     compute += [Backward(i) for i in range(m - warmup, m)]
+    # END ANSWER
     yield from with_comms(compute, rank, p, 1)
 
 
@@ -177,25 +179,24 @@ def zb_h1(rank: int, p: int, m: int, v: int = 1):
     critical path) and W (weight gradient, needed by nobody downstream), and push W's into
     the cool-down where 1F1B idles.
 
-    Roughly:
-        warmup = min(p - rank - 1, m)
-        for i in range(warmup): F i
-        for i in range(m - warmup): F warmup+i; B i; if i >= rank: W i-rank
-        for i in range(m - warmup, m): B i; W next
+    Roughly, with w = min(p - rank - 1, m) warm-up forwards (1F1B's):
+        F 0 .. w-1
+        for i in 0 .. m-w-1: F w+i; B i; and W i-rank once i >= rank
+        for i in m-w .. m-1: B i; W next
         W the rest
 
     Rank r defers r W's, so it holds (p - r) + r = p micro-batches at most: 1F1B's peak memory.
     With equal F, B, W costs the bubble is (p-1)/(3m + p-1), a third of 1F1B's.
     """
-    warmup = min(p - rank - 1, m)
-    compute = [Forward(i) for i in range(warmup)]
+    ahead = min(p - rank - 1, m)
+    compute = [Forward(i) for i in range(ahead)]
     next_w = 0
-    for i in range(m - warmup):
-        compute += [Forward(warmup + i), BackwardInput(i)]
+    for i in range(m - ahead):
+        compute += [Forward(ahead + i), BackwardInput(i)]
         if i >= rank:
             compute.append(BackwardWeight(next_w))
             next_w += 1
-    for i in range(m - warmup, m):
+    for i in range(m - ahead, m):
         compute.append(BackwardInput(i))
         compute.append(BackwardWeight(next_w))
         next_w += 1

@@ -38,7 +38,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         if vocab_size is not None and start + local_vocab > vocab_size:  # padding here
             padding = torch.arange(start, start + local_vocab, device=logits.device) >= vocab_size
             logits = logits.masked_fill(padding, float("-inf"))
-        m = logits.max(dim=-1).values.contiguous()
+        m = logits.amax(dim=-1).contiguous()  # the row's largest logit, this rank's part
         if many:
             collectives.all_reduce(m, op=ReduceOp.MAX, group=group)
         shifted = logits - m.unsqueeze(-1)
