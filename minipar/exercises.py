@@ -53,24 +53,45 @@ def tree(which: str) -> Path:
 
 
 _GUARDED: list = []  # this process installed the grader's audit hook (once is for good)
+HIDE_ENV = "MINIPAR_GRADE_HIDE"  # os.pathsep-separated paths a student's code may not open
+# events refused once a student's file is loaded: starting or replacing a process
+REFUSED = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork")
+REFUSED += ("os.forkpty", "pty.spawn")
+
+
+def hidden_paths() -> list[str]:
+    return [os.path.realpath(p) for p in os.environ.get(HIDE_ENV, "").split(os.pathsep) if p]
+
+
+def guard(hidden: list[str] | None = None) -> None:
+    """Refuse, in this process from now on, opening anything under `hidden` (default: what
+    HIDE_ENV names: the worked answers, the hidden tests, the results) and starting or
+    replacing a process. An audit hook (PEP 578): nothing can take it back. The grader's wall
+    (course/sandbox.py) puts it in every process that runs a student's file."""
+    import sys
+
+    hidden = hidden_paths() if hidden is None else hidden
+
+    def refuse(event, args):
+        if event == "open" and hidden and isinstance(args[0], (str, bytes, os.PathLike)):
+            path = os.path.realpath(os.fsdecode(args[0]))
+            if any(path == h or path.startswith(h + os.sep) for h in hidden):
+                raise PermissionError(f"the grader hides {os.fsdecode(args[0])}")
+        elif event.startswith(REFUSED):
+            raise PermissionError(f"{event}: refused while grading")
+
+    sys.addaudithook(refuse)
 
 
 def load(name: str, which: str = "exercises"):
-    """Import exercise module `name` (e.g. 'ex03_ring_allreduce') from a tree, by path. In the
-    grader's own process it is not imported there: the module seen through the grader's wall
-    (course/sandbox.py) runs in a process of its own."""
+    """Import exercise module `name` (e.g. 'ex03_ring_allreduce') from a tree, by path. While
+    grading (HIDE_ENV set), a student's file is loaded only after `guard()`."""
     path = tree(which) / f"{name}.py"
     if not path.exists():
         raise FileNotFoundError(f"no exercise {name} in {path.parent}")
     trusted = path.parent == tree("solutions")  # the worked answers: the grader's own
-    if not trusted and os.environ.get("MINIPAR_GRADE_SEALED") == str(os.getpid()):
-        from minipar.course import sandbox  # the course's room: only while grading
-
-        return sandbox.load(name, str(path.parent))
-    if not trusted and os.environ.get("MINIPAR_GRADE_HIDE") and not _GUARDED:
-        from minipar.course import sandbox
-
-        sandbox.guard()  # a rank about to run a student's file: the answers are out of reach
+    if not trusted and os.environ.get(HIDE_ENV) and not _GUARDED:
+        guard()  # a process about to run a student's file: the answers are out of reach
         _GUARDED.append(True)
     spec = importlib.util.spec_from_file_location(f"minipar_{path.parent.name}_{name}", path)
     module = importlib.util.module_from_spec(spec)

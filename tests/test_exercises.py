@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from conftest import ranks_suite
 
-from minipar import cost, exercises
+from minipar import cost
 from minipar.cli import grade
+from minipar.course import sandbox
 from minipar.testing import harness
 
 SUITE = ranks_suite("exercises.py")
@@ -21,7 +22,7 @@ SIZES = [1, 2, 3, 4]
 
 
 def ex04(impl: str):
-    return exercises.load("ex04_alpha_beta_fit", impl)
+    return sandbox.exercise("ex04_alpha_beta_fit", impl)
 
 
 def test_ex04_alpha_beta_fit_exact(exercise_impl):
@@ -73,7 +74,7 @@ def test_ex04_alpha_beta_fit_crossover(exercise_impl, p):
 
 
 def ex07(impl: str):
-    return exercises.load("ex07_one_f_one_b", impl)
+    return sandbox.exercise("ex07_one_f_one_b", impl)
 
 
 def _short(ins) -> str:
@@ -162,7 +163,7 @@ def test_ex07_one_f_one_b_verifies(exercise_impl):
 
 
 def ex09(name: str, impl: str):
-    return exercises.load(name, impl)
+    return sandbox.exercise(name, impl)
 
 
 def attention_blocks(cuts, scale=1.0, seed=0):
@@ -310,7 +311,7 @@ def test_ex09_load_balanced_split_any_dim_and_bad_length(exercise_impl):
 
 
 def ex10(impl: str):
-    return exercises.load("ex10_moe_dispatch", impl)
+    return sandbox.exercise("ex10_moe_dispatch", impl)
 
 
 def copy_words(copy: int, experts, kept) -> str:
@@ -393,7 +394,7 @@ def test_ex10_moe_dispatch_random_routings(exercise_impl, t, k, e, p):
 
 
 def ex11(impl: str):
-    return exercises.load("ex11_nccl_rings", impl)
+    return sandbox.exercise("ex11_nccl_rings", impl)
 
 
 @pytest.mark.parametrize("size,per_node,channels", [(8, 4, 1), (8, 4, 2), (16, 8, 8), (11, 4, 4)])
@@ -459,7 +460,7 @@ def test_ex11_nccl_rings_on_a_simulated_cluster(exercise_impl):
 
 
 def ex12(impl: str):
-    return exercises.load("ex12_checkpoint_interval", impl)
+    return sandbox.exercise("ex12_checkpoint_interval", impl)
 
 
 def test_ex12_checkpoint_interval_mtbi_from_llama3(exercise_impl):

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from minipar.course import handout
+
 EXAMPLES = """\
 examples:
   minipar course handout ../handout              every exercise assigned
@@ -32,8 +34,7 @@ def configure(parser) -> None:
 
 
 def main(args) -> int:
-    from minipar.course import handout
-    from minipar.term import Console
+    from minipar.term import Console  # rich: only when a command runs
 
     err = Console(stderr=True, highlight=False)
     if args.action == "handout":

@@ -28,12 +28,14 @@ import io
 import json
 import os
 import re
+import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
-from minipar.course import exercises, gradebook
+from minipar.course import batch, exercises, gradebook, sandbox, submission
+from minipar.course.gradebook import Result
 from minipar.course.stepdiff import SENTINEL
 from minipar.launcher.cluster import needs
 from minipar.launcher.cluster.nodes import EmulationError
@@ -46,16 +48,6 @@ HUNG = re.compile(r"no result from ranks \[([\d, ]+)\]: ranks \[[\d, ]+\] were s
 FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\w+)')  # faulthandler's stack lines
 EXERCISE_FRAME = re.compile(r"ex\d\d_\w+\.py$")
 EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Exit))\b:?\s*(.*)$")
-
-
-@dataclass
-class Result:
-    exercise: str  # ex03_ring_allreduce
-    test: str  # what was checked, e.g. "values on 4 ranks"
-    status: str  # "passed", "failed" or "not started"
-    detail: str = ""  # the first line of the error, or the NotImplementedError's hint
-    explanation: str = ""  # where it parted from the solution (minipar.course.stepdiff), if known
-    seconds: float = 0.0
 
 
 def _exercise_and_test(nodeid: str) -> tuple[str, str]:
@@ -275,8 +267,6 @@ def selection(lesson: str | None, impl: str, folder: Path) -> list[str] | None:
         return chosen or [lesson]
     if impl in ("exercises", "solutions"):
         return None
-    from minipar.course import submission
-
     held = sorted(submission.files(folder, set(names)))  # nested uploads flattened
     if not held:
         raise FileNotFoundError(f"no exNN_*.py exercise in {folder}")
@@ -337,8 +327,6 @@ def run(
     chosen = selection(lesson, impl, folder)
     walled = folder != exercises.tree("solutions")
     if walled and chosen is None:  # the ranks read the chosen exercises' answers first
-        from minipar.course import submission
-
         chosen = sorted(submission.files(folder, {p.stem for p in exercises.sources()}))
     collector = Collector()
     if nodes:
@@ -369,8 +357,6 @@ def _walled(folder: Path, chosen, hidden: list[str]):
     process sealed (its exercises.load() goes through the wall) and `hidden` refused to every
     process that runs student code; the copy and the student's processes gone afterwards."""
     import tempfile
-
-    from minipar.course import sandbox, submission
 
     known = {p.stem for p in exercises.sources()}
     found = submission.files(folder, known)
@@ -429,6 +415,38 @@ def configure(parser) -> None:
         "ex04_hierarchical_allreduce --nodes 2",
     )
     course = parser.add_argument_group("instructors and course platforms")
+    course.add_argument(
+        "--submissions",
+        default=None,
+        metavar="DIR",
+        help="grade a class: a folder (or .zip) a student in DIR, into --out",
+    )
+    course.add_argument(
+        "--out",
+        default=None,
+        metavar="OUT",
+        help="with --submissions: OUT/NAME/results.json, grades.csv, similarity.md",
+    )
+    course.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --submissions: N submissions at once (default 1)",
+    )
+    course.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="with --submissions: seconds one submission's grade may take",
+    )
+    course.add_argument(
+        "--roster",
+        default=None,
+        metavar="CSV",
+        help="with --submissions: every student listed gets a row, submitted or not",
+    )
     course.add_argument(
         "--solutions", action="store_true", help="grade the worked answers, solutions/"
     )
@@ -549,6 +567,8 @@ def main(args) -> int:
         return 2
     impl = "solutions" if args.solutions else (args.impl or "exercises")
     points = Path(args.points) if args.points else exercises.tree("solutions") / "points.toml"
+    if args.submissions or args.out:
+        return _class(args, points, err)
     try:
         if args.points and not points.exists():
             raise FileNotFoundError(f"no points table {points}")
@@ -583,6 +603,28 @@ def main(args) -> int:
     if args.output:
         Path(args.output).write_text(document(shown, args.format, points))
     return 0 if all(r.status == "passed" for r in results) else 1
+
+
+def _class(args, points: Path, err) -> int:
+    """--submissions DIR --out OUT: the class, graded (course/batch.py)."""
+    if not (args.submissions and args.out):
+        err.print("[bold red]minipar grade:[/] --submissions DIR and --out OUT go together")
+        return 2
+    if args.jobs < 1 or args.timeout <= 0:
+        err.print(f"[bold red]minipar grade:[/] --jobs {args.jobs} --timeout {args.timeout:g}: "
+                  "--jobs must be 1 or more and --timeout above 0")  # fmt: skip
+        return 2
+    try:
+        graded = batch.grade_all(
+            Path(args.submissions), Path(args.out), args.jobs, args.timeout,
+            Path(args.roster) if args.roster else None, points,
+            say=lambda line: print(line, file=sys.stderr, flush=True),
+        )  # fmt: skip
+    except (FileNotFoundError, ValueError) as error:
+        err.print(f"[bold red]minipar grade:[/] {error}")
+        return 2
+    full = all(all(t["status"] == "passed" for t in g.get("tests", [])) for g in graded.values())
+    return 0 if full else 1
 
 
 def unsubmitted(results: list[Result], points, lesson: str | None) -> list[Result]:

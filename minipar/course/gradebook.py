@@ -18,9 +18,20 @@ output: the first error and the grader's explanation) and the total score; JUnit
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_POINTS = 10.0
+
+
+@dataclass
+class Result:
+    exercise: str  # ex03_ring_allreduce
+    test: str  # what was checked, e.g. "values on 4 ranks"
+    status: str  # "passed", "failed" or "not started"
+    detail: str = ""  # the first line of the error, or the NotImplementedError's hint
+    explanation: str = ""  # where it parted from the solution (minipar.course.stepdiff), if known
+    seconds: float = 0.0
 
 
 def _toml(text: str) -> dict:

@@ -142,6 +142,22 @@ def answers_in(package: Path) -> dict[str, list[Path]]:
     return found
 
 
+def answer_texts(package: Path) -> dict[str, str]:
+    """exercise -> the library's answer to it: the lines of its ANSWER blocks, every file's."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        exercise = None
+        for line in path.read_text().splitlines():
+            begin = BEGIN.match(line)
+            if begin:
+                exercise = begin["exercise"]
+            elif END.match(line):
+                exercise = None
+            elif exercise and not MORE.match(line):
+                found.setdefault(exercise, []).append(line)
+    return {exercise: "\n".join(lines) for exercise, lines in found.items()}
+
+
 def build(dest: Path, wanted: str | None = None, root: Path | None = None) -> dict:
     """Write the student edition into `dest` (which must not exist or be empty); returns what
     was assigned and cut: {"exercises": [...], "cut": {exercise: [files]}}."""

@@ -20,6 +20,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from minipar.course import exercises
+
 # modules any exercise may import, whole or in part (pure computation)
 COMMON = {
     "math", "cmath", "itertools", "functools", "collections", "operator", "typing",
@@ -117,8 +119,6 @@ def check_text(text: str, filename: str, allowed, given: frozenset = frozenset()
 def check(path: Path, exercise: str, solutions: Path) -> list[str]:
     """The refusals in a student's `path` for `exercise`, judged against its worked answer's
     imports (solutions/EXERCISE.py): [] when the file may run."""
-    from minipar.course import exercises  # the stub, as --generate writes it
-
     solution = solutions / f"{exercise}.py"
     given = frozenset(line.strip() for line in exercises.generated(solution)[0].splitlines())
     text = Path(path).read_text(errors="replace")

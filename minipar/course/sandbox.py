@@ -5,8 +5,9 @@
       mod.sort_by_expert(experts, kept, 4)   -- JSON -->    runs it, nothing else
       compares, in the grader's own process  <-- JSON --    the value, or the error's name
 
-A one-process exercise's functions run in one child per submission (`Wall`): the grader's
-process never imports the student's file, sends the arguments and reads back plain values
+A one-process exercise's functions run in one child per submission (`Wall`; the tests take the
+module from `exercise()`): the grader's process never imports the student's file, sends the
+arguments and reads back plain values
 (course/codec.py: no pickle), each call within CALL_TIMEOUT seconds; a call that hangs is
 stopped with its stack named, a process that ends (os._exit, a crash) fails that call only.
 The ranks of a multi-rank exercise are processes of their own already (testing/harness.py).
@@ -31,13 +32,13 @@ import sys
 import threading
 import time
 
-HIDE_ENV = "MINIPAR_GRADE_HIDE"  # os.pathsep-separated paths student code may not open
-SEALED_ENV = "MINIPAR_GRADE_SEALED"  # the grader's pid: its exercises.load() goes through a Wall
+from minipar import exercises
+from minipar.exercises import HIDE_ENV, guard, hidden_paths
+
+SEALED_ENV = "MINIPAR_GRADE_SEALED"  # the grader's pid: its exercise modules come through a Wall
 TIMEOUT_ENV = "MINIPAR_GRADE_CALL_TIMEOUT"
 CALL_TIMEOUT = 10.0  # seconds one call of a student's function may take
 LOAD_TIMEOUT = 30.0  # ... and starting its process and loading its file (torch: seconds)
-REFUSED = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork")
-REFUSED += ("os.forkpty", "pty.spawn")
 BUILTIN = {
     e.__name__: e
     for e in (NotImplementedError, ValueError, TypeError, IndexError, KeyError, AssertionError,
@@ -46,28 +47,8 @@ BUILTIN = {
 }  # fmt: skip
 
 
-def hidden_paths() -> list[str]:
-    return [os.path.realpath(p) for p in os.environ.get(HIDE_ENV, "").split(os.pathsep) if p]
-
-
-def guard(hidden: list[str] | None = None) -> None:
-    """Refuse, in this process from now on, opening anything under `hidden` (default: HIDE_ENV)
-    and starting or replacing a process. An audit hook: nothing can take it back."""
-    hidden = hidden_paths() if hidden is None else hidden
-
-    def refuse(event, args):
-        if event == "open" and hidden and isinstance(args[0], (str, bytes, os.PathLike)):
-            path = os.path.realpath(os.fsdecode(args[0]))
-            if any(path == h or path.startswith(h + os.sep) for h in hidden):
-                raise PermissionError(f"the grader hides {os.fsdecode(args[0])}")
-        elif event.startswith(REFUSED):
-            raise PermissionError(f"{event}: refused while grading")
-
-    sys.addaudithook(refuse)
-
-
 def sealed() -> bool:
-    """Whether this process is the grader's own (its exercises.load() goes through a Wall)."""
+    """Whether this process is the grader's own: it loads no student's file (`load` below)."""
     return os.environ.get(SEALED_ENV) == str(os.getpid())
 
 
@@ -214,7 +195,7 @@ class SealedModule:
         if attr.startswith("_"):
             raise AttributeError(attr)
         kind = self._wall.call(self._name, {"get": attr})
-        from minipar.course import codec
+        from minipar.course import codec  # numpy: only when values cross
 
         if kind != "function":
             return codec.decode(kind["value"])
@@ -229,6 +210,18 @@ class SealedModule:
 
 
 _WALLS: dict[str, Wall] = {}
+
+
+def exercise(name: str, which: str):
+    """Exercise `name` of a tree, as the exercises' one-process tests use it: the worked
+    answers imported as they are; a student's file, in the grader's own process, seen through
+    its Wall; anywhere else (a pytest run of one's own) imported (minipar.exercises.load)."""
+    folder = exercises.tree(which)
+    if folder == exercises.tree("solutions") or not sealed():
+        return exercises.load(name, which)
+    if not (folder / f"{name}.py").exists():
+        raise FileNotFoundError(f"no exercise {name} in {folder}")
+    return load(name, str(folder))
 
 
 def load(name: str, folder: str) -> SealedModule:
@@ -248,8 +241,7 @@ def close_all() -> None:
 
 
 def _answer(modules: dict, folder: str, request: dict):
-    from minipar import exercises
-    from minipar.course import codec
+    from minipar.course import codec  # numpy: only when values cross
 
     name = request["module"]
     if name not in modules:
