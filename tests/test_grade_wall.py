@@ -317,3 +317,50 @@ def test_grade_attacks_gain_nothing_and_honest_work_keeps_its_points(tmp_path):
     assert seconds < 120, f"the hang took {seconds:.0f} s of the grade"
     assert sum(t["max_score"] for t in results["tests"]) == pytest.approx(295)
     assert results["score"] == pytest.approx(10)
+
+
+# -- a class: every submission graded apart, the gradebook, the similarity ---------------------
+
+
+def test_a_class_is_graded_into_results_a_gradebook_and_a_similarity_report(tmp_path):
+    """Three students (a folder, a nested .zip, a copy of the first), a fourth on the roster
+    only, an assignment of two one-process exercises (10 + 20 points): each graded apart."""
+    import csv
+    import zipfile
+
+    ups = tmp_path / "uploads"
+    for who in ("alice", "carol"):
+        (ups / who).mkdir(parents=True)
+        for name in ("ex12_checkpoint_interval", "ex11_nccl_rings"):
+            (ups / who / f"{name}.py").write_text((SOLUTIONS / f"{name}.py").read_text())
+    with zipfile.ZipFile(ups / "bob.zip", "w") as archive:  # an upload nested in folders
+        archive.writestr(
+            "work/hw/ex12_checkpoint_interval.py",
+            (exercises.tree("exercises") / "ex12_checkpoint_interval.py").read_text(),
+        )
+        archive.writestr("work/hw/ex11_nccl_rings.py", "import os\n")  # fmt: skip
+    points = tmp_path / "points.toml"
+    points.write_text("default = 5\n[points]\nex12_checkpoint_interval = 10\nex11_nccl_rings = 20\n"
+                      "[visibility]\nex11_nccl_rings = \"after_due_date\"\n")  # fmt: skip
+    roster = tmp_path / "roster.csv"
+    roster.write_text("email,name\na@x,alice\nb@x,bob\nc@x,carol\nd@x,dave\n")
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "minipar", "grade", "--submissions", str(ups), "--out", str(out),
+         "--points", str(points), "--roster", str(roster), "--jobs", "2"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]  # bob did not pass everything
+    assert "[3/3]" in done.stderr and "left)" in done.stderr, done.stderr
+    rows = {r["student"]: r for r in csv.DictReader(open(out / "grades.csv"))}
+    assert set(rows) == {"alice", "bob", "carol", "dave"}
+    assert rows["alice"]["total"] == "30" and rows["alice"]["max"] == "30"
+    assert rows["bob"]["ex11_nccl_rings"] == "0" and rows["bob"]["ex12_checkpoint_interval"] == "0"
+    assert rows["dave"]["status"] == "no submission" and rows["dave"]["total"] == "0"
+    bob = json.loads((out / "bob" / "results.json").read_text())
+    ex11 = [t for t in bob["tests"] if t["tags"] == ["ex11_nccl_rings"]]
+    assert ex11 and all(t["visibility"] == "after_due_date" for t in ex11)
+    assert "ex11_nccl_rings.py:1: import os" in ex11[0]["output"]
+    report = (out / "similarity.md").read_text()
+    assert "| 100% | ex11_nccl_rings | alice | carol |" in report, report
+    assert "| alice | worked answer |" in report
