@@ -364,3 +364,47 @@ def test_a_class_is_graded_into_results_a_gradebook_and_a_similarity_report(tmp_
     report = (out / "similarity.md").read_text()
     assert "| 100% | ex11_nccl_rings | alice | carol |" in report, report
     assert "| alice | worked answer |" in report
+
+
+def test_the_gradescope_bundle_grades_a_submission_in_a_made_up_autograder_tree(tmp_path):
+    """`minipar course autograder` writes the zip; unpacked as Gradescope does, its
+    run_autograder grades /autograder/submission into /autograder/results/results.json."""
+    import zipfile
+
+    bundle = tmp_path / "autograder.zip"
+    points = tmp_path / "two.toml"
+    points.write_text("[points]\nex12_checkpoint_interval = 10\nex11_nccl_rings = 5\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "minipar",
+            "course",
+            "autograder",
+            str(bundle),
+            "--points",
+            str(points),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    root = tmp_path / "autograder"
+    with zipfile.ZipFile(bundle) as archive:
+        names = archive.namelist()
+        archive.extractall(root / "source")
+    assert {"setup.sh", "run_autograder", "two.toml", "solutions/points.toml"} <= set(names)
+    assert "tests/test_exercises.py" in names and "minipar/cli/grade.py" in names
+    (root / "submission" / "hw").mkdir(parents=True)  # Gradescope keeps the upload's folders
+    (root / "submission" / "hw" / "ex12_checkpoint_interval.py").write_text(
+        (SOLUTIONS / "ex12_checkpoint_interval.py").read_text())  # fmt: skip
+    env = {**os.environ, "AUTOGRADER_ROOT": str(root), "OMP_NUM_THREADS": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
+    done = subprocess.run(["bash", str(root / "source" / "run_autograder")], env=env,
+                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    results = json.loads((root / "results" / "results.json").read_text())
+    assert done.returncode == 0, done.stderr[-2000:]  # some failed: still a grade, exit 0 here
+    assert results["score"] == pytest.approx(10), [t["output"][:300] for t in results["tests"]]
+    assert results["output"].endswith("of 15 points")
+    assert any("no ex11_nccl_rings.py in the submission" in t["output"] for t in results["tests"])

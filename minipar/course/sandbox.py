@@ -21,6 +21,7 @@ the walls are listed in docs/course.md, with what they cannot stop.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -58,8 +59,8 @@ def sealed() -> bool:
 def isolated(hidden: list[str]) -> list[str]:
     """The command prefix that runs a student's process apart: as root, in a mount namespace
     where every hidden path is an empty read-only folder, as the unprivileged user `nobody`;
-    otherwise, in a user namespace of its own where the kernel allows one; else nothing (the
-    audit hook stays)."""
+    otherwise, in a user namespace of its own; where the machine refuses either (a container
+    without the right, a Python `nobody` cannot read), nothing: the audit hook stays."""
     unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
     if not unshare or os.environ.get("MINIPAR_GRADE_ISOLATE") == "0":
         return []
@@ -68,17 +69,20 @@ def isolated(hidden: list[str]) -> list[str]:
     dirs = [h for h in hidden if os.path.isdir(h)]
     if os.geteuid() == 0 and setpriv:
         drop = f'exec {setpriv} --reuid=65534 --regid=65534 --clear-groups "$@"'
-        return [unshare, "--mount", "--propagation", "private", "sh", "-c", cover + drop, "sh",
-                *dirs, "--"]  # fmt: skip
-    if _user_namespaces():
-        return [unshare, "--user", "--map-root-user", "--mount", "sh", "-c", cover + 'exec "$@"',
-                "sh", *dirs, "--"]  # fmt: skip
-    return []
+        prefix = [unshare, "--mount", "--propagation", "private", "sh", "-c", cover + drop, "sh",
+                  *dirs, "--"]  # fmt: skip
+    else:
+        prefix = [unshare, "--user", "--map-root-user", "--mount", "sh", "-c", cover + 'exec "$@"',
+                  "sh", *dirs, "--"]  # fmt: skip
+    return list(prefix) if _works(tuple(prefix)) else []
 
 
-def _user_namespaces() -> bool:
+@functools.cache
+def _works(prefix: tuple) -> bool:
+    """Whether this machine lets the prefix run this Python (a container may refuse the
+    namespaces, `nobody` may not read this Python): where not, the audit hook stands alone."""
     try:
-        done = subprocess.run(["unshare", "--user", "--map-root-user", "true"], timeout=10,
+        done = subprocess.run([*prefix, sys.executable, "-c", "import minipar"], timeout=30,
                               capture_output=True)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return False
@@ -100,7 +104,7 @@ class Wall:
         command = [sys.executable, "-m", "minipar.course.sandbox", self.folder]
         self.child = subprocess.Popen(
             isolated(self.hidden) + command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, env=env, start_new_session=True,
+            stderr=subprocess.PIPE, env=env, start_new_session=True, cwd=self.folder,
         )  # fmt: skip
         self.errors = []
         threading.Thread(target=self._drain, args=(self.child,), daemon=True).start()
