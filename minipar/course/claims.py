@@ -109,6 +109,7 @@ class Alternated:
 
     a: tuple[float, ...]
     b: tuple[float, ...]
+    cpu: Share | None = None  # the CPU the run got while the pairs ran (Page.alternate's)
 
     @property
     def ratios(self) -> tuple[float, ...]:

@@ -21,7 +21,7 @@ from minipar import cost
 from minipar.course import claims as C
 from minipar.course.lessons import hardware
 from minipar.course.lessons.page import Page, fmt_bytes, fmt_rate, fmt_time
-from minipar.course.machine import link_bits, this_machine
+from minipar.course.machine import link_bits
 from minipar.launcher.cluster import link as links
 from minipar.models.config import GPTConfig, RunSpec
 
@@ -288,7 +288,7 @@ def copy_time(src, dst, reps: int) -> float:
 
 
 def machine_section(page: Page) -> None:
-    machine = this_machine(page.comm)
+    machine = page.machine()
     link = machine.message
     nbytes = (16 if page.quick else 64) << 20
     reps, pairs = (3, 5) if page.quick else (5, 9)

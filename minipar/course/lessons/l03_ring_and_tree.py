@@ -23,7 +23,6 @@ from minipar.collectives import ring
 from minipar.course import claims as C
 from minipar.course.lessons import planted
 from minipar.course.lessons.page import Page, fmt_bytes, fmt_rate, fmt_time
-from minipar.course.machine import this_machine
 
 ALL_REDUCE = ["linear", "tree", "ring", "recursive_doubling", "rabenseifner", "double_tree"]
 FORMULAS = {  # (steps, bytes sent by the busiest rank), n = buffer bytes, p a power of two
@@ -235,7 +234,7 @@ def time_all_reduce(page: Page, algorithm: str, nbytes: int, reps: int) -> float
 
 
 def crossover_section(page: Page) -> None:
-    machine = this_machine(page.comm)
+    machine = page.machine()
     p, link = page.size, machine.collective
     pair = ("recursive_doubling", "ring")
     n_star = crossover(*pair, p, link)

@@ -17,7 +17,6 @@ from minipar.course import claims as C
 from minipar.course.lessons import planted, sharding_across_nodes
 from minipar.course.lessons.mlp_steps import build, data, one_step, step_spread, widths
 from minipar.course.lessons.page import Page, fmt_bytes, fmt_time
-from minipar.course.machine import this_machine
 
 K_ADAM = 8  # bytes of optimizer state per fp32 parameter: Adam's two moments
 
@@ -52,7 +51,7 @@ def sync_section(page: Page) -> None:
     model = build(page.quick)
     params = list(model.parameters())
     psi = 4 * sum(q.numel() for q in params)
-    machine = this_machine(page.comm)
+    machine = page.machine()
     link = machine.collective  # a step: the message + minipar's Python (calibrated)
     page.prediction("gradient all-reduce, per parameter and bucketed")
     page.say(f"[dim]this machine: a step costs {fmt_time(link.alpha)} (of which minipar's "

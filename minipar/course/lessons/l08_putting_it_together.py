@@ -29,7 +29,7 @@ from minipar import cost, launcher
 from minipar.course import claims as C
 from minipar.course.lessons.l04_topology_bandwidth import measured_link
 from minipar.course.lessons.page import Page, fmt_bytes, fmt_time
-from minipar.course.machine import link_bits, this_machine
+from minipar.course.machine import link_bits
 from minipar.launcher.cluster import link as wires
 from minipar.models import memory, training
 from minipar.parallel.mesh import TRAFFIC, DeviceMesh, render
@@ -347,7 +347,7 @@ def nodes_section(page: Page) -> None:
         groups[name] = next((g for g, pair in zip(made, pairs) if page.rank in pair), None)
     calls = 4 * TINY.layers  # f's and g's all-reduces: two forward, two backward per block
     x = np.ones(TINY.global_batch * TINY.seq_len * TINY.hidden, dtype=np.float32)
-    step = this_machine(page.comm).step_s  # minipar's Python per step, on either link
+    step = page.machine().step_s  # minipar's Python per step, on either link
     links = {}
     for name, pairs in (("inside a node", inside), ("across nodes", across)):
         wire = measured_link(page, pairs[0][1], x.nbytes, name)

@@ -20,6 +20,7 @@ import os
 import socket
 import sys
 import time
+from dataclasses import replace
 
 from rich import box
 from rich.panel import Panel
@@ -31,9 +32,11 @@ from minipar.cost.links import EMULATED_LINK_ENV
 from minipar.course import claims, cpu_share
 from minipar.course.claims import Claim
 from minipar.course.formats import fmt_bytes, fmt_rate, fmt_time  # noqa: F401 (the lessons')
+from minipar.course.machine import this_machine
 from minipar.term import Console
 
 LOAD_BEFORE_ENV = "MINIPAR_LOAD_BEFORE"  # the load average `minipar lesson` read before launching
+MIN_WINDOW = 0.25  # s: a shorter CPU window says little; the whole run's is used instead
 TIMING_ENV = "MINIPAR_TIMING"  # "shown": timing claims shown, never judged (the tests' runs)
 LINK_ENV = EMULATED_LINK_ENV  # the emulated link's rate, bits/s, when run with --nodes
 
@@ -58,6 +61,7 @@ class Page:
         self.shown_only = os.environ.get(TIMING_ENV) == "shown"
         self.load = self.gather(self._load_now())[0]  # information: the load averages
         self.begun = self.mark = self.snapshot()  # the CPU the run gets, from here
+        self.measured_on: cpu_share.Share | None = None  # see machine()
         mode = f"break-it lab: {self.lab}" if self.lab else ("quick" if self.quick else "full")
         self.console.print(
             Panel(
@@ -132,15 +136,23 @@ class Page:
         what this lesson measured that explains a miss (more ranks than cores is added for
         timing claims); fields: bound=(lo, hi), spread=(min, median, max), basis="...",
         reference="..." (a ratio's alternated reference), seconds=(a, b)."""
-        share = None
+        share = fields.pop("cpu", None)
         if kind == "time":
             # collective (timing claims are made by every rank, as checks are): rank 0's
-            # measurement and the CPU the ranks got since the last mark, the same on all
+            # measurement and the CPU the ranks got while it was measured (the pairs' window,
+            # else since the last timing claim, at least MIN_WINDOW), the same on all
             measured, fields["spread"] = self.gather((measured, fields.get("spread")))[0]
-            share = self.cpu_since(self.mark)
+            if share is None:
+                share = self.cpu_since(self.mark)
+                if share.wall < MIN_WINDOW:
+                    share = self.cpu_since(self.begun)
             self.mark = self.snapshot()
             self.load = self.gather(self._load_now(during=True))[0]
             causes = [*causes, *claims.environment_causes(self.size, self.cores)]
+            if self.measured_on and str(fields.get("basis", "")).startswith("measured at"):
+                causes.append(f"the prediction's links were measured at this lesson's start "
+                              f"while the run did not get its cores: "
+                              f"{self.measured_on.describe()}")  # fmt: skip
         record = claims.judge(
             Claim(self.number, what, predicted, measured, unit, tolerance, kind, **fields),
             share,
@@ -154,10 +166,11 @@ class Page:
         return record
 
     def alternate(self, a, b, pairs: int) -> claims.Alternated:
-        """claims.alternate on every rank (collective: a and b are), rank 0's times for all; the
-        CPU window of the claim that follows starts here."""
-        self.mark = self.snapshot()
-        return self.gather(claims.alternate(a, b, pairs))[0]
+        """claims.alternate on every rank (collective: a and b are), rank 0's times for all,
+        with the CPU the ranks got while the pairs ran (what the ratio claim is judged with)."""
+        start = self.snapshot()
+        done = claims.alternate(a, b, pairs)
+        return replace(self.gather(done)[0], cpu=self.cpu_since(start))
 
     def ratio_claim(
         self,
@@ -173,7 +186,18 @@ class Page:
         alternate): judged on the pairs' median, the absolute medians kept as information."""
         return self.claim(what, predicted, pairs.ratio, "x", tolerance, "time", causes,
                           spread=pairs.spread, reference=reference, seconds=pairs.seconds,
+                          cpu=pairs.cpu,
                           **fields)  # fmt: skip
+
+    def machine(self):
+        """this_machine (collective), noting whether the run had its cores while the lesson
+        measured the links it predicts with (no calibration): if not, that is a cause."""
+        start = self.snapshot()
+        found = this_machine(self.comm)
+        share = self.cpu_since(start)
+        if share.busy and not found.basis.startswith("calibrated"):
+            self.measured_on = share
+        return found
 
     # -- the CPU the run got ----------------------------------------------------------------
     def snapshot(self) -> cpu_share.Snapshot:
