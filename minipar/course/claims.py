@@ -39,6 +39,7 @@ from minipar.course.cpu_share import Share
 from minipar.course.formats import fmt_value
 
 KINDS = ("time", "bytes", "steps", "value")  # only "time" depends on the CPU the run got
+MEASURED_REFERENCE = "measured in this run"  # a basis: the "prediction" is itself a measurement
 UNSTEADY = 1.5  # pairs whose ratios range wider than this: the load moved while they ran
 VERDICTS = ("within", "explained", "outside", "impossible", "not judged")
 FAILING = ("outside", "impossible")
@@ -265,8 +266,9 @@ def verdict_line(claim: Claim) -> str:
     elif claim.predicted is None:
         shown = f"measured {fmt_value(claim.measured, claim.unit)}"
     else:
+        word = "reference" if claim.basis.startswith(MEASURED_REFERENCE) else "predicted"
         shown = (
-            f"predicted {fmt_value(claim.predicted, claim.unit)}, "
+            f"{word} {fmt_value(claim.predicted, claim.unit)}, "
             f"measured {fmt_value(claim.measured, claim.unit)} ({claim.tolerance})"
         )
     line = f"  {mark}  {claim.claim}" + (f": {shown}" if shown else "")

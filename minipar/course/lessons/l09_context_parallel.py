@@ -417,7 +417,7 @@ def nodes_section(page: Page) -> None:
     page.observe("link bandwidth between nodes", 1 / link.beta, "B/s")
     page.observe("tokens per rank at which the K/V block hides", hides_at, "tokens")
     for length, share in zip((128, 512) if page.quick else (128, 512, 1024, 2048), exposed):
-        page.observe(f"exposed share at {length} tokens per rank", share, "%")
+        page.observe(f"exposed share at {length} tokens per rank", share, "fraction")
     page.measurement("one forward per length (the slowest rank's waits and compute)")
     page.table(None, ["tokens/rank>", "K/V block>", "compute>", "waited>", "exposed>"], rows)
     page.claim("longer sequences hide more of the K/V messages (exposed share, longest / "
