@@ -10,7 +10,8 @@ goodput; then measured: what a sharded save costs a step here, blocking and over
 (full mode) a real `minipar train` under `minipar run --max-restarts` with ranks killed at a
 rate scaled down to seconds, its goodput against the prediction. Every prediction is a claim
 (minipar/course/claims.py): the intervals judged as values, the save's cost and the goodput as
-timings (shown, not judged, on a machine busier than its cores); `--json FILE` keeps them.
+timings (the save's a ratio within each run; the goodput shown, not judged, where the run did
+not get its cores); `--json FILE` keeps them.
 """
 
 from __future__ import annotations
