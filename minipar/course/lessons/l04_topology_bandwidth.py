@@ -410,7 +410,7 @@ def nodes_section(page: Page, machine, inter) -> None:
                      "the two-level all-reduce of the same bytes", C.at_least())  # fmt: skip
 
 
-def one_copy_section(page: Page) -> None:
+def one_copy_section(page: Page, machine) -> None:
     """MPI's bounce buffer against a shared window, side by side, on the ranks of this node."""
     page.section("One copy or two")
     mpi = getattr(page.comm, "mpi", None)
@@ -452,6 +452,7 @@ def one_copy_section(page: Page) -> None:
     x[:] = 1
     minipar.all_reduce(x, algorithm="ring@shm")
     page.check(bool((x == page.size).all()), "the windows' all-reduce is right")
+    windows_against_mpi(page, machine, x)
     page.say(
         "Inside a node MPI moves a message twice: the sender copies it into a shared bounce "
         "buffer, the receiver copies it out. With a shared window (MPI.Win.Allocate_shared) each "
@@ -469,6 +470,22 @@ def one_copy_section(page: Page) -> None:
         "over NVLink peer-to-peer a kernel reads or reduces straight out of it: one copy per "
         "hop, which is how NCCL moves data inside an NVLink domain."
     )
+
+
+def windows_against_mpi(page: Page, machine, x) -> None:
+    """The all-reduce over shared windows against the one over MPI, alternated: their ratio
+    against the cost model's price of each (cost.links' shared-window link, this machine's)."""
+    n = x.nbytes
+    ops = [partial(minipar.all_reduce, x, algorithm=a) for a in ("ring@shm", "ring@mpi")]
+    for op in ops:
+        op()  # warm up
+    paired = page.alternate(*(partial(fastest, page, op, 3) for op in ops), 3)
+    want = cost.predict_shm("all_reduce", n, page.size) / ring_model(page, machine, n, None)
+    won = "won" if paired.ratio < 1 else "lost"
+    page.say(f"Here the windows {won}: {paired.ratio:.2f}x MPI's time, pair by pair.")
+    page.ratio_claim(f"all-reduce over windows / over MPI at {fmt_bytes(n)}", want, paired,
+                     f"ring@mpi of the same {fmt_bytes(n)}", C.BANDWIDTH_BOUND,
+                     basis=f"cost.links' shared-window link; {machine.basis}")  # fmt: skip
 
 
 def lab_no_wait(page: Page) -> None:
@@ -515,7 +532,7 @@ def main(argv=None) -> int:
         predict_section(page, machine)
         fits = bench_section(page, machine, inter)
         fit_section(page, fits, machine, inter)
-        one_copy_section(page)
+        one_copy_section(page, machine)
         cluster_section(page)
         nodes_section(page, machine, inter)
         page.try_this(
