@@ -422,7 +422,8 @@ def nodes_section(page: Page) -> None:
     page.table(None, ["tokens/rank>", "K/V block>", "compute>", "waited>", "exposed>"], rows)
     page.claim("longer sequences hide more of the K/V messages (exposed share, longest / "
                "shortest)", 1.0, exposed[-1] / max(exposed[0], 1e-12), "x", C.at_most(),
-               basis=f"link between nodes {wires.describe(link_bits())}")  # fmt: skip
+               basis=f"link between nodes {wires.describe(link_bits())}",
+               reference="each length's own forward (waits / (waits + compute))")  # fmt: skip
 
 
 def main(argv=None) -> int:
