@@ -139,6 +139,18 @@ def test_records_are_json_and_tally_counts_verdicts():
                                      "impossible": 1, "not judged": 1}  # fmt: skip
 
 
+def test_timing_tally_counts_judged_and_within_timing_claims_only():
+    made = [
+        judge(timing(1e-3, 1e-3), QUIET),  # within
+        judge(timing(1e-3, 1e-3), BUSY),  # not judged
+        judge(ratio(1.2, [1.1, 1.2, 1.3]), BUSY),  # within, a ratio
+        judge(ratio(1.2, [0.9, 2.0, 2.4]), BUSY),  # explained, a ratio
+        judge(Claim("04", "steps", 6, 6, "steps", EXACT, "steps"), BUSY),  # not timing
+    ]
+    got = claims.timing_tally([c.record() for c in made])
+    assert got == {"timing": 4, "judged": 3, "within": 2, "explained": 1, "ratios": 2}
+
+
 def test_a_kind_that_does_not_exist_is_refused():
     with pytest.raises(ValueError, match="'speed'"):
         judge(Claim("04", "x", 1.0, 1.0, "s", relative(0.1), "speed"), QUIET)

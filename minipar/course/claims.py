@@ -287,6 +287,17 @@ def verdict_line(claim: Claim) -> str:
     return line
 
 
+def timing_tally(records: list[dict]) -> dict:
+    """The timing claims alone: how many, judged (not "not judged"), within, and of those
+    judged the ones measured as ratios (a reference alternated) and the explained ones."""
+    timing = [r for r in records if r["kind"] == "time"]
+    judged = [r for r in timing if r["verdict"] != "not judged"]
+    return {"timing": len(timing), "judged": len(judged),
+            "within": sum(r["verdict"] == "within" for r in judged),
+            "explained": sum(r["verdict"] == "explained" for r in judged),
+            "ratios": sum(bool(r.get("reference")) for r in timing)}  # fmt: skip
+
+
 def tally(records: list[dict]) -> dict:
     """claims, within, explained, outside, impossible, not judged: counts over records."""
     out = {"claims": len(records)}

@@ -256,6 +256,7 @@ class Page:
             "cpu": whole.record(),
             "busy": whole.busy,
             "tally": claims.tally([r.record() for r in self.records]),
+            "timing": claims.timing_tally([r.record() for r in self.records]),
             "claims": [r.record() for r in self.records],
             "observations": self.observations,
         }
@@ -271,6 +272,11 @@ class Page:
             f"judged (timing), {counts['outside'] + counts['impossible']} failed. "
             "[dim](How to read a verdict: lessons/README.md)[/]"
         )
+        timing = claims.timing_tally([r.record() for r in self.records])
+        if timing["timing"]:
+            self.say(f"Timing: {timing['timing']} claims ({timing['ratios']} ratios measured in "
+                     f"one run), {timing['judged']} judged, {timing['within']} of those "
+                     "within.")  # fmt: skip
         if self.failures:
             self.say(f"[bold red]{len(self.failures)} check(s) failed.[/]")
         whole = self.cpu_since(self.begun)  # collective
