@@ -29,6 +29,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import minipar
 from minipar import cost
 
 
@@ -53,9 +54,8 @@ def fastest(page, fn, reps: int = 20) -> float:
 
 def measure(page, model, x, y, link) -> Costs:
     """call_s, handoff_s and hook_s on this machine (collective)."""
+    # here, not at the top of the file: torch loads only when the lesson measures
     import torch
-
-    import minipar
 
     small = torch.zeros(64)
     blocking = fastest(page, lambda: minipar.all_reduce(small, algorithm="ring"))
