@@ -243,7 +243,8 @@ def crossover_section(page: Page) -> None:
     page.prediction(f"where the ring starts to beat recursive doubling ({link.name})")
     page.say(f"[dim]{machine.basis}[/]")
     page.say(
-        f"alpha {fmt_time(link.alpha)}, 1/beta {1 / link.beta / 1e9:.3g} GB/s: the model's "
+        f"alpha, a collective step's cost, {fmt_time(link.alpha)}; 1/beta "
+        f"{1 / link.beta / 1e9:.3g} GB/s: the model's "
         f"crossover on {p} ranks is at {fmt_bytes(n_star)}. Below it the log2 p latency "
         "terms win; above it the ring's 2(p-1)/p n bytes do."
     )
