@@ -9,8 +9,9 @@ lesson_numbers.py explains the markers).
     python scripts/lesson_numbers.py write             rewrite every marked number from them
     python scripts/lesson_numbers.py check             what disagrees (exit 1 if anything)
 
-Record on a quiet machine: the record keeps the load average beside the numbers, and the texts
-quote it (`@load`).
+Record on a quiet machine: the record keeps the CPU share other processes took from the run
+(`@lost`, from /proc/stat against the ranks' own CPU time) and the load average (`@load`) beside
+the numbers, and the texts quote them.
 """
 
 from __future__ import annotations

@@ -56,6 +56,16 @@ def test_a_prediction_and_the_load_can_be_quoted(tmp_path):
     assert numbers.disagreements(text.replace("0.50", "2.50"), tmp_path)
 
 
+def test_the_cpu_share_a_run_lost_can_be_quoted(tmp_path):
+    record(tmp_path, 1.43)
+    data = json.loads((tmp_path / "04-nodes.json").read_text())
+    data["cpu"] = {"lost": 0.04}
+    (tmp_path / "04-nodes.json").write_text(json.dumps(data))
+    assert numbers.disagreements("lost 4%<!-- 04-nodes: @lost -->", tmp_path) == []
+    assert numbers.disagreements("lost 40%<!-- 04-nodes: @lost -->", tmp_path)
+    assert "4%<!--" in numbers.rewrite("lost 9%<!-- 04-nodes: @lost -->", tmp_path)
+
+
 @pytest.mark.parametrize(
     "written,value",
     [("1.41x", 1.41), ("83.0%", 0.83), ("231\u00a0MB/s", 231e6), ("8.83 ms", 8.83e-3),

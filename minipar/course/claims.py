@@ -1,21 +1,29 @@
 """Claims: a lesson's predict-then-measure pairs as data, each judged against a stated tolerance.
 
-    load = Load.now(cores=2, own_ranks=4)          # the machine's business, read when it starts
-    c = judge(Claim("01", "ping-pong latency", predicted=20e-6, measured=31e-6, unit="s",
-                    tolerance=relative(0.5), kind="time"), load, causes=["4 ranks on 2 cores"])
-    c.verdict -> "explained"; c.cause -> "4 ranks on 2 cores"; c.failed -> False
+    pairs = alternate(lambda: ring(16 << 20), lambda: mpi_allreduce(16 << 20), pairs=5)
+    c = judge(Claim("04", "ring / MPI_Allreduce at 16 MiB", predicted=1.2, measured=pairs.ratio,
+                    unit="x", tolerance=relative(0.25), spread=pairs.spread,
+                    reference="MPI_Allreduce of the same bytes, alternated"), share)
+    c.verdict -> "within"; c.failed -> False
 
 A claim is one row of a record: the lesson, what is claimed, the prediction, the measurement,
-the unit, the tolerance, the verdict and the measured cause. The verdicts:
+the unit, the tolerance, the verdict and the measured cause. A timing claim is best a ratio
+measured in one run: what it measures and a reference, run alternately (ABAB...), the median
+of the pairs' ratios against the cost model's ratio, so a load that stays while it runs slows
+both alike and cancels; the absolute times stay in the record as information (`seconds`).
+The verdicts:
 
     within       the measurement is within the tolerance of the prediction
-    explained    outside it, with a cause the lesson measured (more ranks than cores, the load
-                 average during the run, the per-step software cost, TCP's window, ...)
-    outside      outside it and nothing measured explains it: the lesson fails
+    explained    outside it, with a cause the lesson measured (more ranks than cores, the
+                 per-step software cost, TCP's window, a load that moved between the pairs of
+                 a run that did not get its cores, ...)
+    outside      outside it and nothing measured explains it: the lesson fails. A run that had
+                 its cores has no load to blame (cpu_share.py)
     impossible   a value no machine can produce (a negative time, a bandwidth above the
                  roofline, not a number): the lesson fails, never passes
-    not judged   a timing claim on a machine busier than its cores ("load-sensitive"):
-                 shown, not judged; bytes, steps and values are always judged
+    not judged   an absolute time measured while the run did not get its cores (other
+                 processes took more than cpu_share.BUSY of the CPU its ranks wanted): shown,
+                 not judged. Ratios, bytes, steps and values are judged however busy it was
 
 The printed verdict lines, the `--json` records and the numbers in lessons/*.md all come from
 these records (scripts/lesson_numbers.py), so they cannot disagree.
@@ -24,12 +32,15 @@ these records (scripts/lesson_numbers.py), so they cannot disagree.
 from __future__ import annotations
 
 import math
-import os
+import statistics
 from dataclasses import asdict, dataclass, field, replace
 
+from minipar.course.cpu_share import Share
 from minipar.course.formats import fmt_value
 
-KINDS = ("time", "bytes", "steps", "value")  # only "time" is load-sensitive
+KINDS = ("time", "bytes", "steps", "value")  # only "time" depends on the CPU the run got
+MEASURED_REFERENCE = "measured in this run"  # a basis: the "prediction" is itself a measurement
+UNSTEADY = 1.5  # pairs whose ratios range wider than this: the load moved while they ran
 VERDICTS = ("within", "explained", "outside", "impossible", "not judged")
 FAILING = ("outside", "impossible")
 
@@ -93,35 +104,46 @@ def at_most(slack: float = 0.0) -> Tolerance:
 
 
 @dataclass(frozen=True)
-class Load:
-    """The machine's business: its cores, the load average before the lesson's ranks started
-    and the highest seen while it ran, less the lesson's own ranks (which keep their cores busy
-    polling MPI, so they are not someone else's load)."""
+class Alternated:
+    """What a ratio claim measured: pair i ran A (what is claimed) then B (its reference);
+    a[i], b[i] their seconds."""
 
-    cores: int
-    before: float
-    during: float = 0.0
-
-    @classmethod
-    def now(cls, cores: int, own_ranks: int = 0, before: float | None = None) -> Load:
-        seen = max(0.0, os.getloadavg()[0] - own_ranks)
-        return cls(cores, seen if before is None else before, seen)
-
-    def sampled(self, own_ranks: int) -> Load:
-        """This load with the load average now counted into `during`."""
-        seen = max(0.0, os.getloadavg()[0] - own_ranks)
-        return replace(self, during=max(self.during, seen))
+    a: tuple[float, ...]
+    b: tuple[float, ...]
+    cpu: Share | None = None  # the CPU the run got while the pairs ran (Page.alternate's)
 
     @property
-    def busy(self) -> bool:
-        """Load above the core count before or during the run: timings are not judged."""
-        return max(self.before, self.during) > self.cores
+    def ratios(self) -> tuple[float, ...]:
+        return tuple(x / y for x, y in zip(self.a, self.b))
 
-    def describe(self) -> str:
-        return (
-            f"load average {max(self.before, self.during):.2f} besides the lesson's ranks "
-            f"(before {self.before:.2f}) on {self.cores} cores"
-        )
+    @property
+    def ratio(self) -> float:
+        """The median of the pairs' ratios: the measured value of the claim."""
+        return statistics.median(self.ratios)
+
+    @property
+    def spread(self) -> tuple[float, float, float]:
+        return min(self.ratios), self.ratio, max(self.ratios)
+
+    @property
+    def seconds(self) -> tuple[float, float]:
+        """The medians of A's and B's times (absolute: information, not judged)."""
+        return statistics.median(self.a), statistics.median(self.b)
+
+
+def alternate(a, b, pairs: int) -> Alternated:
+    """Run a() and b() alternately, `pairs` times (ABAB...), each returning the seconds it
+    measured. A load that stays while they run slows both alike and cancels in each pair's
+    ratio; one that comes and goes shows as a wide spread of the ratios."""
+    if pairs < 1:
+        raise ValueError(f"alternate needs at least one pair, not {pairs}")
+    xs, ys = [], []
+    for _ in range(pairs):
+        xs.append(float(a()))
+        ys.append(float(b()))
+    if min(ys) <= 0:
+        raise ValueError(f"a reference time must be positive to divide by: {min(ys)}")
+    return Alternated(tuple(xs), tuple(ys))
 
 
 @dataclass(frozen=True)
@@ -129,7 +151,10 @@ class Claim:
     """One predict-then-measure pair. `bound` is the physically possible range of the measured
     value (a time >= 0, a time >= the roofline's floor, a bandwidth <= the roofline); `spread`
     the (min, median, max) of the repeats; `basis` what the prediction rests on ("this machine,
-    calibrated", "preset H100", "formula")."""
+    calibrated", "preset H100", "formula"); `reference` what a ratio's denominator ran
+    alternately with (a ratio claim, judged on a busy machine too); `seconds` the medians of
+    the two (absolute times: information); `cpu_lost` the share of the CPU the ranks wanted
+    that other processes took while it was measured."""
 
     lesson: str
     claim: str
@@ -144,7 +169,14 @@ class Claim:
     verdict: str = ""
     cause: str = ""
     holds: bool | None = None  # within the tolerance, whatever the verdict (None: impossible)
+    reference: str = ""
+    seconds: tuple[float, float] | None = None
+    cpu_lost: float | None = None
     causes_seen: list[str] = field(default_factory=list)
+
+    @property
+    def is_ratio(self) -> bool:
+        return self.kind == "time" and bool(self.reference)
 
     @property
     def failed(self) -> bool:
@@ -177,33 +209,37 @@ def impossible(claim: Claim) -> str:
     return ""
 
 
-def judge(claim: Claim, load: Load | None = None, causes=()) -> Claim:
-    """The claim with its verdict. `causes`: what the lesson measured that can explain a miss
-    (only non-empty strings count); a timing claim also takes the load as a cause."""
+def judge(claim: Claim, share: Share | None = None, causes=(), shown_only: bool = False) -> Claim:
+    """The claim with its verdict. `share`: the CPU the run got while it measured (None:
+    unknown, judged as if it had its cores); `causes`: what the lesson measured that can explain
+    a miss (only non-empty strings count); `shown_only`: timings are shown, never judged (a
+    test's run: timing is a benchmark, not a test)."""
     if claim.kind not in KINDS:
         raise ValueError(f"claim kind {claim.kind!r} is none of {KINDS}")
     why = impossible(claim)
     timing = claim.kind == "time"
+    busy = timing and share is not None and share.busy
+    if share is not None and timing:
+        claim = replace(claim, cpu_lost=share.lost)
     if not why and claim.predicted is not None:
         claim = replace(claim, holds=bool(claim.tolerance.holds(claim.predicted, claim.measured)))
     if why:
-        busy = timing and load is not None and load.busy and math.isfinite(claim.measured)
-        if busy and claim.measured >= 0:  # the bound itself was measured on a busy machine
-            return replace(claim, verdict="not judged", cause=f"{why}; {load.describe()}")
+        if busy and not claim.is_ratio and math.isfinite(claim.measured) and claim.measured >= 0:
+            # the bound itself was measured while others had the cores
+            return replace(claim, verdict="not judged", cause=f"{why}; {share.describe()}")
         return replace(claim, verdict="impossible", cause=why)
-    if timing and load is not None and load.busy:
+    if timing and (shown_only or (busy and not claim.is_ratio)):
         held = "would be within" if claim.holds else "would be outside"
-        seen = "; ".join(c for c in causes if c) if not claim.holds else ""
-        return replace(
-            claim,
-            verdict="not judged",
-            cause=f"load-sensitive ({held}): {load.describe()}" + (f"; {seen}" if seen else ""),
-        )
+        why = "timings shown, not judged here" if shown_only else (
+            f"the run did not get its cores: {share.describe()}")  # fmt: skip
+        return replace(claim, verdict="not judged", cause=f"{why} ({held})")
     if claim.predicted is None or claim.holds:
         return replace(claim, verdict="within", cause="")
     found = [c for c in causes if c]
-    if timing and load is not None and max(load.before, load.during) >= 0.5:
-        found.append(load.describe())
+    lo, _, hi = claim.spread or (1.0, 1.0, 1.0)
+    if busy and claim.is_ratio and lo > 0 and hi / lo > UNSTEADY:
+        found.append(f"the load moved between the pairs (ratios {lo:.3g} to {hi:.3g}): "
+                     f"{share.describe()}")  # fmt: skip
     if found:
         return replace(claim, verdict="explained", cause="; ".join(found), causes_seen=found)
     return replace(claim, verdict="outside", cause="")
@@ -230,18 +266,36 @@ def verdict_line(claim: Claim) -> str:
     elif claim.predicted is None:
         shown = f"measured {fmt_value(claim.measured, claim.unit)}"
     else:
+        word = "reference" if claim.basis.startswith(MEASURED_REFERENCE) else "predicted"
         shown = (
-            f"predicted {fmt_value(claim.predicted, claim.unit)}, "
+            f"{word} {fmt_value(claim.predicted, claim.unit)}, "
             f"measured {fmt_value(claim.measured, claim.unit)} ({claim.tolerance})"
         )
     line = f"  {mark}  {claim.claim}" + (f": {shown}" if shown else "")
     if claim.spread:
         lo, med, hi = claim.spread
         line += f" [dim][min {fmt_value(lo, claim.unit)}, max {fmt_value(hi, claim.unit)}][/]"
+    if claim.reference:
+        line += f"\n        [dim]against {claim.reference}"
+        if claim.seconds:
+            line += f" (medians {fmt_value(claim.seconds[0], 's')} / "
+            line += f"{fmt_value(claim.seconds[1], 's')})"
+        line += "[/]"
     if claim.cause:
         label = "not judged" if claim.verdict == "not judged" else "cause"
         line += f"\n        [dim]{label}: {claim.cause}[/]"
     return line
+
+
+def timing_tally(records: list[dict]) -> dict:
+    """The timing claims alone: how many, judged (not "not judged"), within, and of those
+    judged the ones measured as ratios (a reference alternated) and the explained ones."""
+    timing = [r for r in records if r["kind"] == "time"]
+    judged = [r for r in timing if r["verdict"] != "not judged"]
+    return {"timing": len(timing), "judged": len(judged),
+            "within": sum(r["verdict"] == "within" for r in judged),
+            "explained": sum(r["verdict"] == "explained" for r in judged),
+            "ratios": sum(bool(r.get("reference")) for r in timing)}  # fmt: skip
 
 
 def tally(records: list[dict]) -> dict:

@@ -33,8 +33,8 @@ def fmt_rate(bytes_per_second: float) -> str:
 
 
 def fmt_value(value, unit: str) -> str:
-    """A claim's value in its unit: s, B/s, B, steps, x (a ratio), % (a fraction), or any other
-    unit written after the number."""
+    """A claim's value in its unit: s, B/s, B, steps, x (a ratio), fraction (shown as a
+    percentage), or any other unit written after the number."""
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -47,7 +47,7 @@ def fmt_value(value, unit: str) -> str:
         return fmt_bytes(value)
     if unit == "x":
         return f"{value:.3g}x"
-    if unit == "%":
+    if unit in ("fraction", "%"):  # a fraction shown as a percentage ("%": older records)
         return f"{value:.1%}"
     if isinstance(value, int):
         return f"{value} {unit}".strip()

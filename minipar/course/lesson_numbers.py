@@ -7,7 +7,8 @@ Markdown renderer hide the comment):
 
 `04-nodes` is lessons/records/04-nodes.json (what `minipar lesson 04 --quick --nodes 2 --json`
 wrote), the rest the claim's (or observation's) name; `; predicted` after the name quotes the
-prediction instead of the measurement, `@load` the run's load average. scripts/lesson_numbers.py
+prediction instead of the measurement, `@load` the run's load average, `@lost` the share of
+the CPU its ranks wanted that other processes took (lessons/README.md). scripts/lesson_numbers.py
 rewrites every marked number from its record (`write`) after a new recorded run (`record`);
 tests/test_lesson_numbers.py fails when a number and its record disagree beyond the claim's
 tolerance (an observation's: +-25%).
@@ -48,6 +49,10 @@ def find(data: dict, name: str) -> dict:
     if name == "@load":
         value = max(data["load"]["before"], data["load"]["during"])
         return {"claim": name, "measured": value, "unit": "", "tolerance_kind": "exact"}
+    if name == "@lost":  # the share of the CPU its ranks wanted that others took (cpu_share)
+        if "cpu" not in data:
+            raise KeyError(f"the record of lesson {data['lesson']} predates the CPU share")
+        return {"claim": name, "measured": data["cpu"]["lost"], "unit": "fraction"}
     for row in data.get("claims", []) + data.get("observations", []):
         if row["claim"] == name:
             return row
@@ -59,6 +64,8 @@ def shown(row: dict, field: str) -> str:
     value = row[field]
     if row.get("unit") == "FLOP/s":
         return f"{value / 1e9:.3g}\u00a0GFLOP/s"
+    if row["claim"] == "@lost":
+        return f"{row['measured']:.0%}"
     if row.get("unit") in ("", "tokens"):
         return f"{value:.2f}" if row["claim"] == "@load" else f"{value:,.0f}"
     return fmt_value(value, row["unit"]).replace(" ", "\u00a0")
@@ -83,7 +90,7 @@ def disagreements(text: str, folder: Path) -> list[str]:
         if "tolerance_kind" in row and "verdict" in row:
             tolerance = claims.Tolerance(row["tolerance_kind"], row["tolerance_value"])
         else:
-            tolerance = OBSERVED if name != "@load" else claims.relative(0.01)
+            tolerance = claims.relative(0.01) if name in ("@load", "@lost") else OBSERVED
         value = row[field]
         if tolerance.kind in ("at_least", "at_most", "exact"):
             tolerance = claims.relative(0.01)  # the number itself, as written, to rounding

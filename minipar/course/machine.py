@@ -2,7 +2,8 @@
 is none, the same measurements made at the start of the lesson, and said so.
 
     m = this_machine(page.comm)      # collective: every rank calls it
-    m.message                        # minipar's bare message inside a node (alpha, beta)
+    m.message                        # minipar's message inside a node (message latency, beta)
+    m.bare_s                         # a bare MPI message (mpi4py): what MPI's own steps pay
     m.collective                     # a collective's step: the message plus minipar's Python
     m.copy_Bps                       # THE memory-copy bandwidth (bench.calibrate.copy_rates)
     m.basis                          # "calibrated on HOST, DATE" or "measured at the start ..."
@@ -32,6 +33,7 @@ class Machine:
     add_Bps: float
     basis: str
     emulated: cost.Link | None = None  # the link between emulated nodes, if calibrated
+    bare_s: float = 0.0  # a bare MPI message (mpi4py, no minipar): what MPI's own steps pay
 
 
 def _stored(comm) -> dict | None:
@@ -48,7 +50,7 @@ def this_machine(comm, copy_bytes: int = measuring.COPY_BYTES) -> Machine:
     record = _stored(comm)
     if record is not None:
         message = calibration.calibrated_link(record, "mpi", 1 / add)
-        step = record["step_s"]
+        step, bare = record["step_s"], record.get("bare_message_s") or message.alpha
         load = max(record["load"]["before"], record["load"]["during"])
         busy = f", under load {load:.1f}" if load > record["cores"] else ""
         basis = f"calibrated on {record['host']}, {record['date']}{busy} (minipar calibrate)"
@@ -59,19 +61,19 @@ def this_machine(comm, copy_bytes: int = measuring.COPY_BYTES) -> Machine:
             emulated = None  # measured at another rate than this job's
     else:
         peer = measuring.peers(comm)[0]
-        fit = None
-        if peer is not None:
-            fit, _ = measuring.link_sweep(comm, 0, peer, QUICK_SIZES)
-        if fit is None or not fit.physical:  # one node's worth of ranks: nothing to fit
-            fit = calibration.LinkFit(cost.default_link().alpha, cost.default_link().beta, True)
-        message = cost.Link("this machine (mpi)", fit.alpha, fit.beta, 1 / add, "measured now")
-        step = measuring.step_cost(comm)[0] if peer == 1 else 0.0
+        alpha, beta = cost.default_link().alpha, cost.default_link().beta
+        if peer is not None:  # message latency: the 8 B time itself, not a fit's intercept
+            _, times = measuring.link_sweep(comm, 0, peer, QUICK_SIZES)
+            beta = (times[-1] - times[0]) / (QUICK_SIZES[-1] - QUICK_SIZES[0])
+            alpha = times[0] - QUICK_SIZES[0] * beta
+        message = cost.Link("this machine (mpi)", alpha, beta, 1 / add, "measured now")
+        step, bare = measuring.step_cost(comm) if peer == 1 else (0.0, alpha)
         basis = "measured at the start of this lesson (no calibration: `minipar calibrate`)"
         emulated = None
     collective = cost.Link(
         "this machine (collective step)", message.alpha + step, message.beta, 1 / add, basis
     )
-    return Machine(message, collective, step, copy, add, basis, emulated)
+    return Machine(message, collective, step, copy, add, basis, emulated, bare)
 
 
 def link_bits() -> float | None:

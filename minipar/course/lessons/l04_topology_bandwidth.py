@@ -14,6 +14,7 @@ and to clusters of nodes joined by InfiniBand. `minipar bench` is the full versi
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from minipar.course import claims as C
 from minipar.course.lessons import planted
 from minipar.course.lessons.l01_hierarchy import peers, ping_pong
 from minipar.course.lessons.page import Page, fmt_bytes, fmt_rate, fmt_time
-from minipar.course.machine import QUICK_SIZES, link_bits, this_machine
+from minipar.course.machine import QUICK_SIZES, link_bits
 from minipar.launcher.cluster import link as links
 
 GRADIENTS_7B = 7e9 * 2  # a 7B-parameter model's bf16 gradients, bytes
@@ -79,15 +80,23 @@ def claims() -> list[str]:
 # -- measuring -------------------------------------------------------------------------------------
 
 
-def timed(page: Page, op, reps: int) -> float:
+def timed(page: Page, op, reps: int, warm: bool = True) -> float:
     """Median over reps of (barrier; op()), each iteration's time the slowest rank's."""
-    return spread(page, op, reps)[1]
+    return spread(page, op, reps, warm)[1]
 
 
-def spread(page: Page, op, reps: int) -> tuple[float, float, float]:
+def fastest(page: Page, op, reps: int) -> float:
+    """The fastest of reps (barrier; op()), each the slowest rank's time, op warmed up by the
+    caller: one side of an alternated pair. A run that other processes interrupted is slower,
+    never faster, so the fastest is the least disturbed on a shared machine."""
+    return spread(page, op, reps, warm=False)[0]
+
+
+def spread(page: Page, op, reps: int, warm: bool = True) -> tuple[float, float, float]:
     """(min, median, max) over reps of (barrier; op()), each the slowest rank's time, after one
-    untimed warm-up call."""
-    op()  # warm up
+    untimed warm-up call (unless warm is False: the caller warmed it up)."""
+    if warm:
+        op()
     mine = []
     for _ in range(reps):
         page.comm.barrier()
@@ -128,11 +137,13 @@ def sizes(quick: bool) -> list[int]:
 def predict_section(page: Page, machine) -> None:
     p, link = page.size, machine.collective
     page.prediction(f"ring all-reduce on {p} ranks, {link.name}")
-    page.say(f"[dim]{machine.basis}[/]")
     page.say(
         f"algbw = bytes / time; busbw = algbw x 2(p-1)/p = algbw x {bus_factor(p):g}. The model: "
-        f"2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma, with alpha {fmt_time(link.alpha)}, "
-        f"1/beta {fmt_rate(1 / link.beta)}, 1/gamma {fmt_rate(1 / link.gamma)}."
+        f"2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma, with alpha a collective step's cost "
+        f"{fmt_time(link.alpha)} (message latency {fmt_time(machine.message.alpha)} + "
+        f"minipar's Python per step {fmt_time(machine.step_s)}) and 1/beta "
+        f"{fmt_rate(1 / link.beta)}: {machine.basis}; 1/gamma {fmt_rate(1 / link.gamma)}: the add "
+        "rate measured at the start of this lesson."
     )
     rows = []
     for n in sizes(page.quick):
@@ -191,37 +202,79 @@ def bench_section(page: Page, machine, inter=None) -> list[tuple]:
         floor = roofline.lower_bound("all_reduce", x.nbytes, p, copy_rate, add_rate)
         model = ring_model(page, machine, x.nbytes, inter)
         reps = 5 if page.quick else (20 if n < 1 << 20 else 5)
-        for name, op in implementations(page, x).items():
-            lo, t, hi = spread(page, op, reps)
+        ops = implementations(page, x)
+        paired = None
+        if "MPI_Allreduce" in ops:  # the ring and MPI's own, alternated: their ratio is judged
+            ring, mpi = ops.pop("minipar ring"), ops.pop("MPI_Allreduce")
+            ring(), mpi()  # warm up
+            paired = page.alternate(partial(fastest, page, ring, reps),
+                                    partial(fastest, page, mpi, reps),
+                                    PAIRS if page.quick else 2 * PAIRS)  # fmt: skip
+            measured = {"minipar ring": paired.seconds[0], "MPI_Allreduce": paired.seconds[1]}
+        else:
+            measured = {"minipar ring": timed(page, ops.pop("minipar ring"), reps)}
+        measured |= {name: timed(page, op, reps) for name, op in ops.items()}
+        for name, t in measured.items():
             algbw = x.nbytes / t
-            rows.append(
-                (
-                    fmt_bytes(x.nbytes),
-                    name,
-                    fmt_time(t),
-                    fmt_rate(algbw),
-                    fmt_rate(algbw * bus_factor(p)),
-                    fmt_time(model) if name == "minipar ring" else "",
-                    f"{floor / t:.0%}",
-                )
-            )
-            if name == "minipar ring":
-                fits.append((2 * (p - 1), 2 * (p - 1) / p * x.nbytes, t))
-                judged.append((x.nbytes, model, t, (lo, t, hi), floor))
-    page.measurement(f"all-reduce, float32, {p} ranks (median of the slowest rank)")
+            rows.append((fmt_bytes(x.nbytes), name, fmt_time(t), fmt_rate(algbw),
+                         fmt_rate(algbw * bus_factor(p)),
+                         fmt_time(model) if name == "minipar ring" else "",
+                         f"{floor / t:.0%}"))  # fmt: skip
+        t = measured["minipar ring"]
+        fits.append((2 * (p - 1), 2 * (p - 1) / p * x.nbytes, t))
+        judged.append((x.nbytes, model, t, floor, paired))
+    page.measurement(
+        f"all-reduce, float32, {p} ranks (the slowest rank's; the ring and "
+        "MPI_Allreduce the median of their pairs' fastest)"
+    )
     page.table(
         None,
         ["size>", "implementation", "time>", "algbw>", "busbw>", "model>", "roofline>"],
         rows,
-        caption="roofline: the floor's time / the measured time",
+        caption="roofline: the floor's time / the measured time; the ring and MPI_Allreduce "
+        "alternated, pair by pair",
     )
-    for n, model, t, times, floor in judged:
+    for n, model, t, floor, paired in judged:
         bound = "latency" if n < knee else "bandwidth"
-        page.claim(f"ring all-reduce of {fmt_bytes(n)} ({bound}-bound)", model, t, "s",
-                   C.LATENCY_BOUND if n < knee else C.BANDWIDTH_BOUND, spread=times,
-                   bound=(floor, float("inf")), basis=machine.basis,
-                   causes=[beyond_the_sweep(n / p, model, t, machine)])  # fmt: skip
+        tolerance = C.LATENCY_BOUND if n < knee else C.BANDWIDTH_BOUND
+        page.check(t >= floor, f"the ring's {fmt_bytes(n)} respects the roofline")
+        if paired is None:  # no MPI_Allreduce to pair with: the absolute time
+            page.claim(f"ring all-reduce of {fmt_bytes(n)} ({bound}-bound)", model, t, "s",
+                       tolerance, bound=(floor, float("inf")), basis=machine.basis,
+                       causes=[beyond_the_sweep(n / p, model, t, machine)])  # fmt: skip
+            continue
+        predicted = model / mpi_model(page, machine, n, inter)
+        page.ratio_claim(
+            f"minipar's ring / MPI_Allreduce at {fmt_bytes(n)} ({bound}-bound)",
+            predicted,
+            paired,
+            f"MPI_Allreduce of the same {fmt_bytes(n)}",
+            tolerance,
+            basis=f"{machine.basis}; MPICH's {mpich_algorithm(n, p)}",
+        )
     return fits
+
+
+PAIRS = 5  # alternated pairs a ratio is judged on (--quick; twice as many in the full lesson)
+MPICH_SHORT = 2048  # MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE: MPICH's all-reduce switches above it
+
+
+def mpich_algorithm(nbytes: int, p: int) -> str:
+    """The all-reduce MPICH runs (its default selection, a commutative sum): recursive doubling
+    for short messages, Rabenseifner's reduce-scatter + all-gather above."""
+    return "recursive_doubling" if nbytes <= MPICH_SHORT else "rabenseifner"
+
+
+def mpi_model(page: Page, machine, nbytes: int, inter) -> float:
+    """The model's time of one MPI_Allreduce: MPICH's algorithm with a bare MPI message's
+    latency per step (C, no minipar Python), on both links when the ranks span nodes."""
+    algorithm = mpich_algorithm(nbytes, page.size)
+    m = machine.message
+    inside = cost.Link("a bare MPI message", machine.bare_s, m.beta, m.gamma, machine.basis)
+    if inter is None:
+        return cost.predict("all_reduce", algorithm, nbytes, page.size, inside)
+    wire = cost.Link(inter.name, inter.alpha - machine.step_s, inter.beta, inter.gamma)
+    return cost.predict_on_nodes("all_reduce", algorithm, nbytes, *shape(page), inside, wire)
 
 
 def beyond_the_sweep(message: float, model: float, t: float, machine) -> str:
@@ -237,13 +290,21 @@ def beyond_the_sweep(message: float, model: float, t: float, machine) -> str:
             f"{model / t:.1f}x faster than the link's beta says")  # fmt: skip
 
 
+def source(machine) -> str:
+    """Where this machine's link numbers come from, in two words."""
+    return "calibrated" if machine.basis.startswith("calibrated") else "measured at the start"
+
+
 def fit_section(page: Page, fits, machine, inter=None) -> None:
     p = page.size
     gamma = (p - 1) / p * machine.collective.gamma  # the reduction's share, priced apart
     steps, sent, seconds = zip(*fits)
     rest = [t - s * p / (2 * (p - 1)) * gamma for _, s, t in fits]
     fit = calibration.fit_link(steps, sent, [max(r, 1e-9) for r in rest])
-    page.measurement("alpha and beta fitted to the ring's times (least squares, alpha >= 0)")
+    page.measurement(
+        "alpha and beta fitted to the ring's times (least squares; alpha, the fit's "
+        "intercept, >= 0)"
+    )
     model = machine.collective
     fitted = (
         ("fitted here", fmt_time(fit.alpha), fmt_rate(fit.bandwidth))
@@ -253,13 +314,17 @@ def fit_section(page: Page, fits, machine, inter=None) -> None:
     page.table(
         None,
         ["", "alpha>", "bandwidth 1/beta>"],
-        [fitted, ("this machine (calibration)", fmt_time(model.alpha), fmt_rate(1 / model.beta))],
+        [
+            fitted,
+            (f"this machine ({source(machine)})", fmt_time(model.alpha), fmt_rate(1 / model.beta)),
+        ],  # fmt: skip
     )
     if inter is not None:
         page.say("[dim]The ring crosses both links here: its fit mixes them, so it is shown, "
                  "not judged against this machine's in-node link.[/]")  # fmt: skip
     elif fit.physical:
-        page.claim("fitted alpha (per step)", model.alpha, fit.alpha, "s", C.LATENCY_BOUND,
+        page.claim("the fit's intercept (a collective step's cost)", model.alpha, fit.alpha, "s",
+                   C.LATENCY_BOUND,
                    basis=machine.basis)  # fmt: skip
         largest = max(s * p / (2 * (p - 1)) / p for _, s, _ in fits)  # the ring's largest message
         faster = beyond_the_sweep(largest, model.beta, 1 / fit.bandwidth, machine)
@@ -320,13 +385,17 @@ def nodes_section(page: Page, machine, inter) -> None:
     predicted = {a: cost.predict_on_nodes("all_reduce", a, n, n_nodes, k, intra, inter)
                  for a in ("ring", "hierarchical")}  # fmt: skip
     x = np.ones(n // 4, dtype=np.float32)
-    reps = 2 if page.quick else 5
-    measured = {a: spread(page, lambda a=a: minipar.all_reduce(x, algorithm=a), reps)
-                for a in predicted}  # fmt: skip
-    page.measurement(f"the same, median of {reps} (slowest rank)")
+    pairs = 3 if page.quick else 5
+    ops = {a: partial(minipar.all_reduce, x, algorithm=a) for a in predicted}
+    for op in ops.values():
+        op()  # warm up
+    paired = page.alternate(*(partial(fastest, page, ops[a], 2) for a in ops), pairs)
+    measured = {"ring": (min(paired.a), paired.seconds[0], max(paired.a)),
+                "hierarchical": (min(paired.b), paired.seconds[1], max(paired.b))}  # fmt: skip
+    page.measurement(f"the same, alternated, median of {pairs} pairs (slowest rank)")
     rows = [(a, fmt_time(predicted[a]), fmt_time(measured[a][1])) for a in predicted]
     ratio = predicted["ring"] / predicted["hierarchical"]
-    seen = measured["ring"][1] / measured["hierarchical"][1]
+    seen = paired.ratio
     rows.append(("ring / hierarchical", f"{ratio:.2f}x", f"{seen:.2f}x"))
     page.table(None, ["algorithm", "predicted>", "measured>"], rows)
     tcp = "TCP's window and headers on the emulated link"
@@ -334,13 +403,14 @@ def nodes_section(page: Page, machine, inter) -> None:
         page.claim(f"{a} all-reduce of {fmt_bytes(n)} across {n_nodes} nodes", predicted[a],
                    measured[a][1], "s", C.BANDWIDTH_BOUND, spread=measured[a],
                    basis=machine.basis, causes=[tcp])  # fmt: skip
-    page.claim(f"ring / hierarchical at {fmt_bytes(n)} on {n_nodes} x {k}", ratio, seen, "x",
-               C.BANDWIDTH_BOUND, basis=machine.basis)  # fmt: skip
-    page.claim("the two-level all-reduce beats the flat ring across nodes", 1.0, seen, "x",
-               C.at_least())  # fmt: skip
+    page.ratio_claim(f"ring / hierarchical at {fmt_bytes(n)} on {n_nodes} x {k}", ratio, paired,
+                     "the two-level all-reduce of the same bytes", C.BANDWIDTH_BOUND,
+                     basis=machine.basis)  # fmt: skip
+    page.ratio_claim("the two-level all-reduce beats the flat ring across nodes", 1.0, paired,
+                     "the two-level all-reduce of the same bytes", C.at_least())  # fmt: skip
 
 
-def one_copy_section(page: Page) -> None:
+def one_copy_section(page: Page, machine) -> None:
     """MPI's bounce buffer against a shared window, side by side, on the ranks of this node."""
     page.section("One copy or two")
     mpi = getattr(page.comm, "mpi", None)
@@ -382,6 +452,7 @@ def one_copy_section(page: Page) -> None:
     x[:] = 1
     minipar.all_reduce(x, algorithm="ring@shm")
     page.check(bool((x == page.size).all()), "the windows' all-reduce is right")
+    windows_against_mpi(page, machine, x)
     page.say(
         "Inside a node MPI moves a message twice: the sender copies it into a shared bounce "
         "buffer, the receiver copies it out. With a shared window (MPI.Win.Allocate_shared) each "
@@ -399,6 +470,22 @@ def one_copy_section(page: Page) -> None:
         "over NVLink peer-to-peer a kernel reads or reduces straight out of it: one copy per "
         "hop, which is how NCCL moves data inside an NVLink domain."
     )
+
+
+def windows_against_mpi(page: Page, machine, x) -> None:
+    """The all-reduce over shared windows against the one over MPI, alternated: their ratio
+    against the cost model's price of each (cost.links' shared-window link, this machine's)."""
+    n = x.nbytes
+    ops = [partial(minipar.all_reduce, x, algorithm=a) for a in ("ring@shm", "ring@mpi")]
+    for op in ops:
+        op()  # warm up
+    paired = page.alternate(*(partial(fastest, page, op, 3) for op in ops), 3)
+    want = cost.predict_shm("all_reduce", n, page.size) / ring_model(page, machine, n, None)
+    won = "won" if paired.ratio < 1 else "lost"
+    page.say(f"Here the windows {won}: {paired.ratio:.2f}x MPI's time, pair by pair.")
+    page.ratio_claim(f"all-reduce over windows / over MPI at {fmt_bytes(n)}", want, paired,
+                     f"ring@mpi of the same {fmt_bytes(n)}", C.BANDWIDTH_BOUND,
+                     basis=f"cost.links' shared-window link; {machine.basis}")  # fmt: skip
 
 
 def lab_no_wait(page: Page) -> None:
@@ -440,12 +527,12 @@ def main(argv=None) -> int:
     if page.enough and page.lab:
         lab_no_wait(page)
     elif page.enough:
-        machine = this_machine(page.comm)  # the one memory copy: 32 MiB, every rank
+        machine = page.machine()  # the one memory copy: 32 MiB, every rank
         inter = between_nodes(page, machine)
         predict_section(page, machine)
         fits = bench_section(page, machine, inter)
         fit_section(page, fits, machine, inter)
-        one_copy_section(page)
+        one_copy_section(page, machine)
         cluster_section(page)
         nodes_section(page, machine, inter)
         page.try_this(

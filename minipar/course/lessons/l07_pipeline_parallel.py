@@ -14,6 +14,7 @@ process.
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import minipar
 from minipar.course import claims as C
@@ -130,7 +131,7 @@ def measure_section(page: Page, predicted: dict) -> None:
     t = 0.004 if page.quick else 0.03  # quick: too short to beat a busy machine's noise
     p = page.size
     page.measurement(f"each schedule on {p} ranks, stages that sleep {t * 1e3:.0f} ms per pass")
-    rows = []
+    rows, bubbles = [], []
     latency = message_latency(page)
     for label, name, m, v in RUNS:
         timeline, memory, per_rank = run_schedule(page, name, m, v, t)
@@ -147,11 +148,48 @@ def measure_section(page: Page, predicted: dict) -> None:
         page.claim("peak matches the verifier", max(predicted[label].peak_in_flight), peak,
                    "micro-batches", C.EXACT, "steps")  # fmt: skip
         bubble = timeline.bubble_fraction
-        page.claim(f"{label}: measured bubble within 0.1 of the formula", formula, bubble, "%",
-                   C.absolute(0.1), bound=(0.0, 1.0), basis="formula (equal stages)",
+        bubbles.append((formula, bubble))
+        page.claim(f"{label}: measured bubble within 0.1 of the formula", formula, bubble,
+                   "fraction", C.absolute(0.1), bound=(0.0, 1.0), basis="formula (equal stages)",
+                   reference=ONE_TIMELINE,
                    causes=[replay_cause(name, m, v, per_rank, latency, bubble)])  # fmt: skip
     page.table("Bubble and memory, measured", ["schedule", "formula>", "measured>", "peak>",
                                                "peak bytes>"], rows)  # fmt: skip
+    page.claim("every measured bubble is at or above its formula (messages cost time)", True,
+               all(b >= f - 0.01 for f, b in bubbles), reference=ONE_TIMELINE,
+               tolerance=C.EXACT, basis="formula (no messages)")  # fmt: skip
+    step_ratio_section(page, predicted, t)
+
+
+ONE_TIMELINE = "the same step's makespan (idle / makespan on one timeline)"
+
+
+def step_ratio_section(page: Page, predicted: dict, t: float) -> None:
+    """1F1B against GPipe on the same stages and micro-batches, alternated step by step: their
+    step times' ratio against the verifier's makespans (the same bubble, so about 1)."""
+    import torch
+
+    width = 256
+    loss = lambda out, y: (out - y).pow(2).mean()  # noqa: E731
+    pipes = {label: Pipeline(sleep_stage(t, width), n_microbatches=m, schedule=name,
+                             loss_fn=loss)
+             for label, name, m, v in RUNS if label in ("1F1B", "GPipe")}  # fmt: skip
+    x, y = torch.ones(4 * M, width), torch.zeros(4 * M, width)
+
+    def step(pipe) -> float:
+        page.comm.barrier()
+        t0 = time.perf_counter()
+        pipe.step(x, y)
+        return max(page.gather(time.perf_counter() - t0))
+
+    for pipe in pipes.values():
+        step(pipe)  # warm up
+    paired = page.alternate(partial(step, pipes["1F1B"]), partial(step, pipes["GPipe"]),
+                            3 if page.quick else 5)  # fmt: skip
+    want = predicted["1F1B"].makespan / predicted["GPipe"].makespan
+    page.ratio_claim(f"1F1B / GPipe step time (m = {M})", want, paired,
+                     "GPipe's step on the same stages", C.relative(0.15),
+                     basis="the verifier's makespans (equal stages, no messages)")  # fmt: skip
 
 
 def correctness_section(page: Page) -> None:

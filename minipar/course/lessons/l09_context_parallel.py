@@ -417,12 +417,13 @@ def nodes_section(page: Page) -> None:
     page.observe("link bandwidth between nodes", 1 / link.beta, "B/s")
     page.observe("tokens per rank at which the K/V block hides", hides_at, "tokens")
     for length, share in zip((128, 512) if page.quick else (128, 512, 1024, 2048), exposed):
-        page.observe(f"exposed share at {length} tokens per rank", share, "%")
+        page.observe(f"exposed share at {length} tokens per rank", share, "fraction")
     page.measurement("one forward per length (the slowest rank's waits and compute)")
     page.table(None, ["tokens/rank>", "K/V block>", "compute>", "waited>", "exposed>"], rows)
     page.claim("longer sequences hide more of the K/V messages (exposed share, longest / "
                "shortest)", 1.0, exposed[-1] / max(exposed[0], 1e-12), "x", C.at_most(),
-               basis=f"link between nodes {wires.describe(link_bits())}")  # fmt: skip
+               basis=f"link between nodes {wires.describe(link_bits())}",
+               reference="each length's own forward (waits / (waits + compute))")  # fmt: skip
 
 
 def main(argv=None) -> int:

@@ -20,6 +20,7 @@ import os
 import socket
 import sys
 import time
+from dataclasses import replace
 
 from rich import box
 from rich.panel import Panel
@@ -28,12 +29,15 @@ from rich.table import Table
 import minipar
 from minipar import launcher
 from minipar.cost.links import EMULATED_LINK_ENV
-from minipar.course import claims
+from minipar.course import claims, cpu_share
 from minipar.course.claims import Claim
 from minipar.course.formats import fmt_bytes, fmt_rate, fmt_time  # noqa: F401 (the lessons')
+from minipar.course.machine import this_machine
 from minipar.term import Console
 
 LOAD_BEFORE_ENV = "MINIPAR_LOAD_BEFORE"  # the load average `minipar lesson` read before launching
+MIN_WINDOW = 0.25  # s: a shorter CPU window says little; the whole run's is used instead
+TIMING_ENV = "MINIPAR_TIMING"  # "shown": timing claims shown, never judged (the tests' runs)
 LINK_ENV = EMULATED_LINK_ENV  # the emulated link's rate, bits/s, when run with --nodes
 
 
@@ -54,7 +58,10 @@ class Page:
         self.records: list[Claim] = []
         self.observations: list[dict] = []  # measured, not predicted: for the lessons' texts
         self.cores = launcher.cores()
-        self.load = self.gather(self._load_now())[0]  # rank 0's reading decides for all
+        self.shown_only = os.environ.get(TIMING_ENV) == "shown"
+        self.load = self.gather(self._load_now())[0]  # information: the load averages
+        self.begun = self.mark = self.snapshot()  # the CPU the run gets, from here
+        self.measured_on: cpu_share.Share | None = None  # see machine()
         mode = f"break-it lab: {self.lab}" if self.lab else ("quick" if self.quick else "full")
         self.console.print(
             Panel(
@@ -63,10 +70,10 @@ class Page:
                 expand=False,
             )
         )
-        if self.load.busy:
+        if self.shown_only:
             self.say(
-                f"[yellow]This machine is busy ({self.load.describe()}): timing claims are "
-                "shown but not judged (load-sensitive); bytes, steps and values still are.[/]"
+                f"[yellow]Timing claims are shown, not judged here ({TIMING_ENV}=shown); "
+                "bytes, steps and values are judged.[/]"
             )
         self.enough = self.size >= min_ranks
         if not self.enough:
@@ -127,23 +134,87 @@ class Page:
     ) -> Claim:
         """Judge one predict-then-measure pair, print its verdict and keep its record. causes:
         what this lesson measured that explains a miss (more ranks than cores is added for
-        timing claims); fields: bound=(lo, hi), spread=(min, median, max), basis="..."."""
+        timing claims); fields: bound=(lo, hi), spread=(min, median, max), basis="...",
+        reference="..." (a ratio's alternated reference), seconds=(a, b)."""
+        share = fields.pop("cpu", None)
         if kind == "time":
-            # rank 0's reading for all, so every rank reaches the same verdict (collective:
-            # timing claims are made by every rank, as checks are)
-            mine = self.load.sampled(self.size if self._one_machine() else 0)
-            self.load = self.gather(mine)[0]
+            # collective (timing claims are made by every rank, as checks are): rank 0's
+            # measurement and the CPU the ranks got while it was measured (the pairs' window,
+            # else since the last timing claim, at least MIN_WINDOW), the same on all
+            measured, fields["spread"] = self.gather((measured, fields.get("spread")))[0]
+            if share is None:
+                share = self.cpu_since(self.mark)
+                if share.wall < MIN_WINDOW:
+                    share = self.cpu_since(self.begun)
+            self.mark = self.snapshot()
+            self.load = self.gather(self._load_now(during=True))[0]
             causes = [*causes, *claims.environment_causes(self.size, self.cores)]
+            if self.measured_on and str(fields.get("basis", "")).startswith("measured at"):
+                causes.append(f"the prediction's links were measured at this lesson's start "
+                              f"while the run did not get its cores: "
+                              f"{self.measured_on.describe()}")  # fmt: skip
         record = claims.judge(
             Claim(self.number, what, predicted, measured, unit, tolerance, kind, **fields),
-            self.load,
+            share,
             causes,
+            shown_only=self.shown_only,
         )
         self.records.append(record)
         self.console.print(claims.verdict_line(record))
         if record.failed:
             self.failures.append(what)
         return record
+
+    def alternate(self, a, b, pairs: int) -> claims.Alternated:
+        """claims.alternate on every rank (collective: a and b are), rank 0's times for all,
+        with the CPU the ranks got while the pairs ran (what the ratio claim is judged with)."""
+        start = self.snapshot()
+        done = claims.alternate(a, b, pairs)
+        return replace(self.gather(done)[0], cpu=self.cpu_since(start))
+
+    def ratio_claim(
+        self,
+        what,
+        predicted,
+        pairs: claims.Alternated,
+        reference: str,
+        tolerance=claims.BANDWIDTH_BOUND,
+        causes=(),
+        **fields,
+    ) -> Claim:
+        """A timing claim measured as a ratio against `reference`, run alternately (page.
+        alternate): judged on the pairs' median, the absolute medians kept as information."""
+        return self.claim(what, predicted, pairs.ratio, "x", tolerance, "time", causes,
+                          spread=pairs.spread, reference=reference, seconds=pairs.seconds,
+                          cpu=pairs.cpu,
+                          **fields)  # fmt: skip
+
+    def machine(self):
+        """this_machine (collective), noting whether the run had its cores while the lesson
+        measured the links it predicts with (no calibration): if not, that is a cause."""
+        start = self.snapshot()
+        found = this_machine(self.comm)
+        share = self.cpu_since(start)
+        if share.busy and not found.basis.startswith("calibrated"):
+            self.measured_on = share
+        return found
+
+    # -- the CPU the run got ----------------------------------------------------------------
+    def snapshot(self) -> cpu_share.Snapshot:
+        """Now, on rank 0's machine: the wall clock, /proc/stat and the CPU seconds of every
+        rank of this lesson there (collective)."""
+        mine = (socket.gethostname(), time.process_time())
+        seen = self.gather(mine)
+        host = seen[0][0]
+        own = sum(cpu for name, cpu in seen if self._one_machine() or name == host)
+        return self.gather(cpu_share.Snapshot.now(own) if self.rank == 0 else None)[0]
+
+    def cpu_since(self, start: cpu_share.Snapshot) -> cpu_share.Share:
+        """The CPU this lesson's ranks got from `start` to now against what others took."""
+        host = self.gather(socket.gethostname())
+        here = sum(name == host[0] for name in host)
+        ranks = self.size if self._one_machine() else here
+        return cpu_share.Share.between(start, self.snapshot(), self.cores, ranks)
 
     def observe(self, what: str, value: float, unit: str = "") -> float:
         """Keep a measured number the lesson's text quotes (no prediction, no verdict): it goes
@@ -156,13 +227,21 @@ class Page:
         """Every rank on this machine (one node, or emulated nodes that share its cores)."""
         return minipar.local_world_size() == self.size or bool(os.environ.get(LINK_ENV))
 
-    def _load_now(self) -> claims.Load:
-        before = os.environ.get(LOAD_BEFORE_ENV)
+    def _load_now(self, during: bool = False) -> dict:
+        """The load averages, as information only (they lag by a minute): before the ranks
+        started (what `minipar lesson` read) and the highest seen while the lesson ran, less
+        the lesson's own ranks."""
         own = self.size if self._one_machine() else minipar.local_world_size()
-        return claims.Load.now(self.cores, own, None if before is None else float(before))
+        seen = max(0.0, os.getloadavg()[0] - own)
+        if during:
+            return {**self.load, "during": max(self.load["during"], seen)}
+        before = os.environ.get(LOAD_BEFORE_ENV)
+        return {"before": seen if before is None else float(before), "during": seen}
 
-    def write_records(self, path: str) -> None:
+    def write_records(self, path: str, whole: cpu_share.Share) -> None:
         """The lesson's claim records as JSON (rank 0 writes)."""
+        if self.rank != 0:
+            return
         data = {
             "lesson": self.number,
             "title": self.title,
@@ -173,9 +252,11 @@ class Page:
             "cores": self.cores,
             "quick": self.quick,
             "link_bits": float(os.environ[LINK_ENV]) if os.environ.get(LINK_ENV) else None,
-            "load": {"before": self.load.before, "during": self.load.during},
-            "busy": self.load.busy,
+            "load": self.load,
+            "cpu": whole.record(),
+            "busy": whole.busy,
             "tally": claims.tally([r.record() for r in self.records]),
+            "timing": claims.timing_tally([r.record() for r in self.records]),
             "claims": [r.record() for r in self.records],
             "observations": self.observations,
         }
@@ -188,13 +269,22 @@ class Page:
         self.say(
             f"\n{counts['claims']} claims: {counts['within']} within tolerance, "
             f"{counts['explained']} outside with a measured cause, {counts['not judged']} not "
-            f"judged (load), {counts['outside'] + counts['impossible']} failed. "
+            f"judged (timing), {counts['outside'] + counts['impossible']} failed. "
             "[dim](How to read a verdict: lessons/README.md)[/]"
         )
+        timing = claims.timing_tally([r.record() for r in self.records])
+        if timing["timing"]:
+            self.say(f"Timing: {timing['timing']} claims ({timing['ratios']} ratios measured in "
+                     f"one run), {timing['judged']} judged, {timing['within']} of those "
+                     "within.")  # fmt: skip
         if self.failures:
             self.say(f"[bold red]{len(self.failures)} check(s) failed.[/]")
-        if self.args.json and self.rank == 0:
-            self.write_records(self.args.json)
+        whole = self.cpu_since(self.begun)  # collective
+        if whole.busy:
+            self.say(f"[yellow]This run did not get its cores: {whole.describe()}. Its absolute "
+                     "times were shown, not judged; its ratios were judged.[/]")  # fmt: skip
+        if self.args.json:
+            self.write_records(self.args.json, whole)
         if self.started:  # a program that started minipar itself (a test's ranks) keeps it
             minipar.finalize()
         return status

@@ -1,0 +1,102 @@
+"""What a DDP step pays here beyond the ring's bytes, measured at the start of lesson 05, and the
+step each way of synchronising gradients costs by the model that prices them.
+
+    costs = measure(page, model, x, y)     # collective: every rank
+    exposed(costs, sizes, p, machine)      # {"naive": s, "per parameter": s, "one bucket": s}
+
+The quantities, each measured the fastest of a few runs (a run other processes interrupted is
+slower, never faster):
+
+    call_s     one blocking all-reduce of a small torch gradient, less the model's time for its
+               bytes on a collective step's cost: what a call on a torch tensor adds
+    handoff_s  the same all-reduce with async_op=True and wait(), less the blocking one: the
+               progress thread taking the job and handing it back
+    hook_s     one post-accumulate-grad hook that copies its gradient into a bucket, per
+               parameter (DDP's hook, less the launch)
+
+The model of each variant's exposed communication (the step less the compute-only step):
+
+    naive          sum over tensors of (ring(size) + call_s)
+    per parameter  the same, plus hook_s and handoff_s per tensor, plus DDP's closing `used`
+                   all-reduce; nothing overlaps where the ranks have no spare core (the progress
+                   thread waits for the backward to end), so it is never faster than naive
+    one bucket     ring(Psi) + call_s + handoff_s + hooks + the copy into the bucket (Psi bytes
+                   at the memory copy measured at the start) + the closing `used` all-reduce
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import minipar
+from minipar import cost
+
+
+@dataclass(frozen=True)
+class Costs:
+    call_s: float
+    handoff_s: float
+    hook_s: float
+
+
+def fastest(page, fn, reps: int = 20) -> float:
+    """The fastest of reps (barrier; fn()), the slowest rank's time (collective)."""
+    fn()  # warm up
+    best = float("inf")
+    for _ in range(reps):
+        page.comm.barrier()
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, max(page.gather(time.perf_counter() - t0)))
+    return best
+
+
+def measure(page, model, x, y, link) -> Costs:
+    """call_s, handoff_s and hook_s on this machine (collective)."""
+    # here, not at the top of the file: torch loads only when the lesson measures
+    import torch
+
+    small = torch.zeros(64)
+    blocking = fastest(page, lambda: minipar.all_reduce(small, algorithm="ring"))
+    handed = fastest(
+        page, lambda: minipar.all_reduce(small, algorithm="ring", async_op=True).wait()
+    )
+    ring = cost.predict("all_reduce", "ring", small.nbytes, page.size, link)
+    params = list(model.parameters())
+    slots = [torch.empty_like(q) for q in params]
+
+    def backward() -> None:
+        for q in params:
+            q.grad = None
+        ((model(x) - y) ** 2).mean().backward()
+
+    plain = fastest(page, backward, 10)
+
+    def into(slot):
+        def hook(param) -> None:  # DDP's _grad_ready, less the launch: the copy into a bucket
+            slot.copy_(param.grad)
+
+        return hook
+
+    handles = [q.register_post_accumulate_grad_hook(into(s)) for q, s in zip(params, slots)]
+    try:
+        hooked = fastest(page, backward, 10)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return Costs(max(blocking - ring, 0.0), max(handed - blocking, 0.0),
+                 max(hooked - plain, 0.0) / len(params))  # fmt: skip
+
+
+def exposed(costs: Costs, sizes: list[int], p: int, link, copy_Bps: float) -> dict:
+    """Each variant's exposed communication by the model (the module docstring's sums)."""
+    ring = [cost.predict("all_reduce", "ring", n, p, link) for n in sizes]
+    used = cost.predict("all_reduce", "ring", len(sizes), p, link) + costs.call_s
+    naive = sum(ring) + len(sizes) * costs.call_s
+    hooks = len(sizes) * costs.hook_s
+    per_parameter = naive + len(sizes) * costs.handoff_s + hooks + used
+    psi = sum(sizes)
+    bucket = (cost.predict("all_reduce", "ring", psi, p, link) + costs.call_s + costs.handoff_s
+              + hooks + psi / copy_Bps + used)  # fmt: skip
+    return {"naive": naive, "per parameter": per_parameter, "one bucket": bucket}
