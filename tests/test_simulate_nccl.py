@@ -80,7 +80,8 @@ def test_channels_across_nodes_run_at_the_nics_rate_and_pipeline():
     # NCCL's slots in flight: a step waits for what its left neighbour sent, so the critical
     # path moves one rank a step: 30 hops around a ring of 16 cross the 2 node boundaries 4
     # times (14 us each; NCCL's formula counts 2 (nodes - 1) = 2), NVLink's 3.4 us the others
-    want = 8.4 * US + 26 * 3.4 * US + 4 * 14 * US + 30 * n / p / 400e9
+    # and, across nodes, the proxy's start (NET_PROXY_US: fitted, see the test below)
+    want = (8.4 + 36.4) * US + 26 * 3.4 * US + 4 * 14 * US + 30 * n / p / 400e9
     assert simple["time_s"] == pytest.approx(want, rel=1e-9) and simple["wrong"] == 0
     assert simple["busbw_GBps"] == pytest.approx(400 * n * 30 / 16 / 400e9 / simple["time_s"])
 
@@ -108,3 +109,66 @@ def test_cli_validates_and_sweeps_with_nccls_pick(capsys, monkeypatch):
     assert "nccl:ring" in out and "LL" in out and "nccl:nvls" in out
     assert main([*argv, "ring", "--protocol", "LL256"]) == 2
     assert "'LL256'" in capsys.readouterr().out
+
+
+def test_nccls_constants_are_its_tuning_sources():
+    """The constants as NVIDIA/nccl src/graph/tuning.cc gives them (ncclTunerConstantsDefaults:
+    its baseLatencies and hwLatencies tables, microseconds, LL / LL128 / Simple; llMaxBws;
+    getNetOverhead on x86 Intel), typed here from that file, not from protocols.py."""
+    from minipar.simulate import protocols as P
+
+    assert P.BASE["tree"] == {"LL": 6.8, "LL128": 14.0, "Simple": 8.4}
+    assert P.BASE["ring"] == {"LL": 6.6, "LL128": 14.0, "Simple": 8.4}
+    assert P.HOP["nvlink"]["tree"] == {"LL": 0.6, "LL128": 1.25, "Simple": 4.0}
+    assert P.HOP["nvlink"]["ring"] == {"LL": 0.6, "LL128": 1.9, "Simple": 3.4}
+    assert P.HOP["net"]["tree"] == {"LL": 5.0, "LL128": 8.5, "Simple": 14.0}
+    assert P.HOP["net"]["ring"] == {"LL": 2.7, "LL128": 4.0, "Simple": 14.0}
+    assert P.HOP["nvlink"]["nvls"]["Simple"] == 25.0 and P.HOP["net"]["nvls"]["Simple"] == 18.0
+    assert P.LL_MAX_BW_NET == {2: 39.0, 3: 20.4} and P.NET_OVERHEAD_US == 1.0
+    # the one fitted constant: NVIDIA/nccl#1453's 2 x 8 H100 at 128 B (61.58 us) less its
+    # tuner's own figure for it (25.21 us, printed by NCCL_DEBUG_SUBSYS=TUNING in that thread)
+    assert P.NET_PROXY_US == pytest.approx(61.58 - 25.2, abs=0.05)
+
+
+def test_nccls_tree_across_nodes_is_a_chain_and_a_tree_of_log2_depth():
+    """8 B by LL on 2, 4 and 16 nodes of 8: 7 NVLink hops up the chain and log2(nodes)
+    network hops up the tree, and back: the tuner's 2 (7 x 0.6 + log2 N x 5.0) + 6.8, plus the
+    proxy's start; a ring would pay 2 (p-1) hops (on 16 nodes 254), as before this tree."""
+    for nodes in (2, 4, 16):
+        r = row("all_reduce", 8 * nodes, H100, 8, "nccl")
+        depth = {2: 1, 4: 2, 16: 4}[nodes]
+        want = (6.8 + 2 * (7 * 0.6 + depth * 5.0) + 36.4) * US
+        assert r["algorithm"] == "nccl:nccl_tree" and r["protocol"] == "LL"
+        # 8 bytes' own transfer time is a few nanoseconds: within 0.01 us
+        assert r["time_s"] == pytest.approx(want, abs=0.01 * US) and r["wrong"] == 0
+
+
+def test_the_per_class_table_is_computed_from_the_figures():
+    """Geometric-mean and worst error per size class and node count, over the held-out split,
+    recomputed here by hand from each figure's ratio."""
+    import math
+
+    from minipar.simulate.validate import class_table, table_lines
+
+    results, _ = validate()
+    table = class_table(results)
+    held = [r for r in results if r["held"] and r["split"] == "held-out"]
+    assert any(r["split"] == "fit" for r in results)
+    classes = {"<= 64 KiB": (0, 64 << 10), "64 KiB-16 MiB": ((64 << 10) + 1, (16 << 20) - 1),
+               ">= 16 MiB": (16 << 20, float("inf"))}  # fmt: skip
+    for name, (low, high) in classes.items():
+        mine = [r for r in held if low <= r["bytes"] <= high]
+        for nodes in {r["nodes"] for r in mine} | {"all"}:
+            cell = [r for r in mine if nodes == "all" or r["nodes"] == nodes]
+            got = next(t for t in table if t["class"] == name and t["nodes"] == nodes)
+            assert got["count"] == len(cell)
+            if cell:
+                logs = [abs(math.log(r["simulated"] / r["value"])) for r in cell]
+                assert got["geomean"] == pytest.approx(math.exp(sum(logs) / len(logs)) - 1)
+                assert got["worst"] == pytest.approx(
+                    max(abs(r["simulated"] / r["value"] - 1) for r in cell)
+                )
+    text = "\n".join(table_lines(results))
+    # the goal (geomean <= 10%, worst <= 25% in every class) is not met yet: the table says so
+    # by showing every class, the empty mid-size one included, and what was fitted
+    assert all(name in text for name in classes) and "fitted to" in text

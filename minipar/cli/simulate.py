@@ -193,6 +193,8 @@ def validate(console) -> int:
         )
     for i, note in enumerate(notes, 1):
         console.print(f"  note {i}: {note}", highlight=False, soft_wrap=True)
+    for line in check.table_lines(results):
+        console.print(line, highlight=False, soft_wrap=True)
     worst = summary["worst_figure"]
     console.print(
         f"{summary['held']} figures held of {summary['figures']}: geometric-mean error "

@@ -9,6 +9,7 @@
     rings.py       NCCL's channels: a ring a NIC, as one flow-level ring or one by one
     protocols.py   NCCL's protocols (Simple, LL, LL128) priced as its tuner does, and its pick
     nvls.py        NVLink SHARP: the all-reduce the NVSwitch sums
+    nccl_tree.py   NCCL's tree across nodes: a chain in each node, a double binary tree across
     published.py   published NCCL figures, each with its source
     validate.py    the simulator against them: simulated / published, geomean and worst
 

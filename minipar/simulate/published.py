@@ -12,6 +12,9 @@ FIGURES: what nccl-tests reported on H100-class machines, one entry a figure:
     source         the thread or file, and who said it; "derived" says how, where it is
     held           False where the setup is one the simulator does not model (then `why`)
     tolerance      this figure's bound where it is not TOLERANCE (then `miss` says why)
+    split          "fit": a figure a constant of the simulator was fitted to (protocols.py
+                   NET_PROXY_US, the one fitted constant); "held-out": used only to validate
+                   (NCCL's own constants are read from its source, not fitted to any figure)
 
 `minipar simulate validate` runs every figure (validate.py); tests/test_simulate_nccl.py holds
 the ones held to TOLERANCE each and GEOMEAN together.
@@ -60,6 +63,7 @@ def _fig(collective, ranks, nbytes, algorithm, value, source, metric="busbw_GBps
         "value": value,
         "source": source,
         "held": extra.pop("held", True),
+        "split": extra.pop("split", "held-out"),
     }
     figure.update(extra)
     return figure
@@ -127,6 +131,25 @@ FIGURES = [
     _fig("all_gather", 16, GiB, "rings", 376.0, NCCL_290, derived="the same NICs, ring steps"),
     _fig("reduce_scatter", 128, GiB, "rings", 376.0, NCCL_290,
          derived="the same NICs, ring steps"),
+]  # fmt: skip
+
+NCCL_1453 = (
+    "NVIDIA/nccl#1453 (twichell): all_reduce_perf on 2 nodes of 8 H100 (16 ranks: busbw = "
+    "algbw x 30/16 in its rows), NCCL_DEBUG_SUBSYS=TUNING printing the tuner's pick, tree LL "
+    "(Algo 0 proto 0), at %s"
+)
+POOR_MID = (
+    "the issue's subject: that cluster's mid sizes were broken (1 MiB in 1,626 us, 0.64 GB/s "
+    "algbw, against its tuner's few tens of us); its small sizes are latency, not that fault"
+)
+FIGURES += [
+    # across nodes, small sizes: NCCL's pick (its tree with LL), one process a GPU
+    _fig("all_reduce", 16, 128, "nccl", 61.58, NCCL_1453 % "25.21 us for 128 B; out-of-place",
+         metric="time_us", split="fit"),
+    _fig("all_reduce", 16, 4 * KiB, "nccl", 75.38,
+         NCCL_1453 % "25.87 us for 4 KiB; in-place", metric="time_us"),
+    _fig("all_reduce", 16, MiB, "nccl", 1626.5, NCCL_1453 % "1 MiB; out-of-place",
+         metric="time_us", held=False, why=POOR_MID),
 ]  # fmt: skip
 
 NCCL_TESTS = [

@@ -29,6 +29,7 @@ from minipar import cost
 from minipar.collectives import api, layout, registry
 from minipar.cost.links import Hierarchy, Link
 from minipar.simulate import protocols
+from minipar.simulate.nccl_tree import all_reduce_nccl_tree
 from minipar.simulate.nvls import all_reduce_nvls, nvls_seconds
 from minipar.simulate.rings import all_reduce_rings, ring_groups
 from minipar.simulate.runner import concurrently, simulate
@@ -38,6 +39,7 @@ VALUES = 7  # x[i] = (rank + i) mod 7: sums stay exact integers in float32 up to
 
 
 RINGS = "rings"  # not a registered algorithm: ring.py on one ring per NIC at once (rings.py)
+NCCL_TREE = "nccl_tree"  # nccl_tree.py: a chain in each node, a double binary tree across
 
 
 def available(algorithms) -> tuple[list[str], list[str]]:
@@ -50,7 +52,8 @@ def available(algorithms) -> tuple[list[str], list[str]]:
 
 def known() -> list[str]:
     """Every name --algorithms takes: the registered all-reduces, then rings, nvls and nccl."""
-    return list(dict.fromkeys([*registry.ALGORITHMS["all_reduce"], RINGS, "nvls", NCCL]))
+    names = [*registry.ALGORITHMS["all_reduce"], RINGS, NCCL_TREE, "nvls", NCCL]
+    return list(dict.fromkeys(names))
 
 
 def all_reduce_sweep(ranks: int, cluster, sizes, algorithms, contention=True, protocol=None):
@@ -77,6 +80,8 @@ def row(collective, ranks, cluster, nbytes, algorithm, protocol=None, contention
     flow = ran == RINGS and flow_level(cluster, nodes)
     if flow:
         sim = protocols.flow_level_rings(sim, nodes)
+    if ran == NCCL_TREE:
+        sim = protocols.flow_level_trees(sim, nodes)
     chunks = tree_chunks(nbytes) if proto is not None and ran in TREES else 1
     step, n, want = _step(collective, ran, p, cluster, sim, flow, chunks)
     scale = nbytes / (4 * n)
@@ -125,7 +130,10 @@ def resolve(collective, algorithm, protocol, nbytes, p, cluster):
         if ran == "ring" and nodes > 1 and cluster.nics > 1:
             ran = RINGS  # NCCL's ring across nodes is its channels
         if ran == "double_tree" and nodes > 1 and p % cluster.per_node == 0:
-            ran = "hierarchical"  # NCCL's tree across nodes: a chain in the node, NICs at once
+            # NCCL's tree across nodes (a chain in the node, a tree across) where latency
+            # rules, one slot; beyond it the two-level all-reduce, whose NICs run at once as
+            # NCCL's tree channels do (the tree's channels are not modelled flow-level yet)
+            ran = NCCL_TREE if nbytes <= TREE_CHUNK else "hierarchical"
         return ran, proto
     if protocol == NCCL:
         family = "ring" if algorithm in ("ring", RINGS) else algorithm
@@ -154,7 +162,7 @@ def flow_level(cluster, nodes: int) -> bool:
     return nodes == 1 or cluster.nics in (1, cluster.per_node)
 
 
-TREES = ("tree", "double_tree")
+TREES = ("tree", "double_tree", NCCL_TREE)
 TREE_CHUNK = 512 << 10  # bytes: NCCL's Simple slot (4 MiB buffer / NCCL_STEPS = 8)
 MAX_TREE_CHUNKS = 64
 
@@ -178,6 +186,8 @@ def _step(collective, algorithm, p, cluster, sim, flow, chunks=1):
             x = ((np.arange(n) + rank) % VALUES).astype(np.float32)
             if algorithm == "nvls":
                 all_reduce_nvls(x, nvls_seconds(sim))
+            elif algorithm == NCCL_TREE:
+                all_reduce_nccl_tree(x, cluster.per_node, chunks)
             elif chunks > 1:
                 edges = layout.bounds(n, chunks)
                 parts = [layout.chunk(x, edges, c) for c in range(chunks)]

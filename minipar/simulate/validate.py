@@ -55,6 +55,64 @@ def summarize(results) -> dict:
     }
 
 
+SIZE_CLASSES = (  # (name, smallest bytes, largest bytes): the issue's three classes
+    ("<= 64 KiB", 0, 64 << 10),
+    ("64 KiB-16 MiB", (64 << 10) + 1, (16 << 20) - 1),
+    (">= 16 MiB", 16 << 20, float("inf")),
+)
+
+
+def size_class(nbytes: int) -> str:
+    return next(name for name, low, high in SIZE_CLASSES if low <= nbytes <= high)
+
+
+def class_table(results, split: str | None = "held-out") -> list[dict]:
+    """Per size class and node count (then per class, nodes "all"): the held figures of
+    `split` (None: every split), their count, geometric-mean error and worst |error|, so a
+    good average cannot hide a bad class. A class with no figure has a row of count 0."""
+    held = [r for r in results if r["held"] and (split is None or r["split"] == split)]
+    rows = []
+    for name, _, _ in SIZE_CLASSES:
+        mine = [r for r in held if size_class(r["bytes"]) == name]
+        for nodes in sorted({r["nodes"] for r in mine}) + ["all"]:
+            cell = [r for r in mine if nodes == "all" or r["nodes"] == nodes]
+            rows.append({"class": name, "nodes": nodes, **_errors(cell)})
+    return rows
+
+
+def _errors(results) -> dict:
+    if not results:
+        return {"count": 0, "geomean": None, "worst": None}
+    logs = [abs(math.log(r["ratio"])) for r in results]
+    return {
+        "count": len(results),
+        "geomean": math.exp(sum(logs) / len(logs)) - 1,
+        "worst": max(abs(r["ratio"] - 1) for r in results),
+    }
+
+
+def table_lines(results) -> list[str]:
+    """The per-class table as text (what `minipar simulate validate` prints after its rows)."""
+    lines = [
+        f"held-out figures, per size class and node count ({GOAL})",
+        f"  {'size class':15} {'nodes':>5} {'figures':>7} {'geomean':>8} {'worst':>7}",
+    ]
+    for row in class_table(results):
+        if row["count"]:
+            lines.append(
+                f"  {row['class']:15} {row['nodes']!s:>5} {row['count']:>7} "
+                f"{row['geomean']:>8.1%} {row['worst']:>7.1%}"
+            )
+        else:
+            lines.append(f"  {row['class']:15} {row['nodes']!s:>5} {0:>7} {'-':>8} {'-':>7}")
+    fitted = [r for r in results if r["split"] == "fit"]
+    lines.append(f"  fitted to (not above): {', '.join(describe(r) for r in fitted) or 'none'}")
+    return lines
+
+
+GOAL = "goal: geomean <= 10%, worst <= 25% in every class"
+
+
 def validate(figures=None) -> tuple[list[dict], dict]:
     results = [run_figure(f) for f in (FIGURES if figures is None else figures)]
     return results, summarize(results)

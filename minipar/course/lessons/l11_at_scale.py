@@ -194,6 +194,19 @@ def protocols_section(page: Page, rank0) -> None:
              f"{value:.1f} {unit}", f"{published} {unit}" if published else "-")
         )  # fmt: skip
     page.table(None, ["ranks>", "size>", "ran", "protocol", "simulated>", "published>"], rows)
+    errors = rank0(_class_errors)
+    page.say(
+        "How far to trust these rows: the simulator against the published figures it was not "
+        "fitted to (minipar simulate validate), per size class: "
+        + "; ".join(
+            f"{c['class']}: {c['geomean']:.0%} geometric-mean error, worst {c['worst']:.0%} "
+            f"({c['count']} figures)"
+            if c["count"]
+            else f"{c['class']}: no figure yet"
+            for c in errors
+        )
+        + "."
+    )
     tiny, _, line_rate, ring, nvls, rings = seen
     page.check(
         abs(tiny["time_s"] / tiny["predicted_s"] - 1) < 1e-6 and tiny["protocol"] == "LL",
@@ -208,6 +221,13 @@ def protocols_section(page: Page, rank0) -> None:
         "8 GiB: NCCL's pick is NVLink SHARP, above any ring's bus bandwidth",
     )
     page.check(sum(r["wrong"] for r in seen) == 0, "every rank's result is the exact sum")
+
+
+def _class_errors() -> list[dict]:
+    """The validation run's error per size class, every node count together (validate.py)."""
+    from minipar.simulate.validate import class_table, validate
+
+    return [row for row in class_table(validate()[0]) if row["nodes"] == "all"]
 
 
 def _size(n: int) -> str:
