@@ -23,6 +23,7 @@ from minipar.simulate.cluster import preset
 from minipar.simulate.conformance import check_collectives, checks
 from minipar.simulate.sweep import all_reduce_row, predicted, row
 from minipar.simulate.train_step import from_layout, simulate_step
+from minipar.simulate.validate import class_table, validate
 
 SIZE = 64 << 20  # the all-reduce of the first section: 64 MiB, a DDP bucket or two
 BIG = 1 << 30  # the across-nodes comparison: 1 GiB
@@ -225,8 +226,6 @@ def protocols_section(page: Page, rank0) -> None:
 
 def _class_errors() -> list[dict]:
     """The validation run's error per size class, every node count together (validate.py)."""
-    from minipar.simulate.validate import class_table, validate
-
     return [row for row in class_table(validate()[0]) if row["nodes"] == "all"]
 
 
