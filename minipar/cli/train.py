@@ -476,6 +476,21 @@ def vocab_padding(spec) -> str:
     return f" (vocabulary {v} padded to {padded})" if padded != v else ""
 
 
+def progress_bar(console=None):
+    """train's bar: the label, the bar and "60/400" never cut (a table that is too wide for
+    the terminal shrinks every column that may wrap: only the step's info wraps)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    from rich.table import Column
+
+    return Progress(
+        TextColumn("[bold]train[/]", table_column=Column(no_wrap=True)),
+        BarColumn(bar_width=20, table_column=Column(no_wrap=True)),
+        MofNCompleteColumn(table_column=Column(no_wrap=True)),
+        TextColumn("{task.fields[info]}", table_column=Column(overflow="fold")),
+        console=console,
+    )
+
+
 class Reporter:
     """Rank 0's face of the run: a rich progress bar (loss, tokens/s, memory of every rank) and
     the summary table; on other ranks it only takes part in gathering the memory figures."""
@@ -505,14 +520,7 @@ class Reporter:
 
     def __enter__(self):
         if self.active:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-            self.progress = Progress(
-                TextColumn("[bold]train[/]"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[info]}"),
-            )
+            self.progress = progress_bar()
             self.progress.start()
             self.task = self.progress.add_task("train", total=self.spec.steps, info="")
         return self

@@ -56,9 +56,10 @@ class Page:
         self.cores = launcher.cores()
         self.load = self.gather(self._load_now())[0]  # rank 0's reading decides for all
         mode = f"break-it lab: {self.lab}" if self.lab else ("quick" if self.quick else "full")
+        ranks = f"{self.size} rank{'s' * (self.size != 1)}"
         self.console.print(
             Panel(
-                f"[bold]Lesson {number}: {title}[/]\n{self.size} ranks, {mode}",
+                f"[bold]Lesson {number}: {title}[/]\n{ranks}, {mode}",
                 box=box.HEAVY,
                 expand=False,
             )
