@@ -110,6 +110,7 @@ def floor_fits(collective: str, nbytes: int, p: int, dtype: str) -> bool:
 
 def is_user(collective: str, algorithm: str) -> bool:
     """Whether a cell's algorithm is a registered one (a student's, --impl), not minipar's."""
+    # here, not at the top of the file: numpy loads only when used
     from minipar.collectives import registry
 
     base = base_algorithm(algorithm).partition("@")[0]

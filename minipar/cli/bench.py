@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 
-from minipar import cost, launcher
+from minipar import cost, exercises, launcher
 from minipar.bench import context, ddp, fit, fsdp, moe, ops, pipeline, plot, ranks, report, spec, tp
 from minipar.bench.events import Follower
 from minipar.launcher.cluster import link
@@ -157,8 +157,6 @@ def student_algorithms(folder):
         return None
     if not os.path.isdir(folder):
         raise ValueError(f"--impl {folder}: no such folder; give your exercises' folder")
-    from minipar import exercises
-
     return exercises.register(folder)
 
 
