@@ -157,7 +157,11 @@ def student_algorithms(folder):
         return None
     if not os.path.isdir(folder):
         raise ValueError(f"--impl {folder}: no such folder; give your exercises' folder")
-    return exercises.register(folder)
+    try:
+        return exercises.register(folder)
+    except Exception as error:  # the student's file: a SyntaxError, an import that fails
+        raise ValueError(f"--impl {folder}: {type(error).__name__}: {error} (minipar grade "
+                         "shows where)") from error  # fmt: skip
 
 
 def unknown_algorithms(names, collectives, known, impl) -> None:
