@@ -89,6 +89,9 @@ def test_the_fold_keeps_one_ranks_traceback_whole_and_folds_alike_ones():
     assert out == []  # held, waiting for the others
     assert fold.line(2, "hello\n") == ["hello\n"]
     assert fold.line(0, "Abort(1) on node 0 (rank 0 in comm 0): application called x\n") == []
+    chatter = ["[unset]: write_line error; fd=9 buf=:cmd=abort exitcode=1 message=abort\n", ":\n",
+               "system msg for write_line failure : Broken pipe\n"]  # fmt: skip
+    assert [out for line in chatter for out in fold.line(1, line)] == []
     ended = fold.end()
     assert "rank 0, 1 (job.py, line 7): KeyError: 'a'\n" in ended
     assert block(2, "OSError: disk") == [line for line in ended if "rank 2" in line]

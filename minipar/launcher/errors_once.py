@@ -12,8 +12,9 @@ join them, then writes each distinct error once:
     two or more ranks alike   one line: the ranks, the error, where in the program it was raised
     one rank                  its lines as they were (the whole traceback)
 
-MPI's own abort line (`Abort(1) on node 0 ...: application called MPI_Abort`) is dropped once a
-rank said minipar aborts the job: minipar's line already says why. Every other line passes at
+MPI's own abort lines (`Abort(1) on node 0 ...: application called MPI_Abort`, the PMI client's
+`write_line error` of a second rank's abort) are dropped once a rank said minipar aborts the
+job: minipar's line already says why. Every other line passes at
 once, unchanged.
 """
 
@@ -26,7 +27,12 @@ import time
 HOLD = 0.5  # seconds an error waits for the same from other ranks
 BLOCK_START = re.compile(r"^\[rank (\d+)\] Traceback \(most recent call last\):$")
 ABORTING = "minipar: aborting the job after an uncaught exception"
-MPI_ABORT = re.compile(r"^Abort\(\d+\) on node \d+ \(rank \d+ in comm \d+\): application called")
+# MPI's own lines as a job aborts: MPICH's abort line, and the PMI client's of a rank whose
+# abort reached a launcher already ending the job (a write_line error, ":", the system's why)
+MPI_ABORT = re.compile(
+    r"^(Abort\(\d+\) on node \d+ \(rank \d+ in comm \d+\): application called|"
+    r"\[[^\]]*\]: write_line error|system msg for write_line failure|:$)"
+)
 START_FAILURE = re.compile(r"can't open file|No module named|can't find '__main__' module")
 FRAME = re.compile(r'^  File "([^"]+)", line (\d+)')
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # minipar/
