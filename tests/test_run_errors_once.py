@@ -51,7 +51,7 @@ def test_a_misspelt_algorithm_on_two_ranks_is_one_line(tmp_path):
     errors = [line for line in said if "ValueError" in line]
     assert len(errors) == 1, said
     first = errors[0]
-    assert first.startswith("rank 0, 1 (rign.py, line 5): ValueError: unknown all_reduce "
+    assert first.startswith("[rank 0, 1] rign.py line 5: ValueError: unknown all_reduce "
                             "algorithm 'rign' (did you mean 'ring'?)"), first  # fmt: skip
     assert first.index("(did you mean 'ring'?)") < 100
     assert not any("Traceback" in line or "MPI_Abort" in line for line in said), said
@@ -65,7 +65,7 @@ def test_a_missing_script_on_four_ranks_is_said_once(tmp_path):
     said = (done.stdout + done.stderr).strip().splitlines()
     assert done.returncode != 0
     errors = [line for line in said if "can't open file" in line]
-    assert len(errors) == 1 and errors[0].startswith("rank 0-3: "), said
+    assert len(errors) == 1 and errors[0].startswith("[rank 0-3] python: can't open file"), said
 
 
 def test_the_fold_keeps_one_ranks_traceback_whole_and_folds_alike_ones():
@@ -93,9 +93,30 @@ def test_the_fold_keeps_one_ranks_traceback_whole_and_folds_alike_ones():
                "system msg for write_line failure : Broken pipe\n"]  # fmt: skip
     assert [out for line in chatter for out in fold.line(1, line)] == []
     ended = fold.end()
-    assert "rank 0, 1 (job.py, line 7): KeyError: 'a'\n" in ended
+    assert "[rank 0, 1] job.py line 7: KeyError: 'a'\n" in ended
     assert block(2, "OSError: disk") == [line for line in ended if "rank 2" in line]
     assert errors_once.ranks_text([3, 0, 1, 2, 7, 5]) == "rank 0-3, 5, 7"
+
+
+def test_a_message_of_several_lines_is_kept_whole():
+    """A MismatchError's message goes on in indented lines (each rank's calls): the error is
+    all of it, not its last indented line."""
+    fold = errors_once.Fold(2)
+    for rank in (0, 1):
+        for line in [
+            f"[rank {rank}] Traceback (most recent call last):",
+            f'[rank {rank}]   File "job.py", line 3, in <module>',
+            f"[rank {rank}]     minipar.all_reduce(x)",
+            f"[rank {rank}]     ^^^^^^^^^^^^^^^^^^^^^",
+            f"[rank {rank}] minipar.errors.MismatchError: the ranks' calls differ:",
+            f"[rank {rank}]   rank 1: call #1 broadcast(src=0)",
+            f"[rank {rank}] {errors_once.ABORTING}",
+        ]:
+            assert fold.line(rank, line + "\n") == []
+    assert fold.end() == [
+        "[rank 0, 1] job.py line 3: minipar.errors.MismatchError: the ranks' calls differ:\n",
+        "  rank 1: call #1 broadcast(src=0)\n",
+    ]
 
 
 def test_hydras_lines_about_a_lost_proxy_are_matched():

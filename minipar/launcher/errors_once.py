@@ -1,4 +1,4 @@
-"""The same error from many ranks, said once: `rank 0, 1: ValueError: ... (x.py, line 5)`.
+"""The same error from many ranks, said once: `[rank 0, 1] x.py line 5: ValueError: ...`.
 
 An SPMD program that goes wrong usually goes wrong alike on every rank: a misspelt algorithm
 raises the same ValueError on each, `python nosuch.py` fails to start on each. Relayed as they
@@ -98,15 +98,20 @@ def _strip(line: str, rank: int) -> str:
 
 
 def _error_text(lines: list[str], rank: int) -> str:
-    """The exception's own lines (after the last frame's indented lines), without the rank."""
+    """The exception's own lines, without the rank: what follows the last frame (its `  File`
+    line and the source and caret lines indented under it); the message's own indented lines
+    (a MismatchError's calls) are kept."""
     body = [_strip(line, rank) for line in lines]
     body = [line for line in body if line != ABORTING]
-    last_indented = max((i for i, line in enumerate(body) if line.startswith(" ")), default=0)
-    return "\n".join(body[last_indented + 1 :]) or body[-1]
+    frames = [i for i, line in enumerate(body) if line.startswith('  File "')]
+    start = frames[-1] + 1 if frames else 1
+    while start < len(body) and body[start].startswith("    "):
+        start += 1
+    return "\n".join(body[start:]) or body[-1]
 
 
 def _where(lines: list[str]) -> str:
-    """' (x.py, line 5)': the innermost frame outside minipar's own package, if any."""
+    """' x.py line 5:': the innermost frame outside minipar's own package, if any."""
     found = ""
     for line in lines:
         match = FRAME.match(re.sub(r"^\[rank \d+\] ", "", line))
@@ -114,7 +119,7 @@ def _where(lines: list[str]) -> str:
             path = match.group(1)
             relative = os.path.relpath(path) if os.path.isabs(path) else path
             shown = path if relative.startswith("..") else relative
-            found = f" ({shown}, line {match.group(2)})"
+            found = f" {shown} line {match.group(2)}:"
     return found
 
 
@@ -138,4 +143,4 @@ def _render(key: str, group: dict) -> list[str]:
         return group["lines"]
     first, *rest = key.split("\n")
     where = _where(group["lines"]) if BLOCK_START.match(group["lines"][0].rstrip("\n")) else ""
-    return [f"{ranks_text(group['ranks'])}{where}: {first}\n", *(line + "\n" for line in rest)]
+    return [f"[{ranks_text(group['ranks'])}]{where} {first}\n", *(line + "\n" for line in rest)]
