@@ -131,3 +131,24 @@ def test_hydras_lines_about_a_lost_proxy_are_matched():
     ]
     assert all(relay.HYDRA_PROXY_GONE.search(line) for line in lines)
     assert not relay.HYDRA_PROXY_GONE.search("[mpiexec@node0] some other complaint")
+
+
+def test_a_supervised_jobs_relay_drops_hydras_lines_about_a_lost_proxy():
+    """Under --max-restarts (run.py sets quiet_launcher) the relay drops them from mpiexec's
+    own output; its other lines, and every line of an unsupervised job, pass."""
+    import io
+
+    lost = "[mpiexec@node0] control_cb (mpiexec/pmiserv_cb.c:351): assert (!closed) failed\n"
+    other = "[mpiexec@node0] Press [Enter] to exit\n"
+    for quiet, want in ((True, other), (False, lost + other)):
+        err = io.StringIO()
+        lines = relay.Relay(1, out=io.StringIO(), err=err)
+        try:
+            lines.quiet_launcher = quiet
+            lines.readers[-1] = ("", "err")  # mpiexec's stderr, as pump() registers it
+            lines.launcher_fds.add(-1)
+            lines._emit(-1, (lost + other).encode())
+        finally:
+            del lines.readers[-1]
+            lines.close()
+        assert err.getvalue() == want
