@@ -73,6 +73,7 @@ def test_calibrate_measures_and_doctor_shows_it(tmp_path):
     assert record["links"]["mpi"]["points"] == 5 and record["links"]["shm"]["points"] == 5
     assert record["copy_Bps"] > 1e8 and record["matmul_flops"] > 1e8 and record["gamma"] > 0
     assert record["cores"] >= 1 and "before" in record["load"]
+    assert {k: record[k] for k in ("python_prefix", "minipar_path")} == calibration.provenance()
     assert "link mpi" in done.stdout and "memory copy" in done.stdout
 
 
@@ -87,7 +88,7 @@ def test_doctor_shows_the_calibration_its_age_and_a_busy_one(tmp_path, monkeypat
     )
     record = {"host": "h", "date": "d", "minipar": "0", "cores": 2, "ranks": 2,
               "load": {"before": 0.2, "during": 0.4}, "links": {}, "gamma": 1e-10,
-              "copy_Bps": 9e9, "matmul_flops": 5e10}  # fmt: skip
+              "copy_Bps": 9e9, "matmul_flops": 5e10, **calibration.provenance()}  # fmt: skip
     calibration.save({**record, "time": time.time() - 7200})
     fresh = doctor.calibration_checks()
     assert fresh[0].status == "ok" and "2 hours ago" in fresh[0].value
@@ -97,3 +98,27 @@ def test_doctor_shows_the_calibration_its_age_and_a_busy_one(tmp_path, monkeypat
     assert busy.status == "warn" and "busy" in busy.note
     calibration.save({**record, "time": time.time() - 40 * 86400})
     assert "older than a month" in doctor.calibration_checks()[0].note
+
+
+def test_doctor_says_whose_calibration_it_is(tmp_path, monkeypatch):
+    """The file is one per user, shared by every checkout and virtual environment: in a fresh
+    venv doctor showed a calibration that venv never made, as its own. Now it names where it
+    came from (the environment, minipar's folder and version) and asks for one of its own."""
+    from minipar.cli import doctor
+
+    monkeypatch.setenv(calibration.PATH_ENV, str(tmp_path / "c.json"))
+    record = {"host": "h", "date": "2026-01-02T03:04:05Z", "minipar": "0.7", "cores": 2,
+              "ranks": 2, "load": {}, "links": {}, "gamma": 1e-10, "copy_Bps": 9e9,
+              "matmul_flops": 5e10, "time": time.time() - 60}  # fmt: skip
+    other = {"python_prefix": "/elsewhere/.venv", "minipar_path": "/elsewhere/minipar"}
+    calibration.save({**record, **other})
+    first = doctor.calibration_checks()[0]
+    assert first.status == "warn" and "run `minipar calibrate`" in first.note, first
+    assert "/elsewhere/.venv" in first.note and "minipar 0.7 at /elsewhere/minipar" in first.note
+    assert "2026-01-02" in first.value
+    calibration.save({**record, **calibration.provenance()})
+    mine = doctor.calibration_checks()
+    assert mine[0].status == "ok", mine[0]
+    assert any(c.name.strip() == "made by" and sys.prefix in c.value for c in mine)
+    calibration.save(record)  # an older minipar's: where unknown
+    assert "did not record where" in doctor.calibration_checks()[0].note

@@ -176,3 +176,56 @@ def test_twenty_up_down_cycles_leave_nothing(cluster_cli, way):
         keeper = keeper_of(cluster_cli.ok("status"))
         cluster_cli.ok("down")
         nothing_left(cluster_cli, keeper, before)
+
+
+# -- a node's shell: the environment it came from; the cables at MTU 9000 at both ends ---------
+def test_a_nodes_interactive_shell_reads_no_rc_file(monkeypatch):
+    """The shell a standing cluster gives (no command): bash without ~/.bashrc or a profile,
+    the prompt naming the node, this Python's folder first on PATH after the ssh stand-in."""
+    from minipar.launcher.cluster import standing
+
+    state = {"nodes": [{"namespace": "ns0", "hostname": "node0", "address": "10.0.0.1"}],
+             "hosts_file": "", "holder": None, "bin": "/stand-in", "env": {}}  # fmt: skip
+    monkeypatch.setenv("SHELL", "/bin/bash")
+    monkeypatch.setenv("ENV", "/home/me/.shrc")
+    cmd, env = standing.shell_command(state, "node0", [])
+    assert cmd[-4:] == ["/bin/bash", "--noprofile", "--norc", "-i"], cmd
+    assert env["PATH"].split(os.pathsep)[:2] == ["/stand-in", os.path.dirname(sys.executable)]
+    assert env["PS1"].startswith("[node0] ") and "ENV" not in env
+    cmd, _ = standing.shell_command(state, "node0", ["hostname"])
+    assert cmd[-1] == "hostname"  # a command is run as given
+
+
+@emulation
+def test_a_nodes_shell_runs_this_python_whatever_bashrc_says(cluster_cli, tmp_path):
+    """A HOME whose .bashrc puts a python of its own first (as pyenv's or conda's lines do):
+    `command -v python` in the node's interactive shell is still this Python's."""
+    home = tmp_path / "home"
+    (home / "fakebin").mkdir(parents=True)
+    fake = home / "fakebin" / "python"
+    fake.write_text("#!/bin/sh\necho not the job's python\n")
+    fake.chmod(0o755)
+    (home / ".bashrc").write_text(f'export PATH="{home / "fakebin"}:$PATH"\n')
+    (home / ".bash_profile").write_text(f'. "{home / ".bashrc"}"\n')
+    cluster_cli.env.update(HOME=str(home), SHELL="/bin/bash")
+    cluster_cli.ok("up", "--nodes", "2")
+    cmd = [sys.executable, "-m", "minipar", "cluster", "shell", "node0"]
+    typed = "command -v python\nhostname\nexit\n"
+    done = subprocess.run(cmd, input=typed, capture_output=True, text=True, timeout=60,
+                          env=cluster_cli.env, cwd=cluster_cli.tmp)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.split()
+    assert os.path.join(os.path.dirname(sys.executable), "python") in lines, done.stdout
+    assert str(fake) not in done.stdout and "node0" in lines, done.stdout
+
+
+@emulation
+def test_every_cable_is_at_mtu_9000_at_both_ends(cluster_cli):
+    """docs/cluster.md: the cables run at MTU 9000; `mtu` in `ip link add ... type veth peer`
+    set only the switch's end, and each node's eth0 stayed at 1500."""
+    from minipar.launcher.cluster.nodes import MTU
+
+    cluster_cli.ok("up", "--nodes", "2")
+    for k in range(2):  # ip, not /sys/class/net: the shell's /sys is the machine's
+        shown = cluster_cli.ok("shell", f"node{k}", "--", "ip", "-o", "link", "show", "eth0")
+        assert f" mtu {MTU} " in shown and MTU == 9000, shown

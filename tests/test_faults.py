@@ -187,7 +187,29 @@ def command(transport, mode, debug, ranks):
 
 def run_job(key):
     """Run one job (see conftest.run_job): test_no_orphans checks that nothing outlives it."""
-    return conftest.run_job(command(*key), TIMEOUT, JOB_LIMIT)
+    return per_rank(conftest.run_job(command(*key), TIMEOUT, JOB_LIMIT))
+
+
+FOLDED = re.compile(r"^\[rank ([\d, -]+)\](?: [^:]* line \d+:)? (.*)$")
+
+
+def per_rank(done):
+    """`minipar run` says an error raised alike on many ranks once (`[rank 0, 1] x.py line 5:
+    E: ...`, launcher/errors_once.py): each rank's line again (`[rank 0] E: ...`), as the
+    checks below read them, the job's other fields kept."""
+    rc, output, *rest = done
+    lines = []
+    for line in output.splitlines():
+        folded = FOLDED.match(line)
+        if not folded:
+            lines.append(line)
+            continue
+        for part in folded.group(1).split(", "):
+            first, _, last = part.partition("-")
+            lines += [
+                f"[rank {r}] {folded.group(2)}" for r in range(int(first), int(last or first) + 1)
+            ]
+    return (rc, "\n".join(lines) + "\n", *rest)
 
 
 def family(transport: str) -> str:
@@ -197,7 +219,7 @@ def family(transport: str) -> str:
 def run_mistake(key):
     mode, ranks = key
     argv = [sys.executable, "-m", "minipar", "run", "-n", str(ranks), INJECT, mode]
-    return conftest.run_job(argv, None, JOB_LIMIT)
+    return per_rank(conftest.run_job(argv, None, JOB_LIMIT))
 
 
 @functools.cache

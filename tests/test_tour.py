@@ -120,6 +120,19 @@ def test_lesson_steps_run_and_failures_are_counted(fake_lessons, capfd):
     assert [("passed" in r) for r in rows] == [True, True, False, True, False]
 
 
+def test_each_step_ends_with_a_progress_line(fake_lessons, capfd):
+    """The tour took two minutes on a busy machine with no sign of where: after each step (a
+    lesson each) a line says its time and the tour's time so far."""
+    assert tour.main(_args(only=["lesson-1", "lesson-2", "lesson-5"])) == 1
+    out = capfd.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("step ")]
+    assert len(lines) == 3, out
+    for number, (line, name) in enumerate(zip(lines, ("lesson-1", "lesson-2", "lesson-5")), 1):
+        assert line.startswith(f"step {number}/3 {name}: "), line
+        assert " s since the tour began" in line and " in " in line, line
+    assert "passed in" in lines[0] and "FAILED in" in lines[2]
+
+
 def test_passed_semantics():
     assert tour.passed(None) and tour.passed(True) and tour.passed(0)
     assert not tour.passed(False) and not tour.passed(1) and not tour.passed("0")

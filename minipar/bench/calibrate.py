@@ -169,6 +169,7 @@ def measure(comm) -> dict:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "time": time.time(),
         "minipar": minipar.__version__,
+        **calibration.provenance(),  # which environment and checkout: the file is per user
         "cores": launcher.cores(),
         "ranks": comm.size,
         "load": {"before": float(os.environ.get(LOAD_ENV) or load_now), "during": load_now},

@@ -97,6 +97,57 @@ def probe_buffer(nbytes: int, dtype: str):
     return _buffer(1, dtype)
 
 
+def floor_fits(collective: str, nbytes: int, p: int, dtype: str) -> bool:
+    """Whether the python floor row can run: an all-reduce of a numpy dtype up to FLOOR_BYTES
+    on a power-of-two number of ranks (it is recursive doubling)."""
+    return (
+        collective == "all_reduce"
+        and _numpy_dtype(dtype) is not None
+        and p & (p - 1) == 0
+        and nbytes <= FLOOR_BYTES
+    )
+
+
+def is_user(collective: str, algorithm: str) -> bool:
+    """Whether a cell's algorithm is a registered one (a student's, --impl), not minipar's."""
+    # here, not at the top of the file: numpy loads only when used
+    from minipar.collectives import registry
+
+    base = base_algorithm(algorithm).partition("@")[0]
+    return base != "auto" and base not in registry.BUILTIN[collective]
+
+
+def wrong_answer(collective: str, algorithm: str, ctx) -> str:
+    """Why a registered algorithm must not be timed, or "": one call on known values, checked
+    against the sum worked out here (all-reduce) or the root's values (broadcast), agreed by
+    every rank. A student's algorithm is timed only once it gives the right answer."""
+    import numpy as np
+
+    p, count = ctx.size, 8 * ctx.size
+    if collective == "all_reduce":
+        x = np.arange(count, dtype=np.float32) + 1000 * ctx.rank
+        want = p * np.arange(count, dtype=np.float32) + 1000 * p * (p - 1) // 2
+        call = lambda: minipar.all_reduce(x, algorithm=algorithm)  # noqa: E731
+    elif collective == "broadcast":
+        x = np.arange(count, dtype=np.float32) * (ctx.rank == 0)
+        want = np.arange(count, dtype=np.float32)
+        call = lambda: minipar.broadcast(x, 0, algorithm=algorithm)  # noqa: E731
+    else:
+        return ""
+    try:
+        call()
+        wrong = not np.array_equal(x, want)
+    except Exception as error:  # the student's code: whatever it raised is the reason
+        wrong = f"{type(error).__name__}: {error}"
+    said = ctx.mpi.allgather(wrong)
+    first = next((w for w in said if isinstance(w, str)), None)
+    if first:
+        return f"{algorithm} raised {first}; minipar grade shows where"
+    if any(said):
+        return f"{algorithm} gives wrong values on {p} ranks; minipar grade shows where"
+    return ""
+
+
 def _floor(collective, count, dtype, ctx):
     """The python floor: the same all-reduce as recursive doubling, in bare mpi4py `Sendrecv`
     calls and a numpy add, with no minipar at all (no checks, no tags, no timeouts). What is
@@ -105,9 +156,8 @@ def _floor(collective, count, dtype, ctx):
     from mpi4py import MPI
 
     p, r, comm = ctx.size, ctx.rank, ctx.mpi
-    np_dtype = _numpy_dtype(dtype)
     nbytes = count * ITEMSIZE[dtype]
-    if collective != "all_reduce" or np_dtype is None or p & (p - 1) or nbytes > FLOOR_BYTES:
+    if not floor_fits(collective, nbytes, p, dtype):
         raise ValueError(
             f"the python floor is an all-reduce of numpy dtypes up to {FLOOR_BYTES} bytes on a "
             "power-of-two number of ranks"

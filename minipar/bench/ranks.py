@@ -59,13 +59,13 @@ def header(comm, dist) -> dict:
     }
 
 
-def cells(collective: str, job: dict):
+def cells(collective: str, job: dict, nbytes: int, p: int):
     """(implementation, algorithm) pairs of one size, in the order they are timed."""
     for algorithm in job["algorithms"][collective]:
         yield "minipar", algorithm
     for impl in job["against"]:
         yield impl, "native"
-    if collective == "all_reduce" and job["against"]:
+    if job["against"] and ops.floor_fits(collective, nbytes, p, job["dtype"]):
         yield "floor", "native"  # bare mpi4py + numpy: what Python alone costs (ops.py)
 
 
@@ -77,10 +77,13 @@ def one_size(out, timer, ctx, job, collective: str, nbytes: int) -> None:
     from minipar.collectives.fast import routing
 
     ops_by_cell, where = {}, {"collective": collective, "nbytes": nbytes}
-    for impl, algorithm in cells(collective, job):
+    for impl, algorithm in cells(collective, job, nbytes, ctx.size):
         try:
             op = ops.make(impl, collective, algorithm, nbytes, job["dtype"], ctx)
             why = f"{impl} has no {job['dtype']} {collective}"
+            if op is not None and impl == "minipar" and ops.is_user(collective, algorithm):
+                why = ops.wrong_answer(collective, algorithm, ctx)  # a student's: right?
+                op = None if why else op
         except (ImportError, TypeError, ValueError) as error:
             op, why = None, f"{type(error).__name__}: {error}"
         if timer.max_over_ranks(1.0 if op is None else 0.0):  # every rank skips, or none
@@ -132,6 +135,8 @@ def main(argv=None) -> int:
         job = json.load(f)
 
     comm = minipar.init(backend="mpi")
+    if job.get("impl"):  # the student's algorithms (--impl DIR), on every rank
+        minipar.exercises.register(job["impl"])
     out, timer, dist = Out(argv[1], comm.rank), Timer(comm, comm.mpi), None
     if "torch" in job["against"]:
         import torch.distributed

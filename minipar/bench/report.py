@@ -1,4 +1,4 @@
-"""From the ranks' raw times to the records, the table, and the issue's performance goals.
+"""From the ranks' raw times to the records, the table, and minipar's performance targets.
 
 One record per (collective, size, implementation, algorithm), with the keys of `--json`:
 collective, algorithm, implementation, world_size, nbytes, dtype, time_s_median, time_s_min,
@@ -137,9 +137,9 @@ def _link_floor(collective: str, nbytes: int, nodes: int, link_Bps: float):
 
 
 def goals(rows: list[dict], basis: str = "median") -> list[tuple[str, float | None, float, str]]:
-    """The issue's goals for all_reduce / all_gather / reduce_scatter, as (goal, measured worst
-    value, limit, "<=" or ">="); None where the run did not measure it. basis "min" compares
-    each cell's fastest iteration instead of its median."""
+    """minipar's performance targets for all_reduce / all_gather / reduce_scatter, as (goal,
+    measured worst value, limit, "<=" or ">="); None where the run did not measure it. basis
+    "min" compares each cell's fastest iteration instead of its median."""
     if basis == "min":
         faster = lambda r, f: f and f * r["time_s_median"] / r["time_s_min"]  # noqa: E731
         rows = [dict(r, ratio_mpi=r.get("ratio_mpi_min"), ratio_torch=r.get("ratio_torch_min"),

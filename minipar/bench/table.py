@@ -159,7 +159,8 @@ def fit_panel(console, measured: dict, rows: list[dict], link) -> None:
 
 
 def goals_table(console, runs: list[list[dict]], oversubscribed: bool, basis="median") -> None:
-    """The issue's goals: each run's worst value; over several runs, min, median and max."""
+    """minipar's performance targets (report.goals): each run's worst value; over several
+    runs, min, median and max."""
     import statistics
 
     per_goal: dict = {}
@@ -170,7 +171,7 @@ def goals_table(console, runs: list[list[dict]], oversubscribed: bool, basis="me
     if not per_goal:
         return
     runs_text = f"{len(runs)} run{'s' * (len(runs) > 1)}"
-    title = f"performance goals (issue 4) on each cell's {basis} time, {runs_text}"
+    title = f"minipar's performance targets, on each cell's {basis} time, {runs_text}"
     if oversubscribed:
         title += " — OVERSUBSCRIBED, no claims"
     table = Table(title=title, box=box.SIMPLE_HEAD)

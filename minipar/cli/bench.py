@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 
-from minipar import cost, launcher
+from minipar import cost, exercises, launcher
 from minipar.bench import context, ddp, fit, fsdp, moe, ops, pipeline, plot, ranks, report, spec, tp
 from minipar.bench.events import Follower
 from minipar.launcher.cluster import link
@@ -24,7 +24,10 @@ from minipar.launcher.cluster.job import emulated
 EPILOG = """\
 examples:
   minipar bench all_reduce -n 2 --against mpi,torch --json out.json
+  minipar bench                       all_reduce on 2 ranks at 4 sizes (about half a minute)
+  minipar bench all_reduce --sizes 8B:64MiB   the full sweep, every size doubling (minutes)
   minipar bench all_reduce --sizes 8B:64MiB:x4 --algorithms ring,recursive_doubling
+  minipar bench --impl exercises --algorithms student_ring,ring   your ring beside minipar's
   minipar bench all_gather,reduce_scatter --sizes 1MiB,64MiB --against mpi
   minipar bench --fit                 measure alpha, beta, gamma; store them for the cost model
   minipar bench all_reduce --plot busbw.png
@@ -54,9 +57,20 @@ def configure(parser) -> None:
         "or a strategy's step: ddp, fsdp, tp, pp",
     )
     add("-n", "--ranks", type=int, default=2, help="number of ranks (default 2)")
-    add("--sizes", default="8B:64MiB", help="START:END[:xF] or a list (default 8B:64MiB)")
+    add(
+        "--sizes",
+        default=QUICK_SIZES,
+        help=f"START:END[:xF] or a list (default {QUICK_SIZES}; the full sweep: 8B:64MiB)",
+    )
     add("--dtype", default="float32", choices=spec.DTYPES)
     add("--algorithms", default="all", help="comma list of minipar algorithms, or 'all'")
+    add(
+        "--impl",
+        metavar="DIR",
+        default=None,
+        help="a folder of exercises (as minipar grade --impl): the ones you wrote are timed "
+        "too, as student_ring, student_recursive_doubling, ...",
+    )
     add(
         "--against",
         default="mpi,torch",
@@ -83,6 +97,9 @@ def configure(parser) -> None:
     add("--link", default=None, help="the link between emulated nodes: 2gbit (default), 500mbit")
 
 
+QUICK_SIZES = "8B,64KiB,1MiB,16MiB"  # the default: a latency, a middle and two bandwidth sizes
+
+
 def default_fit_path() -> str:
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(cache, "minipar", "link.json")
@@ -103,13 +120,17 @@ def job_spec(args) -> dict:
     for impl in against:
         if impl not in ("mpi", "torch"):
             raise ValueError(f"--against takes mpi and/or torch, got {impl!r}")
+    impl = student_algorithms(getattr(args, "impl", None))
+    known = {
+        c: registry.algorithms(c) + routing.bench_variants(c) + ops.window_variants(c)
+        for c in collectives
+    }
     algorithms = {}
     for c in collectives:
-        known = registry.algorithms(c) + routing.bench_variants(c) + ops.window_variants(c)
-        wanted = known if args.algorithms == "all" else args.algorithms.split(",")
-        algorithms[c] = [a for a in wanted if a in known]
-        if args.algorithms != "all" and not algorithms[c] and len(collectives) == 1:
-            raise ValueError(f"{c} has none of {args.algorithms}; it has {', '.join(known)}")
+        wanted = known[c] if args.algorithms == "all" else args.algorithms.split(",")
+        algorithms[c] = [a for a in wanted if a in known[c]]
+    if args.algorithms != "all":
+        unknown_algorithms(args.algorithms.split(","), collectives, known, impl)
     return {
         "collectives": collectives,
         "sizes": spec.parse_sizes(args.sizes),
@@ -121,6 +142,7 @@ def job_spec(args) -> dict:
         "budget": args.budget,
         "fit": bool(args.fit),
         "fit_path": os.path.abspath(args.fit_path or default_fit_path()),
+        "impl": os.path.abspath(args.impl) if impl is not None else None,
         # the emulated link's rate, bytes/s (None: one node, or unlimited): its roofline
         "link_Bps": (link.parse(args.link or link.DEFAULT) or 0) / 8 or None
         if getattr(args, "nodes", None)
@@ -128,9 +150,46 @@ def job_spec(args) -> dict:
     }
 
 
-def cell_count(job: dict) -> int:
-    per_size = sum(len(list(ranks.cells(c, job))) for c in job["collectives"])
-    return per_size * len(job["sizes"])
+def student_algorithms(folder):
+    """The names `--impl DIR` adds (minipar.exercises.register: only the exercises written
+    there), registered here too so --algorithms can name them; None without --impl."""
+    if folder is None:
+        return None
+    if not os.path.isdir(folder):
+        raise ValueError(f"--impl {folder}: no such folder; give your exercises' folder")
+    try:
+        return exercises.register(folder)
+    except Exception as error:  # the student's file: a SyntaxError, an import that fails
+        raise ValueError(f"--impl {folder}: {type(error).__name__}: {error} (minipar grade "
+                         "shows where)") from error  # fmt: skip
+
+
+def unknown_algorithms(names, collectives, known, impl) -> None:
+    """A name in --algorithms that no collective asked for has: refused, naming it and the
+    valid ones (a student's, student_*, come with --impl)."""
+    valid = list(dict.fromkeys(a for c in collectives for a in known[c]))
+    for name in names:
+        if name in valid:
+            continue
+        if name.startswith("student_") and impl is None:
+            raise ValueError(f"--algorithms {name}: yours are timed with --impl DIR (your "
+                             "exercises folder), e.g. --impl exercises")  # fmt: skip
+        if name.startswith("student_"):
+            wrote = ", ".join(impl) or "none written yet"
+            raise ValueError(f"--algorithms {name}: not in --impl's folder (there: {wrote}); "
+                             f"valid: {', '.join(valid)}")  # fmt: skip
+        raise ValueError(f"--algorithms {name}: {'/'.join(collectives)} has no such algorithm; "
+                         f"valid: {', '.join(valid)}")  # fmt: skip
+
+
+def cell_count(job: dict, ranks_n: int = 2) -> int:
+    """The cells (table rows) the job plans: each collective's, at each size."""
+    count = 0
+    for c in job["collectives"]:
+        for size in job["sizes"]:
+            nbytes = spec.round_size(c, size, ranks_n, spec.ITEMSIZE[job["dtype"]])
+            count += len(list(ranks.cells(c, job, nbytes, ranks_n)))
+    return count
 
 
 def launch_job(
@@ -187,7 +246,7 @@ def run_with_progress(job: dict, args, console) -> tuple[list[dict], object]:
 
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
     with Progress(*columns, TimeElapsedColumn(), console=console, transient=True) as bar:
-        task = bar.add_task("benchmarking", total=cell_count(job))
+        task = bar.add_task("benchmarking", total=cell_count(job, args.ranks))
 
         def progress(events):
             cells = [e for e in events if e["type"] in ("row", "skip")]

@@ -51,6 +51,9 @@ def rows(record: dict) -> list[tuple[str, str]]:
         ("machine", f"{record.get('cores')} cores, {record.get('ranks')} ranks, load average "
          f"{load.get('before', 0):.2f} before, {load.get('during', 0):.2f} during"),
     ]  # fmt: skip
+    if record.get("python_prefix"):  # the file is one per user: whose it is
+        out.append(("made by", f"minipar at {record.get('minipar_path')}, Python environment "
+                    f"{record['python_prefix']}"))  # fmt: skip
     for name, fit in record.get("links", {}).items():
         rate = f" at {fit['rate_bits'] / 1e9:g} Gbit/s" if fit.get("rate_bits") else ""
         if fit.get("physical"):

@@ -153,11 +153,14 @@ def calibration_checks() -> list[Check]:
     old = calibration.age_seconds(record) > 30 * 86400
     load = record.get("load", {})
     busy = max(load.get("before", 0), load.get("during", 0)) > record.get("cores", 1)
+    other = calibration.elsewhere(record)  # one file per user: maybe another venv's
     note = ("older than a month: run `minipar calibrate` again" if old else
             "measured on a busy machine: run `minipar calibrate` again when it is quiet"
-            if busy else str(calibration.path()))  # fmt: skip
+            if busy else f"not this environment's: run `minipar calibrate` to make its own; "
+            f"{other}" if other else str(calibration.path()))  # fmt: skip
     lines = calibrate.rows(record)
-    return [Check("calibration", lines[0][1], "warn" if old or busy else "ok", note)] + [
+    warn = old or busy or other
+    return [Check("calibration", lines[0][1], "warn" if warn else "ok", note)] + [
         Check(f"  {name}", value) for name, value in lines[1:]
     ]  # fmt: skip
 

@@ -207,7 +207,9 @@ def _ended(err, error) -> int:
 
 def _job(args, err, cluster) -> int:
     tag = tag_from_env() if args.tag_output is None else args.tag_output
-    relay = None if args.dry_run else Relay(max(args.n, 1), tag=tag)
+    relay = None if args.dry_run else Relay(max(args.n, 1), tag=tag, fold_errors=True)
+    if relay is not None and (args.max_restarts is not None or args.fault):
+        relay.quiet_launcher = True  # a lost node is explained by the supervisor, not hydra
     try:
         cmd, env = launcher.command(
             args.n, program(args), python=False, relay=relay, cluster=cluster,

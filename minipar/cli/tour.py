@@ -37,7 +37,7 @@ from minipar.launcher.cluster import needs
 
 EXAMPLES = """\
 examples:
-  minipar tour                    every step, lessons included (about a minute or two)
+  minipar tour                    every step, lessons included (a line after each: its time)
   minipar tour --quick            fewer sizes and repetitions
   minipar tour --no-lessons       only minipar's own steps (doctor, ping-pong, ring, all-reduce)
   minipar tour --only ring-shift  one step (see --list for the names)
@@ -60,6 +60,7 @@ class Tour:
     timeout: float = 120.0
     console: object = None
     results: list = field(default_factory=list)  # (step name, passed, seconds)
+    began: float = field(default_factory=time.perf_counter)  # the tour's start, for progress
 
     def demo(self, ranks: int, module: str, *args: str) -> int:
         """Run a rank-side demo module on `ranks` ranks; its output streams through."""
@@ -196,7 +197,16 @@ def run_step(tour: Tour, step: Step, number: int, total: int) -> bool:
         ok = False
     seconds = time.perf_counter() - start
     tour.results.append((step.name, ok, seconds))
+    tour.console.print(progress_line(step.name, ok, seconds, number, total, tour.began))
     return ok
+
+
+def progress_line(name: str, ok: bool, seconds: float, number: int, total: int, began) -> str:
+    """After each step: what it took, and the tour's time so far (a slow machine shows where)."""
+    verdict = "passed" if ok else "[bold red]FAILED[/]"
+    elapsed = time.perf_counter() - began
+    return (f"[dim]step {number}/{total} {name}:[/] {verdict} [dim]in {seconds:.1f} s; "
+            f"{elapsed:.0f} s since the tour began[/]")  # fmt: skip
 
 
 def summary(tour: Tour):

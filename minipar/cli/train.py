@@ -21,7 +21,7 @@ import time
 
 import minipar
 from minipar import launcher
-from minipar.cli import train_checkpoint, train_checks, train_view
+from minipar.cli import train_checkpoint, train_checks, train_stop, train_view
 from minipar.models.config import GPTConfig, RunSpec
 
 EXAMPLES = """\
@@ -64,7 +64,8 @@ With them --check also compares every step's norm (fp32: 1e-5 relative; bf16 and
 bound training.tolerances derives) and uses looser loss and weight bounds in 16-bit compute.
 --save stores the loss scaler; --resume continues the schedule from the checkpoint's step.
 --trace writes every rank's timeline as Chrome trace-event JSON (Perfetto) and draws it beside
-it as a PNG.
+it as a PNG. Ctrl-C stops every rank after the same step (exit 130) and says the steps done,
+the newest whole checkpoint and the command that resumes.
 """
 
 _LAUNCHED = "MINIPAR_TRAIN_RANK"  # set for the ranks a `minipar train` launched
@@ -246,7 +247,7 @@ def main(args) -> int:
     env[_LAUNCHED] = "1"
     if sys.stdout.isatty():
         env.setdefault("FORCE_COLOR", "1")
-    return launcher.run_command(cmd, env, args.timeout).returncode
+    return train_stop.launch(cmd, env, args.timeout, args.checkpoint_dir, args.steps)
 
 
 def memory_bytes(device) -> int:
@@ -318,7 +319,7 @@ def run_here(args) -> int:
             if args.check and step == start:
                 grads.update(part.dense_grads())
 
-        with train_view.traced(args.trace, comm), report:
+        with train_view.traced(args.trace, comm), report, train_stop.StopFlag() as report.stop:
             losses, model, opt = training.train_on_mesh(
                 spec,
                 mesh,
@@ -342,6 +343,12 @@ def run_here(args) -> int:
         print(f"[rank {comm.rank}] minipar train: {error}", file=sys.stderr)
         minipar.finalize()
         return 2
+    except train_stop.Stopped as stopped:  # Ctrl-C: every rank after the same step
+        saving.finish()  # the save in flight made whole before the line names the newest
+        if comm.rank == 0:
+            train_stop.say(args.checkpoint_dir, stopped.done, args.steps)
+        minipar.finalize()
+        return 0 if os.environ.get(_LAUNCHED) else 130  # launched: the launcher says 130
     problems = (
         check(spec, args, losses, state, grads, start, stats)
         if args.check and comm.rank == 0
@@ -476,6 +483,21 @@ def vocab_padding(spec) -> str:
     return f" (vocabulary {v} padded to {padded})" if padded != v else ""
 
 
+def progress_bar(console=None):
+    """train's bar: the label, the bar and "60/400" never cut (a table that is too wide for
+    the terminal shrinks every column that may wrap: only the step's info wraps)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    from rich.table import Column
+
+    return Progress(
+        TextColumn("[bold]train[/]", table_column=Column(no_wrap=True)),
+        BarColumn(bar_width=20, table_column=Column(no_wrap=True)),
+        MofNCompleteColumn(table_column=Column(no_wrap=True)),
+        TextColumn("{task.fields[info]}", table_column=Column(overflow="fold")),
+        console=console,
+    )
+
+
 class Reporter:
     """Rank 0's face of the run: a rich progress bar (loss, tokens/s, memory of every rank) and
     the summary table; on other ranks it only takes part in gathering the memory figures."""
@@ -487,6 +509,7 @@ class Reporter:
         self.times, self.memory, self.moe = [], [], {}
         self.state = []  # gather_state's: every rank's bytes per parameter
         self.placement = ""  # where each axis runs (DeviceMesh.where), set once the mesh is
+        self.stop = None  # train_stop.StopFlag while the steps run: read at every step
 
     def gather_state(self, model, opt, spec) -> None:
         """Every rank's training state in bytes per held parameter (models/state_bytes.py)."""
@@ -505,14 +528,7 @@ class Reporter:
 
     def __enter__(self):
         if self.active:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-            self.progress = Progress(
-                TextColumn("[bold]train[/]"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[info]}"),
-            )
+            self.progress = progress_bar()
             self.progress.start()
             self.task = self.progress.add_task("train", total=self.spec.steps, info="")
         return self
@@ -522,14 +538,19 @@ class Reporter:
             self.progress.stop()
 
     def step(self, step: int, loss: float, seconds: float, memory: int, stats=None) -> None:
-        # a small control-plane message (not a minipar collective): every rank's memory
-        self.memory = self.comm.allgather_object(memory)
+        # a small control-plane message (not a minipar collective): every rank's memory, and
+        # whether it was asked to stop (Ctrl-C): then every rank stops after this step
+        asked = bool(self.stop and self.stop.up())
+        seen = self.comm.allgather_object((memory, asked))
+        self.memory = [m for m, _ in seen]
         self.times.append(seconds)
         if self.active:
             tokens = self.spec.tokens_per_step / seconds
             mem = f"{min(self.memory) / 2**20:.0f}-{max(self.memory) / 2**20:.0f} MiB/rank"
             info = f"step {step}  loss {loss:.4f}{step_extras(stats)}  {tokens:,.0f} tok/s  {mem}"
             self.progress.update(self.task, advance=1, info=info)
+        if any(stop for _, stop in seen):
+            raise train_stop.Stopped(step + 1)
 
     def summary(self, losses, problems, stats=None) -> None:
         import statistics

@@ -116,8 +116,12 @@ def pick(collective: str, algorithm, nbytes: int, size: int, comm=None):
             hit = _AUTO_CACHE[key] = (links, auto_choice(collective, nbytes, size, shape, links))
         return hit[1], table[hit[1]]
     if algorithm not in table:
+        import difflib  # here: only a misspelt name needs it
+
+        close = difflib.get_close_matches(str(algorithm), algorithms(collective), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(
-            f"unknown {collective} algorithm {algorithm!r}; choose one of "
+            f"unknown {collective} algorithm {algorithm!r}{hint}; choose one of "
             f"{', '.join(algorithms(collective))}"
         )
     return algorithm, table[algorithm]

@@ -16,7 +16,9 @@
               copy of 32 MiB, every rank at once, the fastest run) and used by every lesson
     matmul_flops   the tiny GPT's matmul rate (its MLP's shape, float32, every rank at once)
 
-with the host, the date, minipar's version, the cores and the load average while it ran. A fit
+with the host, the date, minipar's version, the cores and the load average while it ran, and
+where it was made (provenance: the Python environment, minipar's folder; the file is one per
+user, so `minipar doctor` says when it is another environment's or checkout's). A fit
 whose intercept (alpha) comes out negative, or whose slope (beta) is not positive, is
 unphysical: it is stored with `physical: false` and the reason, and never used.
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -81,6 +84,26 @@ def path() -> Path:
         return Path(os.environ[PATH_ENV])
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(cache) / "minipar" / "calibration.json"
+
+
+def provenance() -> dict:
+    """Where a calibration is made: this Python's environment (sys.prefix) and the minipar it
+    ran (the package's folder). The file is one per user, shared by every checkout and virtual
+    environment, so `doctor` says whose it is (elsewhere)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return {"python_prefix": sys.prefix, "minipar_path": package}
+
+
+def elsewhere(record: dict) -> str:
+    """Why `record` is not this environment's own ("" when it is): made by another virtual
+    environment or minipar checkout, or by a minipar that did not record where."""
+    mine = provenance()
+    if "python_prefix" not in record:
+        return f"made by minipar {record.get('minipar', '?')}, which did not record where"
+    if (record["python_prefix"], record.get("minipar_path")) == tuple(mine.values()):
+        return ""
+    return (f"made from {record['python_prefix']} (minipar {record.get('minipar', '?')} at "
+            f"{record.get('minipar_path', '?')})")  # fmt: skip
 
 
 def save(record: dict, where: Path | None = None) -> Path:

@@ -22,6 +22,7 @@ import tempfile
 import time
 
 from minipar.launcher import stop
+from minipar.launcher.errors_once import Fold
 
 RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 DRAIN_SECONDS = 2.0  # after the job ends: how long to wait for its last bytes
@@ -40,8 +41,11 @@ def prefix(rank: int) -> str:
 class Relay:
     """The FIFOs of one job of n ranks, and the loop that forwards their lines."""
 
-    def __init__(self, n: int, tag: bool = False, out=None, err=None):
+    def __init__(self, n: int, tag: bool = False, out=None, err=None, fold_errors=False):
         self.n, self.tag = n, tag
+        self.fold = Fold(n) if fold_errors else None  # the same error from many ranks: once
+        self.rank_of: dict[int, int] = {}  # a rank's stderr FIFO -> the rank
+        self.quiet_launcher = False  # drop hydra's lines about a proxy gone (supervised jobs)
         self._out, self._err = out, err  # None: whatever sys.stdout/sys.stderr are at write time
         # the owner's pid in the name: a SIGKILLed launcher's pipes are found and removed later
         self.folder = tempfile.mkdtemp(prefix=f"minipar-io-{os.getpid()}-")
@@ -60,6 +64,7 @@ class Relay:
                 fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
                 self.keep.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
                 self.readers[fd] = (prefix(rank) if tag else "", stream)
+                self.rank_of[fd] = rank
 
     def wrap(self, program: list[str]) -> list[str]:
         """The command each rank runs: the relay's rank side, then the program."""
@@ -103,6 +108,7 @@ class Relay:
                     status = proc.returncode or 1
                     break
                 self._read(sel, 0.1)
+                self._write_due()
             stop.signal_pid(-proc.pid, signal.SIGKILL)  # no rank (or its child) outlives the job
             for fd in self.keep:
                 os.close(fd)
@@ -112,6 +118,8 @@ class Relay:
                 self._read(sel, 0.1)
             for fd in list(self.pending):
                 self._emit(fd, self.pending.pop(fd) + b"\n")
+            if self.fold is not None:
+                self._write("err", "".join(self.fold.end()))
         finally:
             sel.close()
             self.close()
@@ -156,8 +164,23 @@ class Relay:
         text = data.decode("utf-8", errors="replace")
         if self.hosts and fd in self.launcher_fds:
             text = name_hosts(text, self.hosts)
+        if self.quiet_launcher and fd in self.launcher_fds:
+            text = "".join(ln for ln in text.splitlines(True) if not HYDRA_PROXY_GONE.search(ln))
+        if self.fold is not None and stream == "err" and fd in self.rank_of:
+            rank = self.rank_of[fd]
+            text = "".join(out for ln in text.splitlines(True) for out in self.fold.line(rank, ln))
         if tag:
             text = "".join(tag + line for line in text.splitlines(keepends=True))
+        self._write(stream, text)
+
+    def _write_due(self) -> None:
+        """The folded errors whose wait is over (errors_once.py), written without a tag."""
+        if self.fold is not None:
+            self._write("err", "".join(self.fold.due()))
+
+    def _write(self, stream: str, text: str) -> None:
+        if not text:
+            return
         target = (self._out or sys.stdout) if stream == "out" else (self._err or sys.stderr)
         if stream in self.closed:
             return
@@ -176,6 +199,14 @@ class Relay:
                 pass
         self.keep = []
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+# hydra's lines once a node's proxy has gone (its socket closed): noise before minipar's own
+# explanation of the lost node (launcher/supervisor.py)
+HYDRA_PROXY_GONE = re.compile(
+    r"^\[mpiexec@[^\]]*\] .*(assert \(!closed\) failed|callback returned error status|"
+    r"error waiting for event|process manager error waiting for completion)"
+)
 
 
 def name_hosts(text: str, hosts: dict[str, str]) -> str:

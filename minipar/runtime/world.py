@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 import warnings
 
@@ -28,6 +29,7 @@ from minipar.state import process
 
 MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
+ABORT_GRACE = 0.2  # s an uncaught exception's rank waits before MPI_Abort (excepthook)
 FAST_PATHS_ENV = "MINIPAR_FAST_PATHS"  # 0: every call takes the plain path (collectives/fast/)
 
 
@@ -291,6 +293,7 @@ def _install_excepthook() -> None:
         sys.stderr.write(prefixed)
         sys.stderr.write(f"[rank {rank}] minipar: aborting the job after an uncaught exception\n")
         sys.stderr.flush()
+        time.sleep(ABORT_GRACE)  # ranks failing alike say so too: `minipar run` says it once
         comm.abort(1)
 
     sys.excepthook = hook

@@ -136,7 +136,7 @@ def measure_section(page: Page, predicted: dict) -> None:
     for label, name, m, v in RUNS:
         timeline, memory, per_rank = run_schedule(page, name, m, v, t)
         page.say(f"\n[bold]{label}[/] (m={m})")
-        timeline.print(page.console, width=70)
+        timeline.print(page.console, width=min(70, page.console.width - 20))  # + bubble NN%
         formula = V.predicted_bubble(name, p, m, v)
         peak = max(count for count, _ in memory)
         rows.append((label, f"{formula:.1%}", f"{timeline.bubble_fraction:.1%}", peak,

@@ -63,9 +63,10 @@ class Page:
         self.begun = self.mark = self.snapshot()  # the CPU the run gets, from here
         self.measured_on: cpu_share.Share | None = None  # see machine()
         mode = f"break-it lab: {self.lab}" if self.lab else ("quick" if self.quick else "full")
+        ranks = f"{self.size} rank{'s' * (self.size != 1)}"
         self.console.print(
             Panel(
-                f"[bold]Lesson {number}: {title}[/]\n{self.size} ranks, {mode}",
+                f"[bold]Lesson {number}: {title}[/]\n{ranks}, {mode}",
                 box=box.HEAVY,
                 expand=False,
             )

@@ -188,7 +188,8 @@ class EmulatedCluster:
                  "peer", "name", "eth0", "netns", node)  # fmt: skip
         self._ip(self.switch, "link", "set", port, "master", "br0", "up")
         self._ip(node, "addr", "add", f"{self.address(k)}/24", "dev", "eth0")
-        self._ip(node, "link", "set", "eth0", "up")
+        # `mtu` in `link add ... type veth peer ...` sets the switch's end only: the node's too
+        self._ip(node, "link", "set", "eth0", "mtu", str(MTU), "up")
         self._ip(node, "link", "set", "lo", "up")
         shape = links.tbf(self.rate)
         if shape is not None:  # both directions: out of the node, and out of the switch to it

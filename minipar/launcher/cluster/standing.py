@@ -136,9 +136,25 @@ def shell_command(state: dict, node: str, argv: list[str]) -> tuple[list[str], d
     """(command line, environment) of argv (or an interactive shell) on the node."""
     k = node_index(state, node)
     entry = state["nodes"][k]
-    argv = argv or [os.environ.get("SHELL") or "/bin/bash", "-i"]
+    env = shell_env(state)
+    if not argv:
+        argv = interactive(os.environ.get("SHELL") or "/bin/bash", node, env)
     cmd = [*_inside(state), *argv_on_node(entry["namespace"], node, state["hosts_file"], argv)]
-    return cmd, shell_env(state)
+    return cmd, env
+
+
+def interactive(shell: str, node: str, env: dict) -> list[str]:
+    """The node's interactive shell, reading no rc file: a pyenv or conda line in ~/.bashrc
+    would put another python first on PATH, and the documented `mpiexec ... python x.py`
+    would fail with "No module named 'mpi4py'" on every rank. The prompt names the node."""
+    name = os.path.basename(shell)
+    env["PS1"] = f"[{node}] \\w\\$ " if name == "bash" else f"[{node}] %~ %# "
+    env.pop("ENV", None)  # sh reads the file $ENV names when interactive
+    if name == "bash":
+        return [shell, "--noprofile", "--norc", "-i"]
+    if name == "zsh":
+        return [shell, "-f", "-i"]  # no startup files
+    return [shell, "-i"]
 
 
 def _inside(state: dict) -> list[str]:
@@ -151,6 +167,8 @@ def shell_env(state: dict) -> dict:
     env = dict(os.environ, **state["env"])
     python_bin = os.path.dirname(sys.executable)
     env["PATH"] = os.pathsep.join([state["bin"], python_bin, os.environ.get("PATH", "")])
+    if sys.prefix != sys.base_prefix:  # a virtual environment, activated or not: say so
+        env["VIRTUAL_ENV"] = sys.prefix
     return env
 
 

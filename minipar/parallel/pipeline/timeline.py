@@ -63,36 +63,58 @@ class Timeline:
     def bubble_fraction(self) -> float:
         return sum(self.bubble) / len(self.rows) if self.rows else 0.0
 
-    def text(self, width: int = 72):
-        """A rich Text: one line per rank, one character per time slot. Each task opens with its
-        kind's letter and the micro-batch's last digit ('F3': micro-batch 3's forward), '-' while
-        it lasts, '.' idle: readable without colour (piped, printed); the colour (by kind) only
-        helps the eye. A task of one slot shows its letter alone."""
+    def text(self, width: int = 72, fold: int | None = None):
+        """A rich Text: one line per rank, one character per time slot (`width` slots over the
+        step). Each task opens with its kind's letter and the micro-batch's last digit ('F3':
+        micro-batch 3's forward), '-' while it lasts, '.' idle: readable without colour (piped,
+        printed); the colour (by kind) only helps the eye. A task of one slot shows its letter
+        alone. With `fold`, the chart is cut into blocks of that many slots, one under the
+        other (each rank's bubble after the last block)."""
         from rich.text import Text
 
-        span = self.makespan or 1.0
+        rows = [self._cells(row, width) for row in self.rows]
+        fold = fold or width
         out = Text()
-        for rank, row in enumerate(self.rows):
-            cells = [(".", "dim")] * width
-            for kind, mb, _, s, e in row:
-                first = min(int(s / span * width), width - 1)
-                last = min(max(first, int(e / span * width) - 1), width - 1)
-                label = f"{kind}{mb % 10}"
-                for i in range(first, last + 1):
-                    char = label[i - first] if i - first < len(label) else "-"
-                    cells[i] = (char, f"bold {COLOURS[kind]}")
-            out.append(f"rank {rank} ", style="bold")
-            for char, style in cells:
-                out.append(char, style=style)
-            out.append(f"  bubble {self.bubble[rank]:.0%}\n")
+        for start in range(0, width, fold):
+            last_block = start + fold >= width
+            if start:
+                out.append(f"{'':7}... from {start / width:.0%} of the step\n", style="dim")
+            for rank, cells in enumerate(rows):
+                out.append(f"rank {rank} ", style="bold")
+                for char, style in cells[start : start + fold]:
+                    out.append(char, style=style)
+                out.append(f"  bubble {self.bubble[rank]:.0%}\n" if last_block else "\n")
         out.append(KEY)
         return out
 
+    def _cells(self, row, width: int) -> list[tuple[str, str]]:
+        """One rank's (character, style) per slot; a task covers the slots its start and end
+        round to (at least one), so a task two slots long never loses its digit."""
+        span = self.makespan or 1.0
+        cells = [(".", "dim")] * width
+        for kind, mb, _, s, e in row:
+            first = min(int(s / span * width + 0.5), width - 1)
+            last = min(max(first, int(e / span * width + 0.5) - 1), width - 1)
+            label = f"{kind}{mb % 10}"
+            for i in range(first, last + 1):
+                char = label[i - first] if i - first < len(label) else "-"
+                cells[i] = (char, f"bold {COLOURS[kind]}")
+        return cells
+
+    def labelled_width(self, line: int, most: int = 3) -> int:
+        """Slots enough for the shortest task to span two (its letter and digit), in whole
+        lines of `line` slots: one line at least, `most` at most."""
+        spans = [e - s for row in self.rows for *_, s, e in row if e > s]
+        need = int(2 * self.makespan / min(spans)) + 1 if spans else line
+        return min(-(-need // line), most) * line
+
     def print(self, console=None, width: int = 72) -> None:
+        """The chart in lines of `width` slots, folded into as many blocks as the shortest task
+        needs to keep its label (labelled_width)."""
         # here, not at the top of the file: rich loads only when used
         from minipar.term import Console
 
-        (console or Console()).print(self.text(width))
+        (console or Console()).print(self.text(self.labelled_width(width), fold=width))
 
     def save_png(self, path: str, title: str = "") -> None:
         import matplotlib
