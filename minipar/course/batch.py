@@ -129,22 +129,24 @@ def roster_names(path: Path) -> list[str]:
 
 
 def write_csv(path: Path, graded: dict[str, dict], names: list[str], worth: dict, roster) -> None:
-    """grades.csv: student, each exercise's points, total, maximum, status."""
+    """grades.csv: student, each exercise's points, total, maximum, status, seconds (the
+    submission's grade, start to end)."""
     most = sum(worth.values())
     with open(path, "w", newline="") as f:
         out = csv.writer(f)
-        out.writerow(["student", *names, "total", "max", "status"])
+        out.writerow(["student", *names, "total", "max", "status", "seconds"])
         for student in sorted(set(graded) | set(roster or [])):
             if student not in graded:
-                out.writerow([student, *["0"] * len(names), "0", f"{most:g}", "no submission"])
+                out.writerow([student, *["0"] * len(names), "0", f"{most:g}", "no submission", ""])
                 continue
             scores = per_exercise(graded[student])
             status = graded[student].get("minipar_status", "graded")
             if roster is not None and student not in roster:
                 status += "; not on the roster"
             row = [f"{scores.get(n, 0.0):g}" for n in names]
+            seconds = graded[student].get("minipar_seconds", "")
             out.writerow([student, *row, f"{graded[student].get('score', 0):g}", f"{most:g}",
-                          status])  # fmt: skip
+                          status, seconds])  # fmt: skip
 
 
 def write_similarity(path: Path, folders: dict[str, Path], names: list[str], root: Path) -> int:

@@ -128,8 +128,8 @@ def gradescope(results, points, visibility: dict | None = None) -> dict:
         {
             "name": f"{r.exercise}: {r.test}",
             "number": f"{i + 1}",
-            "score": score,
-            "max_score": worth,
+            "score": round(score, 6),
+            "max_score": round(worth, 6),
             "status": "passed" if r.status == "passed" else "failed",
             "output": output_of(r),
             "output_format": "text",
@@ -141,7 +141,7 @@ def gradescope(results, points, visibility: dict | None = None) -> dict:
     total, most = sum(s for _, s, _ in rows), sum(w for _, _, w in rows)
     passed = sum(r.status == "passed" for r in results)
     return {
-        "score": total,
+        "score": round(total, 6),  # a sum of split points: 294.9999999999998 is 295
         "output": f"{passed} of {len(results)} tests passed: {total:g} of {most:g} points",
         "output_format": "text",
         "visibility": "visible",
