@@ -408,3 +408,20 @@ def test_the_gradescope_bundle_grades_a_submission_in_a_made_up_autograder_tree(
     assert results["score"] == pytest.approx(10), [t["output"][:300] for t in results["tests"]]
     assert results["output"].endswith("of 15 points")
     assert any("no ex11_nccl_rings.py in the submission" in t["output"] for t in results["tests"])
+
+
+@pytest.mark.parametrize(
+    "exercise,text,said",
+    [
+        ("ex03_ring_allreduce", "from minipar.comm.transport import buffers\nbuffers.sys.exit(0)",
+         "buffers.sys: a module reached through"),
+        ("ex03_ring_allreduce", "from minipar.comm.transport import buffers\nb = buffers\n",
+         "buffers: a module used other than by its attributes"),
+        ("ex05_naive_ddp", "import minipar\nminipar.collectives.ring.all_reduce_ring(c, x, o)",
+         "minipar.collectives: a module reached through minipar"),
+        ("ex05_naive_ddp", "import minipar\nminipar.comm.MPI", ".comm"),
+    ],
+)  # fmt: skip
+def test_policy_a_module_of_the_list_reaches_no_other(exercise, text, said):
+    assert said in " ".join(refusals(text, exercise)), refusals(text, exercise)
+    assert refusals("import minipar\nminipar.all_reduce(x, group=g)\n", "ex05_naive_ddp") == []

@@ -6,7 +6,8 @@ else: not `minipar.collectives.ring` (the library's own answer), not `mpi4py` (M
 collectives), not `os` or `importlib`. Some names reach past any import list, so they are refused
 too: `open`, `exec`, `eval`, `getattr`, `__import__`, any attribute starting with `_` (dunders
 walk from any object to the interpreter's internals), the transport underneath a `call`
-(`.comm`), files (`np.load`, `torch.save`), and `torch.distributed`.
+(`.comm`), files (`np.load`, `torch.save`), and `torch.distributed`; a minipar module may be
+used only by its own attributes, never to reach another module (`buffers.sys`, `minipar.cli`).
 
     found = policy.check(path, "ex03_ring_allreduce")   # [] or ["ex03_ring_allreduce.py:12: ..."]
 
@@ -40,7 +41,7 @@ ATTRIBUTES = {
     "load", "loads", "save", "savez", "savez_compressed", "savetxt", "loadtxt", "genfromtxt",
     "fromfile", "tofile", "memmap", "system", "popen", "environ", "modules", "exercises",
     "course", "cli", "testing", "launcher", "register_algorithm", "f_globals", "f_locals",
-    "f_back", "gi_frame", "cr_frame", "tb_frame",
+    "f_back", "gi_frame", "cr_frame", "tb_frame", "MPI", "COMM_WORLD", "COMM_SELF",
 }  # fmt: skip
 
 
@@ -75,6 +76,45 @@ def _docstrings(tree) -> set[int]:
     return found
 
 
+def _bound_modules(tree) -> dict[str, str]:
+    """name -> the minipar module an import binds it to (`import minipar`, `from
+    minipar.collectives import layout`): their attributes are checked one by one."""
+    import importlib  # the library's own modules, in the grader's process: never student code
+
+    bound = {}
+    for node in ast.walk(tree):
+        aliases = node.names if isinstance(node, (ast.Import, ast.ImportFrom)) else []
+        for alias in aliases:
+            full = alias.name if isinstance(node, ast.Import) else f"{node.module}.{alias.name}"
+            if not full.startswith("minipar"):
+                continue
+            try:
+                importlib.import_module(full)
+            except ImportError:
+                continue  # a function or class of a module, not a module
+            bound[alias.asname or alias.name.split(".")[0]] = (
+                full if alias.asname or isinstance(node, ast.ImportFrom) else full.split(".")[0]
+            )
+    return bound
+
+
+def _through_module(node, bound) -> str | None:
+    """`buffers.sys`, `minipar.collectives`: a module reached through an allowed module's
+    attribute is a way around the import list."""
+    import importlib  # as above
+    import types
+
+    if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)):
+        return None
+    module = bound.get(node.value.id)
+    if module is None:
+        return None
+    value = getattr(importlib.import_module(module), node.attr, None)
+    if isinstance(value, types.ModuleType):
+        return f"{node.value.id}.{node.attr}: a module reached through {module}, refused"
+    return None
+
+
 def _refusal(node, allowed, docstrings) -> str | None:
     """Why `node` may not stand in an exercise, or None."""
     if isinstance(node, ast.Import):
@@ -106,10 +146,14 @@ def check_text(text: str, filename: str, allowed, given: frozenset = frozenset()
     except SyntaxError as error:
         where = f"{filename}:{error.lineno}" if error.lineno else filename
         return [f"{where}: SyntaxError: {error.msg} (the file does not parse)"]
-    docstrings, lines = _docstrings(tree), text.splitlines()
+    docstrings, lines, bound = _docstrings(tree), text.splitlines(), _bound_modules(tree)
+    bases = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     found = []
     for node in ast.walk(tree):
-        why = _refusal(node, allowed, docstrings)
+        why = _refusal(node, allowed, docstrings) or _through_module(node, bound)
+        if not why and isinstance(node, ast.Name) and node.id in bound and id(node) not in bases:
+            if isinstance(node.ctx, ast.Load):  # `b = buffers`: its attributes go unchecked
+                why = f"{node.id}: a module used other than by its attributes, refused"
         line = lines[node.lineno - 1].strip() if why and 0 < node.lineno <= len(lines) else ""
         if why and line not in given:
             found.append((getattr(node, "lineno", 0), f"{filename}:{node.lineno}: {why}"))
