@@ -355,7 +355,9 @@ def run(
 def _walled(folder: Path, chosen, hidden: list[str]):
     """A private copy of the submission's admissible files (course/submission.py), with this
     process sealed (its exercises.load() goes through the wall) and `hidden` refused to every
-    process that runs student code; the copy and the student's processes gone afterwards."""
+    process that runs student code (but never a folder holding the copy, this Python or
+    minipar: an --out of "." hides the results file, not the package); the copy and the
+    student's processes gone afterwards."""
     import tempfile
 
     known = {p.stem for p in exercises.sources()}
@@ -364,7 +366,9 @@ def _walled(folder: Path, chosen, hidden: list[str]):
         found = {k: v for k, v in found.items() if k in chosen}
     with tempfile.TemporaryDirectory(prefix="minipar-grade-") as scratch:
         submission.admit(found, Path(scratch), exercises.tree("solutions"))
-        hide = os.pathsep.join(str(Path(h).resolve()) for h in hidden)
+        needed = [Path(scratch), Path(sys.prefix), Path(__file__).resolve().parents[1]]
+        hide = os.pathsep.join(str(h) for h in map(lambda h: Path(h).resolve(), hidden)
+                               if not any(n == h or h in n.parents for n in needed))  # fmt: skip
         with _environ(sandbox.SEALED_ENV, str(os.getpid())), _environ(sandbox.HIDE_ENV, hide):
             try:
                 yield Path(scratch)
@@ -576,6 +580,7 @@ def main(args) -> int:
         if args.nodes is not None and args.nodes < 1:
             raise ValueError(f"--nodes {args.nodes}: the number of nodes must be 1 or more")
         hide = (str(Path(args.output).resolve()),) if args.output else ()
+        hide += tuple(filter(None, os.environ.get(batch.HIDE_ALSO_ENV, "").split(os.pathsep)))
         results = run(impl, args.lesson, verbose=args.verbose, nodes=args.nodes, hide=hide)
     except (FileNotFoundError, ValueError, EmulationError) as error:
         err.print(f"[bold red]minipar grade:[/] {error}")

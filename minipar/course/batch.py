@@ -30,6 +30,8 @@ from pathlib import Path
 
 from minipar.course import exercises, gradebook, handout, similarity, submission
 
+HIDE_ALSO_ENV = "MINIPAR_GRADE_HIDE_ALSO"  # more paths the graded code may not open
+
 
 def submissions(folder: Path, unpacked: Path) -> dict[str, Path]:
     """student -> the folder of their files: each sub-folder, each .zip (unpacked into
@@ -60,9 +62,12 @@ def assignment(points: Path) -> tuple[list[str], dict[str, float]]:
     return names, {n: table.get(n, default) for n in names}
 
 
-def grade_one(name: str, folder: Path, out: Path, points: Path, timeout: float) -> dict:
+def grade_one(
+    name: str, folder: Path, out: Path, points: Path, timeout: float, hide: tuple = ()
+) -> dict:
     """Grade one submission in a `minipar grade` process of its own; its results.json (one of
-    zeros if it did not finish)."""
+    zeros if it did not finish). `hide`: paths its code may not open (every student's results
+    and uploads: nothing of one student's process reaches another's grade or work)."""
     target = out / name
     target.mkdir(parents=True, exist_ok=True)
     results = target / "results.json"
@@ -70,8 +75,9 @@ def grade_one(name: str, folder: Path, out: Path, points: Path, timeout: float) 
                "gradescope", "--json", str(results), "--points", str(points)]  # fmt: skip
     start, why = time.monotonic(), ""
     with open(target / "grader.log", "w") as log:
+        env = {**os.environ, HIDE_ALSO_ENV: os.pathsep.join(str(h) for h in hide)}
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)  # fmt: skip
+                                 start_new_session=True, env=env)  # fmt: skip
         try:
             child.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -192,7 +198,8 @@ def grade_all(
         folders = submissions(folder, Path(unpacked))
         graded, start = {}, time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(grade_one, s, f, out, points, timeout): s
+            hide = (out.resolve(), Path(folder).resolve(), Path(unpacked).resolve())
+            futures = {pool.submit(grade_one, s, f, out, points, timeout, hide): s
                        for s, f in folders.items()}  # fmt: skip
             for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
                 student = futures[future]
