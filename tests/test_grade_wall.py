@@ -425,3 +425,40 @@ def test_the_gradescope_bundle_grades_a_submission_in_a_made_up_autograder_tree(
 def test_policy_a_module_of_the_list_reaches_no_other(exercise, text, said):
     assert said in " ".join(refusals(text, exercise)), refusals(text, exercise)
     assert refusals("import minipar\nminipar.all_reduce(x, group=g)\n", "ex05_naive_ddp") == []
+
+
+def test_hidden_tests_run_beside_ours_after_the_due_date_and_out_of_the_students_reach(tmp_path):
+    """--hidden-tests DIR: the instructor's own tests of an exercise count toward its points,
+    Gradescope shows them after the due date, and the graded code cannot open them."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "test_more.py").write_text(
+        textwrap.dedent("""\
+        import math
+
+        from minipar.course import sandbox
+
+
+        def test_ex12_checkpoint_interval_secret_square_root():
+            mod = sandbox.graded("ex12_checkpoint_interval")
+            assert math.isclose(mod.best_interval(8.0, 50.0), 4 * mod.best_interval(0.5, 50.0))
+    """)
+    )
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    root = "    return math.sqrt(2 * save_s * mtbi_s)\n"
+    linear = (SOLUTIONS / "ex12_checkpoint_interval.py").read_text()
+    linear = linear.replace(root, "    return 2 * save_s * mtbi_s\n")
+    (sub / "ex12_checkpoint_interval.py").write_text(linear)
+    out = tmp_path / "results.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "minipar", "grade", "--impl", str(sub), "ex12", "--format",
+         "gradescope", "--json", str(out), "--hidden-tests", str(secret)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+    tests = {t["name"]: t for t in json.loads(out.read_text())["tests"]}
+    hidden = tests["ex12_checkpoint_interval: secret_square_root"]
+    assert hidden["status"] == "failed" and hidden["visibility"] == "after_due_date"
+    assert tests["ex12_checkpoint_interval: mtbi_from_llama3"]["visibility"] == "visible"
+    assert hidden["max_score"] == pytest.approx(10 / 6)  # ex12's 10 points over 6 tests now

@@ -143,14 +143,16 @@ def explanation(error: BaseException | None) -> str:
 class Collector:
     """A pytest plugin that keeps each test's outcome and exception."""
 
-    def __init__(self):
+    def __init__(self, hidden: tuple = ()):
         self.results: list[Result] = []
+        self.hidden = {Path(h).resolve() for h in hidden}  # the instructor's hidden test files
 
     def _record(self, item, error, seconds: float) -> None:
         exercise, test = _exercise_and_test(item.nodeid)
         status, detail = classify(error)
         why = explanation(error) if status == "failed" else ""
-        self.results.append(Result(exercise, test, status, detail, why, round(seconds, 3)))
+        secret = Path(str(item.fspath)).resolve() in self.hidden
+        self.results.append(Result(exercise, test, status, detail, why, round(seconds, 3), secret))
 
     def pytest_collectreport(self, report):
         """A test file that does not even import (a syntax error in the tests, a missing
@@ -252,6 +254,7 @@ NOT_RUN = "not run: "  # tests/test_exercises.py's skip of a test after its exer
 NOT_STARTED = "not started: "  # ... or after it raised NotImplementedError
 ONLY_ENV = "MINIPAR_EXERCISES_ONLY"  # the ranks run only these exercises' cases
 NODES_ENV = "MINIPAR_GRADE_NODES"  # tests/test_exercises.py: the ranks on emulated nodes
+IMPL_ENV = "MINIPAR_EXERCISES_IMPL"  # the folder under test (course/sandbox.graded reads it)
 
 
 def selection(lesson: str | None, impl: str, folder: Path) -> list[str] | None:
@@ -302,13 +305,15 @@ def run(
     progress: bool = True,
     nodes: int | None = None,
     hide: tuple = (),
+    hidden_tests: Path | None = None,
 ) -> list[Result]:
     """Run the exercise tests against `impl`; the results, one per test. The worked answers
     (solutions/) run here as they are; anything else goes through the grader's wall
     (course/sandbox.py): each file checked against its exercise's policy and copied to a folder
     of its own, its one-process functions run in a child process, its ranks with the answers
     and `hide` (the results file, hidden tests) refused to them. This process never imports
-    a student's file."""
+    a student's file. `hidden_tests`: a folder of the instructor's own test_*.py files, run
+    beside the public ones (their results after the due date, unless points.toml says)."""
     import pytest
 
     root = root or exercises.repo_root()
@@ -328,13 +333,21 @@ def run(
     walled = folder != exercises.tree("solutions")
     if walled and chosen is None:  # the ranks read the chosen exercises' answers first
         chosen = sorted(submission.files(folder, {p.stem for p in exercises.sources()}))
-    collector = Collector()
+    extra = sorted(Path(hidden_tests).glob("test_*.py")) if hidden_tests else []
+    if hidden_tests and not extra:
+        raise FileNotFoundError(f"--hidden-tests {hidden_tests}: no test_*.py file in it")
+    collector = Collector(tuple(extra))
     if nodes:
         needs.check("minipar grade --nodes")  # everything it lacks, before any rank starts
     with contextlib.ExitStack() as stack:
         if walled:
-            folder = stack.enter_context(_walled(folder, chosen, [*hide, str(root / "solutions")]))
-        args = [str(tests), f"--impl={folder}", "-p", "no:cacheprovider", "-p", "no:xdist"]
+            secret = [str(hidden_tests)] if hidden_tests else []
+            folder = stack.enter_context(
+                _walled(folder, chosen, [*hide, *secret, str(root / "solutions")])
+            )
+        stack.enter_context(_environ(IMPL_ENV, str(folder)))  # the hidden tests' exercise()
+        args = [str(tests), *map(str, extra), f"--impl={folder}", "-p", "no:cacheprovider"]
+        args += ["-p", "no:xdist", "--rootdir", str(root)]
         args += ["-p", "no:benchmark"]  # pytest-benchmark, where installed, leaves .benchmarks/
         if not verbose:  # the report is ours; pytest's own output only with --verbose (kept
             # off the screen, not switched off: without its terminal plugin pytest loses the
@@ -419,6 +432,12 @@ def configure(parser) -> None:
         "ex04_hierarchical_allreduce --nodes 2",
     )
     course = parser.add_argument_group("instructors and course platforms")
+    course.add_argument(
+        "--hidden-tests",
+        default=None,
+        metavar="DIR",
+        help="your own test_*.py files (kept from students), run beside ours",
+    )
     course.add_argument(
         "--submissions",
         default=None,
@@ -581,7 +600,9 @@ def main(args) -> int:
             raise ValueError(f"--nodes {args.nodes}: the number of nodes must be 1 or more")
         hide = (str(Path(args.output).resolve()),) if args.output else ()
         hide += tuple(filter(None, os.environ.get(batch.HIDE_ALSO_ENV, "").split(os.pathsep)))
-        results = run(impl, args.lesson, verbose=args.verbose, nodes=args.nodes, hide=hide)
+        secret = Path(args.hidden_tests) if args.hidden_tests else None
+        results = run(impl, args.lesson, verbose=args.verbose, nodes=args.nodes, hide=hide,
+                      hidden_tests=secret)  # fmt: skip
     except (FileNotFoundError, ValueError, EmulationError) as error:
         err.print(f"[bold red]minipar grade:[/] {error}")
         return _stopped(args, points, f"{error}", 2)
@@ -624,6 +645,7 @@ def _class(args, points: Path, err) -> int:
             Path(args.submissions), Path(args.out), args.jobs, args.timeout,
             Path(args.roster) if args.roster else None, points,
             say=lambda line: print(line, file=sys.stderr, flush=True),
+            hidden_tests=Path(args.hidden_tests) if args.hidden_tests else None,
         )  # fmt: skip
     except (FileNotFoundError, ValueError) as error:
         err.print(f"[bold red]minipar grade:[/] {error}")

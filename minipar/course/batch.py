@@ -63,7 +63,13 @@ def assignment(points: Path) -> tuple[list[str], dict[str, float]]:
 
 
 def grade_one(
-    name: str, folder: Path, out: Path, points: Path, timeout: float, hide: tuple = ()
+    name: str,
+    folder: Path,
+    out: Path,
+    points: Path,
+    timeout: float,
+    hide: tuple = (),
+    hidden_tests: Path | None = None,
 ) -> dict:
     """Grade one submission in a `minipar grade` process of its own; its results.json (one of
     zeros if it did not finish). `hide`: paths its code may not open (every student's results
@@ -73,6 +79,7 @@ def grade_one(
     results = target / "results.json"
     command = [sys.executable, "-m", "minipar", "grade", "--impl", str(folder), "--format",
                "gradescope", "--json", str(results), "--points", str(points)]  # fmt: skip
+    command += ["--hidden-tests", str(hidden_tests)] if hidden_tests else []
     start, why = time.monotonic(), ""
     with open(target / "grader.log", "w") as log:
         env = {**os.environ, HIDE_ALSO_ENV: os.pathsep.join(str(h) for h in hide)}
@@ -187,6 +194,7 @@ def grade_all(
     roster: Path | None = None,
     points: Path | None = None,
     say=print,
+    hidden_tests: Path | None = None,
 ) -> dict:
     """Grade every submission of `folder` into `out`; {student: results} and the files."""
     root = exercises.repo_root()
@@ -199,7 +207,7 @@ def grade_all(
         graded, start = {}, time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
             hide = (out.resolve(), Path(folder).resolve(), Path(unpacked).resolve())
-            futures = {pool.submit(grade_one, s, f, out, points, timeout, hide): s
+            futures = {pool.submit(grade_one, s, f, out, points, timeout, hide, hidden_tests): s
                        for s, f in folders.items()}  # fmt: skip
             for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
                 student = futures[future]

@@ -32,6 +32,7 @@ class Result:
     detail: str = ""  # the first line of the error, or the NotImplementedError's hint
     explanation: str = ""  # where it parted from the solution (minipar.course.stepdiff), if known
     seconds: float = 0.0
+    hidden: bool = False  # from the instructor's hidden tests (--hidden-tests): after the due date
 
 
 def _toml(text: str) -> dict:
@@ -134,7 +135,10 @@ def gradescope(results, points, visibility: dict | None = None) -> dict:
             "output": output_of(r),
             "output_format": "text",
             "tags": [r.exercise],
-            "visibility": shown.get(f"{r.exercise}: {r.test}", shown.get(r.exercise, "visible")),
+            "visibility": shown.get(
+                f"{r.exercise}: {r.test}",
+                shown.get(r.exercise, "after_due_date" if r.hidden else "visible"),
+            ),
         }
         for i, (r, score, worth) in enumerate(rows)
     ]

@@ -228,6 +228,12 @@ def exercise(name: str, which: str):
     return load(name, str(folder))
 
 
+def graded(name: str):
+    """Exercise `name` of the folder being graded (MINIPAR_EXERCISES_IMPL), for an instructor's
+    hidden tests (`minipar grade --hidden-tests DIR`): `mod = sandbox.graded("ex12_...")`."""
+    return exercise(name, os.environ.get("MINIPAR_EXERCISES_IMPL", "solutions"))
+
+
 def load(name: str, folder: str) -> SealedModule:
     """Exercise `name` of `folder` as the grader sees it (one Wall per folder)."""
     wall = _WALLS.get(folder) or _WALLS.setdefault(folder, Wall(folder))
