@@ -27,6 +27,8 @@ WAITING = {  # file -> why it waits
     "test_cli.py": "timeouts of hung jobs, launcher start-ups",
     "test_grading.py": "planted mistakes that time out",
     "test_grade.py": "the grader's own pytest and pool",
+    "test_grade_wall.py": "graders in processes of their own, a rank that spins until its limit",
+    "test_train_interrupt.py": "train runs stopped by Ctrl-C, waiting for the ranks to stop",
     "test_soak.py": "mismatches asked after 0.3 s",
     "test_shm.py": "window waits on 2-4 ranks",
     "test_mpisetup.py": "doctor's and init's refusals",
