@@ -462,3 +462,33 @@ def test_hidden_tests_run_beside_ours_after_the_due_date_and_out_of_the_students
     assert hidden["status"] == "failed" and hidden["visibility"] == "after_due_date"
     assert tests["ex12_checkpoint_interval: mtbi_from_llama3"]["visibility"] == "visible"
     assert hidden["max_score"] == pytest.approx(10 / 6)  # ex12's 10 points over 6 tests now
+
+
+def test_a_syntax_error_costs_its_own_exercise_only_and_names_its_line(tmp_path):
+    """Issue 71, item 6: a broken ex03_ring_allreduce.py once failed the correct
+    ex03_recursive_doubling's plugs-into-minipar tests (register() loaded every file) and said
+    "SyntaxError: expected ':'" with no file or line; the tests never run were counted failed."""
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    ring = (SOLUTIONS / "ex03_ring_allreduce.py").read_text()
+    broken = ring.replace(
+        "    for s in call.rounds(p - 1):\n", "    for s in call.rounds(p - 1)\n", 1
+    )
+    line = broken.splitlines().index("    for s in call.rounds(p - 1)") + 1
+    (sub / "ex03_ring_allreduce.py").write_text(broken)
+    (sub / "ex03_recursive_doubling.py").write_text(
+        (SOLUTIONS / "ex03_recursive_doubling.py").read_text())  # fmt: skip
+    out = tmp_path / "results.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "minipar", "grade", "--impl", str(sub), "03", "--json", str(out)],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    results = json.loads(out.read_text())
+    mine = [r for r in results if r["exercise"] == "ex03_recursive_doubling"]
+    assert mine and all(r["status"] == "passed" for r in mine), [r for r in mine if r["detail"]]
+    ring_results = [r for r in results if r["exercise"] == "ex03_ring_allreduce"]
+    assert f"ex03_ring_allreduce.py:{line}: SyntaxError" in ring_results[0]["detail"]
+    said = " ".join(done.stdout.split())
+    not_run = sum(r["detail"].startswith("not run") for r in ring_results)
+    assert not_run and f"{not_run} not run" in said, said[-400:]
+    assert f"1 failed, {not_run} not run" in said or "1 failed" in said

@@ -518,10 +518,10 @@ def report(console, results: list[Result], impl: str, shown: int = 3, hints: boo
     for r in results:
         by_exercise.setdefault(r.exercise, []).append(r)
     table = Table(title=f"minipar grade: {impl}", box=box.SIMPLE_HEAD, title_justify="left")
-    for col in ("exercise", "passed", "failed", "not started", "result"):
+    for col in ("exercise", "passed", "failed", "not run", "not started", "result"):
         table.add_column(col, justify="left" if col in ("exercise", "result") else "right")
     for exercise, mine in sorted(by_exercise.items()):
-        counts = [sum(r.status == s for r in mine) for s in STYLE]
+        counts = [sum(kind(r) == s for r in mine) for s in KINDS]
         v = verdict(mine)
         table.add_row(exercise, *map(str, counts), f"[{STYLE[v]}]{v}[/]")
     for exercise, mine in sorted(by_exercise.items()):
@@ -555,8 +555,18 @@ def report(console, results: list[Result], impl: str, shown: int = 3, hints: boo
     if any(r.status != "passed" for r in results):
         console.print()
     console.print(table)  # last: the feedback first, where a terminal shows it, then the verdict
-    total = {s: sum(r.status == s for r in results) for s in STYLE}
-    console.print(", ".join(f"[{STYLE[s]}]{n} {s}[/]" for s, n in total.items()) + " (tests)")
+    total = {s: sum(kind(r) == s for r in results) for s in KINDS}
+    said = [f"[{STYLE.get(s, 'dim')}]{n} {s}[/]" for s, n in total.items() if n or s in STYLE]
+    console.print(", ".join(said) + " (tests; not run: after its exercise's first failure)")
+
+
+KINDS = ("passed", "failed", "not run", "not started")
+
+
+def kind(r: Result) -> str:
+    """A test's column: a test not run after its exercise's first failure is no failure of its
+    own (it still earns nothing)."""
+    return "not run" if r.status == "failed" and r.detail.startswith(NOT_RUN) else r.status
 
 
 def hint_text(exercise: str) -> str:
