@@ -224,7 +224,7 @@ def test_wall_a_hang_fails_in_its_time_and_names_the_line(tmp_open):
     start = time.monotonic()
     try:
         with pytest.raises(
-            TimeoutError, match=r"within 1.5 s.*ex12_checkpoint_interval.py.*line 3"
+            TimeoutError, match=r"within 1.5 s.*ex12_checkpoint_interval.py.*line [34] "
         ):
             mod.best_interval(1.0, 2.0)
     finally:
@@ -492,3 +492,17 @@ def test_a_syntax_error_costs_its_own_exercise_only_and_names_its_line(tmp_path)
     not_run = sum(r["detail"].startswith("not run") for r in ring_results)
     assert not_run and f"{not_run} not run" in said, said[-400:]
     assert f"1 failed, {not_run} not run" in said or "1 failed" in said
+
+
+def test_wall_a_file_that_hangs_as_it_loads_fails_once_not_at_every_test(tmp_open, monkeypatch):
+    monkeypatch.setattr(sandbox, "LOAD_TIMEOUT", 1.0)
+    wall, _ = walled(tmp_open, "while True:\n    pass\n", timeout=1.0)
+    try:
+        for _ in range(3):
+            start = time.monotonic()
+            with pytest.raises(TimeoutError, match="loading the file did not return within 1 s"):
+                wall.call("ex12_checkpoint_interval", {"get": None})
+            took = time.monotonic() - start
+        assert took < 0.5, f"the third load waited {took:.1f} s again"
+    finally:
+        wall.close()

@@ -94,6 +94,7 @@ class Wall:
 
     def __init__(self, folder: str, timeout: float | None = None):
         self.folder, self.hidden = folder, hidden_paths()  # as the grader set them now
+        self.broken: dict[str, Exception] = {}  # module -> why loading it failed for good
         self.timeout = timeout or float(os.environ.get(TIMEOUT_ENV) or CALL_TIMEOUT)
         self.child, self.errors = None, []
 
@@ -120,14 +121,28 @@ class Wall:
             self.child = None
 
     def call(self, module: str, what: dict):
-        """Send one request; the reply's JSON value, or the student's error raised here."""
+        """Send one request; the reply's JSON value, or the student's error raised here. A
+        module whose loading hung or ended the process fails at once from then on (each of its
+        tests would wait out the limit again)."""
+        if module in self.broken:
+            raise type(self.broken[module])(str(self.broken[module]))
         if self.child is None or self.child.poll() is not None:
             self._start()
         nonce = secrets.token_hex(8)
         request = json.dumps({"id": nonce, "module": module, **what}) + "\n"
-        self.child.stdin.write(request.encode())
-        self.child.stdin.flush()
-        line = self._reply(module, what)
+        try:
+            self.child.stdin.write(request.encode())
+            self.child.stdin.flush()
+            line = self._reply(module, what)
+        except BrokenPipeError:  # it ended before reading the request
+            line = b""
+            error = RuntimeError(f"{module}: your code ended its process{self._tail()}")
+            self.close()
+            raise error from None
+        except (TimeoutError, RuntimeError) as error:
+            if what.get("get", "") is None:  # loading the file itself
+                self.broken[module] = error
+            raise
         reply = json.loads(line)
         if reply.get("id") != nonce:
             raise RuntimeError(f"{module}: a reply the grader did not ask for")
