@@ -200,7 +200,7 @@ PLANTED = [
         "warm-up one too long",
         "    warmup = min(p - rank - 1, m)\n",
         "    warmup = min(p - rank, m)\n",
-        "p=2 m=2, rank 1, instruction 1: yours Forward(1), the reference Backward(0)",
+        "rank 1 does 1 warm-up forwards, 1F1B does min(p - r - 1, m) = 0 (p=2 m=2): one too many",
     ),
     (
         "ex07_send_recv",

@@ -105,6 +105,71 @@ def ex07_grid():
     return [(p, m) for p in range(2, 9) for m in range(1, 17)]
 
 
+def _warmed(k: int, m: int) -> list:
+    """1F1B's order after k warm-up forwards (k = min(p - r - 1, m) is 1F1B's own)."""
+    from minipar.parallel.pipeline.schedules import Backward, Forward
+
+    order = [Forward(i) for i in range(k)]
+    for i in range(m - k):
+        order += [Forward(k + i), Backward(i)]
+    return order + [Backward(i) for i in range(m - k, m)]
+
+
+def _ex07_slip(one_f_one_b, p: int, m: int, r: int) -> str:
+    """Two lines naming the slip when rank r's list is a known one ('' if not): GPipe's order
+    (on every rank of the grid: at p=2 m=2 it is also one warm-up forward too many), or 1F1B
+    with the wrong number of warm-up forwards, and what that costs in memory or in bubble."""
+    try:
+        return _slip_of(one_f_one_b, p, m, r)
+    except Exception:  # a list that breaks the diagnosis: the plain message says the rest
+        return ""
+
+
+def _slip_of(one_f_one_b, p: int, m: int, r: int) -> str:
+    from minipar.parallel.pipeline import schedules as S
+    from minipar.parallel.pipeline import verify as V
+
+    def gpipe(n):
+        return [S.Forward(i) for i in range(n)] + [S.Backward(i) for i in range(n)]
+
+    ref, mine = _warmed(min(p - r - 1, m), m), list(one_f_one_b(r, p, m))
+    if mine == ref:
+        return ""
+    grid = [(q, n, k) for q, n in ex07_grid() for k in range(q)]
+    if all(list(one_f_one_b(k, q, n)) == gpipe(n) for q, n, k in grid):
+        return (
+            "this is GPipe's order: all forwards first, then all backwards; 1F1B runs "
+            "min(p - r - 1, m) warm-up forwards, then one forward, one backward\n"
+            f"(p={p} m={m}: rank {r} holds all {m} micro-batches' activations, 1F1B's "
+            f"{min(p - r, m)}; the bubble is the same)\n"
+        )
+    w = min(p - r - 1, m)
+    k = next((k for k in range(-1, m + 1) if mine == _warmed(k, m)), None)  # -1: F(-1) first
+    if k is None:
+        return ""
+    slip = {1: "one too many", -1: "one too few"}.get(k - w) or (
+        f"{abs(k - w)} too {'many' if k > w else 'few'}"
+    )
+    head = (
+        f"rank {r} does {k} warm-up forwards, 1F1B does min(p - r - 1, m) = {w} "
+        f"(p={p} m={m}): {slip}\n"
+    )
+    try:
+        report = V.verify([S.with_comms(one_f_one_b(q, p, m), q, p, 1) for q in range(p)], m=m, v=1)
+    except V.ScheduleError as error:
+        return head + f"(and the verifier rejects it: {_words(error)})\n"
+    bubble, held = (p - 1) / (m + p - 1), report.peak_in_flight[r]
+    if k < w:
+        return head + (
+            f"(the bubble becomes {report.bubble_fraction:.4f} of the time instead of "
+            f"(p-1)/(m+p-1) = {bubble:.4f}: its backwards wait on gradients not yet sent)\n"
+        )
+    return head + (
+        f"(rank {r} holds {held} micro-batches' activations instead of {min(p - r, m)}, for a "
+        f"bubble no smaller: {report.bubble_fraction:.4f}, 1F1B's {bubble:.4f})\n"
+    )
+
+
 def test_ex07_one_f_one_b_order(exercise_impl):
     """Exactly 1F1B's compute order (the docstring's contract), on every rank of every (p, m):
     the first instruction where yours differs from minipar's own, by index."""
@@ -121,7 +186,8 @@ def test_ex07_one_f_one_b_order(exercise_impl):
             yours = _short(mine[i] if i < len(mine) else None)
             theirs = _short(ref[i] if i < len(ref) else None)
             raise AssertionError(
-                f"p={p} m={m}, rank {r}, instruction {i}: yours {yours}, the reference {theirs} "
+                _ex07_slip(one_f_one_b, p, m, r)
+                + f"p={p} m={m}, rank {r}, instruction {i}: yours {yours}, the reference {theirs} "
                 f"(yours: {_letters(mine)}; the reference: {_letters(ref)}; F = Forward, "
                 "B = Backward, then the micro-batch)"
             )
@@ -146,13 +212,16 @@ def test_ex07_one_f_one_b_verifies(exercise_impl):
             raise AssertionError(f"p={p} m={m}: the verifier says: {_words(error)}") from None
         want = [min(p - r, m) for r in range(p)]
         wrong = [r for r in range(p) if report.peak_in_flight[r] != want[r]]
-        assert not wrong, (
+        assert not wrong, _ex07_slip(ex07(exercise_impl).one_f_one_b, p, m, wrong[0]) + (
             f"p={p} m={m}, rank {wrong[0]}: holds at most {report.peak_in_flight[wrong[0]]} "
             f"micro-batches' activations, expected min(p - r, m) = {want[wrong[0]]} (every rank: "
             f"measured {report.peak_in_flight}, expected {want})"
         )
         bubble = (p - 1) / (m + p - 1)
+        slipped = [r for r in range(p) if _ex07_slip(ex07(exercise_impl).one_f_one_b, p, m, r)]
         assert report.bubble_fraction == pytest.approx(bubble), (
+            _ex07_slip(ex07(exercise_impl).one_f_one_b, p, m, slipped[0]) if slipped else ""
+        ) + (
             f"p={p} m={m}: bubble {report.bubble_fraction:.4f} of the time, expected (p-1)/(m+p-1) "
             f"= {bubble:.4f}"
         )

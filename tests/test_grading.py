@@ -234,6 +234,49 @@ def test_locate_names_the_part_of_the_buffer():
     assert locate(x.view(np.int32)[:2], bases, 4).name == ""  # another element type: not x
 
 
+# ex07's slips, planted in copies of the solution: (the planted warm-up line, the first line the
+# order test and the peak test must both start with, what the second line must say)
+SLIPS_1F1B = {
+    "GPipe's order": (
+        "    warmup = m\n",
+        "this is GPipe's order: all forwards first, then all backwards; 1F1B runs "
+        "min(p - r - 1, m) warm-up forwards",
+        "rank 1 holds all 2 micro-batches' activations, 1F1B's 1; the bubble is the same",
+    ),
+    "one warm-up forward too many": (
+        "    warmup = min(p - rank, m)\n",
+        "rank 1 does 1 warm-up forwards, 1F1B does min(p - r - 1, m) = 0 (p=2 m=2): one too many",
+        "rank 1 holds 2 micro-batches' activations instead of 1, for a bubble no smaller",
+    ),
+    "one warm-up forward too few": (
+        "    warmup = max(min(p - rank - 2, m), 0)\n",
+        "rank 0 does 0 warm-up forwards, 1F1B does min(p - r - 1, m) = 1 (p=2 m=2): one too few",
+        # p=2 m=2, F = 1, B = 2: each rank computes 6 of a 12-long step (F0 B0 F1 B1 in turn)
+        "the bubble becomes 0.5000 of the time instead of (p-1)/(m+p-1) = 0.3333",
+    ),
+}
+
+
+@pytest.mark.parametrize("slip", list(SLIPS_1F1B))
+def test_1f1b_feedback_names_the_slip(tmp_path, slip):
+    """ex07's two tests on a planted slip: the first line names it (GPipe's order and one
+    warm-up forward too many differ, though at p=2 m=2 their lists are the same), the second
+    says what it costs: memory for too many, the bubble for too few."""
+    import test_exercises as T
+
+    planted, first, second = SLIPS_1F1B[slip]
+    text = (exercises.tree("solutions") / "ex07_one_f_one_b.py").read_text()
+    line = "    warmup = min(p - rank - 1, m)\n"
+    assert text.count(line) == 1, f"the solution no longer has {line!r}"
+    (tmp_path / "ex07_one_f_one_b.py").write_text(text.replace(line, planted))
+    for test in (T.test_ex07_one_f_one_b_order, T.test_ex07_one_f_one_b_verifies):
+        with pytest.raises(AssertionError) as failed:
+            test(str(tmp_path))
+        lines = str(failed.value).splitlines()
+        assert lines[0].startswith(first), f"{test.__name__}, {slip}: {lines[0]!r}"
+        assert second in lines[1], f"{test.__name__}, {slip}: {lines[1]!r}"
+
+
 # -- every exercise says where: planted mistakes graded end to end (tests/planted.py) ------------
 
 EXTENDED = os.environ.get("MINIPAR_EXTENDED") == "1"
