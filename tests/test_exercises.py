@@ -546,6 +546,39 @@ def test_ex12_checkpoint_interval_mtbi_from_llama3(exercise_impl):
     )
 
 
+def _interval_words(mod, save: float, mtbi: float, best: float) -> str:
+    """How the student's best_interval behaves against the least-waste one, not the formula:
+    the waste at theirs above the least (R = 600 s), and how theirs grows when the save cost or
+    the MTBI grows 4x beside how the best one grows (2x: as a square root)."""
+    tau = mod.best_interval(save, mtbi)
+    head = f"best_interval(save {save:g} s, mtbi {mtbi:g} s): yours {tau:.6g} s"
+    if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau > 0):
+        return f"{head}, not a positive number of seconds"
+
+    def lost(t):  # the docstring's waste, computed here: the student's own may be wrong too
+        return save / t + (600.0 + t / 2) / mtbi
+
+    side = "longer" if best > tau else "shorter"
+    words = [
+        f"{head} wastes {lost(tau):.3%} of the clock, {100 * (lost(tau) - lost(best)):.3g} "
+        f"points above the least waste ({lost(best):.3%}, at a {side} interval)"
+    ]
+    shape = {4.0: " (linear in it)", 1.0: " (independent of it)", 2.0: " (its square root)"}
+    ratios = []
+    for what, grown in (("save cost", (4 * save, mtbi)), ("MTBI", (save, 4 * mtbi))):
+        ratios.append(mod.best_interval(*grown) / tau)
+        how = next((v for k, v in shape.items() if abs(ratios[-1] - k) < 1e-6), "")
+        words.append(
+            f"4x the {what}: yours grows {ratios[-1]:.3g}x{how}, the least-waste interval 2x "
+            "(its square root)"
+        )
+    if all(abs(r - 2) < 1e-6 for r in ratios):
+        words.append(
+            f"the growth is right, the constant is not: yours is {tau / best:.3g}x the best"
+        )
+    return "\n".join(words)
+
+
 @pytest.mark.parametrize("save,mtbi", [(10.0, 11130.0), (60.0, 3600.0), (300.0, 40000.0)])
 def test_ex12_checkpoint_interval_is_the_minimum(exercise_impl, save, mtbi):
     mod = ex12(exercise_impl)
@@ -556,10 +589,7 @@ def test_ex12_checkpoint_interval_is_the_minimum(exercise_impl, save, mtbi):
         f"{got_waste:.6g}, want save/tau + (R + tau/2)/M = {want_waste:.6g}"
     )
     tau, want = mod.best_interval(save, mtbi), math.sqrt(2 * save * mtbi)
-    assert tau == pytest.approx(want, rel=1e-9), (
-        f"best_interval(save {save:g} s, mtbi {mtbi:g} s): yours {tau:.6g} s, want "
-        f"sqrt(2 x save x M) = {want:.6g} s"
-    )
+    assert tau == pytest.approx(want, rel=1e-9), _interval_words(mod, save, mtbi, want)
     for other in (0.5 * tau, 0.9 * tau, 1.1 * tau, 2 * tau):  # the minimum, seen from both sides
         assert mod.waste(other, save, 600.0, mtbi) > mod.waste(tau, save, 600.0, mtbi)
 

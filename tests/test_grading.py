@@ -277,6 +277,43 @@ def test_1f1b_feedback_names_the_slip(tmp_path, slip):
         assert second in lines[1], f"{test.__name__}, {slip}: {lines[1]!r}"
 
 
+# ex12's best_interval slipped: (the planted return line, lines the feedback must hold)
+SLIPS_12 = {
+    "linear in the save cost": (
+        "    return 2 * save_s * mtbi_s / 100\n",  # 2226 s at save 10 s, M 11130 s
+        # the waste save/t + (600 + t/2)/M: 15.840% at 2226 s, 9.630% at sqrt(2 x 10 x 11130)
+        "yours 2226 s wastes 15.840% of the clock, 6.21 points above the least waste (9.630%, "
+        "at a shorter interval)",
+        "4x the save cost: yours grows 4x (linear in it), the least-waste interval 2x",
+    ),
+    "without the 2": (
+        "    return math.sqrt(save_s * mtbi_s)\n",
+        "yours 333.617 s wastes 9.887% of the clock, 0.257 points above the least waste",
+        "the growth is right, the constant is not: yours is 0.707x the best",
+    ),
+}
+
+
+@pytest.mark.parametrize("slip", list(SLIPS_12))
+def test_checkpoint_interval_feedback_says_how_not_the_formula(tmp_path, slip):
+    """ex12's feedback on a planted best_interval: the waste at the student's interval against
+    the least, and how it grows with the save cost; never the formula itself."""
+    import test_exercises as T
+
+    planted, first, said = SLIPS_12[slip]
+    text = (exercises.tree("solutions") / "ex12_checkpoint_interval.py").read_text()
+    line = "    return math.sqrt(2 * save_s * mtbi_s)\n"
+    assert text.count(line) == 1, f"the solution no longer has {line!r}"
+    (tmp_path / "ex12_checkpoint_interval.py").write_text(text.replace(line, planted))
+    with pytest.raises(AssertionError) as failed:
+        T.test_ex12_checkpoint_interval_is_the_minimum(str(tmp_path), 10.0, 11130.0)
+    message = str(failed.value)
+    assert first in message.splitlines()[0], message
+    assert said in message, message
+    assert "sqrt" not in message, message
+    assert "sqrt" not in (exercises.tree("exercises") / "ex12_checkpoint_interval.py").read_text()
+
+
 # -- every exercise says where: planted mistakes graded end to end (tests/planted.py) ------------
 
 EXTENDED = os.environ.get("MINIPAR_EXTENDED") == "1"
