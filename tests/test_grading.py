@@ -9,6 +9,7 @@ import subprocess
 import time
 import xml.etree.ElementTree as ET
 
+import numpy as np
 import pytest
 from conftest import ranks_suite, warm_python
 from planted import DEFAULT, PLANTED
@@ -163,7 +164,7 @@ def test_whose_words():
     assert whose.sum_words(total[5], p, 5) == "the sum of ranks {0, 1, 2, 3}"
     assert whose.sum_words(total[5], p, 4) == "element 5's sum of ranks {0, 1, 2, 3}"
     two = whose.sum_input(1, p, 8) * 2
-    assert whose.sum_words(two[3], p, 3) == "the sum of ranks {1, 1}"
+    assert whose.sum_words(two[3], p, 3) == "rank 1 twice (elements adding up to 6)"
     assert whose.sum_words(0.5, p) == "0.5"
     assert whose.copy_words(whose.copy_input(2, 9)[7]) == "rank 2's element 7"
     assert whose.copy_words(-1.0) == "-1 (never written)"
@@ -174,6 +175,54 @@ def test_whose_words():
         "(6 elements wrong)"
     )
     assert whose.first_wrong(want, want, str, 0) is None
+
+
+def _decoded(p: int, n: int, parts) -> tuple[str, list]:
+    """The words and fields of a sum of (rank, element) parts, added as the grader adds them."""
+    inputs = [whose.sum_input(r, p, n) for r in range(p)]
+    value = sum((inputs[r][i] for r, i in parts), np.float64(0))
+    return whose.sum_words(value, p, 0), whose._fields(value, p)
+
+
+def test_whose_sums_decode_uniquely():
+    """A sum of sum_input()s decodes to each rank's count and the indices it came from, never
+    to another sum: rank 0's element 0 plus rank 1's element 4 is not element 2's sum (issue 71).
+    Proved by the fields (each rank's count and index sum in a base-W digit of its own, W^p <=
+    2^53, every field below W), and by every sum on 2 ranks of 8 elements with a rank added up
+    to 3 times, and every one-element-a-rank sum on 4 ranks of 16 (the grader's p <= 4, n = 4p)."""
+    import itertools
+
+    assert _decoded(2, 8, [(0, 0), (1, 4)])[0] == "rank 0's element 0 + rank 1's element 4"
+    assert _decoded(2, 8, [(0, 4), (1, 4)])[0] == "element 4's sum of ranks {0, 1}"
+    for p in range(1, 9):
+        w, k = whose._layout(p)
+        n = 4 * p
+        assert w**p <= 2**53 and whose._capacity(p) >= n
+        fields = {c + (k + 1) * s for c in range(k + 1) for s in range(c * (n - 1) + 1)}
+        assert max(fields) < w and len(fields) == sum(c * (n - 1) + 1 for c in range(k + 1))
+    for n in (1, 8):  # n = 1: the smallest; 8 = 4p
+        per_rank = [
+            m for size in range(4) for m in itertools.combinations_with_replacement(range(n), size)
+        ]
+        seen = {}
+        for a, b in itertools.product(per_rank, repeat=2):
+            words, fields = _decoded(2, n, [(0, i) for i in a] + [(1, i) for i in b])
+            assert fields == [(len(a), sum(a)), (len(b), sum(b))], (a, b)
+            assert seen.setdefault(tuple(fields), words) == words
+    for parts in itertools.product([None, *range(16)], repeat=4):  # one element a rank or none
+        picked = [(r, i) for r, i in enumerate(parts) if i is not None]
+        words = _decoded(4, 16, picked)[0]
+        ranks = "{" + ", ".join(str(r) for r, _ in picked) + "}"
+        if not picked:
+            want = "nothing (0)"
+        elif len({i for _, i in picked}) == 1:
+            i = picked[0][1]
+            want = f"{'the' if i == 0 else f'element {i}' + chr(39) + 's'} sum of ranks {ranks}"
+        else:
+            want = " + ".join(f"rank {r}'s element {i}" for r, i in picked)
+        assert words == want, (parts, words)
+    with pytest.raises(ValueError, match="33 elements on 8 ranks"):
+        whose.sum_input(0, 8, 33)
 
 
 def test_classify_keeps_the_explanation_apart():
