@@ -32,6 +32,13 @@ MISTAKES = {
         "    for s in call.rounds(p - 1):\n        send_c, recv_c = (r - s - 1) % p",
         "    for s in call.rounds(p - 2):\n        send_c, recv_c = (r - s - 1) % p",
     ),
+    "wrong_size": (
+        "ex03_ring_allreduce",
+        "        call.sendrecv(layout.chunk(x, edges, send_c), right, "
+        "layout.chunk(x, edges, recv_c), left)\n",
+        "        out = layout.chunk(x, edges, send_c)\n"
+        "        call.sendrecv(out[:-1], right, layout.chunk(x, edges, recv_c), left)\n",
+    ),
     "send_first_deadlock": (
         "ex02_ring_shift",
         "    call.sendrecv(x, (r + shift) % p, out, (r - shift) % p)\n",

@@ -89,7 +89,7 @@ def sum_words(value: float, p: int, index: int | None = None) -> str:
     elements = {s for c, s in fields if c == 1}
     if set(counts) <= {0, 1} and len(elements) == 1:  # one element of each rank: which one
         element = elements.pop()
-        whose_sum = "the" if element == index else f"element {element}'s"
+        whose_sum = "the" if index in (None, element) else f"element {element}'s"
         return f"{whose_sum} sum of ranks {_ranks(counts)}"
     # a rank added twice says only what its indices add up to: 2 + 4 and 3 + 3 look alike
     times = {2: "twice"}
