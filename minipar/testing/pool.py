@@ -44,7 +44,7 @@ import tempfile
 import time
 
 from minipar import launcher
-from minipar.launcher import stop
+from minipar.launcher import shm_leftovers, stop
 from minipar.launcher.mpiexec import FORK_SERVER_ENV
 from minipar.testing import case, wire, zygote
 
@@ -219,6 +219,7 @@ class Job:
         self.log = open(os.path.join(self.folder, "job.log"), "w+")
         self.conns: dict[int, wire.Connection] = {}
         self.pids: dict[int, int] = {}
+        self.segments: set[str] = set()  # the /dev/shm segments its ranks were seen to map
         self.usable, self.error, self.returncode = True, None, None
         self.last_words = ""  # why the job did not end well, once closed (close())
         self.env = launch_environ()
@@ -284,6 +285,13 @@ class Job:
                 continue
             self.conns[hello["rank"]], self.pids[hello["rank"]] = conn, hello["pid"]
             self.selector.register(conn, selectors.EVENT_READ, hello["rank"])
+        self._seen_segments()
+
+    def _seen_segments(self) -> None:
+        """Note the shared-memory segments the ranks map now (MPICH's, made at MPI_Init, and
+        the windows of the cases so far): a rank that dies (MPI_Abort, os._exit, killed)
+        frees none of them, and by then its maps cannot be read (kill() removes them)."""
+        self.segments |= shm_leftovers.mapped(self.pids.values())
 
     # -- one batch -------------------------------------------------------------------------
     def run(self, suite, names, settings, case_limit, deadline):
@@ -300,6 +308,7 @@ class Job:
             for name in names:
                 limit = min(time.monotonic() + case_limit, deadline)
                 results, broken = self._one_case(name, limit)
+                self._seen_segments()
                 if broken is not None:
                     return done, (name, results, broken)
                 done[name] = results
@@ -467,6 +476,7 @@ class Job:
         leave them to hydra's proxies)."""
         self.usable = False
         stop.stop(self.proc, ranks=self.pids.values())
+        shm_leftovers.remove(self.segments, self.pids.values())
 
     def close(self, grace: float = 10.0) -> None:
         """Ask the ranks to leave, wait a little, then kill what is left; remove the folder.
