@@ -130,8 +130,11 @@ class Pool:
             results.update(done)
             pending = pending[len(done) :]
             if broken is not None:
-                name, partial, why = broken
+                name, partial, why, seconds = broken
                 results[name], notes[name] = partial, why
+                # the case that broke the job spent its own time, not the later cases': they
+                # get the budget they would have had without it, whichever order ran them
+                deadline += seconds
                 pending = pending[1:]
                 returncode, log = job.returncode_after_kill(), job.log_tail()
             if not job.usable:
@@ -296,7 +299,8 @@ class Job:
     # -- one batch -------------------------------------------------------------------------
     def run(self, suite, names, settings, case_limit, deadline):
         """({name: {rank: result}} for the cases every rank finished, then None or
-        (name, its partial results, why the others gave none) for the case that broke the job)."""
+        (name, its partial results, why the others gave none, its seconds) for the case that
+        broke the job)."""
         env, unset = batch_environ(self.env)
         request = {"op": "run", "suite": suite, "names": names, "env": env, "unset": unset,
                    **settings}  # fmt: skip
@@ -306,11 +310,12 @@ class Job:
                 return {}, None
             done = {}
             for name in names:
-                limit = min(time.monotonic() + case_limit, deadline)
+                began = time.monotonic()
+                limit = min(began + case_limit, deadline)
                 results, broken = self._one_case(name, limit)
                 self._seen_segments()
                 if broken is not None:
-                    return done, (name, results, broken)
+                    return done, (name, results, broken, time.monotonic() - began)
                 done[name] = results
                 if not self.usable:
                     return done, None
