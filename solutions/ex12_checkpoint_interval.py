@@ -9,8 +9,9 @@ done since the last checkpoint, on average half an interval. Saving every tau se
 Find M from a published failure count, the tau that minimises the waste (Young's interval), and
 the goodput (1 - waste). What the grader checks, in this order (relative 1e-9 each):
 - mtbi_seconds on Llama 3's count (419 in 54 days on 16,384 GPUs), for 16,384 and 1,024 GPUs;
-- waste at tau = 1000 s and best_interval = sqrt(2 delta M), for three (delta, M) pairs, and that
-  waste is larger at 0.5, 0.9, 1.1 and 2 times your tau;
+- waste at tau = 1000 s, and best_interval for three (delta, M) pairs (the feedback says how far
+  the waste at your tau is above the least, and how your tau grows when delta or M grows 4x
+  beside how the best one grows), and that waste is larger at 0.5, 0.9, 1.1 and 2 times your tau;
 - goodput against lesson 12's at each of its save costs, and 0 where more is lost than the
   clock has.
 

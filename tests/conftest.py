@@ -9,7 +9,7 @@ import time
 import lanes
 import pytest
 
-from minipar.launcher import stop
+from minipar.launcher import shm_leftovers, stop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -159,16 +159,28 @@ def warm_own_jobs(request, monkeypatch):
 
 
 SESSION_BEGAN = time.time()
+SEGMENTS_BEFORE = shm_leftovers.present()  # /dev/shm's MPICH segments when the session began
 
 
 def pytest_sessionfinish(session, exitstatus):
     """End the harness's warm jobs (minipar.testing.pool) with the session, then remove the
     topology files of hydra's aborted jobs (fault tests abort on purpose) that the launcher
-    could not while the pool's proxies ran."""
+    could not while the pool's proxies ran, and the shared-memory segments the session's dead
+    jobs left in /dev/shm (a rank killed, or ended by MPI_Abort, never frees its windows):
+    only this user's, made during the session, that no live process maps. How many were left
+    is printed (MINIPAR_SHM_LEFTOVERS=fail makes it fail the session: a check for the jobs'
+    own clean-up, launcher/stop.py)."""
     from minipar.testing import harness
 
     harness.close()
     stop.remove_hydra_leftovers(SESSION_BEGAN)
+    removed = shm_leftovers.sweep(SEGMENTS_BEFORE)
+    if removed:
+        print(
+            f"\nremoved {len(removed)} shared-memory segments the session's jobs left in /dev/shm"
+        )
+        if os.environ.get("MINIPAR_SHM_LEFTOVERS") == "fail":
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 # -- the exercises' grader: which tree the exercise tests import (tests/test_exercises.py) ------

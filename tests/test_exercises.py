@@ -106,6 +106,71 @@ def ex07_grid():
     return [(p, m) for p in range(2, 9) for m in range(1, 17)]
 
 
+def _warmed(k: int, m: int) -> list:
+    """1F1B's order after k warm-up forwards (k = min(p - r - 1, m) is 1F1B's own)."""
+    from minipar.parallel.pipeline.schedules import Backward, Forward
+
+    order = [Forward(i) for i in range(k)]
+    for i in range(m - k):
+        order += [Forward(k + i), Backward(i)]
+    return order + [Backward(i) for i in range(m - k, m)]
+
+
+def _ex07_slip(one_f_one_b, p: int, m: int, r: int) -> str:
+    """Two lines naming the slip when rank r's list is a known one ('' if not): GPipe's order
+    (on every rank of the grid: at p=2 m=2 it is also one warm-up forward too many), or 1F1B
+    with the wrong number of warm-up forwards, and what that costs in memory or in bubble."""
+    try:
+        return _slip_of(one_f_one_b, p, m, r)
+    except Exception:  # a list that breaks the diagnosis: the plain message says the rest
+        return ""
+
+
+def _slip_of(one_f_one_b, p: int, m: int, r: int) -> str:
+    from minipar.parallel.pipeline import schedules as S
+    from minipar.parallel.pipeline import verify as V
+
+    def gpipe(n):
+        return [S.Forward(i) for i in range(n)] + [S.Backward(i) for i in range(n)]
+
+    ref, mine = _warmed(min(p - r - 1, m), m), list(one_f_one_b(r, p, m))
+    if mine == ref:
+        return ""
+    grid = [(q, n, k) for q, n in ex07_grid() for k in range(q)]
+    if all(list(one_f_one_b(k, q, n)) == gpipe(n) for q, n, k in grid):
+        return (
+            "this is GPipe's order: all forwards first, then all backwards; 1F1B runs "
+            "min(p - r - 1, m) warm-up forwards, then one forward, one backward\n"
+            f"(p={p} m={m}: rank {r} holds all {m} micro-batches' activations, 1F1B's "
+            f"{min(p - r, m)}; the bubble is the same)\n"
+        )
+    w = min(p - r - 1, m)
+    k = next((k for k in range(-1, m + 1) if mine == _warmed(k, m)), None)  # -1: F(-1) first
+    if k is None:
+        return ""
+    slip = {1: "one too many", -1: "one too few"}.get(k - w) or (
+        f"{abs(k - w)} too {'many' if k > w else 'few'}"
+    )
+    head = (
+        f"rank {r} does {k} warm-up forwards, 1F1B does min(p - r - 1, m) = {w} "
+        f"(p={p} m={m}): {slip}\n"
+    )
+    try:
+        report = V.verify([S.with_comms(one_f_one_b(q, p, m), q, p, 1) for q in range(p)], m=m, v=1)
+    except V.ScheduleError as error:
+        return head + f"(and the verifier rejects it: {_words(error)})\n"
+    bubble, held = (p - 1) / (m + p - 1), report.peak_in_flight[r]
+    if k < w:
+        return head + (
+            f"(the bubble becomes {report.bubble_fraction:.4f} of the time instead of "
+            f"(p-1)/(m+p-1) = {bubble:.4f}: its backwards wait on gradients not yet sent)\n"
+        )
+    return head + (
+        f"(rank {r} holds {held} micro-batches' activations instead of {min(p - r, m)}, for a "
+        f"bubble no smaller: {report.bubble_fraction:.4f}, 1F1B's {bubble:.4f})\n"
+    )
+
+
 def test_ex07_one_f_one_b_order(exercise_impl):
     """Exactly 1F1B's compute order (the docstring's contract), on every rank of every (p, m):
     the first instruction where yours differs from minipar's own, by index."""
@@ -122,7 +187,8 @@ def test_ex07_one_f_one_b_order(exercise_impl):
             yours = _short(mine[i] if i < len(mine) else None)
             theirs = _short(ref[i] if i < len(ref) else None)
             raise AssertionError(
-                f"p={p} m={m}, rank {r}, instruction {i}: yours {yours}, the reference {theirs} "
+                _ex07_slip(one_f_one_b, p, m, r)
+                + f"p={p} m={m}, rank {r}, instruction {i}: yours {yours}, the reference {theirs} "
                 f"(yours: {_letters(mine)}; the reference: {_letters(ref)}; F = Forward, "
                 "B = Backward, then the micro-batch)"
             )
@@ -147,13 +213,16 @@ def test_ex07_one_f_one_b_verifies(exercise_impl):
             raise AssertionError(f"p={p} m={m}: the verifier says: {_words(error)}") from None
         want = [min(p - r, m) for r in range(p)]
         wrong = [r for r in range(p) if report.peak_in_flight[r] != want[r]]
-        assert not wrong, (
+        assert not wrong, _ex07_slip(ex07(exercise_impl).one_f_one_b, p, m, wrong[0]) + (
             f"p={p} m={m}, rank {wrong[0]}: holds at most {report.peak_in_flight[wrong[0]]} "
             f"micro-batches' activations, expected min(p - r, m) = {want[wrong[0]]} (every rank: "
             f"measured {report.peak_in_flight}, expected {want})"
         )
         bubble = (p - 1) / (m + p - 1)
+        slipped = [r for r in range(p) if _ex07_slip(ex07(exercise_impl).one_f_one_b, p, m, r)]
         assert report.bubble_fraction == pytest.approx(bubble), (
+            _ex07_slip(ex07(exercise_impl).one_f_one_b, p, m, slipped[0]) if slipped else ""
+        ) + (
             f"p={p} m={m}: bubble {report.bubble_fraction:.4f} of the time, expected (p-1)/(m+p-1) "
             f"= {bubble:.4f}"
         )
@@ -478,6 +547,39 @@ def test_ex12_checkpoint_interval_mtbi_from_llama3(exercise_impl):
     )
 
 
+def _interval_words(mod, save: float, mtbi: float, best: float) -> str:
+    """How the student's best_interval behaves against the least-waste one, not the formula:
+    the waste at theirs above the least (R = 600 s), and how theirs grows when the save cost or
+    the MTBI grows 4x beside how the best one grows (2x: as a square root)."""
+    tau = mod.best_interval(save, mtbi)
+    head = f"best_interval(save {save:g} s, mtbi {mtbi:g} s): yours {tau:.6g} s"
+    if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau > 0):
+        return f"{head}, not a positive number of seconds"
+
+    def lost(t):  # the docstring's waste, computed here: the student's own may be wrong too
+        return save / t + (600.0 + t / 2) / mtbi
+
+    side = "longer" if best > tau else "shorter"
+    words = [
+        f"{head} wastes {lost(tau):.3%} of the clock, {100 * (lost(tau) - lost(best)):.3g} "
+        f"points above the least waste ({lost(best):.3%}, at a {side} interval)"
+    ]
+    shape = {4.0: " (linear in it)", 1.0: " (independent of it)", 2.0: " (its square root)"}
+    ratios = []
+    for what, grown in (("save cost", (4 * save, mtbi)), ("MTBI", (save, 4 * mtbi))):
+        ratios.append(mod.best_interval(*grown) / tau)
+        how = next((v for k, v in shape.items() if abs(ratios[-1] - k) < 1e-6), "")
+        words.append(
+            f"4x the {what}: yours grows {ratios[-1]:.3g}x{how}, the least-waste interval 2x "
+            "(its square root)"
+        )
+    if all(abs(r - 2) < 1e-6 for r in ratios):
+        words.append(
+            f"the growth is right, the constant is not: yours is {tau / best:.3g}x the best"
+        )
+    return "\n".join(words)
+
+
 @pytest.mark.parametrize("save,mtbi", [(10.0, 11130.0), (60.0, 3600.0), (300.0, 40000.0)])
 def test_ex12_checkpoint_interval_is_the_minimum(exercise_impl, save, mtbi):
     mod = ex12(exercise_impl)
@@ -488,10 +590,7 @@ def test_ex12_checkpoint_interval_is_the_minimum(exercise_impl, save, mtbi):
         f"{got_waste:.6g}, want save/tau + (R + tau/2)/M = {want_waste:.6g}"
     )
     tau, want = mod.best_interval(save, mtbi), math.sqrt(2 * save * mtbi)
-    assert tau == pytest.approx(want, rel=1e-9), (
-        f"best_interval(save {save:g} s, mtbi {mtbi:g} s): yours {tau:.6g} s, want "
-        f"sqrt(2 x save x M) = {want:.6g} s"
-    )
+    assert tau == pytest.approx(want, rel=1e-9), _interval_words(mod, save, mtbi, want)
     for other in (0.5 * tau, 0.9 * tau, 1.1 * tau, 2 * tau):  # the minimum, seen from both sides
         assert mod.waste(other, save, 600.0, mtbi) > mod.waste(tau, save, 600.0, mtbi)
 

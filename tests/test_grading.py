@@ -9,6 +9,7 @@ import subprocess
 import time
 import xml.etree.ElementTree as ET
 
+import numpy as np
 import pytest
 from conftest import ranks_suite, warm_python
 from planted import DEFAULT, PLANTED
@@ -30,6 +31,13 @@ MISTAKES = {
         "ex03_ring_allreduce",
         "    for s in call.rounds(p - 1):\n        send_c, recv_c = (r - s - 1) % p",
         "    for s in call.rounds(p - 2):\n        send_c, recv_c = (r - s - 1) % p",
+    ),
+    "wrong_size": (
+        "ex03_ring_allreduce",
+        "        call.sendrecv(layout.chunk(x, edges, send_c), right, "
+        "layout.chunk(x, edges, recv_c), left)\n",
+        "        out = layout.chunk(x, edges, send_c)\n"
+        "        call.sendrecv(out[:-1], right, layout.chunk(x, edges, recv_c), left)\n",
     ),
     "send_first_deadlock": (
         "ex02_ring_shift",
@@ -163,7 +171,7 @@ def test_whose_words():
     assert whose.sum_words(total[5], p, 5) == "the sum of ranks {0, 1, 2, 3}"
     assert whose.sum_words(total[5], p, 4) == "element 5's sum of ranks {0, 1, 2, 3}"
     two = whose.sum_input(1, p, 8) * 2
-    assert whose.sum_words(two[3], p, 3) == "the sum of ranks {1, 1}"
+    assert whose.sum_words(two[3], p, 3) == "rank 1 twice (elements adding up to 6)"
     assert whose.sum_words(0.5, p) == "0.5"
     assert whose.copy_words(whose.copy_input(2, 9)[7]) == "rank 2's element 7"
     assert whose.copy_words(-1.0) == "-1 (never written)"
@@ -174,6 +182,54 @@ def test_whose_words():
         "(6 elements wrong)"
     )
     assert whose.first_wrong(want, want, str, 0) is None
+
+
+def _decoded(p: int, n: int, parts) -> tuple[str, list]:
+    """The words and fields of a sum of (rank, element) parts, added as the grader adds them."""
+    inputs = [whose.sum_input(r, p, n) for r in range(p)]
+    value = sum((inputs[r][i] for r, i in parts), np.float64(0))
+    return whose.sum_words(value, p, 0), whose._fields(value, p)
+
+
+def test_whose_sums_decode_uniquely():
+    """A sum of sum_input()s decodes to each rank's count and the indices it came from, never
+    to another sum: rank 0's element 0 plus rank 1's element 4 is not element 2's sum (issue 71).
+    Proved by the fields (each rank's count and index sum in a base-W digit of its own, W^p <=
+    2^53, every field below W), and by every sum on 2 ranks of 8 elements with a rank added up
+    to 3 times, and every one-element-a-rank sum on 4 ranks of 16 (the grader's p <= 4, n = 4p)."""
+    import itertools
+
+    assert _decoded(2, 8, [(0, 0), (1, 4)])[0] == "rank 0's element 0 + rank 1's element 4"
+    assert _decoded(2, 8, [(0, 4), (1, 4)])[0] == "element 4's sum of ranks {0, 1}"
+    for p in range(1, 9):
+        w, k = whose._layout(p)
+        n = 4 * p
+        assert w**p <= 2**53 and whose._capacity(p) >= n
+        fields = {c + (k + 1) * s for c in range(k + 1) for s in range(c * (n - 1) + 1)}
+        assert max(fields) < w and len(fields) == sum(c * (n - 1) + 1 for c in range(k + 1))
+    for n in (1, 8):  # n = 1: the smallest; 8 = 4p
+        per_rank = [
+            m for size in range(4) for m in itertools.combinations_with_replacement(range(n), size)
+        ]
+        seen = {}
+        for a, b in itertools.product(per_rank, repeat=2):
+            words, fields = _decoded(2, n, [(0, i) for i in a] + [(1, i) for i in b])
+            assert fields == [(len(a), sum(a)), (len(b), sum(b))], (a, b)
+            assert seen.setdefault(tuple(fields), words) == words
+    for parts in itertools.product([None, *range(16)], repeat=4):  # one element a rank or none
+        picked = [(r, i) for r, i in enumerate(parts) if i is not None]
+        words = _decoded(4, 16, picked)[0]
+        ranks = "{" + ", ".join(str(r) for r, _ in picked) + "}"
+        if not picked:
+            want = "nothing (0)"
+        elif len({i for _, i in picked}) == 1:
+            i = picked[0][1]
+            want = f"{'the' if i == 0 else f'element {i}' + chr(39) + 's'} sum of ranks {ranks}"
+        else:
+            want = " + ".join(f"rank {r}'s element {i}" for r, i in picked)
+        assert words == want, (parts, words)
+    with pytest.raises(ValueError, match="33 elements on 8 ranks"):
+        whose.sum_input(0, 8, 33)
 
 
 def test_classify_keeps_the_explanation_apart():
@@ -232,6 +288,86 @@ def test_locate_names_the_part_of_the_buffer():
     assert locate(np.zeros(3), bases, 4) == Where("", 0, 3)
     assert locate(x[3:6], bases, 4).describe(24) == "chunk 1 (x[3:6], 24 B)"
     assert locate(x.view(np.int32)[:2], bases, 4).name == ""  # another element type: not x
+
+
+# ex07's slips, planted in copies of the solution: (the planted warm-up line, the first line the
+# order test and the peak test must both start with, what the second line must say)
+SLIPS_1F1B = {
+    "GPipe's order": (
+        "    warmup = m\n",
+        "this is GPipe's order: all forwards first, then all backwards; 1F1B runs "
+        "min(p - r - 1, m) warm-up forwards",
+        "rank 1 holds all 2 micro-batches' activations, 1F1B's 1; the bubble is the same",
+    ),
+    "one warm-up forward too many": (
+        "    warmup = min(p - rank, m)\n",
+        "rank 1 does 1 warm-up forwards, 1F1B does min(p - r - 1, m) = 0 (p=2 m=2): one too many",
+        "rank 1 holds 2 micro-batches' activations instead of 1, for a bubble no smaller",
+    ),
+    "one warm-up forward too few": (
+        "    warmup = max(min(p - rank - 2, m), 0)\n",
+        "rank 0 does 0 warm-up forwards, 1F1B does min(p - r - 1, m) = 1 (p=2 m=2): one too few",
+        # p=2 m=2, F = 1, B = 2: each rank computes 6 of a 12-long step (F0 B0 F1 B1 in turn)
+        "the bubble becomes 0.5000 of the time instead of (p-1)/(m+p-1) = 0.3333",
+    ),
+}
+
+
+@pytest.mark.parametrize("slip", list(SLIPS_1F1B))
+def test_1f1b_feedback_names_the_slip(tmp_path, slip):
+    """ex07's two tests on a planted slip: the first line names it (GPipe's order and one
+    warm-up forward too many differ, though at p=2 m=2 their lists are the same), the second
+    says what it costs: memory for too many, the bubble for too few."""
+    import test_exercises as T
+
+    planted, first, second = SLIPS_1F1B[slip]
+    text = (exercises.tree("solutions") / "ex07_one_f_one_b.py").read_text()
+    line = "    warmup = min(p - rank - 1, m)\n"
+    assert text.count(line) == 1, f"the solution no longer has {line!r}"
+    (tmp_path / "ex07_one_f_one_b.py").write_text(text.replace(line, planted))
+    for test in (T.test_ex07_one_f_one_b_order, T.test_ex07_one_f_one_b_verifies):
+        with pytest.raises(AssertionError) as failed:
+            test(str(tmp_path))
+        lines = str(failed.value).splitlines()
+        assert lines[0].startswith(first), f"{test.__name__}, {slip}: {lines[0]!r}"
+        assert second in lines[1], f"{test.__name__}, {slip}: {lines[1]!r}"
+
+
+# ex12's best_interval slipped: (the planted return line, lines the feedback must hold)
+SLIPS_12 = {
+    "linear in the save cost": (
+        "    return 2 * save_s * mtbi_s / 100\n",  # 2226 s at save 10 s, M 11130 s
+        # the waste save/t + (600 + t/2)/M: 15.840% at 2226 s, 9.630% at sqrt(2 x 10 x 11130)
+        "yours 2226 s wastes 15.840% of the clock, 6.21 points above the least waste (9.630%, "
+        "at a shorter interval)",
+        "4x the save cost: yours grows 4x (linear in it), the least-waste interval 2x",
+    ),
+    "without the 2": (
+        "    return math.sqrt(save_s * mtbi_s)\n",
+        "yours 333.617 s wastes 9.887% of the clock, 0.257 points above the least waste",
+        "the growth is right, the constant is not: yours is 0.707x the best",
+    ),
+}
+
+
+@pytest.mark.parametrize("slip", list(SLIPS_12))
+def test_checkpoint_interval_feedback_says_how_not_the_formula(tmp_path, slip):
+    """ex12's feedback on a planted best_interval: the waste at the student's interval against
+    the least, and how it grows with the save cost; never the formula itself."""
+    import test_exercises as T
+
+    planted, first, said = SLIPS_12[slip]
+    text = (exercises.tree("solutions") / "ex12_checkpoint_interval.py").read_text()
+    line = "    return math.sqrt(2 * save_s * mtbi_s)\n"
+    assert text.count(line) == 1, f"the solution no longer has {line!r}"
+    (tmp_path / "ex12_checkpoint_interval.py").write_text(text.replace(line, planted))
+    with pytest.raises(AssertionError) as failed:
+        T.test_ex12_checkpoint_interval_is_the_minimum(str(tmp_path), 10.0, 11130.0)
+    message = str(failed.value)
+    assert first in message.splitlines()[0], message
+    assert said in message, message
+    assert "sqrt" not in message, message
+    assert "sqrt" not in (exercises.tree("exercises") / "ex12_checkpoint_interval.py").read_text()
 
 
 # -- every exercise says where: planted mistakes graded end to end (tests/planted.py) ------------

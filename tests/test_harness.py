@@ -60,14 +60,15 @@ def test_crashed_job_reports_missing_ranks(monkeypatch, launch_mode):
 
 
 # -- the warm pool's guarantees (tests/ranks/harness_pool.py) ------------------------------------
-def run_pool_suite(monkeypatch, mode: str, size: int = 2, backend: str = "mpi"):
-    """The whole pool suite, breaking the way `mode` says, on the pool; checks that exactly
-    the cases BREAKING[mode] (and fails_with_output) fail, and returns their messages."""
+def run_pool_suite(monkeypatch, mode: str, size: int = 2, backend: str = "mpi", timeout=None):
+    """The whole pool suite, breaking the way `mode` says, on the pool (`timeout`: the suite's,
+    run_suite's default if None); checks that exactly the cases BREAKING[mode] (and
+    fails_with_output) fail, and returns their messages."""
     monkeypatch.setenv("MINIPAR_TEST_POOL", "1")
     monkeypatch.setenv("MINIPAR_TIMEOUT", "2")
     monkeypatch.setenv("MINIPAR_SELFTEST_BREAK", mode)
     monkeypatch.setenv("MINIPAR_SELFTEST_VALUE", f"value-{mode}")
-    result = harness.run_suite.__wrapped__(POOL_SUITE, size, backend)
+    result = harness.run_suite.__wrapped__(POOL_SUITE, size, backend, timeout)
     failed = {}
     for name in harness.case_names(POOL_SUITE, size):
         try:
@@ -92,6 +93,15 @@ def test_hung_case_names_its_ranks_and_the_rest_run(monkeypatch, backend):
     for text in (one, every):
         seconds = int(re.search(r"inside the case (\d+) s after it began", text).group(1))
         assert seconds <= limit + 3, text
+
+
+def test_hung_cases_do_not_spend_the_later_cases_time(monkeypatch):
+    """A case that broke the job spends its own time, not the suite's: with a suite timeout of
+    4 s, which the two hung cases (CASE_LIMIT 3 s each) spend alone, every case after them
+    still runs (before: 'not run: the suite's timeout of 4 s was spent', so whether a case ran
+    depended on the cases run before it in the same job)."""
+    failed = run_pool_suite(monkeypatch, "hang", timeout=4)
+    assert "hangs_everywhere" in failed  # hung, and the cases after it passed (checked above)
 
 
 @pytest.mark.parametrize(

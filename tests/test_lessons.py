@@ -102,6 +102,11 @@ OWN_JOB_LABS = _SUITE.OWN_JOB  # labs that leave their group failed on purpose
 LAUNCHED = _SUITE.LAUNCHER  # quick runs through `minipar lesson` itself
 
 
+def test_lesson_05_reads_the_cable_once_a_node_fenced_off_the_step():
+    """The node's eth0 counter read once a node, off the step (tests/ranks/lessons.py)."""
+    harness.run_suite(SUITE, 2, "mpi").check("cable_fenced")
+
+
 def outputs(number, name):
     """Every rank's output of a case of the lessons suite, on the lesson's own ranks."""
     result = harness.run_suite(SUITE, find(number).ranks, "mpi")

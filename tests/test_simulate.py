@@ -163,6 +163,23 @@ def test_a_deadlock_raises_and_the_process_state_is_put_back():
         simulate(fails, 4, FLAT)
 
 
+def test_a_simulated_world_leaves_no_threads_behind():
+    """Its ranks' raw threads leave nothing in threading.enumerate() (before Python 3.13 a
+    thread that asked for current_thread() stayed listed after its end): the watchdog reads
+    that list, and a real rank in the same process could no longer prove a mismatch (issue 71:
+    lesson 11 left 905 on a warm test rank)."""
+    import threading
+
+    def step(rank):
+        threading.current_thread()  # as minipar's waits do beside a progress thread (base.py)
+        api.all_reduce(np.ones(8))
+
+    before = {t.ident for t in threading.enumerate()}
+    simulate(step, 16, FLAT)
+    left = [t.name for t in threading.enumerate() if t.ident not in before]
+    assert not left, f"{len(left)} threads listed after the simulated world ended: {left[:5]}"
+
+
 def test_groups_split_and_scaled_bytes():
     def step(rank):
         import minipar.runtime as runtime

@@ -50,10 +50,22 @@ def copy_rates(comm, nbytes: int = COPY_BYTES, min_seconds: float = 0.02) -> tup
 
 def one_way(comm, nbytes: int, reps: int, a: int, b: int, raw: bool = False) -> float:
     """The fastest one-way time (half a round trip) of nbytes from rank a to rank b and back,
-    known on every rank; raw: mpi4py's Send/Recv instead of minipar's transport."""
+    known on every rank; raw: mpi4py's Send/Recv instead of minipar's transport, on a duplicate
+    of the communicator (collective: every rank calls one_way): mpi4py's Recv takes any tag, and
+    on minipar's own communicator it would take a message of minipar's (MPI: "Message
+    truncated")."""
 
     buf = np.zeros(max(nbytes, 1), np.uint8)
-    send, recv = (comm.mpi.Send, comm.mpi.Recv) if raw else (comm.send, comm.recv)
+    own = comm.mpi.Dup() if raw else None
+    try:
+        return _one_way(comm, buf, reps, a, b, (own.Send, own.Recv) if raw else None)
+    finally:
+        if own is not None:
+            own.Free()
+
+
+def _one_way(comm, buf, reps: int, a: int, b: int, raw) -> float:
+    send, recv = raw or (comm.send, comm.recv)
     best = float("inf")
     comm.barrier()
     for _ in range(reps):

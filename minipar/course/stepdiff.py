@@ -449,7 +449,8 @@ def _headline(label: str, n: Notes, step: int) -> str:
         wrong = [m for m in extra if m.kind == kind]
         right = [m for m in missing if m.kind == kind]
         if wrong and right:
-            return f"{label}: rank {n.rank} {wrong[0].said()}; the reference {right[0].said(True)}"
+            said = f"{label}: rank {n.rank} {wrong[0].said()}; the reference {right[0].said(True)}"
+            return said + _sizes(wrong[0], right[0])
     if extra and missing:
         return f"{label}: rank {n.rank} {extra[0].said()}; the reference {missing[0].said(True)}"
     if extra:
@@ -457,6 +458,24 @@ def _headline(label: str, n: Notes, step: int) -> str:
     if missing:
         return f"{label}: the reference {missing[0].said(True)}; rank {n.rank} does not (missing)"
     return f"{label}: rank {n.rank} sent the same messages in another order"
+
+
+def _sizes(mine: Message, ref: Message) -> str:
+    """': yours 3 elements, the reference 4 (...)' for a message to or from the reference's
+    peer whose size differs from the reference's ('' otherwise)."""
+    if mine.peer != ref.peer or mine.nbytes == ref.nbytes:
+        return ""
+    a, b = (m.where.stop - m.where.start for m in (mine, ref))
+    return (
+        f": yours {a} element{'s' * (a != 1)}, the reference {b} (a message of the wrong "
+        "size: sender and receiver must post the same length)"
+    )
+
+
+def _size_error(n: Notes) -> bool:
+    """The rank stopped because a message's size differed from its receive's: its pending
+    messages were cut short by that error, not left waiting (no hang)."""
+    return n.mine.error.startswith("MessageSizeError")
 
 
 def _table(header, rows) -> list[str]:
@@ -471,7 +490,7 @@ def _message_rows(everyone: list[Notes], step: int) -> list[tuple]:
     rows = []
     for n in everyone:
         mine = [
-            m.said() + (" (never completed)" if m in n.mine.pending else "")
+            m.said() + (_unfinished(n) if m in n.mine.pending else "")
             for m in _at(n.mine.messages, step)
         ]
         ref = [m.said(True) for m in _at(n.reference.messages, step)]
@@ -490,18 +509,26 @@ def _message_rows(everyone: list[Notes], step: int) -> list[tuple]:
     return rows
 
 
+def _unfinished(n: Notes) -> str:
+    return " (stopped: the sizes differ)" if _size_error(n) else " (never completed)"
+
+
 def _steps_line(everyone: list[Notes]) -> str | None:
+    """The steps of each call.rounds() loop, yours beside the reference's, when they differ
+    (not when an error stopped yours before its later loops began)."""
     n = everyone[0]
     mine = [k for _, k in n.mine.phases]
     ref = [k for _, k in n.reference.phases]
-    if mine == ref:
+    if mine == ref or (n.mine.error and mine == ref[: len(mine)]):
         return None
-    names = [
-        f"{n.phase_names[i]} {k}" if i < len(n.phase_names) else str(k) for i, k in enumerate(ref)
-    ]
+
+    def named(counts) -> str:
+        names = list(n.phase_names) + [f"loop {i + 1}" for i in range(len(counts))]
+        return ", ".join(f"{names[i]} {k}" for i, k in enumerate(counts)) or "none"
+
     return (
-        f"steps per call.rounds() loop on rank {n.rank}: yours {mine or 'none'}, the reference "
-        f"{', '.join(names) or 'none'}"
+        f"steps per call.rounds() loop on rank {n.rank}: yours {named(mine)}; the reference "
+        f"{named(ref)}"
     )
 
 
@@ -510,7 +537,7 @@ def _pending_lines(everyone: list[Notes]) -> list[str]:
     wait on another rank) stopped it; a deadlock is named only when no rank failed first."""
     lines = []
     for n in everyone:
-        for m in n.mine.pending:
+        for m in [] if _size_error(n) else n.mine.pending:  # a size error is no hang
             lines.append(f"rank {n.rank}, step {m.step}: was still waiting to finish: {m.said()}")
     causes = [n for n in everyone if n.mine.error and not stopping.followed(n.mine.error)]
     lines += [f"rank {n.rank} stopped with {n.mine.error}" for n in causes]

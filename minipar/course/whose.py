@@ -1,13 +1,14 @@
 """Whose data an element holds: inputs chosen so that a collective's result names its sources.
 
 Lesson 03 gives rank r the value 10^r, so a sum's digits say which ranks it contains. The grader
-does the same with base 8 and adds the element's index, so that a wrong result says whose data,
-and from which element, it holds:
+gives each rank a field of its own (a digit in base W = 2^(53 // p)), and in it two numbers: how
+many times the rank was added (below K + 1) and the sum of the element indices it came from:
 
-    x = whose.sum_input(rank, p, n)        # element i of rank r: 8^r + 8^p * i  (float64)
-    after a SUM all-reduce element i is  sum over ranks of 8^r  +  p * 8^p * i:
+    x = whose.sum_input(rank, p, n)        # element i of rank r: W^r (1 + (K + 1) i)  (float64)
+    after a SUM, rank r's field holds  c_r + (K + 1) s_r:  c_r times rank r, elements adding to s_r
     whose.sum_words(value, p, i)  ->  "the sum of ranks {0, 1, 3}"   ("element 5's sum ..." if
-                                                                  it came from element 5, not i)
+                                       every rank's part came from element 5, not i; else each
+                                       rank's own: "rank 0's element 0 + rank 1's element 4")
 
     x = whose.copy_input(rank, n)          # element i of rank r: (r + 1) * 2^20 + i
     whose.copy_words(value)    ->  "rank 2's element 5"
@@ -15,20 +16,41 @@ and from which element, it holds:
     whose.first_wrong(got, want, words, rank)
         -> "rank 0, element 4: holds the sum of ranks {1} but should hold the sum of ranks {0, 1}"
 
-Exact in float64 while 8^p * p * n < 2^53 (p <= 12 ranks of 1000 elements); a value that does
-not decode (a rank counted 8 times, a fraction) is shown as the number itself.
+A sum decodes uniquely while every rank is added at most K times (K = 3 up to 5 ranks, 1 above)
+and its fields stay below W (sum_input refuses an n too large for p: p <= 4 takes 683 elements,
+p = 8 takes 32); the fields are exact in float64 (W^p <= 2^53). A value that does not decode (a
+negative, a fraction, a rank with no count but an index) is shown as the number itself.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-BASE = 8
 COPY = 1 << 20
 
 
+def _layout(p: int) -> tuple[int, int]:
+    """(W, K): each rank's field is a digit in base W; counts up to K decode."""
+    if p < 1:
+        raise ValueError(f"whose: p must be at least 1 rank, got {p}")
+    return 1 << (53 // p), 3 if p <= 5 else 1
+
+
+def _capacity(p: int) -> int:
+    """The most elements sum_input gives each of p ranks: K copies of the last index fit W."""
+    w, k = _layout(p)
+    return (w - 1 - k) // ((k + 1) * k) + 1
+
+
 def sum_input(rank: int, p: int, n: int) -> np.ndarray:
-    return BASE**rank + float(BASE**p) * np.arange(n, dtype=np.float64)
+    """Element i of `rank`: one count (1) and the index i in rank's own field (docstring)."""
+    w, k = _layout(p)
+    if n > _capacity(p):
+        raise ValueError(
+            f"whose.sum_input: {n} elements on {p} ranks do not decode in float64; at most "
+            f"{_capacity(p)} on {p} ranks"
+        )
+    return float(w) ** rank * (1 + (k + 1) * np.arange(n, dtype=np.float64))
 
 
 def copy_input(rank: int, n: int, dtype=np.float64) -> np.ndarray:
@@ -39,22 +61,46 @@ def _ranks(counts: list[int]) -> str:
     return "{" + ", ".join(str(r) for r, k in enumerate(counts) for _ in range(k)) + "}"
 
 
+def _fields(value: float, p: int) -> list[tuple[int, int]] | None:
+    """[(c_r, s_r)] per rank of a SUM of sum_input()s, or None where it does not decode."""
+    if value != value or value < 0 or value != int(value) or value >= 2**53:
+        return None
+    w, k = _layout(p)
+    rest, fields = int(value), []
+    for _ in range(p):
+        rest, field = divmod(rest, w)
+        count, indices = field % (k + 1), field // (k + 1)
+        if count == 0 and indices:
+            return None
+        fields.append((count, indices))
+    return None if rest else fields
+
+
 def sum_words(value: float, p: int, index: int | None = None) -> str:
     """What a SUM of sum_input()s holds: 'the sum of ranks {0, 1}' ("element j's sum of ranks
-    {0, 1}" when it came from element j, not `index`)."""
-    if value != value or value < 0 or value != int(value):
+    {0, 1}" when every rank's part came from element j, not `index`; "rank 0's element 0 +
+    rank 1's element 4" when the ranks' parts came from different elements)."""
+    fields = _fields(value, p)
+    if fields is None:
         return f"{value:g}"
-    high, low = divmod(int(value), BASE**p)
-    counts = [(low // BASE**r) % BASE for r in range(p)]
-    total = sum(counts)
-    if total == 0:
-        return "nothing (0)" if high == 0 else f"{value:g}"
-    element, rest = divmod(high, total)
-    if rest:
-        return f"{value:g}"
-    moved = index is not None and element != index
-    whose_sum = f"element {element}'s" if moved else "the"
-    return f"{whose_sum} sum of ranks {_ranks(counts)}"
+    counts = [c for c, _ in fields]
+    if not any(counts):
+        return "nothing (0)"
+    elements = {s for c, s in fields if c == 1}
+    if set(counts) <= {0, 1} and len(elements) == 1:  # one element of each rank: which one
+        element = elements.pop()
+        whose_sum = "the" if index in (None, element) else f"element {element}'s"
+        return f"{whose_sum} sum of ranks {_ranks(counts)}"
+    # a rank added twice says only what its indices add up to: 2 + 4 and 3 + 3 look alike
+    times = {2: "twice"}
+    parts = [
+        f"rank {r}'s element {s}"
+        if c == 1
+        else f"rank {r} {times.get(c, f'{c} times')} (elements adding up to {s})"
+        for r, (c, s) in enumerate(fields)
+        if c
+    ]
+    return " + ".join(parts)
 
 
 def copy_words(value: float, index: int | None = None) -> str:

@@ -20,7 +20,7 @@ import time
 
 from minipar.comm.setup import mpisetup
 from minipar.cost.links import EMULATED_LINK_ENV
-from minipar.launcher import stop
+from minipar.launcher import shm_leftovers, stop
 from minipar.launcher.cluster import mpi_args
 from minipar.launcher.relay import Relay, tag_from_env
 
@@ -176,8 +176,9 @@ def run_relayed(cmd, env, relay, timeout: float | None = None):
         raise
     if status == 124 and timeout is not None:
         sys.stderr.write(f"minipar: job killed after {timeout:g} s (timeout)\n")
-    if status != 0:  # an aborted or killed job leaves hydra's file behind
+    if status != 0:  # an aborted or killed job leaves hydra's file and MPICH's segments behind
         stop.remove_hydra_leftovers(began)
+        shm_leftovers.since(began)
     return subprocess.CompletedProcess(cmd, status)
 
 
@@ -203,6 +204,7 @@ def run_command(cmd, env, timeout: float | None = None, capture: bool = False):
         raise
     finally:  # leave no orphans behind, even when the launcher itself exited cleanly
         stop.signal_pid(-proc.pid, signal.SIGKILL)
-        if proc.returncode != 0:  # an aborted or killed job leaves hydra's file behind
+        if proc.returncode != 0:  # an aborted or killed job leaves hydra's file and segments
             stop.remove_hydra_leftovers(began)
+            shm_leftovers.since(began)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

@@ -20,11 +20,16 @@ import os
 import signal
 import subprocess
 
+from minipar.launcher import shm_leftovers
+
 HYDRA_TOPOLOGY = "/tmp/hydra_hwloc_xmlfile_*"  # hydra writes it there whatever TMPDIR says
 
 
 def stop(proc: subprocess.Popen, grace: float = 2.0, ranks=()) -> None:
-    """SIGTERM proc's process group (and `ranks`, pids), wait up to `grace` s, then SIGKILL."""
+    """SIGTERM proc's process group (and `ranks`, pids), wait up to `grace` s, then SIGKILL;
+    then remove the shared-memory segments the killed processes mapped (shm_leftovers.py)."""
+    job = shm_leftovers.tree(proc.pid) + list(ranks) if proc.poll() is None else list(ranks)
+    held = shm_leftovers.mapped(job)
     if proc.poll() is None:
         for pid in (-proc.pid, *ranks):
             signal_pid(pid, signal.SIGTERM)
@@ -35,6 +40,8 @@ def stop(proc: subprocess.Popen, grace: float = 2.0, ranks=()) -> None:
     for pid in (-proc.pid, *ranks):  # the group may outlive its leader
         signal_pid(pid, signal.SIGKILL)
     proc.wait()
+    if held:
+        shm_leftovers.remove(held, job)
 
 
 def signal_pid(pid: int, sig: int) -> None:

@@ -56,6 +56,7 @@ class Task:
         except BaseException as error:  # noqa: BLE001 - kept, re-raised by the runner
             self.error = error
         self.done = True
+        _forget_this_thread()
         self.scheduler.leave(self)
 
     def block(self, request) -> None:
@@ -67,6 +68,19 @@ class Task:
             self.waiting = None
             if self.dead:
                 raise CommTimeoutError(self.dead + f"; this rank waited for {request.describe()}")
+
+
+def _forget_this_thread() -> None:
+    """Drop the _DummyThread that threading made for this raw thread when the rank's code asked
+    for threading.current_thread() (minipar's waits do). Before Python 3.13 it stays in
+    threading's table after the thread ended: threading.enumerate() lists it for the rest of
+    the process, and the watchdog reads that list (stall.all_stuck: a thread neither waiting
+    nor minipar's own means the rank is not stuck, so a mismatch is never proven). One
+    simulated world of a lesson left hundreds in a process that went on to run real ranks."""
+    ident = threading.get_ident()
+    with threading._active_limbo_lock:  # threading's own lock of that table
+        if isinstance(threading._active.get(ident), threading._DummyThread):
+            del threading._active[ident]
 
 
 class Scheduler:

@@ -44,7 +44,7 @@ import tempfile
 import time
 
 from minipar import launcher
-from minipar.launcher import stop
+from minipar.launcher import shm_leftovers, stop
 from minipar.launcher.mpiexec import FORK_SERVER_ENV
 from minipar.testing import case, wire, zygote
 
@@ -133,8 +133,11 @@ class Pool:
             results.update(done)
             pending = pending[len(done) :]
             if broken is not None:
-                name, partial, why = broken
+                name, partial, why, seconds = broken
                 results[name], notes[name] = partial, why
+                # the case that broke the job spent its own time, not the later cases': they
+                # get the budget they would have had without it, whichever order ran them
+                deadline += seconds
                 pending = pending[1:]
                 returncode, log = job.returncode_after_kill(), job.log_tail()
                 if group_of is not None:
@@ -227,6 +230,7 @@ class Job:
         self.log = open(os.path.join(self.folder, "job.log"), "w+")
         self.conns: dict[int, wire.Connection] = {}
         self.pids: dict[int, int] = {}
+        self.segments: set[str] = set()  # the /dev/shm segments its ranks were seen to map
         self.usable, self.error, self.returncode = True, None, None
         self.last_words = ""  # why the job did not end well, once closed (close())
         self.env = launch_environ()
@@ -292,11 +296,19 @@ class Job:
                 continue
             self.conns[hello["rank"]], self.pids[hello["rank"]] = conn, hello["pid"]
             self.selector.register(conn, selectors.EVENT_READ, hello["rank"])
+        self._seen_segments()
+
+    def _seen_segments(self) -> None:
+        """Note the shared-memory segments the ranks map now (MPICH's, made at MPI_Init, and
+        the windows of the cases so far): a rank that dies (MPI_Abort, os._exit, killed)
+        frees none of them, and by then its maps cannot be read (kill() removes them)."""
+        self.segments |= shm_leftovers.mapped(self.pids.values())
 
     # -- one batch -------------------------------------------------------------------------
     def run(self, suite, names, settings, case_limit, deadline):
         """({name: {rank: result}} for the cases every rank finished, then None or
-        (name, its partial results, why the others gave none) for the case that broke the job)."""
+        (name, its partial results, why the others gave none, its seconds) for the case that
+        broke the job)."""
         env, unset = batch_environ(self.env)
         request = {"op": "run", "suite": suite, "names": names, "env": env, "unset": unset,
                    **settings}  # fmt: skip
@@ -306,10 +318,12 @@ class Job:
                 return {}, None
             done = {}
             for name in names:
-                limit = min(time.monotonic() + case_limit, deadline)
+                began = time.monotonic()
+                limit = min(began + case_limit, deadline)
                 results, broken = self._one_case(name, limit)
+                self._seen_segments()
                 if broken is not None:
-                    return done, (name, results, broken)
+                    return done, (name, results, broken, time.monotonic() - began)
                 done[name] = results
                 if not self.usable:
                     return done, None
@@ -475,6 +489,7 @@ class Job:
         leave them to hydra's proxies)."""
         self.usable = False
         stop.stop(self.proc, ranks=self.pids.values())
+        shm_leftovers.remove(self.segments, self.pids.values())
 
     def close(self, grace: float = 10.0) -> None:
         """Ask the ranks to leave, wait a little, then kill what is left; remove the folder.

@@ -107,7 +107,7 @@ def whose_broadcast(module: str, function: str):
 
 
 def whose_all_reduce(module: str, function: str, nodes=contextlib.nullcontext):
-    """Rank r holds 8^r + 8^p i in element i: a sum's digits name the ranks it holds (inside
+    """Rank r holds whose.sum_input: a sum's digits name the ranks and elements it holds (inside
     `nodes()`: two_nodes for the two-level exercise)."""
 
     def case():

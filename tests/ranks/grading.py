@@ -97,9 +97,9 @@ def broadcast_wrong_peer():
     return run
 
 
-def expect(run, wanted: list[str]):
+def expect(run, wanted: list[str], unwanted: tuple = ()):
     """A case: `run` explained by the grader, whose text must contain every string in `wanted`
-    (on some failing rank: they all carry the same explanation)."""
+    (on some failing rank: they all carry the same explanation) and none in `unwanted`."""
 
     def case():
         text = ""
@@ -113,6 +113,8 @@ def expect(run, wanted: list[str]):
         assert texts, "the planted mistake passed on every rank"
         missing = [s for s in wanted if not any(s in t for t in texts)]
         assert not missing, f"not in the explanation: {missing}\n{texts[0]}"
+        said = [s for s in unwanted if any(s in t for t in texts)]
+        assert not said, f"in the explanation, wrongly: {said}\n{texts[0]}"
 
     return case
 
@@ -143,8 +145,19 @@ def cases(size):
             [
                 "reduce-scatter step 2: rank 0 sent chunk 0 (x[0:4], 32 B) to rank 1; the "
                 "reference sends chunk 1 (x[4:8], 32 B) to rank 1",
-                "yours [2, 3], the reference reduce-scatter 3, all-gather 3",
+                "yours reduce-scatter 2, all-gather 3; the reference reduce-scatter 3, "
+                "all-gather 3",
             ],
+        ),
+        "wrong_size": expect(  # a size mismatch is named with its sizes, not shown as a hang
+            all_reduce("wrong_size", *ring),
+            [
+                "all-gather step 0: rank 0 sent x[0:3] (in chunk 0, 24 B) to rank 1; the reference "
+                "sends chunk 0 (x[0:4], 32 B) to rank 1: yours 3 elements, the reference 4 (a "
+                "message of the wrong size",
+                "(stopped: the sizes differ)",
+            ],
+            ("never completed", "still waiting", "steps per call.rounds()"),
         ),
         "send_first_deadlock": expect(
             ring_shift_send_first(),

@@ -35,8 +35,49 @@ def run(entry, argv):
     return case
 
 
+def cable_fenced():
+    """Lesson 05's cable reading (sharding_across_nodes.cable_during) on ranks of one node, a
+    counter file standing in for eth0's: rank 0's step puts 1000 bytes on it at once while the
+    other ranks read late (0.3 s). The node's bytes are the step's 1000; each rank reading its
+    own, the late ones took theirs after the bytes and saw fewer (issue 71)."""
+    import shutil
+    import tempfile
+    import time
+
+    import minipar
+    from minipar.course.lessons.sharding_across_nodes import cable_during
+
+    w = minipar.init()
+    folder = w.allgather_object(tempfile.mkdtemp() if w.rank == 0 else None)[0]
+    path = os.path.join(folder, "eth0")
+    if w.rank == 0:
+        with open(path, "w") as f:
+            f.write("0")
+    w.barrier()
+
+    def counter():
+        time.sleep(0.3 if w.rank else 0)
+        with open(path) as f:
+            return int(f.read())
+
+    def step():
+        if w.rank == 0:
+            with open(path, "w") as f:
+                f.write("1000")
+
+    try:
+        got = cable_during(w, [0] * w.size, step, counter)
+        assert got == 1000, f"the node's cable carried {got} B during the step, not 1000"
+    finally:
+        w.barrier()
+        if w.rank == 0:
+            shutil.rmtree(folder)
+
+
 def cases(size):
     table = {}
+    if size == 2:
+        table["cable_fenced"] = cable_fenced
     for entry in LESSONS:
         if entry.ranks != size:
             continue

@@ -167,6 +167,28 @@ def clock_skew():
     assert (error == 0.0) if w.rank == 0 else (0.0 < error < 0.05), (w.rank, error)
 
 
+def raw_mpi_beside_minipar():
+    """A raw mpi4py ping-pong (calibrate.one_way(raw=True), lesson 03's quick run) while one of
+    minipar's messages from the same peer waits unreceived: the raw Recv (any tag) must not take
+    it (on the world communicator it did: MPI's "Message truncated"), and minipar's receive
+    still gets it after."""
+    from minipar.bench import calibrate
+
+    w = minipar.init()
+    if w.size < 2 or not hasattr(w, "mpi"):
+        return
+    theirs = np.arange(64, dtype=np.float64)
+    request = w.isend(theirs, 0) if w.rank == 1 else None
+    seconds = calibrate.one_way(w, 8, 3, 0, 1, raw=True)
+    assert 0 < seconds < 60, seconds
+    if w.rank == 0:
+        got = np.zeros(64)
+        w.recv(got, 1)
+        assert np.array_equal(got, theirs), got
+    if request is not None:
+        request.wait()
+
+
 def cases(size):
     table = {}
     for dtype in NUMPY_DTYPES:
@@ -181,6 +203,7 @@ def cases(size):
         bad_peer=bad_peer,
         bad_type=bad_type,
         short_buffer=short_buffer,
+        raw_mpi_beside_minipar=raw_mpi_beside_minipar,
     )
     if size in (2, 3):  # rank 0 answers each rank in turn: larger worlds add only waiting
         table["clock_skew"] = clock_skew
