@@ -140,8 +140,7 @@ class Pool:
                 deadline += seconds
                 pending = pending[1:]
                 returncode, log = job.returncode_after_kill(), job.log_tail()
-                if group_of is not None:
-                    deadline += time.monotonic() - started  # its own group pays for it
+                if group_of is not None:  # the rest of its group would break it again
                     gone = [n for n in pending if group_of(n) == group_of(name)]
                     notes.update(dict.fromkeys(gone, f"not run: {name} broke its job already"))
                     pending = [n for n in pending if n not in gone]
