@@ -103,8 +103,9 @@ class Share:
     def describe(self) -> str:
         if self.machine is None:
             return "no /proc/stat here: the CPU the ranks got is not known"
+        ranks = f"{self.ranks} rank{'' if self.ranks == 1 else 's'}"
         return (
-            f"the lesson's {self.ranks} ranks got {self.own / self.wall:.2f} of {self.cores} "
+            f"the lesson's {ranks} got {self.own / self.wall:.2f} of {self.cores} "
             f"cores over {self.wall:.2f} s; other processes took {self.lost:.0%} of the CPU "
             f"the ranks wanted"
         )

@@ -83,6 +83,9 @@ LAUNCH_ENV = (
     "MINIPAR_REFIT",  # a supervised training refits dp to the ranks it finds
     "MINIPAR_PROGRESS",  # a supervised training's progress file
     "MINIPAR_EXERCISES_ONLY",  # the exercises `minipar grade` chose: their cases alone run
+    "MINIPAR_TIMING",  # lessons: timing claims judged or only shown (course/claims.py)
+    "MINIPAR_TRAIN_COMMAND",  # the command a stopped `minipar train` resumes with
+    "MINIPAR_TRAIN_STOP",  # the file a `minipar train` launcher asks its ranks to stop with
     "MINIPAR_GRADE_NODES",  # `minipar grade --nodes N`: the grader's ranks on emulated nodes
     zygote.ZYGOTE_ENV,
     "OMP_NUM_THREADS",  # torch's threads, fixed when a rank starts
@@ -96,6 +99,13 @@ PER_BATCH_ENV = (
     "MINIPAR_MISMATCH_AFTER",
     "MINIPAR_MESH_ACROSS_NODES",  # read by every DeviceMesh made
     "MINIPAR_FORK_SERVER",  # read by the launcher in this process only, never by a rank
+    "MINIPAR_GRADE_HIDE",  # grading: what a rank may not open once it loads a student's file
+    "MINIPAR_GRADE_HIDE_ALSO",  # ... more of it, from a class's grading (the grader's only)
+    "MINIPAR_GRADE_SEALED",  # the grader's own pid (course/sandbox.py): never a rank's
+    "MINIPAR_GRADE_CALL_TIMEOUT",  # the wall's child, never a rank
+    "MINIPAR_GRADE_ISOLATE",  # the wall's child, never a rank
+    "MINIPAR_EXERCISES_IMPL",  # the folder under test (the grader's; the suite's ranks read it)
+    "MINIPAR_EXERCISES",  # the student edition's exercises/ (minipar.exercises.assigned)
 )
 
 
