@@ -1,5 +1,8 @@
 # Generated from solutions/ex02_broadcast_binomial.py by `minipar exercises --generate`: write your code where
 # it raises NotImplementedError, then check it with `minipar grade 02`.
+# The grader admits these imports here (others it refuses, naming the line):
+#   none of minipar's
+#   and plain modules (math, itertools, numpy, torch, ...); no open, exec, getattr, _names.
 """Exercise 02, binomial-tree broadcast (lessons 02 and 03).
 
 Number the ranks relative to the root, vr = (rank - root) mod p. In step k = 0, 1, ... every

@@ -1,5 +1,8 @@
 # Generated from solutions/ex02_broadcast_linear.py by `minipar exercises --generate`: write your code where
 # it raises NotImplementedError, then check it with `minipar grade 02`.
+# The grader admits these imports here (others it refuses, naming the line):
+#   none of minipar's
+#   and plain modules (math, itertools, numpy, torch, ...); no open, exec, getattr, _names.
 """Exercise 02, linear broadcast (lesson 02: the collective zoo).
 
 The root copies its buffer `x` to every other rank; the others receive into their `x`:

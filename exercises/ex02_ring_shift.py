@@ -1,5 +1,8 @@
 # Generated from solutions/ex02_ring_shift.py by `minipar exercises --generate`: write your code where
 # it raises NotImplementedError, then check it with `minipar grade 02`.
+# The grader admits these imports here (others it refuses, naming the line):
+#   none of minipar's
+#   and plain modules (math, itertools, numpy, torch, ...); no open, exec, getattr, _names.
 """Exercise 02, ring shift (lesson 02: ranks and point-to-point).
 
 Every rank sends its buffer `x` to the rank `shift` places to its right and receives, into

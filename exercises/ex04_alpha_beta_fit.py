@@ -1,5 +1,8 @@
 # Generated from solutions/ex04_alpha_beta_fit.py by `minipar exercises --generate`: write your code where
 # it raises NotImplementedError, then check it with `minipar grade 04`.
+# The grader admits these imports here (others it refuses, naming the line):
+#   math, numpy
+#   and plain modules (math, itertools, numpy, torch, ...); no open, exec, getattr, _names.
 """Exercise 04, fitting the alpha-beta model (lesson 04: topology and bandwidth).
 
 A message of n bytes takes about  t(n) = alpha + n * beta : alpha is the latency (seconds per

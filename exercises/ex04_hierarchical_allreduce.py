@@ -1,5 +1,8 @@
 # Generated from solutions/ex04_hierarchical_allreduce.py by `minipar exercises --generate`: write your code where
 # it raises NotImplementedError, then check it with `minipar grade 04`.
+# The grader admits these imports here (others it refuses, naming the line):
+#   minipar.collectives.hierarchical.Level, minipar.collectives.hierarchical.members, minipar.collectives.layout, minipar.collectives.ring
+#   and plain modules (math, itertools, numpy, torch, ...); no open, exec, getattr, _names.
 """Exercise 04, the two-level all-reduce (lesson 04: topology and bandwidth).
 
 N nodes of k ranks: a flat ring crosses between nodes at every node boundary, and every one of

@@ -1,5 +1,8 @@
 # Generated from solutions/ex05_naive_ddp.py by `minipar exercises --generate`: write your code where
 # it raises NotImplementedError, then check it with `minipar grade 05`.
+# The grader admits these imports here (others it refuses, naming the line):
+#   minipar, torch
+#   and plain modules (math, itertools, numpy, torch, ...); no open, exec, getattr, _names.
 """Exercise 05, naive data parallelism (lesson 05: data parallelism).
 
 Every rank holds the same model and computes gradients on its own slice of the batch. To take

@@ -1,5 +1,8 @@
 # Generated from solutions/ex05_zero1_step.py by `minipar exercises --generate`: write your code where
 # it raises NotImplementedError, then check it with `minipar grade 05`.
+# The grader admits these imports here (others it refuses, naming the line):
+#   minipar, torch
+#   and plain modules (math, itertools, numpy, torch, ...); no open, exec, getattr, _names.
 """Exercise 05, the ZeRO-1 optimizer step (lesson 05: data parallelism).
 
 Plain data parallelism keeps the whole optimizer state (Adam: two fp32 moments, 8 bytes per

@@ -1,5 +1,8 @@
 # Generated from solutions/ex06_column_row_parallel.py by `minipar exercises --generate`: write your code where
 # it raises NotImplementedError, then check it with `minipar grade 06`.
+# The grader admits these imports here (others it refuses, naming the line):
+#   minipar, torch
+#   and plain modules (math, itertools, numpy, torch, ...); no open, exec, getattr, _names.
 """Exercise 06, column- and row-parallel linear layers by hand (lesson 06: tensor parallelism).
 
 A linear layer is y = x W^T + b with W of shape (out, in), torch's layout. Over a group of p

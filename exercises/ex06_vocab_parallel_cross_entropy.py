@@ -1,5 +1,8 @@
 # Generated from solutions/ex06_vocab_parallel_cross_entropy.py by `minipar exercises --generate`: write your code where
 # it raises NotImplementedError, then check it with `minipar grade 06`.
+# The grader admits these imports here (others it refuses, naming the line):
+#   minipar, torch
+#   and plain modules (math, itertools, numpy, torch, ...); no open, exec, getattr, _names.
 """Exercise 06, cross-entropy over vocabulary-parallel logits (lesson 06: tensor parallelism).
 
 Rank r of a group of p holds logits[..., r*V/p:(r+1)*V/p], this rank's slice of a vocabulary

@@ -1,5 +1,8 @@
 # Generated from solutions/ex07_one_f_one_b.py by `minipar exercises --generate`: write your code where
 # it raises NotImplementedError, then check it with `minipar grade 07`.
+# The grader admits these imports here (others it refuses, naming the line):
+#   minipar.parallel.pipeline.schedules.Backward, minipar.parallel.pipeline.schedules.Forward
+#   and plain modules (math, itertools, numpy, torch, ...); no open, exec, getattr, _names.
 """Exercise 07, the 1F1B schedule (lesson 07: pipeline parallelism).
 
 Write the compute order of one rank in a 1F1B (PipeDream-flush) pipeline of p ranks and m

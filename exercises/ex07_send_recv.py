@@ -1,5 +1,8 @@
 # Generated from solutions/ex07_send_recv.py by `minipar exercises --generate`: write your code where
 # it raises NotImplementedError, then check it with `minipar grade 07`.
+# The grader admits these imports here (others it refuses, naming the line):
+#   torch, minipar.parallel.pipeline.schedules
+#   and plain modules (math, itertools, numpy, torch, ...); no open, exec, getattr, _names.
 """Exercise 07, the pipeline interpreter's send and receive step (lesson 07).
 
 The interpreter (minipar/parallel/pipeline/interpreter/pipeline.py) runs a rank's instructions

@@ -1,5 +1,8 @@
 # Generated from solutions/ex09_load_balanced_split.py by `minipar exercises --generate`: write your code where
 # it raises NotImplementedError, then check it with `minipar grade 09`.
+# The grader admits these imports here (others it refuses, naming the line):
+#   torch
+#   and plain modules (math, itertools, numpy, torch, ...); no open, exec, getattr, _names.
 """Exercise 09, the load-balanced causal split (lesson 09: context parallelism).
 
 Under a causal mask token i attends tokens 0..i. Cut a sequence into cp contiguous blocks and

@@ -1,5 +1,8 @@
 # Generated from solutions/ex10_moe_dispatch.py by `minipar exercises --generate`: write your code where
 # it raises NotImplementedError, then check it with `minipar grade 10`.
+# The grader admits these imports here (others it refuses, naming the line):
+#   torch
+#   and plain modules (math, itertools, numpy, torch, ...); no open, exec, getattr, _names.
 """Exercise 10, the dispatch of a mixture-of-experts layer (lesson 10: expert parallelism).
 
 The router gave each of T tokens k experts: `experts` (T, k) holds their ids in [0, E), and

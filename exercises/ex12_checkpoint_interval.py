@@ -1,5 +1,8 @@
 # Generated from solutions/ex12_checkpoint_interval.py by `minipar exercises --generate`: write your code where
 # it raises NotImplementedError, then check it with `minipar grade 12`.
+# The grader admits these imports here (others it refuses, naming the line):
+#   math
+#   and plain modules (math, itertools, numpy, torch, ...); no open, exec, getattr, _names.
 """Exercise 12, the checkpoint interval (lesson 12: failures at scale).
 
 A job of G GPUs is interrupted every M seconds on average (its MTBI). Saving a checkpoint stops

@@ -23,6 +23,7 @@ algorithms into minipar) is minipar/exercises.py.
 
 from __future__ import annotations
 
+import ast
 import re
 import textwrap
 from pathlib import Path
@@ -35,6 +36,9 @@ END = re.compile(r"^\s*# END SOLUTION\s*$")
 HEADER = (
     "# Generated from solutions/{name} by `minipar exercises --generate`: write your code where\n"
     "# it raises NotImplementedError, then check it with `minipar grade {lesson}`.\n"
+    "# The grader admits these imports here (others it refuses, naming the line):\n"
+    "#   {imports}\n"
+    "#   and plain modules (math, itertools, numpy, torch, ...); no open, exec, getattr, _names.\n"
 )
 README = """\
 # Exercises
@@ -140,7 +144,21 @@ def lesson_of(path: Path) -> str:
 def generated(path: Path, hints: bool = False) -> tuple[str, int]:
     """What exercises/<name> should contain, for solutions file `path`."""
     body, blocks = strip(path.read_text(), str(path), hints)
-    return HEADER.format(name=path.name, lesson=lesson_of(path)) + body, blocks
+    modules, names = allowed_imports(path)
+    said = sorted(modules) + sorted(f"{m}.{n}" for m, n in names)
+    imports = ", ".join(said) or "none of minipar's"
+    return HEADER.format(name=path.name, lesson=lesson_of(path), imports=imports) + body, blocks
+
+
+def allowed_imports(solution: Path) -> tuple[set[str], set[tuple[str, str]]]:
+    """(modules, (module, name) pairs) the worked answer imports: what its exercise may."""
+    modules, names = set(), set()
+    for node in ast.walk(ast.parse(solution.read_text())):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.update((node.module, alias.name) for alias in node.names)
+    return modules, names
 
 
 def expected_files(solutions: Path | None = None, hints: bool = False) -> dict[str, str]:

@@ -22,6 +22,7 @@ import ast
 from pathlib import Path
 
 from minipar.course import exercises
+from minipar.course.exercises import allowed_imports
 
 # modules any exercise may import, whole or in part (pure computation)
 COMMON = {
@@ -43,17 +44,6 @@ ATTRIBUTES = {
     "course", "cli", "testing", "launcher", "register_algorithm", "f_globals", "f_locals",
     "f_back", "gi_frame", "cr_frame", "tb_frame", "MPI", "COMM_WORLD", "COMM_SELF",
 }  # fmt: skip
-
-
-def allowed_imports(solution: Path) -> tuple[set[str], set[tuple[str, str]]]:
-    """(modules, (module, name) pairs) the worked answer imports: what its exercise may."""
-    modules, names = set(), set()
-    for node in ast.walk(ast.parse(solution.read_text())):
-        if isinstance(node, ast.Import):
-            modules.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.update((node.module, alias.name) for alias in node.names)
-    return modules, names
 
 
 def _import_ok(module: str, name: str | None, allowed) -> bool:
