@@ -57,6 +57,8 @@ def tree(which: str) -> Path:
 
 _GUARDED: list = []  # this process installed the grader's audit hook (once is for good)
 HIDE_ENV = "MINIPAR_GRADE_HIDE"  # os.pathsep-separated paths a student's code may not open
+ISOLATE_ENV = "MINIPAR_GRADE_ISOLATE"  # "0": no namespace apart, the audit hook alone
+COVER_ENV = "MINIPAR_GRADE_COVER"  # what the ranks' namespace covers (HIDE_ENV less the answers)
 # events refused once a student's file is loaded: starting or replacing a process
 REFUSED = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork")
 REFUSED += ("os.forkpty", "pty.spawn")
@@ -64,6 +66,47 @@ REFUSED += ("os.forkpty", "pty.spawn")
 
 def hidden_paths() -> list[str]:
     return [os.path.realpath(p) for p in os.environ.get(HIDE_ENV, "").split(os.pathsep) if p]
+
+
+# covers each hidden path (a folder: an empty read-only tmpfs; a file: /dev/null), then runs
+# the command with the privileges setpriv is given ("$1" up to "--" are the paths)
+COVER = (
+    'while [ "$1" != -- ]; do if [ -d "$1" ]; then mount -t tmpfs -o ro,size=4k none "$1"; '
+    'elif [ -e "$1" ]; then mount --bind /dev/null "$1"; fi || exit 97; shift; done; shift; '
+)
+NOBODY = ("--reuid=65534", "--regid=65534", "--clear-groups")  # the unprivileged user
+NO_CAPABILITIES = ("--bounding-set=-all", "--inh-caps=-all")  # root's uid, no root's powers
+
+
+def apart(hidden: list[str], who: tuple = NO_CAPABILITIES) -> list[str]:
+    """The command prefix that runs a process of a student's code apart, where this process
+    is root: in a mount namespace of its own where each hidden path is covered, with `who`'s
+    privileges (NOBODY, or root's uid without a capability: it cannot uncover them); [] where
+    that cannot be (not root, no unshare or setpriv, MINIPAR_GRADE_ISOLATE=0)."""
+    import shutil
+
+    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    if os.geteuid() != 0 or not (unshare and setpriv) or os.environ.get(ISOLATE_ENV) == "0":
+        return []
+    script = COVER + f"exec {setpriv} {' '.join(who)} " + '"$@"'
+    return [unshare, "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+            *hidden, "--"]  # fmt: skip
+
+
+def runs(prefix: list[str]) -> bool:
+    """Whether this machine runs this Python under `prefix` (a container may refuse the
+    namespace; `nobody` may not reach this Python)."""
+    import subprocess
+    import sys
+
+    if not prefix:
+        return False
+    try:
+        done = subprocess.run([*prefix, sys.executable, "-c", "import minipar"], timeout=30,
+                              capture_output=True)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
 
 
 def guard(hidden: list[str] | None = None) -> None:

@@ -506,3 +506,51 @@ def test_wall_a_file_that_hangs_as_it_loads_fails_once_not_at_every_test(tmp_ope
         assert took < 0.5, f"the third load waited {took:.1f} s again"
     finally:
         wall.close()
+
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace of its own: root")
+
+
+@ROOT_ONLY
+def test_apart_covers_the_hidden_paths_and_drops_roots_powers(tmp_open):
+    from minipar import exercises as facade
+
+    answers, results = tmp_open / "answers", tmp_open / "results.json"
+    answers.mkdir()
+    (answers / "ex03.py").write_text("ANSWER")
+    results.write_text("{}")
+    prefix = facade.apart([str(answers), str(results), str(tmp_open / "absent")])
+    if not facade.runs(prefix):
+        pytest.skip("this machine refuses a mount namespace here")
+    probe = textwrap.dedent(f"""\
+        import os, subprocess
+        print(os.listdir({str(answers)!r}), repr(open({str(results)!r}).read()))
+        open({str(results)!r}, "w").write("full marks")
+        print(subprocess.run(["umount", {str(answers)!r}], capture_output=True).returncode)
+        print(open("/proc/self/status").read().split("CapEff:")[1].split()[0])
+    """)
+    done = subprocess.run([*prefix, sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    listed, umount, caps = done.stdout.splitlines()
+    assert listed == "[] ''" and umount != "0" and int(caps, 16) == 0, done
+    assert results.read_text() == "{}" and (answers / "ex03.py").read_text() == "ANSWER"
+
+
+@ROOT_ONLY
+def test_while_grading_the_fork_server_of_the_ranks_runs_apart(tmp_open, monkeypatch):
+    """The pool's fork server (testing/zygote.py) forks every rank of a grade: under
+    MINIPAR_GRADE_COVER it starts covered and without root's capabilities."""
+    from minipar.testing import zygote
+
+    results = tmp_open / "results.json"
+    results.write_text("{}")
+    monkeypatch.setenv("MINIPAR_GRADE_COVER", str(results))
+    server = zygote.Server(dict(os.environ))
+    try:
+        if not server.ready(60):
+            pytest.skip(f"no fork server here: {server.error}")
+        status = open(f"/proc/{server.proc.pid}/status").read()
+        caps = int(status.split("CapEff:")[1].split()[0], 16)
+        assert caps == 0 or not zygote._apart(), status[:300]
+    finally:
+        server.close()

@@ -254,6 +254,7 @@ NOT_RUN = "not run: "  # tests/test_exercises.py's skip of a test after its exer
 NOT_STARTED = "not started: "  # ... or after it raised NotImplementedError
 ONLY_ENV = "MINIPAR_EXERCISES_ONLY"  # the ranks run only these exercises' cases
 NODES_ENV = "MINIPAR_GRADE_NODES"  # tests/test_exercises.py: the ranks on emulated nodes
+COVER_ENV = "MINIPAR_GRADE_COVER"  # minipar.exercises.COVER_ENV: the ranks' covered paths
 IMPL_ENV = "MINIPAR_EXERCISES_IMPL"  # the folder under test (course/sandbox.graded reads it)
 
 
@@ -382,7 +383,13 @@ def _walled(folder: Path, chosen, hidden: list[str]):
         needed = [Path(scratch), Path(sys.prefix), Path(__file__).resolve().parents[1]]
         hide = os.pathsep.join(str(h) for h in map(lambda h: Path(h).resolve(), hidden)
                                if not any(n == h or h in n.parents for n in needed))  # fmt: skip
-        with _environ(sandbox.SEALED_ENV, str(os.getpid())), _environ(sandbox.HIDE_ENV, hide):
+        answers = str(exercises.tree("solutions"))
+        cover = os.pathsep.join(h for h in hide.split(os.pathsep) if h and h != answers)
+        with (
+            _environ(sandbox.SEALED_ENV, str(os.getpid())),
+            _environ(sandbox.HIDE_ENV, hide),
+            _environ(COVER_ENV, cover),
+        ):
             try:
                 yield Path(scratch)
             finally:

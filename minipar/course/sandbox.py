@@ -58,35 +58,31 @@ def sealed() -> bool:
 
 def isolated(hidden: list[str]) -> list[str]:
     """The command prefix that runs a student's process apart: as root, in a mount namespace
-    where every hidden path is an empty read-only folder, as the unprivileged user `nobody`;
-    otherwise, in a user namespace of its own; where the machine refuses either (a container
-    without the right, a Python `nobody` cannot read), nothing: the audit hook stays."""
-    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
-    if not unshare or os.environ.get("MINIPAR_GRADE_ISOLATE") == "0":
+    where every hidden path is covered, as the unprivileged user `nobody`, or where `nobody`
+    cannot reach this Python, as root's uid without a capability; otherwise in a user
+    namespace of its own; where the machine refuses all (a container without the right),
+    nothing: the audit hook stays."""
+    for prefix in _choices(hidden):
+        if _works(tuple(prefix)):
+            return list(prefix)
+    return []
+
+
+def _choices(hidden: list[str]) -> list[list[str]]:
+    if os.environ.get(exercises.ISOLATE_ENV) == "0":
         return []
-    cover = 'for d in "$@"; do [ "$d" = -- ] && break; mount -t tmpfs -o ro,size=4k none "$d"; '
-    cover += "shift; done; shift; "
-    dirs = [h for h in hidden if os.path.isdir(h)]
-    if os.geteuid() == 0 and setpriv:
-        drop = f'exec {setpriv} --reuid=65534 --regid=65534 --clear-groups "$@"'
-        prefix = [unshare, "--mount", "--propagation", "private", "sh", "-c", cover + drop, "sh",
-                  *dirs, "--"]  # fmt: skip
-    else:
-        prefix = [unshare, "--user", "--map-root-user", "--mount", "sh", "-c", cover + 'exec "$@"',
-                  "sh", *dirs, "--"]  # fmt: skip
-    return list(prefix) if _works(tuple(prefix)) else []
+    if os.geteuid() == 0:
+        return [exercises.apart(hidden, exercises.NOBODY), exercises.apart(hidden)]
+    unshare = shutil.which("unshare")
+    if not unshare:
+        return []
+    return [[unshare, "--user", "--map-root-user", "--mount", "sh", "-c",
+             exercises.COVER + 'exec "$@"', "sh", *hidden, "--"]]  # fmt: skip
 
 
 @functools.cache
 def _works(prefix: tuple) -> bool:
-    """Whether this machine lets the prefix run this Python (a container may refuse the
-    namespaces, `nobody` may not read this Python): where not, the audit hook stands alone."""
-    try:
-        done = subprocess.run([*prefix, sys.executable, "-c", "import minipar"], timeout=30,
-                              capture_output=True)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
+    return exercises.runs(list(prefix))
 
 
 class Wall:

@@ -104,6 +104,7 @@ PER_BATCH_ENV = (
     "MINIPAR_GRADE_SEALED",  # the grader's own pid (course/sandbox.py): never a rank's
     "MINIPAR_GRADE_CALL_TIMEOUT",  # the wall's child, never a rank
     "MINIPAR_GRADE_ISOLATE",  # the wall's child, never a rank
+    "MINIPAR_GRADE_COVER",  # read where the pool starts its fork server, never by a rank
     "MINIPAR_EXERCISES_IMPL",  # the folder under test (the grader's; the suite's ranks read it)
     "MINIPAR_EXERCISES",  # the student edition's exercises/ (minipar.exercises.assigned)
 )

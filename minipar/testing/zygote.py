@@ -44,6 +44,8 @@ import sys
 import tempfile
 import time
 
+from minipar import exercises
+
 ZYGOTE_ENV = "MINIPAR_TEST_ZYGOTE"  # "0": no fork server, every rank starts cold
 MAX_FDS = 64  # descriptors a client may hand over (a rank under hydra has about 15)
 HEADER = struct.Struct("!I")
@@ -53,6 +55,16 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signa
 
 def enabled() -> bool:
     return os.environ.get(ZYGOTE_ENV, "1").strip().lower() not in ("0", "off", "false")
+
+
+def _apart() -> list[str]:
+    """While grading (MINIPAR_GRADE_COVER), the server and so every rank it forks runs apart:
+    the results and the hidden tests covered, root's capabilities dropped (minipar.exercises.
+    apart). Not the worked answers: a rank reads its case's before the student's file, and the
+    audit hook hides them from then on."""
+    hidden = [p for p in os.environ.get(exercises.COVER_ENV, "").split(os.pathsep) if p]
+    prefix = exercises.apart(hidden) if hidden else []
+    return prefix if prefix and exercises.runs(prefix) else []
 
 
 # -- the pytest side -----------------------------------------------------------------------------
@@ -69,7 +81,8 @@ class Server:
         self.address = os.path.join(self.folder, "sock")
         self.log = open(os.path.join(self.folder, "server.log"), "w+")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "minipar.testing.zygote", "serve", self.folder], env=env,
+            [*_apart(), sys.executable, "-m", "minipar.testing.zygote", "serve", self.folder],
+            env=env,
             stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
