@@ -3,7 +3,11 @@ refused before anything starts, fault specs read, dp refitted or refused, the su
 account of a restart, and one real restart: `minipar run --max-restarts 1` of a 2-rank training
 whose rank 1 is killed at step 3 finishes, resumed from the checkpoint of step 2, with the final
 weights of the dense twin (within --check's bounds) and nothing left behind. The restarts after
-a killed node and a pulled cable are in tests/test_cluster.py (MINIPAR_EXTENDED=1)."""
+a killed node and a pulled cable are in tests/test_cluster.py (MINIPAR_EXTENDED=1); the
+supervisor's loop (spares, nodes dropped, exit 2, the restart count) on one process here, the
+emulated nodes stood in for.
+
+Checks: minipar/launcher/supervisor.py, launcher/faults.py, cli/train_checkpoint.py."""
 
 import argparse
 import json
@@ -161,3 +165,72 @@ def test_lesson_12_replays_the_fault_times():
     assert l12.replay([1.0, 5.0], 2.0, 1.0, 2, 6) == pytest.approx(1 + 5 + 2 + 4)
     # each attempt its own start-up: 2 s, then 3 s (the second does its 4 steps after it)
     assert l12.replay([5.0], [2.0, 3.0], 1.0, 2, 6) == pytest.approx(5 + 3 + 4)
+
+
+# -- the supervisor's loop, one process: the emulated nodes stood in for (making real ones needs
+# root: tests/test_cluster.py, MINIPAR_EXTENDED=1), the job a function (issue 72's planted bugs)
+
+
+class _Nodes:
+    """What the supervisor asks of an emulated cluster: its node count and their names."""
+
+    def __init__(self, n_nodes):
+        self.n_nodes = n_nodes
+
+    def namespace(self, node):
+        return f"node{node}"
+
+
+def _supervise(monkeypatch, nodes, spares, codes, fault="kill-node:1@0s", max_restarts=3):
+    """Run a Supervisor of 2 ranks a node whose attempts exit with `codes` in turn; the first
+    attempt waits until its node fault fired (a kill recorded, not sent). (rc, its Attempts,
+    what it said)."""
+    import contextlib
+    import threading
+
+    from minipar.launcher import supervisor
+
+    killed = threading.Event()
+    monkeypatch.setattr(supervisor.fault_kit, "kill_node", lambda ns: killed.set() or [])
+    monkeypatch.setattr(
+        supervisor, "emulated", contextlib.contextmanager(lambda n, link, fill: iter([_Nodes(n)]))
+    )
+    left = list(codes)
+
+    def attempt(ranks, cluster):
+        if len(left) == len(codes) and fault:
+            assert killed.wait(10), "the node fault never fired"
+        return left.pop(0)
+
+    said = []
+    sup = Supervisor(2 * nodes, nodes, "1gbit", "block", max_restarts,
+                     [faults.parse(fault)] if fault else [], 0, attempt, said.append,
+                     spares=spares)  # fmt: skip
+    return sup.run(), sup.attempts, said
+
+
+def test_a_spare_node_keeps_the_layout_and_without_one_the_node_is_dropped(monkeypatch):
+    rc, attempts, said = _supervise(monkeypatch, 3, 1, [9, 0])
+    assert rc == 0 and [(a.nodes, a.ranks) for a in attempts] == [(3, 6), (3, 6)]
+    assert attempts[0].dead_node == 1 and "a spare node replaces node1 (0 spare(s) left)" in said
+    rc, attempts, said = _supervise(monkeypatch, 3, 0, [9, 0])
+    assert rc == 0 and [(a.nodes, a.ranks) for a in attempts] == [(3, 6), (2, 4)]
+    assert any("starting again on 2 node(s), 4 ranks" in line for line in said), said
+
+
+def test_the_last_node_lost_ends_the_job_with_its_failure(monkeypatch):
+    rc, attempts, said = _supervise(monkeypatch, 1, 0, [9, 0], fault="kill-node:0@0s")
+    assert rc == 9 and len(attempts) == 1 and "no node left: not restarted" in said
+
+
+def test_a_job_that_refuses_its_input_is_not_restarted(monkeypatch):
+    """Exit 2 (a layout it cannot refit) after a restart: stop, say so, exit 2."""
+    rc, attempts, said = _supervise(monkeypatch, 3, 0, [9, 2, 0])
+    assert rc == 2 and len(attempts) == 2
+    assert "the job refused to start (exit 2): not restarted" in said
+
+
+def test_max_restarts_counts_restarts_not_attempts(monkeypatch):
+    """--max-restarts 2 of a job that always fails: 3 attempts, then its own exit status."""
+    rc, attempts, said = _supervise(monkeypatch, 2, 0, [9, 9, 9, 9], fault=None, max_restarts=2)
+    assert rc == 9 and len(attempts) == 3 and said[-1] == "giving up after 2 restart(s)"

@@ -4,6 +4,9 @@ torch's DDP and ZeroRedundancyOptimizer over gloo, the trace ledger, and bad inp
 - data_parallel.py on MPI, 1, 2, 3 and 4 ranks (5 and 6 too with MINIPAR_EXTENDED=1);
 - data_parallel_torch.py: a few of the same cases over the torch.distributed transport.
 MINIPAR_EXTENDED=1 widens the world sizes (the torch transport's to 2 and 3).
+
+Checks: minipar/parallel/data/ddp.py, zero.py, fsdp.py (hybrid sharding's groups: 2 x 2 on 4
+ranks, shards of unequal size refused on 3), flat_buffers.py.
 """
 
 import os

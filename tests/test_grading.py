@@ -1,7 +1,10 @@
 """The grader explains: typical mistakes planted in copies of the solutions, and the grader's
 explanation must name the phase, step, rank and chunk (tests/ranks/grading.py, one launch on 4
 ranks); `minipar grade` end to end on one planted exercise, with Gradescope's results.json; the
-JUnit XML; the points table."""
+JUnit XML; the points table; which rank is named as the root cause (not the lowest that
+failed: the first whose error was its own), and the stop's rules on one process.
+
+Checks: minipar/course/stepdiff.py, stopping.py, whose.py, gradebook.py, cli/grade.py."""
 
 import json
 import os
@@ -87,6 +90,11 @@ def planted_run(tmp_path_factory):
 @pytest.mark.parametrize("mistake", list(MISTAKES))
 def test_grader_names_the_planted_mistake(planted_run, mistake):
     planted_run.check(mistake)
+
+
+def test_the_root_cause_is_the_rank_whose_error_was_its_own(planted_run):
+    """Rank 0 fails too (its wait for rank 2 stopped), but rank 2 is named first."""
+    planted_run.check("root_cause_not_the_lowest_rank")
 
 
 VISIBILITY = ("hidden", "after_due_date", "after_published", "visible")
@@ -498,3 +506,56 @@ def planted_table() -> None:
 
 if __name__ == "__main__":  # python tests/test_grading.py: the benchmark table
     planted_table()
+
+
+# -- the stop's and the root cause's rules on one process (issue 72's planted bugs) -------------
+
+
+def test_a_stop_or_a_timeout_is_a_consequence_and_anything_else_a_cause():
+    from minipar.course import stepdiff, stopping
+    from minipar.errors import CommTimeoutError, MismatchError
+
+    stop = MismatchError(stopping.STOPPED.format(rank=2, what="AssertionError: wrong"))
+    timeout = CommTimeoutError("timed out after 2 s waiting for rank 3")
+    mismatch = MismatchError("rank 1 called broadcast where rank 0 called all_reduce")
+    for error, follows in ((stop, True), (timeout, True), (mismatch, False),
+                           (AssertionError("wrong"), False), (None, False)):  # fmt: skip
+        assert stopping.consequence(error) is follows, error
+        if error is not None:
+            assert stopping.followed(stopping.first_line(error)) is follows, error
+    assert stopping.first_line(ValueError("bad size\nmore")) == "ValueError: bad size"
+    assert stopping.first_line(AssertionError()) == "AssertionError"
+    off = stepdiff.OffCourse("step 0: rank 1 waits for a message\nthe table")
+    assert stopping.first_line(off) == "step 0: rank 1 waits for a message"  # its words alone
+
+
+def _notes(rank, error, pending=()):
+    from minipar.course.stepdiff import Notes, Side
+
+    return Notes(rank, Side([], [], [], ""), Side([], [], list(pending), error), (), None)
+
+
+def test_a_deadlock_is_named_only_when_no_rank_failed_first():
+    from minipar.course.stepdiff import Message, Where, _consequences, _pending_lines
+
+    sent = Message(0, "send", 1, 8 << 20, Where("x", 0, 1 << 20, whole=True))
+    timeouts = [_notes(r, "CommTimeoutError: timed out", [sent]) for r in (0, 1)]
+    lines = _pending_lines(timeouts)
+    assert "deadlock" in lines[-1] and not any("stopped with" in line for line in lines)
+    mine = [timeouts[0], _notes(1, "AssertionError: wrong", [sent])]
+    lines = _pending_lines(mine)
+    assert lines[-1] == "rank 1 stopped with AssertionError: wrong"
+    assert not any("deadlock" in line for line in lines)
+    # (failed, not started, told, a consequence, its first line) per rank
+    stopped = "MismatchError: stopped waiting: rank 2 had already failed (AssertionError: own)"
+    flags = [(True, False, False, True, stopped), (False, False, False, False, ""),
+             (True, False, True, False, "AssertionError: own")]  # fmt: skip
+    assert _consequences(flags, 2).splitlines() == [
+        "rank 2 failed first; what followed on the other ranks (consequences, not causes):",
+        f"  rank 0: {stopped}",
+    ]
+    # ranks 1 and 2 each failed of their own: rank 2's is no consequence of rank 1's
+    both = [flags[0], (True, False, True, False, "AssertionError: a"), flags[2]]
+    assert _consequences(both, 1).splitlines()[1:] == [f"  rank 0: {stopped}"]
+    only = [(True, False, False, True, "CommTimeoutError: t")] * 2
+    assert _consequences(only, None).startswith("no rank failed first;")

@@ -3,7 +3,9 @@ hybrid sharding's bytes across per node, and `minipar plan` showing where each g
 No ranks: the expected values are the formulas written out here, on links whose alpha and gamma
 are zero so that a collective's seconds are its bytes sent times beta, DeviceMesh's own groups on
 each fill's node map, and runs of `minipar train` on emulated nodes recorded as data
-(tests/data/plan_runs_two_nodes.json, scripts/plan_against_runs.py)."""
+(tests/data/plan_runs_two_nodes.json, scripts/plan_against_runs.py).
+
+Checks: minipar/planning/node_traffic.py, planner.py (its node terms), plan_table.py."""
 
 from __future__ import annotations
 
@@ -414,3 +416,32 @@ def test_two_level_sharding_on_three_nodes_of_two():
     # inside: 3 rings over 2 of Psi (Psi/2 sent each); across: 3 rings over the 3 nodes of the
     # node's 2 halves at once (Psi, 2/3 of it sent each), on the one shared cable
     assert full == pytest.approx(3 * psi / 2 * FAST.beta + 3 * 2 / 3 * psi * SLOW.beta)
+
+
+# -- rules that change the answer only on some shapes (issue 72's planted bugs) -----------------
+
+
+def test_a_nodes_links_are_shared_ceil_senders_over_nics():
+    """3 crossing ranks on 2 NICs: one NIC carries 2 of them (ceil), so each byte costs twice
+    its time; a floor would say 1 and price the node's link as if nothing shared it."""
+    for count, nics, share in ((3, 2, 2), (4, 2, 2), (5, 2, 3), (1, 4, 1), (8, 8, 1), (7, 0, 1)):
+        assert node_traffic.link_share(count, nics) == share, (count, nics)
+
+
+def test_ranks_that_do_not_fill_their_last_node_still_count_it():
+    """12 ranks on nodes of 8 are 2 nodes; dealt round (cyclic), rank r on node r mod 2: a tp
+    pair {0, 1} spans both, a dp group {0, 2, ..., 10} (2 apart) sits on node 0 alone."""
+    assert [node_traffic.n_nodes(g, 8) for g in (1, 8, 9, 12, 16, 17)] == [1, 1, 2, 2, 2, 3]
+    where = node_traffic.placement(dp=6, tp=2, pp=1, cp=1, ep=1, per_node=8, fill="cyclic")
+    assert where == {"tp": 2, "dp": 1}
+
+
+def test_every_rank_of_a_pipeline_stage_sends_across_the_node_boundary():
+    """dp 2 x tp 2 x pp 2 on 2 nodes of 4 (block): stage 0 is node 0, stage 1 node 1, tp and
+    dp inside a node; each of a node's 4 ranks sends its activations (and takes their
+    gradients back) for each of the m = 4 micro-batches: 4 x 2 x 4 x b s h bytes a node."""
+    four = replace(CLUSTERS["cpu"], hierarchy=cost.Hierarchy(FAST, SLOW, 4))
+    lay = evaluate(TINY, four, 2, 2, 2, 1)
+    assert lay.nodes == {"tp": 1, "dp": 1, "pp": 2} and lay.microbatches == 4
+    act = 1 * TINY.seq_len * TINY.hidden * 4  # fp32 on the cpu preset
+    assert lay.across_bytes == pytest.approx(4 * 2 * 4 * act)

@@ -4,7 +4,12 @@ NCCL's channels across nodes at the NICs' rate, NVLink SHARP, and every publishe
 
 The expected times are written here from NCCL's src/graph/tuning.cc and topo.h by hand (base
 and hop latencies in microseconds, 20.6 GB/s an NVLink link x 18 on an H100), not read from
-minipar/simulate/protocols.py."""
+minipar/simulate/protocols.py.
+
+Checks: minipar/simulate/protocols.py, nvls.py, nccl_tree.py, published.py, validate.py (and
+sweep.py's NCCL rows). Where a rule matters only on some shapes (uneven nodes, 3 nodes, the
+NVLink side binding, ranks arriving apart) a case of that shape is here; the planted bugs each
+catches are listed in docs/testing.md."""
 
 from __future__ import annotations
 
@@ -172,3 +177,72 @@ def test_the_per_class_table_is_computed_from_the_figures():
     # the goal (geomean <= 10%, worst <= 25% in every class) is not met yet: the table says so
     # by showing every class, the empty mid-size one included, and what was fitted
     assert all(name in text for name in classes) and "fitted to" in text
+
+
+# -- rules that change the answer only on some shapes (issue 72's planted bugs) -----------------
+
+
+def test_ranks_that_do_not_fill_their_last_node_still_count_it():
+    """12 ranks of 8 a node are 2 nodes (ceil): the ring's 2 (nodes - 1) network hops at 2.7
+    us, the other 20 at the proxy's 1 us (not 22 NVLink hops at 0.6 us, one node's figure)."""
+    got = nccl_time("all_reduce", "ring", "LL", 0, 12, H100)
+    assert got == pytest.approx((6.6 + 20 * 1.0 + 2 * 2.7) * US)
+
+
+def test_the_tree_on_3_nodes_is_floor_log2_deep():
+    """NCCL's tuner (tuning.cc: log2i, a floor) counts 1 network level for 3 nodes, not 2."""
+    got = nccl_time("all_reduce", "double_tree", "LL", 0, 24, H100)
+    assert got == pytest.approx((6.8 + 2 * (7 * 0.6 + 1 * 5.0)) * US)
+
+
+def test_ll_across_nodes_is_capped_by_llmaxbw_for_2_nodes_and_for_more():
+    """LL's bus bandwidth across nodes is llMaxBw: 39 GB/s on 2 nodes, 20.4 on 3 or more (x86
+    Intel, tuning.cc), whatever the 8 NICs could carry; the time's size term, by hand."""
+    for nodes, cap in ((2, 39e9), (3, 20.4e9), (4, 20.4e9)):
+        p = 8 * nodes
+        steps = 2 * (p - 1)
+        size_term = nccl_time("all_reduce", "ring", "LL", GiB, p, H100) - nccl_time(
+            "all_reduce", "ring", "LL", 0, p, H100
+        )
+        assert size_term == pytest.approx(GiB * steps / (p * cap), rel=1e-9), nodes
+
+
+def test_a_gpus_nvlink_binds_when_its_nics_are_faster():
+    """NICs of 400 GB/s each (8 a node): a ring step's 7/8 on NVLink binds, so the bus runs at
+    370.8 x 8/7 GB/s (Simple, 2 nodes), not at the NICs' 8 x 400."""
+    from dataclasses import replace
+
+    fast = replace(H100, inter=replace(H100.inter, beta=1 / 400e9))
+    p, steps = 16, 30
+    size_term = nccl_time("all_reduce", "ring", "Simple", GiB, p, fast) - nccl_time(
+        "all_reduce", "ring", "Simple", 0, p, fast
+    )
+    assert size_term == pytest.approx(GiB * steps / (p * NVLINK * 8 / 7), rel=1e-9)
+
+
+def test_nccls_trees_heads_carry_half_the_nodes_nics_each():
+    """Two tree heads stand for 8 NICs: each at 4 NICs' rate, 4 x 50 GB/s."""
+    from minipar.simulate.protocols import flow_level_trees
+
+    assert flow_level_trees(H100, 2).inter.beta == pytest.approx(1 / 200e9, rel=1e-12)
+    assert flow_level_trees(H100, 1) is H100
+
+
+def test_nvls_starts_at_the_last_arrival():
+    """Rank r arrives r ms late: the switch's sum starts when the last (rank 3) is there, so
+    every clock ends at 3 ms + the switch's time, and every rank holds the sum."""
+    import numpy as np
+
+    from minipar.simulate.nvls import all_reduce_nvls
+    from minipar.simulate.runner import simulate
+    from minipar.state import process
+
+    def step(rank):
+        process.world.task.clock += rank * 1e-3
+        x = np.full(4, float(rank + 1), dtype=np.float32)
+        all_reduce_nvls(x, lambda nbytes, p: 5e-6)
+        return x
+
+    run = simulate(step, 4, H100)
+    assert run.clocks == pytest.approx([3e-3 + 5e-6] * 4, rel=1e-12)
+    assert all((x == 10.0).all() for x in run.results)

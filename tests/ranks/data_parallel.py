@@ -856,6 +856,24 @@ def hybrid_bad_groups():
         raise AssertionError("a replicate group mixing shards accepted")
 
 
+@quiet
+def hybrid_uneven_shards():
+    """3 ranks: shard groups {0, 1} and {2}, replicate group {0, 2} (shards of 2 and of 1 rank):
+    refused on both of its ranks, naming the sizes, before any collective on a shard group
+    (rank 1 takes no part: it would wait on rank 0 otherwise)."""
+    me = minipar.init().rank
+    shard = [minipar.new_group(r) for r in ([0, 1], [2])][me // 2]
+    replicate = minipar.new_group([0, 2])
+    if me == 1:
+        return
+    try:
+        FullyShardedDataParallel(build("mlp", 0), group=shard, replicate_group=replicate)
+    except ValueError as e:
+        assert "differ in size [2, 1]" in str(e), e
+    else:
+        raise AssertionError("shard groups of 2 and 1 ranks accepted for hybrid sharding")
+
+
 def cases(size):
     table = {}
     for kind in ("mlp", "tied"):
@@ -883,6 +901,8 @@ def cases(size):
     )
     if size > 2:
         table["on_a_subgroup"] = on_a_subgroup
+    if size == 3:
+        table["hybrid_uneven_shards"] = hybrid_uneven_shards
     if size == 4:
         table.update(
             zero_on_offset_groups=zero_on_offset_groups,

@@ -97,6 +97,20 @@ def broadcast_wrong_peer():
     return run
 
 
+def later_rank_fails_first():
+    """Rank 2 fails at once; rank 0 was waiting for a message from it (stopped, or timed out:
+    either a consequence). The lower rank failed too, but the root cause named is rank 2."""
+
+    def run():
+        w = world()
+        if w.rank == 2:
+            raise AssertionError("rank 2's own mistake")
+        if w.rank == 0:
+            minipar.recv(np.zeros(4), src=2)
+
+    return run
+
+
 def expect(run, wanted: list[str], unwanted: tuple = ()):
     """A case: `run` explained by the grader, whose text must contain every string in `wanted`
     (on some failing rank: they all carry the same explanation) and none in `unwanted`."""
@@ -183,6 +197,15 @@ def cases(size):
                 "nodes: node 0 and node 1)",
                 "AssertionError: rank 0, element 8: holds the sum of ranks {0, 1} but should hold "
                 "the sum of ranks {0, 1, 2, 3}",
+            ],
+        ),
+        "root_cause_not_the_lowest_rank": expect(
+            later_rank_fails_first(),
+            [
+                "AssertionError: rank 2's own mistake\n",
+                "rank 2 failed first; what followed on the other ranks",
+                "  rank 0: MismatchError: stopped waiting: rank 2 had already failed "
+                "(AssertionError: rank 2's own mistake)",
             ],
         ),
         "missing_reduction": expect(
