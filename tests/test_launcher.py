@@ -490,3 +490,26 @@ def test_mpich_names_a_job_after_an_fnv1a_hash():
     assert job_files.fnv1a("") == 0x811C9DC5
     assert job_files.fnv1a("a") == 0xE40C292C
     assert job_files.fnv1a("foobar") == 0xBF9CF968
+
+
+def test_the_sweep_takes_a_dead_jobs_segment_never_a_mapped_one():
+    """A segment of this user that some process still maps is a live job's and stays; once
+    nothing maps it, the sweep (minipar doctor, the next run --nodes) removes it."""
+    import mmap
+    import secrets
+
+    from minipar.launcher import job_files
+
+    path = os.path.join(job_files.SHM_DIR, f"mpich_shm_{secrets.token_hex(4)}_0")
+    try:
+        with open(path, "wb+") as f:
+            f.truncate(4096)
+            mapped = mmap.mmap(f.fileno(), 4096)
+        assert path not in job_files.stale_segments(settled=0.0)  # mapped: a live rank's
+        mapped.close()
+        assert path in job_files.stale_segments(settled=0.0)
+        assert path not in job_files.stale_segments()  # younger than a minute: may be starting
+        assert job_files.remove([path]) == [path] and not os.path.exists(path)
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
