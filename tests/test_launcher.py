@@ -385,7 +385,7 @@ class FilesJob:
             self.said += line
         made = [line.split() for line in self.said.splitlines() if line.startswith("MADE")]
         self.ranks = [int(words[2]) for words in made]
-        self.files = sorted({path for words in made for path in words[3:]})
+        self.files = sorted({path for words in made for path in words[4:]})
         kinds = {os.path.dirname(path) for path in self.files}
         assert kinds == {"/dev/shm", "/tmp"}, self.said  # a segment and a topology file, made
 
@@ -449,7 +449,7 @@ def test_a_timed_out_captured_job_leaves_nothing():
     done = launcher.run(2, [JOB_FILES, "wait"], timeout=20, capture=True)
     assert done.returncode == 124, done.stdout + done.stderr
     made = [line.split() for line in done.stdout.splitlines() if line.startswith("MADE")]
-    files = sorted({path for words in made for path in words[3:]})
+    files = sorted({path for words in made for path in words[4:]})
     assert len(made) == 2 and files, done.stdout + done.stderr
     assert [p for p in files if os.path.exists(p)] == []
 

@@ -1,7 +1,8 @@
 """A job that says which files it made (tests/test_launcher.py's endings): each rank prints
-`MADE rank pid PATH ...`, the MPICH segments it maps (/proc/self/maps) and hydra's topology
-file its proxy holds open, then `ranks ready`; then, by its argument, it waits to be stopped
-(wait), has rank 1 SIGKILL itself (die), or aborts (abort)."""
+`MADE rank pid DEVICE PATH ...`: the device of the /dev/shm it sees, the MPICH segments it maps
+(/proc/self/maps) and hydra's topology file its proxy holds open; then `ranks ready`; then,
+by its argument, it waits to be stopped (wait), has rank 1 SIGKILL itself (die), or aborts
+(abort)."""
 
 import os
 import signal
@@ -34,7 +35,8 @@ def topology_files() -> list[str]:
 
 comm = MPI.COMM_WORLD
 comm.allreduce(1)
-print("MADE", comm.rank, os.getpid(), *segments(), *topology_files(), flush=True)
+shm = os.stat("/dev/shm").st_dev
+print("MADE", comm.rank, os.getpid(), shm, *segments(), *topology_files(), flush=True)
 comm.Barrier()
 if comm.rank == 0:
     print("ranks ready", flush=True)
