@@ -84,8 +84,9 @@ def test_stand_in_maps_hosts_to_namespaces():
         enter.lookup("10.200.0.9", table)
     ssh = enter.words_on_node("ns-b", "node1", "/h", ["PATH=/x;export", "PATH;", "prted", "--a"])
     assert ssh[:3] == ["nsenter", "--net=/run/netns/ns-b", "--"]
-    assert ssh[-1] == (  # ssh joins the words; the node's hosts file, then its name
-        "mount --bind /h /etc/hosts && hostname node1 && PATH=/x;export PATH; prted --a"
+    assert ssh[-1] == (  # ssh joins the words; the node's hosts file, /dev/shm, name
+        f"mount --bind /h /etc/hosts && {enter.SHM_MOUNT} && hostname node1 && "
+        "PATH=/x;export PATH; prted --a"
     )
     exact = enter.argv_on_node("ns-a", "node0", "/h", ["mpiexec", "a b", "$HOME"])
     assert exact[-3:] == ["mpiexec", "a b", "$HOME"]  # the launcher's argv kept exact
