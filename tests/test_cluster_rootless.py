@@ -166,11 +166,16 @@ def _user_python() -> str:
 
 
 def _as_user(command: str, timeout: float = 120, user: str = USER) -> subprocess.CompletedProcess:
-    proc = _start_as(user, command)
+    return _finish(_start_as(user, command), timeout)
+
+
+def _finish(proc: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
+    """proc's outcome; past `timeout` seconds its whole session is killed (a hung job's ranks
+    hold its pipes) and the outcome says so."""
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        stop.signal_pid(-proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         err += f"\n(killed after {timeout:g} s)"
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
@@ -182,7 +187,8 @@ def _start_as(user: str, command: str) -> subprocess.Popen:
            "OMP_NUM_THREADS": "1", "MINIPAR_TIMEOUT": "20", "HOME": "/tmp"}  # fmt: skip
     who = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups"]
     return subprocess.Popen([*who, "sh", "-c", command], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd="/")  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, env=env, cwd="/",
+                            start_new_session=True)  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -251,15 +257,8 @@ TWO_NODES = f"mpiexec -hosts node0:2,node1:2 -n 4 python {WHERE}"
 def _at_once(commands: dict, timeout: float = 300) -> dict:
     """Each user's command, all started at the same moment: user -> CompletedProcess."""
     started = {user: _start_as(user, command) for user, command in commands.items()}
-    done = {}
-    for user, proc in started.items():
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        done[user] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-    return done
+    end = time.monotonic() + timeout
+    return {u: _finish(p, max(1.0, end - time.monotonic())) for u, p in started.items()}
 
 
 def _nothing_of(uids) -> None:
@@ -293,7 +292,8 @@ def test_students_at_the_same_moment():
     nothing of theirs left."""
     with _made_users(*STUDENTS) as (uids, python):
         for attempt in range(3):
-            runs = _at_once({u: f"{python} -m minipar run --nodes 2 -n 4 {WHERE}" for u in uids})
+            command = f"{python} -m minipar run --nodes 2 -n 4 --timeout 120 {WHERE}"
+            runs = _at_once({u: command for u in uids})
             for user, run in runs.items():
                 assert run.returncode == 0, f"try {attempt}, {user}: {run.stdout}{run.stderr}"
                 assert _where(run.stdout) == FOUR_ON_TWO, f"{user}: {run.stdout}"
