@@ -84,8 +84,9 @@ def test_stand_in_maps_hosts_to_namespaces():
         enter.lookup("10.200.0.9", table)
     ssh = enter.words_on_node("ns-b", "node1", "/h", ["PATH=/x;export", "PATH;", "prted", "--a"])
     assert ssh[:3] == ["nsenter", "--net=/run/netns/ns-b", "--"]
-    assert ssh[-1] == (  # ssh joins the words; the node's hosts file, then its name
-        "mount --bind /h /etc/hosts && hostname node1 && PATH=/x;export PATH; prted --a"
+    assert ssh[-1] == (  # ssh joins the words; the node's hosts file, /dev/shm, name
+        f"mount --bind /h /etc/hosts && {enter.SHM_MOUNT} && hostname node1 && "
+        "PATH=/x;export PATH; prted --a"
     )
     exact = enter.argv_on_node("ns-a", "node0", "/h", ["mpiexec", "a b", "$HOME"])
     assert exact[-3:] == ["mpiexec", "a b", "$HOME"]  # the launcher's argv kept exact
@@ -391,6 +392,28 @@ def test_nothing_is_left_behind():
             for kind, owner in owners.items():
                 assert _left_by(owner) == [], kind
     assert _machine() == before
+
+
+@emulation
+def test_each_node_has_a_dev_shm_of_its_own_and_a_stopped_job_leaves_nothing():
+    """Each node's ranks share a /dev/shm (a tmpfs) that is neither the machine's nor the other
+    node's, as real nodes' memories are: no job's MPICH names can meet another's, whoever runs
+    it (two users' rootless jobs computed the same ones). SIGTERM to `minipar run`: hydra's
+    topology files gone from the machine's /tmp, and nothing of the job in its /dev/shm."""
+    proc = _job("job_files.py", "wait")
+    seen = _wait_for(proc, "ranks ready")
+    made = [line.split() for line in seen.splitlines() if line.startswith("MADE")]
+    devices = {int(words[1]): int(words[3]) for words in made}  # rank -> its /dev/shm
+    assert len(devices) == 2 and os.stat("/dev/shm").st_dev not in devices.values(), seen
+    assert devices[0] != devices[1], seen  # one rank a node: two tmpfs
+    files = {path for words in made for path in words[4:]}
+    topology = {p for p in files if p.startswith("/tmp/")}
+    assert topology and all(os.path.exists(p) for p in topology), seen  # in the machine's /tmp
+    os.kill(proc.pid, signal.SIGTERM)
+    out = _finish(proc, 60)
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert [p for p in files if os.path.exists(p)] == [], out
+    assert _left_by(proc.pid) == [], out
 
 
 # -- faults only a cluster has ------------------------------------------------------------------

@@ -14,6 +14,7 @@ MINIPAR_EXTENDED=1 (CI's cluster step) adds the cluster check and the unprivileg
 also runs the cluster tests once as an unprivileged user it creates (.ci/run).
 """
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -164,31 +165,62 @@ def _user_python() -> str:
     return os.environ.get("MINIPAR_TEST_USER_PYTHON") or sys.executable
 
 
-def _as_user(command: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _as_user(command: str, timeout: float = 120, user: str = USER) -> subprocess.CompletedProcess:
+    return _finish(_start_as(user, command), timeout)
+
+
+def _finish(proc: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
+    """proc's outcome; past `timeout` seconds its whole session is killed (a hung job's ranks
+    hold its pipes) and the outcome says so."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop.signal_pid(-proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        err += f"\n(killed after {timeout:g} s)"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _start_as(user: str, command: str) -> subprocess.Popen:
+    """`sh -c command` as `user`, started now (the caller may start another beside it)."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": ROOT,
            "OMP_NUM_THREADS": "1", "MINIPAR_TIMEOUT": "20", "HOME": "/tmp"}  # fmt: skip
-    who = ["setpriv", f"--reuid={USER}", f"--regid={USER}", "--init-groups"]
-    return subprocess.run([*who, "sh", "-c", command], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd="/")  # fmt: skip
+    who = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups"]
+    return subprocess.Popen([*who, "sh", "-c", command], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd="/",
+                            start_new_session=True)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _made_users(*names: str):
+    """Users made for a test (no home, no login), removed after with what they ran; each
+    name's uid, and the python they run minipar with."""
+    if not IS_ROOT or not shutil.which("useradd") or not shutil.which("setpriv"):
+        pytest.skip("makes a user: root, useradd and setpriv")
+    try:
+        for name in names:
+            subprocess.run(["userdel", name], capture_output=True, check=False)  # a killed run's
+            subprocess.run(["useradd", "-M", "-s", "/bin/sh", name], check=True,
+                           capture_output=True)  # fmt: skip
+        python = _user_python()
+        probe = _as_user(f"cd {ROOT} && {python} -c 'import minipar, mpi4py, numpy'", 60,
+                         names[0])  # fmt: skip
+        if probe.returncode != 0:
+            pytest.skip(f"user {names[0]} cannot run {python} with minipar "
+                        f"({probe.stderr.strip()}); MINIPAR_TEST_USER_PYTHON may name one it "
+                        "can")  # fmt: skip
+        yield {name: pwd.getpwnam(name).pw_uid for name in names}, python
+    finally:
+        for name in names:
+            subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True, check=False)
+            subprocess.run(["userdel", name], capture_output=True, check=False)
 
 
 @pytest.fixture
 def unprivileged():
-    """A user made for this test (no home, no login), removed after with what it owned."""
-    if not IS_ROOT or not shutil.which("useradd") or not shutil.which("setpriv"):
-        pytest.skip("makes a user: root, useradd and setpriv")
-    subprocess.run(["userdel", USER], capture_output=True, check=False)  # a killed run's
-    subprocess.run(["useradd", "-M", "-s", "/bin/sh", USER], check=True, capture_output=True)
-    try:
-        python = _user_python()
-        probe = _as_user(f"cd {ROOT} && {python} -c 'import minipar, mpi4py, numpy'", 60)
-        if probe.returncode != 0:
-            pytest.skip(f"user {USER} cannot run {python} with minipar ({probe.stderr.strip()}); "
-                        "MINIPAR_TEST_USER_PYTHON may name one it can")  # fmt: skip
-        yield pwd.getpwnam(USER).pw_uid, python
-    finally:
-        subprocess.run(["pkill", "-KILL", "-u", USER], capture_output=True, check=False)
-        subprocess.run(["userdel", USER], capture_output=True, check=False)
+    """A user made for this test, removed after with what it owned: (uid, python)."""
+    with _made_users(USER) as (uids, python):
+        yield uids[USER], python
 
 
 @userns
@@ -215,3 +247,87 @@ def test_as_an_unprivileged_user(unprivileged):
     assert alive == [], f"the user's processes outlived the cluster: {said}"  # zombies aside
     tmp = tempfile.gettempdir()
     assert [n for n in os.listdir(tmp) if os.stat(os.path.join(tmp, n)).st_uid == uid] == []
+
+
+# -- a class on one server: several users at the same moment ------------------------------------
+STUDENTS = ("minipar-test-a", "minipar-test-b")
+TWO_NODES = f"mpiexec -hosts node0:2,node1:2 -n 4 python {WHERE}"
+
+
+def _at_once(commands: dict, timeout: float = 300) -> dict:
+    """Each user's command, all started at the same moment: user -> CompletedProcess."""
+    started = {user: _start_as(user, command) for user, command in commands.items()}
+    end = time.monotonic() + timeout
+    return {u: _finish(p, max(1.0, end - time.monotonic())) for u, p in started.items()}
+
+
+def _nothing_of(uids) -> None:
+    """None of the users' processes, nor a file of theirs in /tmp or /dev/shm, is left."""
+    time.sleep(0.2)
+    for uid in uids:
+        ps = subprocess.run(["pgrep", "-u", str(uid)], capture_output=True, text=True)
+        alive = [p for p in ps.stdout.split() if leftovers.started_at(int(p)) is not None]
+        assert alive == [], f"uid {uid}'s processes outlived their jobs: {alive}"
+        for folder in (tempfile.gettempdir(), "/dev/shm"):
+            theirs = [n for n in os.listdir(folder) if _owner(os.path.join(folder, n)) == uid]
+            assert theirs == [], f"uid {uid} left {theirs} in {folder}"
+
+
+def _owner(path: str) -> int | None:
+    try:
+        return os.lstat(path).st_uid
+    except OSError:
+        return None
+
+
+@userns
+@pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's cluster step)")
+@pytest.mark.timeout(1200)
+def test_students_at_the_same_moment():
+    """Two unprivileged users: `minipar run --nodes 2` at the same moment, three times (their
+    namespaces count pids from 1 and both launchers run on a node0, so MPICH computed the same
+    segment names: one job died in MPI_Init, "Out of memory", or hung until "job exit 124");
+    `minipar grade --nodes 2` on the worked answers at the same moment; a standing cluster
+    each beside root's, a plain mpiexec in all three at once, twice. Every job right, and
+    nothing of theirs left."""
+    with _made_users(*STUDENTS) as (uids, python):
+        for attempt in range(3):
+            command = f"{python} -m minipar run --nodes 2 -n 4 --timeout 120 {WHERE}"
+            runs = _at_once({u: command for u in uids})
+            for user, run in runs.items():
+                assert run.returncode == 0, f"try {attempt}, {user}: {run.stdout}{run.stderr}"
+                assert _where(run.stdout) == FOUR_ON_TWO, f"{user}: {run.stdout}"
+        grade = f"{python} -m minipar grade --solutions ex04_hierarchical_allreduce --nodes 2"
+        for user, run in _at_once({u: grade for u in uids}, timeout=600).items():
+            assert run.returncode == 0, f"{user}: {run.stdout}{run.stderr}"
+        _standing_beside_roots(uids, python)
+        _nothing_of(uids.values())
+
+
+def _standing_beside_roots(uids: dict, python: str) -> None:
+    """Root's standing cluster and one a user, up together; plain mpiexec in each at once."""
+    tmp = tempfile.mkdtemp(prefix="mp-")  # root's: a TMPDIR of its own, beside other tests'
+    root_env = dict(os.environ, TMPDIR=tmp, OMP_NUM_THREADS="1", MINIPAR_TIMEOUT="20")
+    cluster = [sys.executable, "-m", "minipar", "cluster"]
+    up = subprocess.run([*cluster, "up", "--nodes", "2"], capture_output=True, text=True,
+                        timeout=180, env=root_env)  # fmt: skip
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        for user, run in _at_once({u: f"{python} -m minipar cluster up --nodes 2"
+                                   for u in uids}).items():  # fmt: skip
+            assert run.returncode == 0, f"{user}: {run.stdout}{run.stderr}"
+        shell = f"{python} -m minipar cluster shell node0 -- sh -c '{TWO_NODES}'"
+        for attempt in range(2):
+            root = subprocess.Popen([*cluster, "shell", "node0", "--", "sh", "-c", TWO_NODES],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=root_env)  # fmt: skip
+            runs = _at_once({u: shell for u in uids})
+            out, err = root.communicate(timeout=300)
+            assert root.returncode == 0 and _where(out) == FOUR_ON_TWO, f"root: {out}{err}"
+            for user, run in runs.items():
+                assert run.returncode == 0, f"try {attempt}, {user}: {run.stdout}{run.stderr}"
+                assert _where(run.stdout) == FOUR_ON_TWO, f"{user}: {run.stdout}"
+    finally:
+        _at_once({u: f"{python} -m minipar cluster down" for u in uids})
+        subprocess.run([*cluster, "down"], capture_output=True, timeout=120, env=root_env)
+        shutil.rmtree(tmp, ignore_errors=True)

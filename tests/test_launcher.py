@@ -4,6 +4,7 @@ rank tags, tables that are never cut off a terminal, `minipar.launch(fn)`, hints
 import io
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -345,19 +346,170 @@ def test_the_shipped_exercises_are_generated_from_the_solutions():
     assert exercises.stale(hints=False) == [], "run `minipar exercises --generate`"
 
 
-def test_hydra_leftovers_removed_only_when_no_proxy_runs(tmp_path, monkeypatch):
+def test_hydra_leftovers_removed_only_when_no_process_holds_them(tmp_path, monkeypatch):
     """An aborted MPICH job leaves /tmp/hydra_hwloc_xmlfile_*: the files written since the job
-    began go once no hydra proxy runs (a live job's file stays, and so do older ones)."""
-    from minipar.launcher import stop
+    began go once no process holds them open (a live job's proxy holds its own: it stays, and
+    so do older ones)."""
+    from minipar.launcher import job_files, stop
 
     old, new = tmp_path / "hydra_hwloc_xmlfile_old", tmp_path / "hydra_hwloc_xmlfile_new"
     for path in (old, new):
         path.write_text("<topology/>")
     began = time.time()
     os.utime(old, (began - 60, began - 60))
-    monkeypatch.setattr(stop, "HYDRA_TOPOLOGY", str(tmp_path / "hydra_hwloc_xmlfile_*"))
-    monkeypatch.setattr(stop, "_hydra_proxy_running", lambda: True)
-    assert stop.remove_hydra_leftovers(began) == [] and new.exists()
-    monkeypatch.setattr(stop, "_hydra_proxy_running", lambda: False)
+    monkeypatch.setattr(job_files, "HYDRA_TOPOLOGY", str(tmp_path / "hydra_hwloc_xmlfile_*"))
+    with open(new) as held:  # as a live proxy holds its file
+        assert stop.remove_hydra_leftovers(began) == [] and new.exists(), held
     assert stop.remove_hydra_leftovers(began) == [str(new)]
     assert old.exists() and not new.exists()
+
+
+# -- issue 69: whatever ends a job, it leaves nothing in /dev/shm or /tmp -----------------------
+
+JOB_FILES = os.path.join(ROOT, "tests", "scripts", "job_files.py")
+
+
+class FilesJob:
+    """`minipar run -n 2 tests/scripts/job_files.py MODE`, read until its ranks are ready: the
+    files its ranks saw made (their MPICH segment, their proxy's topology file), their pids."""
+
+    def __init__(self, mode: str):
+        cmd = [sys.executable, "-m", "minipar", "run", "-n", "2", JOB_FILES, mode]
+        env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=env)  # fmt: skip
+        self.said = ""
+        while "ranks ready" not in self.said:
+            line = self.proc.stdout.readline()
+            assert line, f"the job ended before its ranks were ready: {self.said}"
+            self.said += line
+        made = [line.split() for line in self.said.splitlines() if line.startswith("MADE")]
+        self.ranks = [int(words[2]) for words in made]
+        self.files = sorted({path for words in made for path in words[4:]})
+        kinds = {os.path.dirname(path) for path in self.files}
+        assert kinds == {"/dev/shm", "/tmp"}, self.said  # a segment and a topology file, made
+
+    def end(self, timeout: float = 60) -> str:
+        self.said += self.proc.communicate(timeout=timeout)[0]
+        return self.said
+
+
+def _gone(pids, wait: float = 10.0) -> bool:
+    end = time.monotonic() + wait
+    while any(os.path.exists(f"/proc/{p}") for p in pids) and time.monotonic() < end:
+        time.sleep(0.05)
+    return not any(os.path.exists(f"/proc/{p}") for p in pids)
+
+
+@pytest.mark.own_job
+@pytest.mark.cold  # the ranks must be the proxy's own children, as a student's are
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("sig,status", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_stopped_launcher_leaves_nothing_of_its_job(sig, status):
+    """SIGTERM (a batch system's, `kill`) or SIGINT (Ctrl-C) to `minipar run` mid-job: the ranks
+    end with it and the job's MPICH segment and hydra's topology file are gone, while another
+    job running beside it keeps its own. Before: SIGTERM ended the launcher alone, the ranks
+    ran on orphaned, and both files stayed."""
+    other = FilesJob("wait")
+    try:
+        job = FilesJob("wait")
+        assert not set(job.files) & set(other.files)
+        job.proc.send_signal(getattr(signal, sig))
+        said = job.end()
+        assert job.proc.returncode == status, said
+        assert _gone(job.ranks), f"ranks outlived the launcher: {job.ranks}"
+        assert [p for p in job.files if os.path.exists(p)] == [], said
+        assert all(os.path.exists(p) for p in other.files), "another job's files were removed"
+    finally:
+        other.proc.send_signal(signal.SIGTERM)
+        other.end()
+    assert [p for p in other.files if os.path.exists(p)] == []
+
+
+@pytest.mark.own_job
+@pytest.mark.cold
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", ["die", "abort"])
+def test_a_job_whose_rank_dies_leaves_nothing(mode):
+    """A rank SIGKILLed (the kernel's OOM killer, a student's kill -9) or MPI_Abort: the job
+    fails, and its segment (which no rank lived to unlink) and topology file are removed."""
+    job = FilesJob(mode)
+    said = job.end(timeout=120)
+    assert job.proc.returncode not in (0, None), said
+    assert _gone(job.ranks), said
+    assert [p for p in job.files if os.path.exists(p)] == [], said
+
+
+@pytest.mark.own_job
+@pytest.mark.cold
+@pytest.mark.timeout(180)
+def test_a_timed_out_captured_job_leaves_nothing():
+    """launcher.run(capture=True), the graders' and benchmarks' way, killed by its timeout:
+    exit 124 and nothing of the job left."""
+    done = launcher.run(2, [JOB_FILES, "wait"], timeout=20, capture=True)
+    assert done.returncode == 124, done.stdout + done.stderr
+    made = [line.split() for line in done.stdout.splitlines() if line.startswith("MADE")]
+    files = sorted({path for words in made for path in words[4:]})
+    assert len(made) == 2 and files, done.stdout + done.stderr
+    assert [p for p in files if os.path.exists(p)] == []
+
+
+def test_signals_raise_terminated_and_keep_one_during_the_clean_up():
+    """Inside signals_raise, SIGTERM raises Terminated (a KeyboardInterrupt: the launcher's
+    Ctrl-C path); one that comes while the job's files are removed waits for the block's end;
+    an ignored SIGHUP (nohup) stays ignored; the handlers are put back after."""
+    from minipar.launcher.stop import Terminated, signals_raise
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated) as raised:
+        with signals_raise():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+    assert raised.value.signum == signal.SIGTERM and isinstance(raised.value, KeyboardInterrupt)
+    cleaned = []
+    with pytest.raises(Terminated):
+        with signals_raise() as state:
+            state["removing"] = True
+            os.kill(os.getpid(), signal.SIGTERM)
+            cleaned.append("done")  # not cut short
+    assert cleaned == ["done"] and signal.getsignal(signal.SIGTERM) == before
+    saved = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with signals_raise():
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.1)
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, saved)
+
+
+def test_mpich_names_a_job_after_an_fnv1a_hash():
+    """FNV-1a's published 32-bit values (the hash MPICH's uthash names a job's segment with)."""
+    from minipar.launcher import job_files
+
+    assert job_files.fnv1a("") == 0x811C9DC5
+    assert job_files.fnv1a("a") == 0xE40C292C
+    assert job_files.fnv1a("foobar") == 0xBF9CF968
+
+
+def test_the_sweep_takes_a_dead_jobs_segment_never_a_mapped_one():
+    """A segment of this user that some process still maps is a live job's and stays; once
+    nothing maps it, the sweep (minipar doctor, the next run --nodes) removes it."""
+    import mmap
+    import secrets
+
+    from minipar.launcher import job_files
+
+    path = os.path.join(job_files.SHM_DIR, f"mpich_shm_{secrets.token_hex(4)}_0")
+    try:
+        with open(path, "wb+") as f:
+            f.truncate(4096)
+            mapped = mmap.mmap(f.fileno(), 4096)
+        assert path not in job_files.stale_segments(settled=0.0)  # mapped: a live rank's
+        mapped.close()
+        assert path in job_files.stale_segments(settled=0.0)
+        assert path not in job_files.stale_segments()  # younger than a minute: may be starting
+        assert job_files.remove([path]) == [path] and not os.path.exists(path)
+    finally:
+        if os.path.exists(path):
+            os.remove(path)

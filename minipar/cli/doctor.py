@@ -220,7 +220,9 @@ def emulation_checks() -> list[Check]:
     removed = leftovers.sweep()
     note = "minipar run --nodes 2 -n 4 script.py (docs/cluster.md)"
     if removed:
-        note = f"removed what {len(removed)} dead job(s) left: {', '.join(removed)}; " + note
+        more = f" and {len(removed) - 5} more" if len(removed) > 5 else ""
+        shown = ", ".join(removed[:5]) + more
+        note = f"removed what dead jobs left ({len(removed)}): {shown}; " + note
     how = "root" if os.geteuid() == 0 else "without root: user namespaces"
     return [Check("emulated nodes", f"available ({how}, ip, tc, nsenter, unshare)", note=note)]
 

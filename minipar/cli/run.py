@@ -20,9 +20,10 @@ from minipar.comm.trace import chrome_trace
 from minipar.errors import MPISetupError
 from minipar.launcher import faults
 from minipar.launcher.cluster import link
-from minipar.launcher.cluster.job import Terminated, emulated
+from minipar.launcher.cluster.job import emulated
 from minipar.launcher.cluster.nodes import EmulationError
 from minipar.launcher.relay import Relay, tag_from_env
+from minipar.launcher.stop import Terminated
 from minipar.launcher.supervisor import Supervisor
 
 EXAMPLES = """\
@@ -186,7 +187,10 @@ def main(args) -> int:
     if args.max_restarts is not None or args.fault:
         return supervised(args, err)
     if args.nodes is None:
-        return _job(args, err, None)
+        try:
+            return _job(args, err, None)
+        except Terminated as error:  # the job stopped, what it left removed (launcher/stop.py)
+            return _ended(err, error, nodes=False)
     try:
         with emulated(args.nodes, args.link or link.DEFAULT, args.fill) as cluster:
             sys.stderr.write(f"minipar run: {args.nodes} emulated nodes, {link.line(args.link)}\n")
@@ -195,11 +199,12 @@ def main(args) -> int:
         return _ended(err, error)
 
 
-def _ended(err, error) -> int:
-    """The status of a job on emulated nodes ended by `error`: a signal (128 + it, the nodes
+def _ended(err, error, nodes: bool = True) -> int:
+    """The status of a job ended by `error`: a signal (128 + it; the job killed, its nodes
     removed) or a refusal (2, said)."""
     if isinstance(error, Terminated):
-        err.print(f"minipar run: signal {error.signum}, job killed, nodes removed")
+        removed = ", nodes removed" if nodes else ""
+        err.print(f"minipar run: signal {error.signum}, job killed{removed}")
         return 128 + error.signum
     err.fail(str(error))
     return 2

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 
 from minipar.comm.setup import mpisetup
 from minipar.cost.links import EMULATED_LINK_ENV
-from minipar.launcher import shm_leftovers, stop
+from minipar.launcher import job_files, shm_leftovers, stop
 from minipar.launcher.cluster import mpi_args
 from minipar.launcher.relay import Relay, tag_from_env
 
@@ -149,62 +148,66 @@ def run(n: int, argv: list[str], timeout: float | None = None, capture: bool = F
     the ranks' output arrives in whole lines."""
     if capture:
         cmd, env = command(n, argv, cluster=cluster)
-        return run_command(cmd, env, timeout, capture)
+        return run_command(cmd, env, timeout, capture, cluster)
     relay = Relay(n, tag=tag_from_env())
     try:
         cmd, env = command(n, argv, relay=relay, cluster=cluster)
     except BaseException:
         relay.close()
         raise
-    return run_relayed(cmd, env, relay, timeout)
+    return run_relayed(cmd, env, relay, timeout, cluster)
 
 
-def run_relayed(cmd, env, relay, timeout: float | None = None):
-    """Run cmd (built with this relay), forwarding the ranks' whole lines as they come."""
+def run_relayed(cmd, env, relay, timeout: float | None = None, cluster=None):
+    """Run cmd (built with this relay), forwarding the ranks' whole lines as they come. However
+    the job ends (SIGTERM, SIGHUP or Ctrl-C to this process included: Terminated or
+    KeyboardInterrupt raised once it is stopped), what it left in /dev/shm and /tmp is removed."""
     began = time.time()
-    try:
-        proc = subprocess.Popen(
-            cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-    except BaseException:
-        relay.close()
-        raise
-    try:
-        status = relay.pump(proc, timeout)
-    except KeyboardInterrupt:
-        stop.stop(proc)
-        raise
+    with stop.signals_raise() as state:
+        try:
+            proc = subprocess.Popen(cmd, env=env, start_new_session=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        except BaseException:
+            relay.close()
+            raise
+        files = job_files.JobFiles(proc.pid, began, segments=cluster is None)
+        try:
+            status = relay.pump(proc, timeout)
+        finally:
+            state["removing"] = True
+            stop.stop(proc)  # at once when it has ended: its group killed, nothing waits
+            files.remove()
     if status == 124 and timeout is not None:
         sys.stderr.write(f"minipar: job killed after {timeout:g} s (timeout)\n")
-    if status != 0:  # an aborted or killed job leaves hydra's file and MPICH's segments behind
-        stop.remove_hydra_leftovers(began)
+    if status != 0:  # and any other segment of this user's made since, mapped by none
         shm_leftovers.since(began)
     return subprocess.CompletedProcess(cmd, status)
 
 
-def run_command(cmd, env, timeout: float | None = None, capture: bool = False):
-    """Run cmd in its own process group, so a timeout or Ctrl-C kills every process it started."""
+def run_command(cmd, env, timeout: float | None = None, capture: bool = False, cluster=None):
+    """Run cmd in its own process group, so a timeout or Ctrl-C (SIGTERM, SIGHUP) kills every
+    process it started; what the job left in /dev/shm and /tmp is removed however it ends."""
     kwargs = {"env": env, "start_new_session": True, "text": True}
     began = time.time()
     if capture:
         kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    proc = subprocess.Popen(cmd, **kwargs)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        stop.stop(proc)  # what the job wrote before it ended stays in the pipes
+    with stop.signals_raise() as state:
+        proc = subprocess.Popen(cmd, **kwargs)
+        files = job_files.JobFiles(proc.pid, began, segments=cluster is None)
         try:
-            out, err = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:  # a process outside the group still holds a pipe
-            out, err = "", ""
-        err = (err or "") + f"\nminipar: job killed after {timeout:g} s (timeout)\n"
-        return subprocess.CompletedProcess(cmd, 124, out, err)
-    except KeyboardInterrupt:
-        stop.stop(proc)
-        raise
-    finally:  # leave no orphans behind, even when the launcher itself exited cleanly
-        stop.signal_pid(-proc.pid, signal.SIGKILL)
-        if proc.returncode != 0:  # an aborted or killed job leaves hydra's file and segments
-            stop.remove_hydra_leftovers(began)
-            shm_leftovers.since(began)
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop.stop(proc)  # what the job wrote before it ended stays in the pipes
+            try:
+                out, err = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:  # a process outside the group still holds a pipe
+                out, err = "", ""
+            err = (err or "") + f"\nminipar: job killed after {timeout:g} s (timeout)\n"
+            return subprocess.CompletedProcess(cmd, 124, out, err)
+        finally:  # leave no orphans behind, even when the launcher itself exited cleanly
+            state["removing"] = True
+            stop.stop(proc)
+            files.remove()
+            if proc.returncode != 0:  # and any other segment of this user's made since, unmapped
+                shm_leftovers.since(began)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

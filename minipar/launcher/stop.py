@@ -10,19 +10,26 @@ SIGKILL reaches whatever is left, so a rank that ignores SIGTERM cannot outlive 
 
 A job that ends by MPI_Abort (minipar's way to end a job whose rank failed) leaves hydra's
 topology file behind all the same; `remove_hydra_leftovers(since)` removes the ones written
-since a job began, once no hydra proxy is left running on the host (so no live job's file).
+since a job began that no process holds open any more (so no live job's file). What else a job
+leaves (MPICH's segments in /dev/shm) is named in job_files.py.
+
+While a job runs, `with signals_raise():` turns SIGTERM and SIGHUP to the launcher into
+Terminated (a KeyboardInterrupt), so the launcher's Ctrl-C path stops the job and removes what
+it left: without it, SIGTERM ends the launcher alone, and mpiexec (in a session of its own)
+and the ranks run on, orphaned, their segments left behind when they end.
 """
 
 from __future__ import annotations
 
-import glob
+import contextlib
 import os
 import signal
 import subprocess
+import threading
 
-from minipar.launcher import shm_leftovers
+from minipar.launcher import job_files, shm_leftovers
 
-HYDRA_TOPOLOGY = "/tmp/hydra_hwloc_xmlfile_*"  # hydra writes it there whatever TMPDIR says
+HYDRA_TOPOLOGY = job_files.HYDRA_TOPOLOGY
 
 
 def stop(proc: subprocess.Popen, grace: float = 2.0, ranks=()) -> None:
@@ -53,28 +60,46 @@ def signal_pid(pid: int, sig: int) -> None:
 
 
 def remove_hydra_leftovers(since: float) -> list[str]:
-    """Remove this user's hydra topology files written at or after `since` (time.time()), if
-    no hydra proxy runs on this host (Linux: /proc); the paths removed."""
-    if not os.path.isdir("/proc") or _hydra_proxy_running():
-        return []
-    removed = []
-    for path in glob.glob(HYDRA_TOPOLOGY):
-        try:
-            info = os.stat(path)
-            if info.st_uid == os.getuid() and info.st_mtime >= since - 1.0:  # 1 s: clock grain
-                os.remove(path)
-                removed.append(path)
-        except OSError:
-            pass
-    return removed
+    """Remove this user's hydra topology files written at or after `since` (time.time()) that
+    no process holds open (Linux: /proc); the paths removed."""
+    return job_files.remove(job_files.dead_topology_files(since))
 
 
-def _hydra_proxy_running() -> bool:
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() == "hydra_pmi_proxy":
-                    return True
-        except OSError:
-            pass
-    return False
+class Terminated(KeyboardInterrupt):
+    """This process got SIGTERM (or SIGHUP) while its job ran."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def signals_raise():
+    """Inside: SIGTERM and SIGHUP raise Terminated; once state["removing"] is set, one is kept
+    and raised at the block's end (a second signal must not cut the clean-up short). A signal
+    ignored (nohup's SIGHUP) stays ignored; outside the main thread (a notebook's) only Ctrl-C
+    can stop the job."""
+    state = {"removing": False, "pending": None}
+    if threading.current_thread() is not threading.main_thread():
+        yield state
+        return
+
+    def handler(signum, frame):
+        if not state["removing"]:
+            raise Terminated(signum)
+        state["pending"] = signum  # raised once the clean-up is done
+
+    saved = {}
+    for sig in TERMINATING:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            saved[sig] = signal.signal(sig, handler)
+    try:
+        yield state
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old)
+    if state["pending"] is not None:
+        raise Terminated(state["pending"])

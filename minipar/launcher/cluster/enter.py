@@ -9,10 +9,19 @@ there is no sshd: this stand-in looks HOST up in the job's table (MINIPAR_EMULAT
 address=namespace=hostname, ...), enters that node's network namespace (nsenter), gives the
 process a UTS namespace of its own with the node's hostname and a mount namespace in which the
 job's hosts file (MINIPAR_EMULATED_HOSTS: node0 -> 10.200.0.1, ...) is /etc/hosts, so node names
-resolve as on a cluster (torch.distributed's rendezvous at rank 0's host needs it), and runs
-the words as ssh would: joined by spaces and read by the shell (Open MPI's are a little
-script). Whatever the proxy starts, the ranks included, inherits the node's network, hostname
-and hosts file; the machine's own /etc/hosts is never touched.
+resolve as on a cluster (torch.distributed's rendezvous at rank 0's host needs it), mounts a
+/dev/shm of the node's own (a tmpfs, as a real node has its own memory), and runs the words as
+ssh would: joined by spaces and read by the shell (Open MPI's are a little script). Whatever
+the proxy starts, the ranks included, inherits the node's network, hostname, hosts file and
+/dev/shm; the machine's own /etc/hosts and /dev/shm are never touched.
+
+Why /dev/shm of its own: MPICH names a job's segment on a node after the launcher's pid, the
+second it started and its host's name (/dev/shm/mpich_shm_<hash>_<node>). Inside a user
+namespace (rootless.py) pids start again at 1 and every job's node0 is called node0, so two
+users' jobs started in the same second computed the same name in the one machine-wide /dev/shm:
+the second one opened the first one's segment (MPI_Init: "Out of memory", or both jobs hung).
+A tmpfs per node per job cannot collide with anyone's, and it goes with the node's last process
+however the job ends: nothing is left in the machine's /dev/shm.
 
 The launcher itself runs on node0 the same way, with its argv kept exact (`argv_on_node`).
 """
@@ -44,9 +53,13 @@ def _enter(namespace: str) -> list[str]:
     return ["nsenter", f"--net={NETNS_DIR}/{namespace}", "--", "unshare", "--uts", "--mount", "--"]
 
 
+SHM_MOUNT = "mount -t tmpfs -o mode=1777,nosuid,nodev minipar-shm /dev/shm"
+
+
 def _become(hostname: str, hosts: str) -> str:
-    """The shell's first words on a node: its hosts file (when the job has one), its hostname."""
-    name = f"hostname {shlex.quote(hostname)}"
+    """The shell's first words on a node: a /dev/shm of its own, its hosts file (when the job
+    has one), its hostname."""
+    name = f"{SHM_MOUNT} && hostname {shlex.quote(hostname)}"
     return f"mount --bind {shlex.quote(hosts)} /etc/hosts && {name}" if hosts else name
 
 

@@ -12,19 +12,12 @@ the nodes are removed on every ending but SIGKILL, which the next job's sweep co
 from __future__ import annotations
 
 import contextlib
-import signal
-import threading
 
 from minipar.launcher.cluster import leftovers, needs
 from minipar.launcher.cluster.nodes import EmulatedCluster
+from minipar.launcher.stop import Terminated, signals_raise
 
-
-class Terminated(KeyboardInterrupt):
-    """This process got SIGTERM (or SIGHUP) while its job ran."""
-
-    def __init__(self, signum: int):
-        super().__init__(f"signal {signum}")
-        self.signum = signum
+__all__ = ["Terminated", "emulated"]
 
 
 @contextlib.contextmanager
@@ -32,29 +25,10 @@ def emulated(n_nodes: int, link: str, fill: str = "block"):
     cluster = EmulatedCluster(n_nodes, link, fill=fill)  # the arguments checked first
     needs.check()
     leftovers.sweep()
-    with _signals_raise() as state:
+    with signals_raise() as state:
         cluster.up()
         try:
             yield cluster
         finally:
             state["removing"] = True  # a second signal must not cut the removal short
             cluster.down()
-
-
-@contextlib.contextmanager
-def _signals_raise():
-    state = {"removing": False}
-    if threading.current_thread() is not threading.main_thread():
-        yield state  # only the main thread may set handlers (a notebook's thread: Ctrl-C only)
-        return
-
-    def handler(signum, frame):
-        if not state["removing"]:
-            raise Terminated(signum)
-
-    saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield state
-    finally:
-        for sig, old in saved.items():
-            signal.signal(sig, old)

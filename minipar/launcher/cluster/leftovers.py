@@ -5,6 +5,10 @@ nothing runs its clean-up. Every name carries the pid of the process that made i
 so the next `minipar run --nodes` and `minipar doctor` find the ones whose owner is gone (no
 such process, or a process that started after the namespace was made: the pid was reused) and
 remove them. A live job's namespaces are never touched, whoever owns them.
+
+The same sweep removes what dead MPICH jobs of this user left in the machine's /dev/shm and
+/tmp (launcher/job_files.py): segments no process maps any more, hydra's topology files no
+process holds open; a launcher removes its own job's at every other ending.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import re
 import shutil
 import tempfile
 
+from minipar.launcher import job_files
 from minipar.launcher.cluster.nodes import NAME, NETNS_DIR, PREFIX, namespaces, remove_namespace
 
 
@@ -72,8 +77,8 @@ def stale_folders() -> list[str]:
 
 
 def sweep() -> list[str]:
-    """Remove every dead job's namespaces (processes inside killed first) and folders; the names
-    removed."""
+    """Remove every dead job's namespaces (processes inside killed first) and folders, and this
+    user's dead MPICH segments and topology files; the names removed."""
     removed = []
     for name in stale() if os.geteuid() == 0 else []:  # a rootless job's go with its holder
         remove_namespace(name)
@@ -82,4 +87,6 @@ def sweep() -> list[str]:
         shutil.rmtree(path, ignore_errors=True)
         if not os.path.exists(path):  # another user's stays (its owner's next job removes it)
             removed.append(path)
+    removed += job_files.remove(job_files.stale_segments())
+    removed += job_files.remove(job_files.dead_topology_files(0.0))
     return removed
