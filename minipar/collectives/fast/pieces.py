@@ -18,7 +18,7 @@ shorter chunk's last piece may be empty). Every element is reduced as ring.py re
 Taken (fast/routing.py) for a blocking ring all-reduce of a numpy buffer over MPI with no trace
 open (a trace records the ring's own messages) when a chunk spans more than one piece; never in
 the student edition, whose ring is the student's. Measured (docs/bench.md, "Where the time goes
-at 1 MiB and 64 MiB"): 10-25% off the ring at 16 and 64 MiB on 2 ranks.
+at 1 MiB and 64 MiB"): 20% off the ring at 16 MiB on 2 ranks, 0-18% at 64 MiB.
 """
 
 from __future__ import annotations

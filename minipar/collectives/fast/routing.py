@@ -18,6 +18,10 @@ Overrides, the same on every rank:
 The trace shows the choice: a call that went through the windows is recorded with algorithm
 "<name>@shm", and its messages (what each peer read) with path "shm".
 
+A ring all-reduce that stays on MPI (no window link, a numpy buffer, no trace open) and whose
+chunks span more than one piece runs as pieces.py: the same messages cut in pieces, the same
+bits. It is minipar's own ring only: the student edition runs the student's (`ring_is_minipars`).
+
 A buffer that lives in a window already (`minipar.empty`, DDP's buckets, FSDP's flat vectors:
 comm/transport/shm_buffers.py) is reduced where it lies, with no copy in (in_place.py; path
 "shm-in-place"): `window_of` finds it, from the buffer alone and with the fast paths on or off,
