@@ -10,6 +10,9 @@ when on and really not when off (else the comparison would prove nothing).
 - the windows (the ring's all-reduce, all-gather and reduce-scatter inside a node, when the cost
   model prices them cheaper): with a window link that always wins, the trace shows "ring@shm"
   on and "ring" off, and the bits agree, for SUM, MIN, MAX and PRODUCT with signed zeros;
+- pieces (a ring all-reduce of a numpy buffer over MPI whose chunks span more than one piece:
+  fast/pieces.py): the same bits on and off for every op with signed zeros, on uneven chunks
+  and a short last piece; taken on, not off, not with a trace open, not in the student edition;
 - in place (a buffer from minipar.empty, which lives in the window): `auto` runs the ring either
   way; on, the trace shows "ring@shm" and every message read in place ("shm-in-place"), off,
   "ring" over MPI messages, and the bits agree, for the same ops.
@@ -28,7 +31,7 @@ import minipar
 from minipar import cost
 from minipar.collectives import call as call_module
 from minipar.collectives import registry
-from minipar.collectives.fast import lean
+from minipar.collectives.fast import lean, pieces
 from minipar.collectives.reduce_op import as_op
 from minipar.state import process
 
@@ -244,6 +247,56 @@ def windows_case():
                 same_bits(on_out, off_out, what)
 
 
+@contextlib.contextmanager
+def counting_pieced_rings(piece_bytes: int):
+    """Count the ring all-reduces that ran on fast/pieces.py (routing takes it by this name), its
+    pieces shrunk to piece_bytes so that a small buffer spans many of them."""
+    counted, real, size = [0], pieces.all_reduce_ring_pieces, pieces.PIECE_BYTES
+
+    def pieced(*args):
+        counted[0] += 1
+        return real(*args)
+
+    pieces.all_reduce_ring_pieces, pieces.PIECE_BYTES = pieced, piece_bytes
+    try:
+        yield counted
+    finally:
+        pieces.all_reduce_ring_pieces, pieces.PIECE_BYTES = real, size
+
+
+def pieces_case():
+    w = world()
+    p, r = w.size, w.rank
+    n = p * (cost.SHM_MIN_BYTES // 4 + 3) + 1  # uneven chunks, above the windows' smallest size
+    piece = 4 * 1000  # 1000 elements of float32: a chunk's last piece is short
+    for dtype, ops in ((np.float32, FAST_OPS), (np.float64, ["sum", "min"]), (np.int32, ["sum"])):
+        for op in ops:
+            got = []
+            for on in (True, False):
+                with (
+                    fast_paths(on),
+                    counting_pieced_rings(piece * np.dtype(dtype).itemsize // 4) as counted,
+                ):
+                    x = data(n, dtype, 11 * r + 2)
+                    minipar.all_reduce(x, op=op, algorithm="ring")
+                    got.append((x, counted[0]))
+            (on_out, on_count), (off_out, off_count) = got
+            what = f"pieced ring all_reduce {np.dtype(dtype)} {op} on {p} ranks"
+            same_bits(on_out, off_out, what)
+            same_bits(on_out, w.allgather_object(on_out)[0], f"{what}: rank 0's bits")
+            assert on_count == (p > 1) and off_count == 0, (what, on_count, off_count)
+    with counting_pieced_rings(piece) as counted:
+        with minipar.trace():  # a trace records the ring's own messages: the plain ring runs
+            minipar.all_reduce(data(n, np.float32, r), algorithm="ring")
+        real = pieces.ring_is_minipars
+        pieces.ring_is_minipars = lambda: False  # the student edition: the student's ring runs
+        try:
+            minipar.all_reduce(data(n, np.float32, r), algorithm="ring")
+        finally:
+            pieces.ring_is_minipars = real
+    assert counted[0] == 0, f"the pieced ring ran {counted[0]} times under a trace or a hand-out"
+
+
 def in_place_case():
     w = world()
     p, r = w.size, w.rank
@@ -303,6 +356,7 @@ def cases(size):
         "lean": lean_case,
         "direct_steps": direct_case,
         "windows": windows_case,
+        "pieces": pieces_case,
         "in_place": in_place_case,
         "switch": switch_case,
     }

@@ -2,20 +2,22 @@
 
 A student can read past this folder. `collectives/api.py` checks a call's arguments, picks its
 algorithm (`registry.pick`: the cost model's choice) and runs it, step by step, in the algorithm's
-own file (`ring.py`, `tree.py`, ...). Three shortcuts sit beside that path, each one taken only
+own file (`ring.py`, `tree.py`, ...). Four shortcuts sit beside that path, each one taken only
 where its result is bitwise the plain one's:
 
     lean.py     a small blocking all-reduce runs from a plan worked out once per call shape
                 (the schedule, the signature's hash, a scratch buffer, the kernel)
     direct.py   a step on numpy buffers over MPI posts mpi4py's own requests instead of
                 minipar's Request objects (Call.send / recv / sendrecv take it)
+    pieces.py   a large ring all-reduce over MPI receives each reduce-scatter step in pieces
+                and reduces each while it is in cache (routing.py picks it)
     routing.py  inside one node, the bandwidth algorithms of all-reduce, all-gather and
     windows.py  reduce-scatter run over shared windows (transport/shm.py), one copy a hop, when the
                 cost model prices that cheaper (or when asked: "ring@shm", MINIPAR_TRANSPORT)
     in_place.py and a buffer that lives in a window (minipar.empty: DDP's buckets, FSDP's
                 flat vectors) is reduced where it lies, with no copy at all
 
-The switch: `minipar.init(fast_paths=False)` or MINIPAR_FAST_PATHS=0 turns all three off
+The switch: `minipar.init(fast_paths=False)` or MINIPAR_FAST_PATHS=0 turns them all off
 (`process.fast_paths`, minipar.state), so every call takes the path the algorithm files show;
 an explicit request for the windows ("ring@shm", MINIPAR_TRANSPORT=shm) is still honoured.
 tests/test_fast_paths.py checks that every collective gives the same bits either way.

@@ -18,6 +18,10 @@ Overrides, the same on every rank:
 The trace shows the choice: a call that went through the windows is recorded with algorithm
 "<name>@shm", and its messages (what each peer read) with path "shm".
 
+A ring all-reduce that stays on MPI (no window link, a numpy buffer, no trace open) and whose
+chunks span more than one piece runs as pieces.py: the same messages cut in pieces, the same
+bits. It is minipar's own ring only: the student edition runs the student's (`ring_is_minipars`).
+
 A buffer that lives in a window already (`minipar.empty`, DDP's buckets, FSDP's flat vectors:
 comm/transport/shm_buffers.py) is reduced where it lies, with no copy in (in_place.py; path
 "shm-in-place"): `window_of` finds it, from the buffer alone and with the fast paths on or off,
@@ -28,9 +32,11 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from minipar import cost
 from minipar.collectives import registry
-from minipar.collectives.fast import in_place, windows
+from minipar.collectives.fast import in_place, pieces, windows
 from minipar.collectives.registry import split
 from minipar.comm.transport import buffers, shm, shm_buffers
 from minipar.state import process
@@ -125,9 +131,11 @@ def route(comm, collective: str, name: str, fn, nbytes: int, buf, place=None):
         )
     ):
         return name, fn  # the common case, decided in a few lookups: MPI, as always
+    if raw in AUTO_RAW and name == "ring" and not _shm_link_named():
+        return _pieced(comm, collective, name, fn, nbytes, buf)  # no window link: MPI's ring
     node = _node_for(comm, collective, name, nbytes, buf)
     if node is None:
-        return name, fn
+        return _pieced(comm, collective, name, fn, nbytes, buf)
     base = split(name)[0]
     ticket, schedule = node.ticket(), windows.SCHEDULES[collective]
 
@@ -136,6 +144,35 @@ def route(comm, collective: str, name: str, fn, nbytes: int, buf, place=None):
 
     run.__name__ = f"{base}@shm"
     return f"{base}@shm", run
+
+
+def _shm_link_named() -> bool:
+    """Whether MINIPAR_SHM_LINK names a window link (cost.prefers_shm needs one to pick the
+    windows), read from os.environ's own dict as env_raw: a missing name costs no KeyError."""
+    data = getattr(os.environ, "_data", None)
+    if data is None:  # pragma: no cover - not CPython's os._Environ
+        return bool(os.environ.get(cost.SHM_LINK_ENV))
+    return bool(data.get(_SHM_LINK_KEY))
+
+
+_SHM_LINK_KEY = os.fsencode(cost.SHM_LINK_ENV) if os.name != "nt" else cost.SHM_LINK_ENV.upper()
+
+
+def _pieced(comm, collective: str, name, fn, nbytes: int, buf):
+    """(name, function) of a ring all-reduce over MPI: pieces.py's where it keeps the bits and
+    wins (a numpy buffer whose chunks span pieces, MPI, no trace, minipar's own ring), else fn."""
+    if (
+        collective == "all_reduce"
+        and name == "ring"
+        and process.fast_paths
+        and not process.traces
+        and type(buf) is np.ndarray
+        and comm.backend == "mpi"
+        and pieces.worth_it(nbytes, comm.size)
+        and pieces.ring_is_minipars()
+    ):
+        return name, pieces.all_reduce_ring_pieces
+    return name, fn
 
 
 def _in_place(comm, collective: str, name, place):
