@@ -36,7 +36,8 @@ def topology_files() -> list[str]:
 comm = MPI.COMM_WORLD
 comm.allreduce(1)
 shm = os.stat("/dev/shm").st_dev
-print("MADE", comm.rank, os.getpid(), shm, *segments(), *topology_files(), flush=True)
+said = " ".join(map(str, ("MADE", comm.rank, os.getpid(), shm, *segments(), *topology_files())))
+os.write(1, (said + "\n").encode())  # one write: two ranks' lines on one pipe never interleave
 comm.Barrier()
 if comm.rank == 0:
     print("ranks ready", flush=True)
