@@ -83,6 +83,7 @@ LAUNCH_ENV = (
     "MINIPAR_REFIT",  # a supervised training refits dp to the ranks it finds
     "MINIPAR_PROGRESS",  # a supervised training's progress file
     "MINIPAR_EXERCISES_ONLY",  # the exercises `minipar grade` chose: their cases alone run
+    "MINIPAR_RING_PIECE",  # the pieced ring's piece (collectives/fast/pieces.py), read once
     "MINIPAR_TIMING",  # lessons: timing claims judged or only shown (course/claims.py)
     "MINIPAR_TRAIN_COMMAND",  # the command a stopped `minipar train` resumes with
     "MINIPAR_TRAIN_STOP",  # the file a `minipar train` launcher asks its ranks to stop with
