@@ -78,7 +78,10 @@ def nvlink_to_hbm() -> float:
     return hardware.B200.nvlink_total / hardware.B200.hbm_rate
 
 
-COPIES = 1.0  # a large message inside a node, in memory copies of its bytes (cost.links)
+# a large message inside a node, in memory copies of its bytes: MPICH's shared-memory transport
+# copies it twice (the sender into shared cells, the receiver out), the two copies at once
+# sharing the memory's bandwidth (docs/bench.md's profile: 5 passes for a ring step's 2)
+COPIES = 2.0
 
 
 def claims() -> list[str]:
