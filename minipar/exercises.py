@@ -95,12 +95,22 @@ def apart(hidden: list[str], who: tuple = NO_CAPABILITIES) -> list[str]:
 
 def runs(prefix: list[str]) -> bool:
     """Whether this machine runs this Python under `prefix` (a container may refuse the
-    namespace; `nobody` may not reach this Python)."""
+    namespace; `nobody` may not reach this Python); asked once a process per prefix."""
+    if not prefix:
+        return False
+    key = tuple(prefix)
+    if key not in _RUNS:
+        _RUNS[key] = _runs(prefix)
+    return _RUNS[key]
+
+
+_RUNS: dict = {}  # prefix -> whether it runs this Python (runs())
+
+
+def _runs(prefix: list[str]) -> bool:
     import subprocess
     import sys
 
-    if not prefix:
-        return False
     try:
         done = subprocess.run([*prefix, sys.executable, "-c", "import minipar"], timeout=30,
                               capture_output=True)  # fmt: skip

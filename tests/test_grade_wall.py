@@ -20,6 +20,8 @@ from minipar import exercises
 from minipar.course import codec, policy, sandbox, submission
 
 SOLUTIONS = exercises.tree("solutions")
+EXTENDED = os.environ.get("MINIPAR_EXTENDED") == "1"
+LONG = pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's long checks)")
 
 
 def refusals(text: str, exercise: str) -> list[str]:
@@ -322,6 +324,7 @@ def test_grade_attacks_gain_nothing_and_honest_work_keeps_its_points(tmp_path):
 # -- a class: every submission graded apart, the gradebook, the similarity ---------------------
 
 
+@LONG
 def test_a_class_is_graded_into_results_a_gradebook_and_a_similarity_report(tmp_path):
     """Three students (a folder, a nested .zip, a copy of the first), a fourth on the roster
     only, an assignment of two one-process exercises (10 + 20 points): each graded apart."""
@@ -366,6 +369,7 @@ def test_a_class_is_graded_into_results_a_gradebook_and_a_similarity_report(tmp_
     assert "| alice | worked answer |" in report
 
 
+@LONG
 def test_the_gradescope_bundle_grades_a_submission_in_a_made_up_autograder_tree(tmp_path):
     """`minipar course autograder` writes the zip; unpacked as Gradescope does, its
     run_autograder grades /autograder/submission into /autograder/results/results.json."""
@@ -427,6 +431,7 @@ def test_policy_a_module_of_the_list_reaches_no_other(exercise, text, said):
     assert refusals("import minipar\nminipar.all_reduce(x, group=g)\n", "ex05_naive_ddp") == []
 
 
+@LONG
 def test_hidden_tests_run_beside_ours_after_the_due_date_and_out_of_the_students_reach(tmp_path):
     """--hidden-tests DIR: the instructor's own tests of an exercise count toward its points,
     Gradescope shows them after the due date, and the graded code cannot open them."""
@@ -462,9 +467,6 @@ def test_hidden_tests_run_beside_ours_after_the_due_date_and_out_of_the_students
     assert hidden["status"] == "failed" and hidden["visibility"] == "after_due_date"
     assert tests["ex12_checkpoint_interval: mtbi_from_llama3"]["visibility"] == "visible"
     assert hidden["max_score"] == pytest.approx(10 / 6)  # ex12's 10 points over 6 tests now
-
-
-EXTENDED = os.environ.get("MINIPAR_EXTENDED") == "1"
 
 
 @pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's long checks: 4 world sizes)")
