@@ -26,7 +26,7 @@ def _float(x: float):
 
 
 def _array(a: np.ndarray) -> dict:
-    a = np.ascontiguousarray(a)
+    a = a if a.flags.c_contiguous else a.copy(order="C")  # (ascontiguousarray makes 0-d 1-d)
     return {"dtype": a.dtype.str, "shape": list(a.shape), "data": base64.b64encode(a).decode()}
 
 
