@@ -616,8 +616,9 @@ def test_hybrid_sharding_restarts_on_the_node_left(tmp_path):
     """Hybrid sharding dp 4 = shard 2 x replicate 2 on 2 nodes (each node one shard group, the
     replicas across); node1 killed after step 3: the job starts again on node0 at dp 2, shard 2
     x replicate 1 (full FSDP over the node left), from the newest whole checkpoint (step 2's,
-    written by node0's replica alone; step 4's where the kill came late) and finishes. Its final weights are, bit for bit, those of a run
-    that makes the same change at the same step without a fault, on one node."""
+    written by node0's replica alone; step 4's where the kill came late) and finishes. Its
+    final weights are, bit for bit, those of a run that makes the same change at the same step
+    without a fault, on one node."""
     import json
 
     import torch
