@@ -179,7 +179,7 @@ def test_twenty_up_down_cycles_leave_nothing(cluster_cli, way):
 
 
 # -- a node's shell: the environment it came from; the cables at MTU 9000 at both ends ---------
-def test_a_nodes_interactive_shell_reads_no_rc_file(monkeypatch):
+def test_a_nodes_interactive_shell_reads_no_rc_file(monkeypatch, tmp_path):
     """The shell a standing cluster gives (no command): bash without ~/.bashrc or a profile,
     the prompt naming the node, this Python's folder first on PATH after the ssh stand-in."""
     from minipar.launcher.cluster import standing
@@ -187,7 +187,7 @@ def test_a_nodes_interactive_shell_reads_no_rc_file(monkeypatch):
     state = {"nodes": [{"namespace": "ns0", "hostname": "node0", "address": "10.0.0.1"}],
              "hosts_file": "", "holder": None, "bin": "/stand-in", "env": {}}  # fmt: skip
     monkeypatch.setenv("SHELL", "/bin/bash")
-    monkeypatch.setenv("ENV", "/home/me/.shrc")
+    monkeypatch.setenv("ENV", str(tmp_path / ".shrc"))
     cmd, env = standing.shell_command(state, "node0", [])
     assert cmd[-4:] == ["/bin/bash", "--noprofile", "--norc", "-i"], cmd
     assert env["PATH"].split(os.pathsep)[:2] == ["/stand-in", os.path.dirname(sys.executable)]

@@ -254,8 +254,6 @@ NOT_RUN = "not run: "  # tests/test_exercises.py's skip of a test after its exer
 NOT_STARTED = "not started: "  # ... or after it raised NotImplementedError
 ONLY_ENV = "MINIPAR_EXERCISES_ONLY"  # the ranks run only these exercises' cases
 NODES_ENV = "MINIPAR_GRADE_NODES"  # tests/test_exercises.py: the ranks on emulated nodes
-COVER_ENV = "MINIPAR_GRADE_COVER"  # minipar.exercises.COVER_ENV: the ranks' covered paths
-IMPL_ENV = "MINIPAR_EXERCISES_IMPL"  # the folder under test (course/sandbox.graded reads it)
 
 
 def selection(lesson: str | None, impl: str, folder: Path) -> list[str] | None:
@@ -346,7 +344,7 @@ def run(
             folder = stack.enter_context(
                 _walled(folder, chosen, [*hide, *secret, str(root / "solutions")])
             )
-        stack.enter_context(_environ(IMPL_ENV, str(folder)))  # the hidden tests' exercise()
+        stack.enter_context(_environ(sandbox.IMPL_ENV, str(folder)))  # the hidden tests' exercise()
         args = [str(tests), *map(str, extra), f"--impl={folder}", "-p", "no:cacheprovider"]
         args += ["-p", "no:xdist", "--rootdir", str(root)]
         args += ["-p", "no:benchmark"]  # pytest-benchmark, where installed, leaves .benchmarks/
@@ -388,7 +386,7 @@ def _walled(folder: Path, chosen, hidden: list[str]):
         with (
             _environ(sandbox.SEALED_ENV, str(os.getpid())),
             _environ(sandbox.HIDE_ENV, hide),
-            _environ(COVER_ENV, cover),
+            _environ(sandbox.COVER_ENV, cover),
         ):
             try:
                 yield Path(scratch)

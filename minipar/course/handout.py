@@ -131,17 +131,6 @@ def _with_imports(lines: list[str], tree: ast.Module, imports: list[str]) -> str
     return "\n".join(lines) + "\n"
 
 
-def answers_in(package: Path) -> dict[str, list[Path]]:
-    """exercise -> the library files with an ANSWER block of it."""
-    found: dict[str, list[Path]] = {}
-    for path in sorted(package.rglob("*.py")):
-        for line in path.read_text().splitlines():
-            begin = BEGIN.match(line)
-            if begin and path not in found.setdefault(begin["exercise"], []):
-                found[begin["exercise"]].append(path)
-    return found
-
-
 def answer_texts(package: Path) -> dict[str, str]:
     """exercise -> the library's answer to it: the lines of its ANSWER blocks, every file's."""
     found: dict[str, list[str]] = {}

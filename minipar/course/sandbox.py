@@ -21,7 +21,6 @@ the walls are listed in docs/course.md, with what they cannot stop.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import secrets
@@ -34,10 +33,11 @@ import threading
 import time
 
 from minipar import exercises
-from minipar.exercises import HIDE_ENV, guard, hidden_paths
+from minipar.exercises import COVER_ENV, HIDE_ENV, guard, hidden_paths  # noqa: F401 (grade.py)
 
 SEALED_ENV = "MINIPAR_GRADE_SEALED"  # the grader's pid: its exercise modules come through a Wall
 TIMEOUT_ENV = "MINIPAR_GRADE_CALL_TIMEOUT"
+IMPL_ENV = "MINIPAR_EXERCISES_IMPL"  # the folder being graded (the grader sets it; graded() reads)
 CALL_TIMEOUT = 10.0  # seconds one call of a student's function may take
 LOAD_TIMEOUT = 30.0  # ... and starting its process and loading its file (torch: seconds)
 BUILTIN = {
@@ -62,10 +62,7 @@ def isolated(hidden: list[str]) -> list[str]:
     cannot reach this Python, as root's uid without a capability; otherwise in a user
     namespace of its own; where the machine refuses all (a container without the right),
     nothing: the audit hook stays."""
-    for prefix in _choices(hidden):
-        if _works(tuple(prefix)):
-            return list(prefix)
-    return []
+    return next((prefix for prefix in _choices(hidden) if exercises.runs(prefix)), [])
 
 
 def _choices(hidden: list[str]) -> list[list[str]]:
@@ -78,11 +75,6 @@ def _choices(hidden: list[str]) -> list[list[str]]:
         return []
     return [[unshare, "--user", "--map-root-user", "--mount", "sh", "-c",
              exercises.COVER + 'exec "$@"', "sh", *hidden, "--"]]  # fmt: skip
-
-
-@functools.cache
-def _works(prefix: tuple) -> bool:
-    return exercises.runs(list(prefix))
 
 
 class Wall:
@@ -242,7 +234,7 @@ def exercise(name: str, which: str):
 def graded(name: str):
     """Exercise `name` of the folder being graded (MINIPAR_EXERCISES_IMPL), for an instructor's
     hidden tests (`minipar grade --hidden-tests DIR`): `mod = sandbox.graded("ex12_...")`."""
-    return exercise(name, os.environ.get("MINIPAR_EXERCISES_IMPL", "solutions"))
+    return exercise(name, os.environ.get(IMPL_ENV, "solutions"))
 
 
 def load(name: str, folder: str) -> SealedModule:
