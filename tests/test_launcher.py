@@ -432,10 +432,14 @@ def test_a_stopped_launcher_leaves_nothing_of_its_job(sig, status):
 @pytest.mark.parametrize("mode", ["die", "abort"])
 def test_a_job_whose_rank_dies_leaves_nothing(mode):
     """A rank SIGKILLed (the kernel's OOM killer, a student's kill -9) or MPI_Abort: the job
-    fails, and its segment (which no rank lived to unlink) and topology file are removed."""
+    fails, and its segment (which no rank lived to unlink) and topology file are removed.
+    A SIGKILLed rank is named by `minipar run` as the one that went first (not rank 0, which
+    the MPI's launcher killed after it), whichever rank the launcher's own lines name."""
     job = FilesJob(mode)
     said = job.end(timeout=120)
     assert job.proc.returncode not in (0, None), said
+    if mode == "die":
+        assert "minipar run: rank 1 ended first, without exiting" in said, said
     assert _gone(job.ranks), said
     assert [p for p in job.files if os.path.exists(p)] == [], said
 

@@ -246,9 +246,24 @@ def _job(args, err, cluster) -> int:
         err.print(f"[bold red]minipar run:[/] job killed after {args.timeout:g} s (--timeout)")
     elif done.returncode != 0:
         err.print(f"[bold red]minipar run:[/] job exited with status {done.returncode}")
+    if done.returncode != 0 and relay.lost:
+        err.print(f"minipar run: {lost_ranks(relay.lost, cluster, args.n)}")
     if cluster is not None and done.returncode != 0:
         err.print(f"minipar run: the emulated nodes were {cluster.describe(args.n)}")
     return done.returncode
+
+
+def lost_ranks(lost: list[int], cluster, n: int) -> str:
+    """'rank 1 (node1 10.200.0.2) ended first, without exiting: ...' (relay.lost_first)."""
+    node_of = {}
+    if cluster is not None:
+        for k, ranks in enumerate(cluster.ranks_on(n)):
+            node_of.update({r: f" ({cluster.hostname(k)} {cluster.address(k)})" for r in ranks})
+    who = ", ".join(f"rank {r}{node_of.get(r, '')}" for r in lost)
+    return (
+        f"{who} ended first, without exiting (a signal, a crash, or its node lost)"
+        ": its output closed while the job ran, before any rank said it aborts"
+    )
 
 
 class _Errors:

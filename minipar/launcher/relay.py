@@ -50,19 +50,25 @@ class Relay:
         # the owner's pid in the name: a SIGKILLed launcher's pipes are found and removed later
         self.folder = tempfile.mkdtemp(prefix=f"minipar-io-{os.getpid()}-")
         self.readers: dict[int, tuple[str, str]] = {}  # fd -> (line prefix, "out" or "err")
-        self.keep: list[int] = []  # our own write ends: a FIFO nobody opened yet is not at EOF
+        # our own write ends, per rank: a FIFO nobody opened yet is not at EOF (closed once the
+        # rank has opened them: they then close when it ends, see _watch_up)
+        self.keep: dict[int, list[int]] = {rank: [] for rank in range(n)}
         self.pending: dict[int, bytes] = {}
         self.closed: set[str] = set()  # streams whose reader has gone (a closed pipe)
         self.hosts: dict[str, str] = {}  # address -> node name, added to the launcher's lines
         self.launcher_fds: set[int] = set()
         self.aborted_at, self.aborted = None, ""  # when a rank said it aborts, and which
+        self.gone: dict[int, float] = {}  # rank -> when its output closed, the job running on
+        self.lost: list[int] = []  # the first ranks to go without exiting (see lost_first)
+        self.watched: set[int] = set()  # ranks whose FIFOs we let go before minipar.init's up.R
+        self._running = False
         _enough_files(4 * n + 64)  # two FIFOs per rank, each opened twice here
         for rank in range(n):
             for stream in ("out", "err"):
                 path = os.path.join(self.folder, f"{rank}.{stream}")
                 os.mkfifo(path, 0o600)
                 fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-                self.keep.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+                self.keep[rank].append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
                 self.readers[fd] = (prefix(rank) if tag else "", stream)
                 self.rank_of[fd] = rank
 
@@ -97,6 +103,7 @@ class Relay:
                 sel.register(pipe.fileno(), selectors.EVENT_READ)
         deadline = None if timeout is None else time.monotonic() + timeout
         status = None
+        self._running = True
         try:
             while proc.poll() is None:
                 if deadline is not None and time.monotonic() > deadline:
@@ -109,10 +116,11 @@ class Relay:
                     break
                 self._read(sel, 0.1)
                 self._write_due()
+                self._watch_up()
+            self._running = False
+            self.lost = self.lost_first()
             stop.signal_pid(-proc.pid, signal.SIGKILL)  # no rank (or its child) outlives the job
-            for fd in self.keep:
-                os.close(fd)
-            self.keep = []
+            self._let_go(list(self.keep))
             end = time.monotonic() + DRAIN_SECONDS
             while sel.get_map() and time.monotonic() < end:
                 self._read(sel, 0.1)
@@ -142,7 +150,9 @@ class Relay:
         return True
 
     def _read(self, sel, wait: float) -> None:
-        for key, _ in sel.select(wait):
+        ready = sel.select(wait)
+        now = time.monotonic()  # one moment for all: streams closed in one select went at once
+        for key, _ in ready:
             fd = key.fd
             try:
                 chunk = os.read(fd, 65536)
@@ -150,6 +160,7 @@ class Relay:
                 continue
             if not chunk:
                 sel.unregister(fd)
+                self._closed(fd, now)
                 continue
             data = self.pending.pop(fd, b"") + chunk
             cut = data.rfind(b"\n") + 1
@@ -157,6 +168,48 @@ class Relay:
                 self._emit(fd, data[:cut])
             if cut < len(data):
                 self.pending[fd] = data[cut:]
+
+    def _let_go(self, ranks) -> None:
+        """Close our write ends of these ranks' FIFOs."""
+        for rank in ranks:
+            for fd in self.keep.pop(rank, []):
+                os.close(fd)
+
+    def _watch_up(self) -> None:
+        """Ranks that have opened their FIFOs (open.R, rank_main) need ours no more: let go, so
+        that a rank's streams close the moment it ends. Its end is timed right only if we let go
+        before it could end: before minipar.init said it is up (up.R, transport/mpi.py)."""
+        if self.keep:
+            said = set(os.listdir(self.folder))
+            opened = [r for r in list(self.keep) if f"open.{r}" in said]
+            self.watched.update(r for r in opened if f"up.{r}" not in said)
+            self._let_go(opened)
+
+    def _closed(self, fd: int, now: float) -> None:
+        """A rank's stream closed while the MPI's launcher runs: the rank has ended. Noted
+        unless some rank had said it aborts (the launcher is then killing the rest)."""
+        rank = self.rank_of.get(fd)
+        if rank is None or not self._running or rank in self.gone:
+            return
+        if not any(n.startswith("aborted.") for n in os.listdir(self.folder)):
+            self.gone[rank] = now
+
+    def lost_first(self) -> list[int]:
+        """The first ranks to end without exiting (a signal, a crash, a node lost), before any
+        rank said it aborts: what a job's failure started from, whichever rank the MPI's
+        launcher names (Open MPI's may name the peer that saw the socket close and aborted).
+        Only ranks minipar.init marked as up are judged, and one that ran its exit hooks
+        (exited.R, transport/mpi.py) left on its own."""
+        said = set(os.listdir(self.folder))
+        lost = {
+            r: t
+            for r, t in self.gone.items()
+            if r in self.watched and f"up.{r}" in said and f"exited.{r}" not in said
+        }
+        if not lost:
+            return []
+        first = min(lost.values())
+        return sorted(r for r, t in lost.items() if t == first)
 
     def _emit(self, fd: int, data: bytes) -> None:
         """Whole lines, written in one call each (prefixed when tagging)."""
@@ -192,12 +245,12 @@ class Relay:
             _silence(target)
 
     def close(self) -> None:
-        for fd in list(self.readers) + self.keep:
+        for fd in list(self.readers):
             try:
                 os.close(fd)
             except OSError:
                 pass
-        self.keep = []
+        self._let_go(list(self.keep))
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -264,6 +317,8 @@ def rank_main(argv: list[str]) -> None:
         pipe = os.open(os.path.join(folder, f"{rank()}.{stream}"), os.O_WRONLY)
         os.dup2(pipe, fd)
         os.close(pipe)
+    with open(os.path.join(folder, f"open.{rank()}"), "w"):
+        pass  # the launcher may now let go of its own write ends (Relay._watch_up)
     try:
         os.execvp(program[0], program)
     except OSError as error:

@@ -2,8 +2,9 @@
 
 MPICH keeps a job's shared memory (its shared windows: minipar's shm transport, the buffers of
 `minipar.empty`) as files in /dev/shm (mpich_shm_*, UCX's ucx_*) until MPI_Win_free or
-MPI_Finalize. A rank killed before either (a job past its timeout, a hung test job, MPI_Abort)
-leaves its files behind, megabytes each, until the machine restarts: run after run they pile up.
+MPI_Finalize; Open MPI its shared-memory transport's (sm_segment.HOST.UID.JOB.RANK). A rank
+killed before either (a job past its timeout, a hung test job, MPI_Abort) leaves its files
+behind, megabytes each, until the machine restarts: run after run they pile up.
 
     held = mapped(tree(proc.pid))     # before the kill: the segments the job's processes map
     remove(held)                      # after it: those still there, that no process maps now
@@ -21,7 +22,7 @@ import os
 import time
 
 SHM = "/dev/shm"
-PREFIXES = ("mpich_", "ucx_")  # the names MPICH's and UCX's segments start with
+PREFIXES = ("mpich_", "ucx_", "sm_segment.")  # MPICH's, UCX's and Open MPI's segments
 
 
 def tree(pid: int) -> list[int]:

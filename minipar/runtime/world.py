@@ -98,6 +98,7 @@ def init(
         mpisetup.check_world(comm.size)  # n singletons where the launcher started n ranks
         # a rank leaving while others wait for it says so (comm/guards/leaving.py)
         leaving.arm(comm)
+        mpi.say_up(comm.rank)  # `minipar run` names a rank that ends without exiting
         process.world = comm
     else:
         if not torch_comm.torch_dist().is_initialized():

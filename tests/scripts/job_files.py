@@ -1,8 +1,8 @@
 """A job that says which files it made (tests/test_launcher.py's endings): each rank prints
 `MADE rank pid DEVICE PATH ...`: the device of the /dev/shm it sees, the MPICH segments it maps
 (/proc/self/maps) and hydra's topology file its proxy holds open; then `ranks ready`; then,
-by its argument, it waits to be stopped (wait), has rank 1 SIGKILL itself (die), or aborts
-(abort)."""
+by its argument, it waits to be stopped (wait), has rank 1 SIGKILL itself (die), or call
+MPI_Abort itself (abort)."""
 
 import os
 import signal
@@ -10,6 +10,8 @@ import sys
 import time
 
 from mpi4py import MPI
+
+import minipar
 
 
 def segments() -> list[str]:
@@ -33,6 +35,7 @@ def topology_files() -> list[str]:
     return []
 
 
+minipar.init()  # up: `minipar run` names a rank that ends without exiting
 comm = MPI.COMM_WORLD
 comm.allreduce(1)
 shm = os.stat("/dev/shm").st_dev

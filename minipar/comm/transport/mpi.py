@@ -9,6 +9,7 @@ chunk (see comm/transport/staging.py and comm/transport/mpi_staged.py).
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import pickle
@@ -188,12 +189,26 @@ def say_aborted(rank: int) -> None:
     """Tell `minipar run` (its relay's folder, MINIPAR_RELAY_FOLDER) that this rank aborts, so
     the job ends even where the MPI's launcher cannot: Open MPI's waits for a node whose cable
     is gone before it ends the job (launcher/relay.py gives it a grace, then stops it)."""
+    _say(f"aborted.{rank}")
+
+
+def say_up(rank: int) -> None:
+    """Tell `minipar run` this rank is up (it then watches the rank's output close), and at exit,
+    its exit hooks run, that it left on its own: a rank up that never says so was killed or
+    crashed (launcher/relay.py's lost_first)."""
+    if _say(f"up.{rank}"):
+        atexit.register(_say, f"exited.{rank}")
+
+
+def _say(name: str) -> bool:
     folder = os.environ.get("MINIPAR_RELAY_FOLDER")
     if folder:
         try:
-            open(os.path.join(folder, f"aborted.{rank}"), "w").close()
+            open(os.path.join(folder, name), "w").close()
+            return True
         except OSError:
             pass
+    return False
 
 
 def world_tag_ub() -> int:
