@@ -25,9 +25,10 @@ each rank answers case by case. The guarantees:
   MINIPAR_DEBUG, MINIPAR_FAST_PATHS and MINIPAR_MISMATCH_AFTER are applied with
   `minipar.init(timeout=, debug=, fast_paths=, mismatch_after=)`).
 
-At most WARM_RANKS ranks stay warm (MINIPAR_TEST_POOL_RANKS; each holds ~150-250 MB): starting a
-job past that closes the largest ones first (the least recently used of equals), since the small
-world sizes serve most suites.
+At most WARM_RANKS ranks stay warm (MINIPAR_TEST_POOL_RANKS, read when a job starts; each rank
+holds ~100 MB of its own beside what it shares with the fork server): starting a job past that
+closes the largest ones first (the least recently used of equals), since the small world sizes
+serve most suites. `minipar grade`, whose cases go by world size in order, keeps one job.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ CASE_TIMEOUT = "10"  # seconds any single wait may take inside a test job (MINIP
 CASE_LIMIT = 300.0  # seconds a case may run before it counts as hung (minipar's waits time
 # out long before: this catches a rank stuck outside them; generous for a loaded machine)
 START_LIMIT = 300.0  # seconds a job may take to start (ranks importing torch, oversubscribed)
-WARM_RANKS = int(os.environ.get("MINIPAR_TEST_POOL_RANKS", 48))  # 1 + ... + 8 and torch jobs
+WARM_RANKS = 48  # 1 + ... + 8 and torch jobs
+WARM_ENV = "MINIPAR_TEST_POOL_RANKS"
 DUMP_WAIT = 1.0  # seconds a hung rank has to print its stacks after SIGUSR1
 
 # MINIPAR_* variables minipar reads when a rank starts (at import, at init, when the default
@@ -172,7 +174,8 @@ class Pool:
             job.close()
             job = None
         if job is None:
-            while self.jobs and sum(j.size for j in self.jobs.values()) + size > WARM_RANKS:
+            warm = int(os.environ.get(WARM_ENV, WARM_RANKS))
+            while self.jobs and sum(j.size for j in self.jobs.values()) + size > warm:
                 self._close(self._to_close())
             job = Job(size, backend, self.fork_server())
             self.sessions.append(job.proc.pid)
