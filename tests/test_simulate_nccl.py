@@ -202,7 +202,11 @@ def test_the_per_class_table_of_a_hand_worked_set():
     assert mid["count"] == 1 and mid["geomean"] == pytest.approx(0.25)
     assert mid["worst"] == pytest.approx(0.20)
     assert table[">= 16 MiB", "all"] == {
-        "class": ">= 16 MiB", "nodes": "all", "count": 0, "geomean": None, "worst": None
+        "class": ">= 16 MiB",
+        "nodes": "all",
+        "count": 0,
+        "geomean": None,
+        "worst": None,
     }
 
 
