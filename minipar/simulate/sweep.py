@@ -75,14 +75,14 @@ def row(collective, ranks, cluster, nbytes, algorithm, protocol=None, contention
     ran, proto = resolve(collective, algorithm, protocol, nbytes, p, cluster)
     sim, base = cluster, 0.0
     if proto is not None:
-        pricing = protocols.priced(cluster, ran, proto, nodes)
+        pricing = protocols.priced(cluster, ran, proto, nodes, nbytes=nbytes)
         sim, base = pricing.cluster, pricing.base
     flow = ran == RINGS and flow_level(cluster, nodes)
     if flow:
         sim = protocols.flow_level_rings(sim, nodes)
     if ran == NCCL_TREE:
         sim = protocols.flow_level_trees(sim, nodes)
-    chunks = tree_chunks(nbytes) if proto is not None and ran in TREES else 1
+    chunks = tree_chunks(nbytes, proto) if proto is not None and ran in TREES else 1
     step, n, want = _step(collective, ran, p, cluster, sim, flow, chunks)
     scale = nbytes / (4 * n)
     cpu = time.process_time()
@@ -133,7 +133,7 @@ def resolve(collective, algorithm, protocol, nbytes, p, cluster):
             # NCCL's tree across nodes (a chain in the node, a tree across) where latency
             # rules, one slot; beyond it the two-level all-reduce, whose NICs run at once as
             # NCCL's tree channels do (the tree's channels are not modelled flow-level yet)
-            ran = NCCL_TREE if nbytes <= TREE_CHUNK else "hierarchical"
+            ran = NCCL_TREE if nbytes <= MAX_TREE_CHUNKS * TREE_CHUNK else "hierarchical"
         return ran, proto
     if protocol == NCCL:
         family = "ring" if algorithm in ("ring", RINGS) else algorithm
@@ -164,12 +164,22 @@ def flow_level(cluster, nodes: int) -> bool:
 
 TREES = ("tree", "double_tree", NCCL_TREE)
 TREE_CHUNK = 512 << 10  # bytes: NCCL's Simple slot (4 MiB buffer / NCCL_STEPS = 8)
+LINE_CHUNK = 4 << 10  # bytes: the smallest LL / LL128 stand-in piece
+LINE_PIECES = 16  # LL / LL128 pieces at most: the simulated stream's resolution
 MAX_TREE_CHUNKS = 64
 
 
-def tree_chunks(nbytes: float) -> int:
-    """How many chunks a pipelined tree streams: one a 512 KiB slot, at most 64."""
-    return int(min(MAX_TREE_CHUNKS, max(1, -(-nbytes // TREE_CHUNK))))
+def tree_chunks(nbytes: float, protocol: str | None = "Simple") -> int:
+    """How many chunks a pipelined tree streams. Simple: one a 512 KiB slot, at most 64 (a
+    GPU forwards a slot once it has all of it). LL and LL128 forward each 8- or 128-byte line
+    as its flag lands (NCCL's src/device/prims_ll.h, prims_ll128.h), so a hop delays the
+    stream by its latency, not by a slot's transfer: 16 pieces of 4 KiB or more stand for
+    that stream, never coarser than Simple's slots (finer costs CPU: 64 pieces take 5x, and
+    move the validation's mid-size times by under 8%)."""
+    slots = int(min(MAX_TREE_CHUNKS, max(1, -(-nbytes // TREE_CHUNK))))
+    if protocol in (None, "Simple"):
+        return slots
+    return max(slots, int(min(LINE_PIECES, max(1, -(-nbytes // LINE_CHUNK)))))
 
 
 def _step(collective, algorithm, p, cluster, sim, flow, chunks=1):
