@@ -251,11 +251,11 @@ def wrong_grades(kind: str, odd: str | None, code: int, results: dict | None,
     """What is wrong with one grade (nothing: right)."""
     if results is None:
         return [f"no results.json (exit {code})"]
-    got = dict.fromkeys(worth, 0.0)
+    got = dict.fromkeys(worth, 0.0)  # each test's score is written to 6 decimals: summed, 3
     for test in results["tests"]:
         got[test["tags"][0]] = got.get(test["tags"][0], 0.0) + test["score"]
     wrong = [f"{ex} {got[ex]:g} of {points:g}" for ex, points in worth.items()
-             if not grade_is_right(kind, odd, ex, round(got[ex], 6), points)]  # fmt: skip
+             if not grade_is_right(kind, odd, ex, round(got[ex], 3), points)]  # fmt: skip
     if (code == 0) != (kind == "worked"):
         wrong.append(f"exit {code}")
     return wrong
