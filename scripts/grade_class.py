@@ -36,28 +36,54 @@ SPIN = (
 )
 
 
+def _sources(folder: str) -> dict[str, str]:
+    return {p.stem: p.read_text() for p in (ROOT / folder).glob("ex[0-9][0-9]_*.py")}
+
+
+def submission(kind: str, rng: random.Random) -> tuple[dict[str, str], str | None]:
+    """One submission of `kind` (worked, stub, slip, hang): its files (stem -> text) and the
+    exercise that differs from the worked answers (None: none, or all for a stub)."""
+    solutions = _sources("solutions")
+    files, odd = dict(solutions), None
+    if kind == "stub":
+        files = _sources("exercises")
+    elif kind == "slip":
+        exercise, _, old, new, _ = rng.choice([p for p in PLANTED if p[2] in solutions[p[0]]])
+        files[exercise], odd = files[exercise].replace(old, new, 1), exercise
+    elif kind == "hang":
+        files["ex02_broadcast_linear"] = files["ex02_broadcast_linear"].replace(*SPIN, 1)
+        odd = "ex02_broadcast_linear"
+    return files, odd
+
+
+def write_submission(folder: Path, files: dict[str, str]) -> None:
+    folder.mkdir(parents=True)
+    for stem, text in files.items():
+        (folder / f"{stem}.py").write_text(text)
+
+
 def make_class(folder: Path, n: int, seed: int = 0) -> dict[str, tuple[str, str | None]]:
     """n submissions in folder/NAME/; NAME -> (kind, the exercise that differs)."""
     rng = random.Random(seed)
-    solutions = {p.stem: p.read_text() for p in (ROOT / "solutions").glob("ex[0-9][0-9]_*.py")}
-    stubs = {p.stem: p.read_text() for p in (ROOT / "exercises").glob("ex[0-9][0-9]_*.py")}
     kinds = ["hang"] + [["worked", "stub", "slip"][i % 3] for i in range(n - 1)]
     made = {}
     for i, kind in enumerate(kinds):
-        name, files, odd = f"s{i:02d}_{kind}", dict(solutions), None
-        if kind == "stub":
-            files = dict(stubs)
-        elif kind == "slip":
-            exercise, _, old, new, _ = rng.choice([p for p in PLANTED if p[2] in solutions[p[0]]])
-            files[exercise], odd = files[exercise].replace(old, new, 1), exercise
-        elif kind == "hang":
-            files["ex02_broadcast_linear"] = files["ex02_broadcast_linear"].replace(*SPIN, 1)
-            odd = "ex02_broadcast_linear"
-        (folder / name).mkdir(parents=True)
-        for stem, text in files.items():
-            (folder / name / f"{stem}.py").write_text(text)
+        name = f"s{i:02d}_{kind}"
+        files, odd = submission(kind, rng)
+        write_submission(folder / name, files)
         made[name] = (kind, odd)
     return made
+
+
+def grade_is_right(kind: str, odd: str | None, exercise: str, got: float, points: float) -> bool:
+    """What a kind of submission must get on one exercise: a stub 0; a worked answer, and every
+    exercise but the odd one, full points; the odd one 0 for a hang, below its points for a
+    slip."""
+    if kind == "stub":
+        return got == 0
+    if exercise != odd:
+        return got == points
+    return got == 0 if kind == "hang" else got < points
 
 
 def memory_sampler(stop: threading.Event, seen: list) -> None:
@@ -85,13 +111,7 @@ def check(out: Path, made: dict, worth: dict) -> list[str]:
         row = rows[name]
         for exercise, points in worth.items():
             got = float(row[exercise])
-            if kind == "stub":
-                want_ok = got == 0
-            elif exercise != odd:
-                want_ok = got == points
-            else:
-                want_ok = got == 0 if kind == "hang" else got < points
-            if not want_ok:
+            if not grade_is_right(kind, odd, exercise, got, points):
                 wrong.append(f"{name} ({kind}): {exercise} {got:g} of {points:g}")
     return wrong
 

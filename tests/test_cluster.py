@@ -644,3 +644,16 @@ def test_hybrid_sharding_restarts_on_the_node_left(tmp_path):
     want, _ = checkpoint_loader.load_dense(checkpoint_files.step_dir(tmp_path / "ref", 6))
     for name, w in want.items():
         assert torch.equal(got[name], w), name
+
+
+def test_the_system_folders_join_a_students_path(monkeypatch):
+    """Debian's /etc/profile gives a user PATH=/usr/local/bin:/usr/bin:/bin, without /usr/sbin
+    where iproute2 puts ip and tc: the three system folders are added after it, in order; a
+    PATH that has them (root's) is left as it is."""
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")
+    needs.missing()
+    assert os.environ["PATH"] == "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+    root = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    monkeypatch.setenv("PATH", root)
+    needs.system_dirs_on_path()
+    assert os.environ["PATH"] == root

@@ -6,7 +6,10 @@
   across the cable; `sbatch` runs the same as a batch job, `squeue` lists a second job and
   `scancel` ends it; down, then no daemon, namespace or file left;
 - the keeper killed: the next `minipar cluster status` sweeps the nodes, every daemon with them;
-- refused before anything starts where Slurm is not installed, or without root.
+- refused before anything starts where Slurm is not installed, or without root;
+- Slurm's PMI-2 plugin reads a PMI-1 request in one read of 1024 bytes: a `put` longer than that
+  is cut ("value not properly terminated"); MPICH's UCX netmod can send one under srun
+  (docs/cluster.md, "Practise on Slurm").
 The daemons' checks run with MINIPAR_EXTENDED=1 (CI's cluster step, which installs Slurm: about
 45 s, 20 up/down cycles with Slurm included) and are skipped with the reason where Slurm and
 munge are not installed (apt-get install -y slurm-wlm munge) or without root.
@@ -177,3 +180,24 @@ def test_twenty_up_down_cycles_with_slurm_leave_nothing(cluster_cli):
         keeper = keeper_of(cluster_cli.ok("status"))
         cluster_cli.ok("down")
         nothing_left(cluster_cli, keeper, before)
+
+
+@emulation
+@installed
+@pytest.mark.skipif(mpiexec.mpi_flavor() == "openmpi", reason="MPICH's PMI-1 under Slurm")
+@pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's cluster step)")
+def test_a_pmi1_request_past_1024_bytes_is_cut(cluster_cli):
+    """Slurm 22.05's pmi1.c reads a request with one read() of 1024 bytes. MPICH's PMI-1 put of
+    a 511-byte piece is its key line plus up to 1022 characters: 1077 bytes here, cut, "value
+    not properly terminated in client request" (the report of issue 69); 1024 bytes pass."""
+    put = os.path.join(ROOT, "tests", "scripts", "pmi1_put.py")
+    cluster_cli.ok("up", "--nodes", "2", "--slurm")
+    ok = cluster_cli("shell", "node0", "--", "srun", "-n", "1", "--mpi=pmi2", sys.executable,
+                     put, "1024")  # fmt: skip
+    assert "PUT 1024 bytes: cmd=put_result rc=0" in ok.stdout, ok.stdout + ok.stderr
+    assert "not properly terminated" not in ok.stderr, ok.stderr
+    cut = cluster_cli("shell", "node0", "--", "srun", "-n", "1", "--mpi=pmi2", sys.executable,
+                      put, "1077")  # fmt: skip
+    assert "PUT 1077 bytes" in cut.stdout, cut.stdout + cut.stderr
+    assert "mpi/pmi2: value not properly terminated in client request" in cut.stderr, cut.stderr
+    cluster_cli.ok("down")

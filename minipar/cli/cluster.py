@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 
-from minipar.launcher.cluster import link, standing
+from minipar.launcher.cluster import link, needs, standing
 from minipar.launcher.cluster.nodes import EmulationError
 
 EXAMPLES = """\
@@ -53,6 +53,7 @@ def configure(parser) -> None:
 
 
 def main(args) -> int:
+    needs.system_dirs_on_path()  # ip and tc for status and shell too, off a user's PATH
     try:
         return ACTIONS[args.action](args)
     except (ValueError, EmulationError, OSError) as error:

@@ -129,7 +129,7 @@ def matching_mpiexec(lib: dict) -> str:
 
 
 def srun_hint(lib: dict) -> str:
-    return "srun --mpi=pmix" if lib["flavor"] == "openmpi" else "srun --mpi=pmi2 (or pmix)"
+    return "srun --mpi=pmix" if lib["flavor"] == "openmpi" else "srun --mpi=pmi2"
 
 
 def _mismatch(kind: str, size, lib: dict, world: str) -> MPISetupError:

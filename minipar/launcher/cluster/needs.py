@@ -5,6 +5,11 @@ a user namespace in which this user is root (rootless.py; where the kernel allow
 not assumed); the commands are iproute2's `ip` and `tc`, util-linux's `nsenter` and
 `unshare`, and `hostname`. Where one is missing the job is refused before any namespace
 exists, with how to run without emulation: on one node, or on a simulated cluster.
+
+iproute2 installs `ip` and `tc` in /usr/sbin (or /sbin), which Debian leaves off a user's PATH
+(its /etc/profile: /usr/local/bin:/usr/bin:/bin); without root a user still runs them, inside a
+user namespace of its own (rootless.py). So the system folders are added to the end of this
+process's PATH before anything is looked for, and every command of the job inherits them.
 """
 
 from __future__ import annotations
@@ -23,14 +28,27 @@ TOOLS = {
     "hostname": "hostname (apt-get install hostname)",
     "mount": "util-linux",
 }
+SYSTEM_DIRS = ("/usr/local/sbin", "/usr/sbin", "/sbin")
 WITHOUT = (
     "Run on one node instead: minipar run -n 4 script.py (no --nodes), or a simulated cluster: "
     "minipar simulate all_reduce --ranks 16 --per-node 4 --cluster h100"
 )
 
 
+def system_dirs_on_path() -> None:
+    """Append each of SYSTEM_DIRS that this process's PATH lacks, in that order (a student's
+    PATH on Debian has none of them; root's has them all, and nothing changes)."""
+    path = os.environ.get("PATH", "")
+    have = path.split(os.pathsep) if path else []
+    add = [d for d in SYSTEM_DIRS if d not in have]
+    if add:
+        os.environ["PATH"] = os.pathsep.join(have + add)
+
+
 def missing() -> list[str]:
-    """What this machine lacks for emulated nodes, one line each (empty: nothing)."""
+    """What this machine lacks for emulated nodes, one line each (empty: nothing); the system
+    folders added to PATH first (system_dirs_on_path)."""
+    system_dirs_on_path()
     lacks = []
     if not hasattr(os, "geteuid"):
         return ["Linux: network namespaces are Linux's"]
