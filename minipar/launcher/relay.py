@@ -198,14 +198,10 @@ class Relay:
         """The first ranks to end without exiting (a signal, a crash, a node lost), before any
         rank said it aborts: what a job's failure started from, whichever rank the MPI's
         launcher names (Open MPI's may name the peer that saw the socket close and aborted).
-        Only ranks minipar.init marked as up are judged, and one that ran its exit hooks
-        (exited.R, transport/mpi.py) left on its own."""
+        Only ranks minipar.init marked as up are judged (up.R, transport/mpi.py), and one
+        that ran its exit hooks took the mark back: it left on its own."""
         said = set(os.listdir(self.folder))
-        lost = {
-            r: t
-            for r, t in self.gone.items()
-            if r in self.watched and f"up.{r}" in said and f"exited.{r}" not in said
-        }
+        lost = {r: t for r, t in self.gone.items() if r in self.watched and f"up.{r}" in said}
         if not lost:
             return []
         first = min(lost.values())
@@ -251,7 +247,11 @@ class Relay:
             except OSError:
                 pass
         self._let_go(list(self.keep))
-        shutil.rmtree(self.folder, ignore_errors=True)
+        for _ in range(20):  # a rank still starting may make its mark while this removes them
+            shutil.rmtree(self.folder, ignore_errors=True)
+            if not os.path.exists(self.folder):
+                break
+            time.sleep(0.01)
 
 
 # hydra's lines once a node's proxy has gone (its socket closed): noise before minipar's own

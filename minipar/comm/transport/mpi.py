@@ -193,11 +193,13 @@ def say_aborted(rank: int) -> None:
 
 
 def say_up(rank: int) -> None:
-    """Tell `minipar run` this rank is up (it then watches the rank's output close), and at exit,
-    its exit hooks run, that it left on its own: a rank up that never says so was killed or
-    crashed (launcher/relay.py's lost_first)."""
-    if _say(f"up.{rank}"):
-        atexit.register(_say, f"exited.{rank}")
+    """Tell `minipar run` this rank is up (up.R; it then watches the rank's output close), and
+    take the word back at exit, its exit hooks run: a rank whose up.R outlives it was killed or
+    crashed (launcher/relay.py's lost_first). Nothing is made at exit (a file made while the
+    launcher removes the folder could keep it)."""
+    folder = os.environ.get("MINIPAR_RELAY_FOLDER")
+    if folder and _say(f"up.{rank}"):
+        atexit.register(_unsay, os.path.join(folder, f"up.{rank}"))
 
 
 def _say(name: str) -> bool:
@@ -209,6 +211,13 @@ def _say(name: str) -> bool:
         except OSError:
             pass
     return False
+
+
+def _unsay(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def world_tag_ub() -> int:
