@@ -193,17 +193,3 @@ def test_two_links_price_the_hierarchy():
     assert cost.choose_on_nodes("all_reduce", names, 8, 2, 2, fast, SLOW) != "hierarchical"
     tree = cost.predict_on_nodes("all_reduce", "tree", big, 2, 2, fast, SLOW)
     assert tree > ring  # the flat tree sends the whole buffer over the slow link log2 p times
-
-
-def test_the_single_copy_ring_costs_the_roofline_work_and_its_tokens():
-    """64 MiB on 2 ranks, worked by hand: each rank adds and copies half (32 MiB) at the given
-    rates, and pays 4 (p-1) + 1 = 5 token latencies; one rank moves nothing."""
-    link = cost.Link("test", 10e-6, 1e-10, 1e-10)
-    half = 32 * 2**20
-    want = 5 * 10e-6 + half / 8e9 + half / 10e9
-    assert cost.predict_single_copy(64 * 2**20, 2, link, 10e9, 8e9) == pytest.approx(want)
-    assert cost.predict_single_copy(64 * 2**20, 1, link, 10e9, 8e9) == 0.0
-    four = 3 / 4 * 64 * 2**20  # 4 ranks: 3/4 of n each, 13 tokens
-    assert cost.predict_single_copy(64 * 2**20, 4, link, 10e9, 8e9) == pytest.approx(
-        13 * 10e-6 + four / 8e9 + four / 10e9
-    )
