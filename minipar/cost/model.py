@@ -214,18 +214,6 @@ def predict_shm(collective: str, nbytes: float, p: int, link=None, in_place=Fals
     return t.steps * link.alpha + t.bytes_sent * link.beta + t.bytes_reduced * link.gamma
 
 
-def predict_single_copy(nbytes: float, p: int, link, copy_rate: float, add_rate: float) -> float:
-    """Seconds of the ring all-reduce that reads each chunk from its neighbour's buffer
-    (collectives/fast/cma.py): the roofline's own work, (p-1)/p n added at add_rate and (p-1)/p
-    n copied at copy_rate (each rank's share: cost/roofline.py), plus the tokens, two small
-    exchanges per step in 2 (p-1) steps and one for the addresses, each a collective step's
-    latency on `link` (its alpha: the message and minipar's Python)."""
-    if p == 1:
-        return 0.0
-    share = (p - 1) / p * nbytes
-    return (4 * (p - 1) + 1) * link.alpha + share / add_rate + share / copy_rate
-
-
 def prefers_shm(collective: str, algorithm: str, nbytes: float, p: int, mpi=None, shm=None):
     """Whether the shared windows beat `algorithm` over MPI messages for this call. Only a
     measured window link can say so (MINIPAR_SHM_LINK, from `minipar bench --fit`, or `shm=`):

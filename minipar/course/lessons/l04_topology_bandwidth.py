@@ -21,7 +21,6 @@ import numpy as np
 import minipar
 from minipar import cost, launcher
 from minipar.bench import calibrate as measuring
-from minipar.collectives.fast import cma
 from minipar.comm.transport import shm
 from minipar.cost import calibration, roofline
 from minipar.course import claims as C
@@ -30,7 +29,6 @@ from minipar.course.lessons.l01_hierarchy import peers, ping_pong
 from minipar.course.lessons.page import Page, fmt_bytes, fmt_rate, fmt_time
 from minipar.course.machine import QUICK_SIZES, link_bits
 from minipar.launcher.cluster import link as links
-from minipar.state import process
 
 GRADIENTS_7B = 7e9 * 2  # a 7B-parameter model's bf16 gradients, bytes
 
@@ -175,30 +173,17 @@ def between_nodes(page: Page, machine) -> cost.Link | None:
     return cost.Link(wire.name, wire.alpha + machine.step_s, wire.beta, machine.collective.gamma)
 
 
-def ring_model(page: Page, machine, nbytes: int, inter, algorithm: str = "ring",
-               routed: bool = True) -> float:  # fmt: skip
+def ring_model(page: Page, machine, nbytes: int, inter, algorithm: str = "ring") -> float:
     """The model's time of one all-reduce here: on this machine's link, or on both links when
-    the ranks span nodes (every ring step then waits for the link between them). `routed`: the
-    ring as `algorithm="ring"` runs it, which reads the neighbour's chunks where they lie when
-    the ranks can (collectives/fast/cma.py: the roofline's work and the tokens' latency)."""
-    if inter is None and routed and algorithm == "ring" and single_copies(page, nbytes):
-        return cost.predict_single_copy(nbytes, page.size, machine.collective, machine.copy_Bps,
-                                        machine.add_Bps)  # fmt: skip
+    the ranks span nodes (every ring step then waits for the link between them)."""
     if inter is None:
         return cost.predict("all_reduce", algorithm, nbytes, page.size, machine.collective)
     return cost.predict_on_nodes("all_reduce", algorithm, nbytes, *shape(page),
                                  machine.collective, inter)  # fmt: skip
 
 
-def single_copies(page: Page, nbytes: int) -> bool:
-    """Whether a ring all-reduce of a numpy buffer of nbytes takes the single-copy reads here
-    (asked of the group's probe, made once at the start of bench_section, on every rank)."""
-    return process.fast_paths and getattr(page.comm, "_cma", False) and nbytes >= cma.MIN_BYTES
-
-
 def bench_section(page: Page, machine, inter=None) -> list[tuple]:
     p = page.size
-    cma.usable(page.comm)  # collective, once: whether the ring reads its neighbour's buffer
     copy_rate, add_rate = machine.copy_Bps, machine.add_Bps
     page.measurement("this machine's memory (the roofline's two kernels, all ranks at once)")
     page.table(
@@ -495,9 +480,7 @@ def windows_against_mpi(page: Page, machine, x) -> None:
     for op in ops:
         op()  # warm up
     paired = page.alternate(*(partial(fastest, page, op, 3) for op in ops), 3)
-    want = cost.predict_shm("all_reduce", n, page.size) / ring_model(
-        page, machine, n, None, routed=False
-    )
+    want = cost.predict_shm("all_reduce", n, page.size) / ring_model(page, machine, n, None)
     won = "won" if paired.ratio < 1 else "lost"
     page.say(f"Here the windows {won}: {paired.ratio:.2f}x MPI's time, pair by pair.")
     page.ratio_claim(f"all-reduce over windows / over MPI at {fmt_bytes(n)}", want, paired,
