@@ -13,10 +13,6 @@ when on and really not when off (else the comparison would prove nothing).
 - pieces (a ring all-reduce of a numpy buffer over MPI whose chunks span more than one piece:
   fast/pieces.py): the same bits on and off for every op with signed zeros, on uneven chunks
   and a short last piece; taken on, not off, not with a trace open, not in the student edition;
-- single copy (a ring all-reduce of a private numpy buffer whose ranks can read each other's
-  memory: fast/cma.py): the same bits on and off for every op with signed zeros, on uneven
-  chunks and a short last piece; taken on where the group's probe says the reads work, not
-  off, not with a trace open, not in the student edition;
 - in place (a buffer from minipar.empty, which lives in the window): `auto` runs the ring either
   way; on, the trace shows "ring@shm" and every message read in place ("shm-in-place"), off,
   "ring" over MPI messages, and the bits agree, for the same ops.
@@ -35,7 +31,7 @@ import minipar
 from minipar import cost
 from minipar.collectives import call as call_module
 from minipar.collectives import registry
-from minipar.collectives.fast import cma, lean, pieces
+from minipar.collectives.fast import lean, pieces
 from minipar.collectives.reduce_op import as_op
 from minipar.state import process
 
@@ -301,62 +297,6 @@ def pieces_case():
     assert counted[0] == 0, f"the pieced ring ran {counted[0]} times under a trace or a hand-out"
 
 
-@contextlib.contextmanager
-def counting_single_copies(piece_bytes: int):
-    """Count the ring all-reduces that ran on fast/cma.py, from any size, its pieces shrunk to
-    piece_bytes so that a small buffer spans many of them."""
-    counted, real, size, least = [0], cma.all_reduce_ring_cma, cma.PIECE_BYTES, cma.MIN_BYTES
-
-    def single(*args):
-        counted[0] += 1
-        return real(*args)
-
-    cma.all_reduce_ring_cma, cma.PIECE_BYTES, cma.MIN_BYTES = single, piece_bytes, 1
-    try:
-        yield counted
-    finally:
-        cma.all_reduce_ring_cma, cma.PIECE_BYTES, cma.MIN_BYTES = real, size, least
-
-
-def _filtered() -> bool:
-    """Whether a seccomp filter runs this process (a container's may refuse process_vm_readv)."""
-    with open("/proc/self/status") as f:
-        return any(line.split() == ["Seccomp:", "2"] for line in f)
-
-
-def cma_case():
-    w = world()
-    p, r = w.size, w.rank
-    n = p * (cost.SHM_MIN_BYTES // 4 + 3) + 1  # uneven chunks, above the windows' smallest size
-    usable = cma.usable(w)
-    assert w.allgather_object(usable) == [usable] * p, "the ranks disagree on the probe"
-    assert usable or p == 1 or _filtered(), "one user's ranks on one node, no seccomp: refused"
-    for dtype, ops in ((np.float32, FAST_OPS), (np.float64, ["sum", "min"]), (np.int32, ["sum"])):
-        for op in ops:
-            got = []
-            for on in (True, False):
-                with fast_paths(on), counting_single_copies(4000) as counted:
-                    x = data(n, dtype, 13 * r + 5)
-                    minipar.all_reduce(x, op=op, algorithm="ring")
-                    got.append((x, counted[0]))
-            (on_out, on_count), (off_out, off_count) = got
-            what = f"single-copy ring all_reduce {np.dtype(dtype)} {op} on {p} ranks"
-            same_bits(on_out, off_out, what)
-            same_bits(on_out, w.allgather_object(on_out)[0], f"{what}: rank 0's bits")
-            assert on_count == (p > 1 and usable) and off_count == 0, (what, on_count, off_count)
-    with counting_single_copies(4000) as counted:
-        with minipar.trace():  # a trace records the ring's own messages: the plain ring runs
-            minipar.all_reduce(data(n, np.float32, r), algorithm="ring")
-        minipar.all_reduce(data(n, np.float32, r), algorithm="ring@mpi")  # the ring as written
-        real = pieces.ring_is_minipars
-        pieces.ring_is_minipars = lambda: False  # the student edition: the student's ring runs
-        try:
-            minipar.all_reduce(data(n, np.float32, r), algorithm="ring")
-        finally:
-            pieces.ring_is_minipars = real
-    assert counted[0] == 0, f"the single-copy ring ran {counted[0]} times where it must not"
-
-
 def in_place_case():
     w = world()
     p, r = w.size, w.rank
@@ -417,7 +357,6 @@ def cases(size):
         "direct_steps": direct_case,
         "windows": windows_case,
         "pieces": pieces_case,
-        "single_copy": cma_case,
         "in_place": in_place_case,
         "switch": switch_case,
     }

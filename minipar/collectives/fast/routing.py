@@ -18,12 +18,9 @@ Overrides, the same on every rank:
 The trace shows the choice: a call that went through the windows is recorded with algorithm
 "<name>@shm", and its messages (what each peer read) with path "shm".
 
-A ring all-reduce of a private numpy buffer (no trace open) on a group whose ranks can read each
-other's memory runs as cma.py, from 1 MiB: the ring's schedule with every chunk read where the
-neighbour holds it, one copy a byte (ahead of the windows, which copy a private buffer in and
-out). Elsewhere on MPI, one whose chunks span more than one piece runs as pieces.py: the same
-messages cut in pieces. Both keep the ring's bits, and are minipar's own ring only: the student
-edition runs the student's (`ring_is_minipars`).
+A ring all-reduce that stays on MPI (no window link, a numpy buffer, no trace open) and whose
+chunks span more than one piece runs as pieces.py: the same messages cut in pieces, the same
+bits. It is minipar's own ring only: the student edition runs the student's (`ring_is_minipars`).
 
 A buffer that lives in a window already (`minipar.empty`, DDP's buckets, FSDP's flat vectors:
 comm/transport/shm_buffers.py) is reduced where it lies, with no copy in (in_place.py; path
@@ -39,7 +36,7 @@ import numpy as np
 
 from minipar import cost
 from minipar.collectives import registry
-from minipar.collectives.fast import cma, in_place, pieces, windows
+from minipar.collectives.fast import in_place, pieces, windows
 from minipar.collectives.registry import split
 from minipar.comm.transport import buffers, shm, shm_buffers
 from minipar.state import process
@@ -134,13 +131,8 @@ def route(comm, collective: str, name: str, fn, nbytes: int, buf, place=None):
         )
     ):
         return name, fn  # the common case, decided in a few lookups: MPI, as always
-    if (
-        raw in AUTO_RAW
-        and name == "ring"
-        and (not _shm_link_named() or _single_copy(comm, collective, nbytes, buf))
-    ):
-        # no window link, or reads of the peers' own buffers: MPI's ring, or its fast forms
-        return _pieced(comm, collective, name, fn, nbytes, buf)
+    if raw in AUTO_RAW and name == "ring" and not _shm_link_named():
+        return _pieced(comm, collective, name, fn, nbytes, buf)  # no window link: MPI's ring
     node = _node_for(comm, collective, name, nbytes, buf)
     if node is None:
         return _pieced(comm, collective, name, fn, nbytes, buf)
@@ -152,21 +144,6 @@ def route(comm, collective: str, name: str, fn, nbytes: int, buf, place=None):
 
     run.__name__ = f"{base}@shm"
     return f"{base}@shm", run
-
-
-def _single_copy(comm, collective: str, nbytes: int, buf) -> bool:
-    """Whether this private numpy buffer's ring all-reduce reads the peers' buffers where they
-    lie (cma.py): then neither a copy into the windows nor MPI's two copies are needed."""
-    return (
-        collective == "all_reduce"
-        and type(buf) is np.ndarray
-        and buf.flags.c_contiguous
-        and process.fast_paths
-        and not process.traces
-        and comm.backend == "mpi"
-        and pieces.ring_is_minipars()
-        and cma.worth_it(comm, nbytes)
-    )
 
 
 def _shm_link_named() -> bool:
@@ -182,10 +159,8 @@ _SHM_LINK_KEY = os.fsencode(cost.SHM_LINK_ENV) if os.name != "nt" else cost.SHM_
 
 
 def _pieced(comm, collective: str, name, fn, nbytes: int, buf):
-    """(name, function) of a ring all-reduce over MPI where it keeps the bits and wins (a
-    numpy buffer, MPI, no trace, minipar's own ring): cma.py's single-copy reads where the
-    group's ranks can read each other's memory, else pieces.py's where a chunk spans pieces,
-    else fn."""
+    """(name, function) of a ring all-reduce over MPI: pieces.py's where it keeps the bits and
+    wins (a numpy buffer whose chunks span pieces, MPI, no trace, minipar's own ring), else fn."""
     if (
         collective == "all_reduce"
         and name == "ring"
@@ -193,12 +168,10 @@ def _pieced(comm, collective: str, name, fn, nbytes: int, buf):
         and not process.traces
         and type(buf) is np.ndarray
         and comm.backend == "mpi"
+        and pieces.worth_it(nbytes, comm.size)
         and pieces.ring_is_minipars()
     ):
-        if _single_copy(comm, collective, nbytes, buf):
-            return name, cma.all_reduce_ring_cma
-        if pieces.worth_it(nbytes, comm.size):
-            return name, pieces.all_reduce_ring_pieces
+        return name, pieces.all_reduce_ring_pieces
     return name, fn
 
 
