@@ -193,3 +193,15 @@ def test_two_links_price_the_hierarchy():
     assert cost.choose_on_nodes("all_reduce", names, 8, 2, 2, fast, SLOW) != "hierarchical"
     tree = cost.predict_on_nodes("all_reduce", "tree", big, 2, 2, fast, SLOW)
     assert tree > ring  # the flat tree sends the whole buffer over the slow link log2 p times
+
+
+def test_auto_gives_a_tie_to_the_ring():
+    """On 2 ranks Rabenseifner sends the ring's messages: the model prices them alike, and auto
+    takes the ring, whose fast forms (the pieces, the windows) are the ones minipar has."""
+    from minipar.collectives import registry
+
+    link = cost.default_link()
+    n = 64 << 20
+    ring = cost.predict("all_reduce", "ring", n, 2, link)
+    assert cost.predict("all_reduce", "rabenseifner", n, 2, link) == pytest.approx(ring)
+    assert registry.auto_choice("all_reduce", n, 2, None, (link, None)) == "ring"

@@ -131,11 +131,16 @@ def auto_choice(collective: str, nbytes: int, size: int, shape, links) -> str:
     """The cost model's pick: on one node (or unequal nodes) among the flat algorithms on the
     default link; on `shape` = (nodes, per_node), every built-in on `links` = (inside, between):
     the two-level all-reduce, or its pipelined form where the model prices that faster (large
-    buffers: cost.pipelined_all_reduce). A function of its arguments only, so ranks that agree
-    on the links (runtime/nodes.py checks at init) pick the same."""
+    buffers: cost.pipelined_all_reduce). Ties on one node go to the ring. A function of its
+    arguments only, so ranks that agree on the links (runtime/nodes.py checks at init) pick the
+    same."""
     names = sorted(BUILTIN[collective])
     if shape is None:
+        # ties among ranks that talk go to the ring (cost.choose keeps the first listed): on 2
+        # ranks Rabenseifner's messages are the ring's, and the fast forms are the ring's
         flat = [a for a in names if a not in TWO_LEVEL]
+        if size > 1:
+            flat.sort(key=lambda a: a != "ring")
         return cost.choose(collective, flat, nbytes, size, links[0])
     return cost.choose_on_nodes(collective, names, nbytes, *shape, *links)
 
