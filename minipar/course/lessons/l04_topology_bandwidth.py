@@ -196,6 +196,7 @@ def bench_section(page: Page, machine, inter=None) -> list[tuple]:
         )
     link = inter or machine.collective  # across nodes, the slow link sets the knee
     knee = link.alpha / link.beta * p
+    call_s = mpi_call_cost(page) if getattr(page.comm, "mpi", None) is not None else 0.0
     rows, fits, judged = [], [], []
     for n in sizes(page.quick):
         x = np.ones(max(n // 4, 1), np.float32)
@@ -243,7 +244,7 @@ def bench_section(page: Page, machine, inter=None) -> list[tuple]:
                        tolerance, bound=(floor, float("inf")), basis=machine.basis,
                        causes=[beyond_the_sweep(n / p, model, t, machine)])  # fmt: skip
             continue
-        predicted = model / mpi_model(page, machine, n, inter)
+        predicted = model / mpi_model(page, machine, n, inter, call_s)
         page.ratio_claim(
             f"minipar's ring / MPI_Allreduce at {fmt_bytes(n)} ({bound}-bound)",
             predicted,
@@ -265,16 +266,33 @@ def mpich_algorithm(nbytes: int, p: int) -> str:
     return "recursive_doubling" if nbytes <= MPICH_SHORT else "rabenseifner"
 
 
-def mpi_model(page: Page, machine, nbytes: int, inter) -> float:
-    """The model's time of one MPI_Allreduce: MPICH's algorithm with a bare MPI message's
-    latency per step (C, no minipar Python), on both links when the ranks span nodes."""
+def mpi_model(page: Page, machine, nbytes: int, inter, call_s: float = 0.0) -> float:
+    """The model's time of one MPI_Allreduce: the call's own cost (`call_s`: mpi_call_cost),
+    then MPICH's algorithm with a bare MPI message's latency per step (C, no minipar Python),
+    on both links when the ranks span nodes."""
     algorithm = mpich_algorithm(nbytes, page.size)
     m = machine.message
     inside = cost.Link("a bare MPI message", machine.bare_s, m.beta, m.gamma, machine.basis)
     if inter is None:
-        return cost.predict("all_reduce", algorithm, nbytes, page.size, inside)
+        return call_s + cost.predict("all_reduce", algorithm, nbytes, page.size, inside)
     wire = cost.Link(inter.name, inter.alpha - machine.step_s, inter.beta, inter.gamma)
-    return cost.predict_on_nodes("all_reduce", algorithm, nbytes, *shape(page), inside, wire)
+    return call_s + cost.predict_on_nodes("all_reduce", algorithm, nbytes, *shape(page), inside,
+                                          wire)  # fmt: skip
+
+
+def mpi_call_cost(page: Page, reps: int = 200) -> float:
+    """Seconds one MPI_Allreduce call costs before any message: mpi4py's and MPICH's own work
+    (argument checks, the algorithm's choice, the local reduction), timed on MPI_COMM_SELF,
+    where nothing moves; the slowest rank's fastest call (collective)."""
+    from mpi4py import MPI  # here: mpi4py only on the MPI transport, which has page.comm.mpi
+
+    buf = np.zeros(2, np.float32)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        MPI.COMM_SELF.Allreduce(MPI.IN_PLACE, buf)
+        best = min(best, time.perf_counter() - t0)
+    return max(page.gather(best))
 
 
 def beyond_the_sweep(message: float, model: float, t: float, machine) -> str:
