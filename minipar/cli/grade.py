@@ -39,6 +39,7 @@ from minipar.course.gradebook import Result
 from minipar.course.stepdiff import SENTINEL
 from minipar.launcher.cluster import needs
 from minipar.launcher.cluster.nodes import EmulationError
+from minipar.testing import pool
 
 TESTS = Path("tests") / "test_exercises.py"
 GRADE_TIMEOUT = "5"  # seconds any wait may take while grading: a deadlock is named quickly
@@ -314,8 +315,6 @@ def run(
     a student's file. `hidden_tests`: a folder of the instructor's own test_*.py files, run
     beside the public ones (their results after the due date, unless points.toml says)."""
     import pytest
-
-    from minipar.testing import pool  # with pytest: only a grade needs either
 
     root = root or exercises.repo_root()
     tests = root / TESTS

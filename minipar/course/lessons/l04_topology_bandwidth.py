@@ -21,7 +21,7 @@ import numpy as np
 import minipar
 from minipar import cost, launcher
 from minipar.bench import calibrate as measuring
-from minipar.comm.transport import shm
+from minipar.comm.transport import shm, shm_buffers
 from minipar.cost import calibration, roofline
 from minipar.course import claims as C
 from minipar.course.lessons import planted
@@ -497,8 +497,6 @@ def window_model(page: Page, machine, n: int) -> float:
     results copied out, at the rates of reading what another core has just written (cost.
     roofline.peer_rates); three steps, each a collective step's cost (windows.py's schedule,
     cost.shm_traffic's bytes)."""
-    from minipar.comm.transport import shm_buffers  # here: only this section reads windows
-
     p = page.size
     count = max(roofline.MIN_BYTES, n // p) // 4
     mine = minipar.empty(count, np.float32)
