@@ -65,12 +65,17 @@ MISTAKES = {
 }
 
 
-def plant(folder, mistake: str) -> None:
-    exercise, line, planted = MISTAKES[mistake]
+def plant_line(folder, exercise: str, line: str, planted: str, what: str) -> None:
+    """folder/EXERCISE.py: the worked answer with its one `line` replaced by `planted`."""
     text = (exercises.tree("solutions") / f"{exercise}.py").read_text()
-    assert text.count(line) == 1, f"{mistake}: the solution no longer has {line!r}"
+    assert text.count(line) == 1, f"{what}: the solution no longer has {line!r}"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{exercise}.py").write_text(text.replace(line, planted))
+
+
+def plant(folder, mistake: str) -> None:
+    exercise, line, planted = MISTAKES[mistake]
+    plant_line(folder, exercise, line, planted, mistake)
 
 
 @pytest.fixture(scope="module")
@@ -329,10 +334,8 @@ def test_1f1b_feedback_names_the_slip(tmp_path, slip):
     import test_exercises as T
 
     planted, first, second = SLIPS_1F1B[slip]
-    text = (exercises.tree("solutions") / "ex07_one_f_one_b.py").read_text()
     line = "    warmup = min(p - rank - 1, m)\n"
-    assert text.count(line) == 1, f"the solution no longer has {line!r}"
-    (tmp_path / "ex07_one_f_one_b.py").write_text(text.replace(line, planted))
+    plant_line(tmp_path, "ex07_one_f_one_b", line, planted, slip)
     for test in (T.test_ex07_one_f_one_b_order, T.test_ex07_one_f_one_b_verifies):
         with pytest.raises(AssertionError) as failed:
             test(str(tmp_path))
@@ -365,10 +368,8 @@ def test_checkpoint_interval_feedback_says_how_not_the_formula(tmp_path, slip):
     import test_exercises as T
 
     planted, first, said = SLIPS_12[slip]
-    text = (exercises.tree("solutions") / "ex12_checkpoint_interval.py").read_text()
     line = "    return math.sqrt(2 * save_s * mtbi_s)\n"
-    assert text.count(line) == 1, f"the solution no longer has {line!r}"
-    (tmp_path / "ex12_checkpoint_interval.py").write_text(text.replace(line, planted))
+    plant_line(tmp_path, "ex12_checkpoint_interval", line, planted, slip)
     with pytest.raises(AssertionError) as failed:
         T.test_ex12_checkpoint_interval_is_the_minimum(str(tmp_path), 10.0, 11130.0)
     message = str(failed.value)
@@ -386,11 +387,8 @@ FEEDBACK_LINES = 5
 
 def plant_rows(folder, rows) -> None:
     """One file per exercise in `folder`: its solution with the row's mistake planted."""
-    folder.mkdir(parents=True, exist_ok=True)
     for exercise, mistake, line, planted, _ in rows:
-        text = (exercises.tree("solutions") / f"{exercise}.py").read_text()
-        assert text.count(line) == 1, f"{exercise}, {mistake}: the solution lacks {line!r}"
-        (folder / f"{exercise}.py").write_text(text.replace(line, planted))
+        plant_line(folder, exercise, line, planted, f"{exercise}, {mistake}")
 
 
 def feedback(stdout: str, exercise: str) -> list[str]:
