@@ -110,13 +110,15 @@ class Relay:
                     stop.stop(proc)
                     status = 124
                     break
-                if self._abort_overdue():
+                # the ranks' marks (aborted.R, open.R, up.R), listed while any is still awaited
+                said = set(os.listdir(self.folder)) if self.aborted_at is None or self.keep else ()
+                if self._abort_overdue(said):
                     stop.stop(proc)
                     status = proc.returncode or 1
                     break
                 self._read(sel, 0.1)
                 self._write_due()
-                self._watch_up()
+                self._watch_up(said)
             self._running = False
             self.lost = self.lost_first()
             stop.signal_pid(-proc.pid, signal.SIGKILL)  # no rank (or its child) outlives the job
@@ -133,13 +135,14 @@ class Relay:
             self.close()
         return proc.returncode if status is None else status
 
-    def _abort_overdue(self) -> bool:
-        """True once a rank said it aborts and the MPI's launcher still runs ABORT_WAIT seconds
-        later (it waits for a node it cannot reach): say so, and the job is stopped."""
+    def _abort_overdue(self, said) -> bool:
+        """True once a rank said it aborts (`said`: the folder's names) and the MPI's launcher
+        still runs ABORT_WAIT seconds later (it waits for a node it cannot reach): say so, and
+        the job is stopped."""
         if self.aborted_at is None:
-            said = [n for n in os.listdir(self.folder) if n.startswith("aborted.")]
-            if said:
-                self.aborted_at, self.aborted = time.monotonic(), said[0].split(".")[1]
+            aborted = sorted(n for n in said if n.startswith("aborted."))
+            if aborted:
+                self.aborted_at, self.aborted = time.monotonic(), aborted[0].split(".")[1]
             return False
         if time.monotonic() - self.aborted_at < ABORT_WAIT:
             return False
@@ -175,12 +178,12 @@ class Relay:
             for fd in self.keep.pop(rank, []):
                 os.close(fd)
 
-    def _watch_up(self) -> None:
-        """Ranks that have opened their FIFOs (open.R, rank_main) need ours no more: let go, so
-        that a rank's streams close the moment it ends. Its end is timed right only if we let go
-        before it could end: before minipar.init said it is up (up.R, transport/mpi.py)."""
+    def _watch_up(self, said) -> None:
+        """Ranks that have opened their FIFOs (open.R, rank_main; `said`: the folder's names)
+        need ours no more: let go, so that a rank's streams close the moment it ends. Its end
+        is timed right only if we let go before it could end: before minipar.init said it is
+        up (up.R, transport/mpi.py)."""
         if self.keep:
-            said = set(os.listdir(self.folder))
             opened = [r for r in list(self.keep) if f"open.{r}" in said]
             self.watched.update(r for r in opened if f"up.{r}" not in said)
             self._let_go(opened)

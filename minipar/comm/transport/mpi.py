@@ -197,20 +197,22 @@ def say_up(rank: int) -> None:
     take the word back at exit, its exit hooks run: a rank whose up.R outlives it was killed or
     crashed (launcher/relay.py's lost_first). Nothing is made at exit (a file made while the
     launcher removes the folder could keep it)."""
-    folder = os.environ.get("MINIPAR_RELAY_FOLDER")
-    if folder and _say(f"up.{rank}"):
-        atexit.register(_unsay, os.path.join(folder, f"up.{rank}"))
+    made = _say(f"up.{rank}")
+    if made:
+        atexit.register(_unsay, made)
 
 
-def _say(name: str) -> bool:
+def _say(name: str) -> str | None:
+    """Make the empty file `name` in the relay's folder; its path, or None (no relay)."""
     folder = os.environ.get("MINIPAR_RELAY_FOLDER")
     if folder:
+        path = os.path.join(folder, name)
         try:
-            open(os.path.join(folder, name), "w").close()
-            return True
+            open(path, "w").close()
+            return path
         except OSError:
             pass
-    return False
+    return None
 
 
 def _unsay(path: str) -> None:

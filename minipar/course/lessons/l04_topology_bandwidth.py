@@ -512,7 +512,8 @@ def window_model(page: Page, machine, n: int) -> float:
 
 def windows_against_mpi(page: Page, machine, x) -> None:
     """The all-reduce over shared windows against the one over MPI, alternated: their ratio
-    against the cost model's price of each (cost.links' shared-window link, this machine's)."""
+    against the model's price of each (window_model, at window reads measured now; ring_model,
+    on this machine's link)."""
     n = x.nbytes
     ops = [partial(minipar.all_reduce, x, algorithm=a) for a in ("ring@shm", "ring@mpi")]
     for op in ops:
