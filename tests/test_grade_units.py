@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import textwrap
+import time
 import zipfile
 from pathlib import Path
 
@@ -180,6 +181,9 @@ def test_a_student_who_prints_does_not_garble_the_walls_replies():
     try:
         mod = sandbox.SealedModule(wall, "ex12_checkpoint_interval")
         assert mod.best_interval(2.0, 3.0) == 5.0
+        deadline = time.monotonic() + 10  # a thread reads the child's stderr: wait for the line
+        while time.monotonic() < deadline and not any("forged" in line for line in wall.errors):
+            time.sleep(0.02)
         assert any("forged" in line for line in wall.errors)  # what it printed: on stderr
     finally:
         wall.close()

@@ -84,7 +84,7 @@ class Wall:
         self.folder, self.hidden = folder, hidden_paths()  # as the grader set them now
         self.broken: dict[str, Exception] = {}  # module -> why loading it failed for good
         self.timeout = timeout or float(os.environ.get(TIMEOUT_ENV) or CALL_TIMEOUT)
-        self.child, self.errors = None, []
+        self.child, self.errors, self.drainer = None, [], None
 
     def _start(self) -> None:
         env = {k: v for k, v in os.environ.items() if k != SEALED_ENV}
@@ -96,7 +96,8 @@ class Wall:
             stderr=subprocess.PIPE, env=env, start_new_session=True, cwd=self.folder,
         )  # fmt: skip
         self.errors = []
-        threading.Thread(target=self._drain, args=(self.child,), daemon=True).start()
+        self.drainer = threading.Thread(target=self._drain, args=(self.child,), daemon=True)
+        self.drainer.start()
 
     def _drain(self, child) -> None:
         for line in child.stderr:  # what the student printed, and a stack when asked
@@ -123,7 +124,10 @@ class Wall:
             self.child.stdin.flush()
             line = self._reply(module, what)
         except BrokenPipeError:  # it ended before reading the request
-            line = b""
+            try:
+                self.child.wait(2.0)
+            except subprocess.TimeoutExpired:
+                pass
             error = RuntimeError(f"{module}: your code ended its process{self._tail()}")
             self.close()
             raise error from None
@@ -177,6 +181,8 @@ class Wall:
         return f"; it was at {student[0]}" if student else ""
 
     def _tail(self) -> str:
+        if self.child is not None and self.child.poll() is not None:
+            self.drainer.join(2.0)  # it ended: its last lines may still be in the pipe
         text = "".join(self.errors[-5:]).strip()
         return f"; it printed: {text.splitlines()[-1]}" if text else ""
 
