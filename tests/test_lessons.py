@@ -6,9 +6,11 @@ ranks of their own."""
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import ranks_suite
 
@@ -105,6 +107,19 @@ LAUNCHED = _SUITE.LAUNCHER  # quick runs through `minipar lesson` itself
 def test_lesson_05_reads_the_cable_once_a_node_fenced_off_the_step():
     """The node's eth0 counter read once a node, off the step (tests/ranks/lessons.py)."""
     harness.run_suite(SUITE, 2, "mpi").check("cable_fenced")
+
+
+def test_lesson_01_asks_the_kernel_whether_mpi_can_copy_once():
+    """single_copy.cma_works against /proc/PID/mem on 2 ranks (tests/ranks/lessons.py)."""
+    harness.run_suite(SUITE, 2, "mpi").check("cma_probe")
+
+
+def test_reading_another_process_returns_its_bytes_or_none():
+    from minipar.course.lessons import single_copy
+
+    buf = np.array([7, 8, 9], np.int64)
+    assert single_copy.read_other(os.getpid(), buf.ctypes.data, 16) == buf[:2].tobytes()
+    assert single_copy.read_other(2**22 + 12345, buf.ctypes.data, 8) is None  # past pid_max
 
 
 def outputs(number, name):

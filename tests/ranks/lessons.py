@@ -74,10 +74,41 @@ def cable_fenced():
             shutil.rmtree(folder)
 
 
+def cma_probe():
+    """Lesson 01's one-copy question (single_copy.cma_works) against another way in to rank
+    0's memory: rank 1 reads the same 8 bytes out of /proc/PID/mem, which the kernel allows on
+    the same rule (ptrace's attach check). Both must agree, and where the kernel allows it
+    (here, as root) both must read the bytes rank 0 wrote."""
+    import numpy as np
+
+    import minipar
+    from minipar.course.lessons import single_copy
+
+    w = minipar.init()
+    buf = np.array([0x1122334455667788], np.int64)
+    where = w.allgather_object((os.getpid(), buf.ctypes.data))[0]
+    seen = None
+    if w.rank == 1:
+        try:
+            with open(f"/proc/{where[0]}/mem", "rb") as mem:
+                mem.seek(where[1])
+                seen = mem.read(8) == buf.tobytes()
+        except OSError:
+            seen = False
+    seen = w.allgather_object(seen)[1]
+    got = single_copy.cma_works(w)
+    w.barrier()  # rank 0's buffer stays alive until rank 1 has read it
+    assert got == seen, f"cma_works says {got}, /proc/PID/mem says {seen}"
+    if os.geteuid() == 0:
+        assert got, "root may read a process of its own: cma_works must say True"
+    assert single_copy.copies(w) == (1.0 if got else 2.0)
+
+
 def cases(size):
     table = {}
     if size == 2:
         table["cable_fenced"] = cable_fenced
+        table["cma_probe"] = cma_probe
     for entry in LESSONS:
         if entry.ranks != size:
             continue

@@ -13,13 +13,18 @@ slower, never faster):
                progress thread taking the job and handing it back
     hook_s     one post-accumulate-grad hook that copies its gradient into a bucket, per
                parameter (DDP's hook, less the launch)
+    own_s      DDP's own work in one step, per parameter, with nothing to send: a per-parameter
+               DDP on a group of this rank alone (its hooks, the copies into and out of its
+               buckets, the launches, the progress thread's hand-offs and waits, the closing
+               `used` call), less the plain backward
 
 The model of each variant's exposed communication (the step less the compute-only step):
 
     naive          sum over tensors of (ring(size) + call_s)
-    per parameter  the same, plus hook_s and handoff_s per tensor, plus DDP's closing `used`
-                   all-reduce; nothing overlaps where the ranks have no spare core (the progress
-                   thread waits for the backward to end), so it is never faster than naive
+    per parameter  the same, plus DDP's own work (own_s per tensor), plus the bytes of DDP's
+                   closing `used` all-reduce; nothing overlaps where the ranks have no spare
+                   core (the progress thread waits for the backward to end), so it is never
+                   faster than naive
     one bucket     ring(Psi) + call_s + handoff_s + hooks + the copy into the bucket (Psi bytes
                    at the memory copy measured at the start) + the closing `used` all-reduce
 """
@@ -38,6 +43,7 @@ class Costs:
     call_s: float
     handoff_s: float
     hook_s: float
+    own_s: float
 
 
 def fastest(page, fn, reps: int = 20) -> float:
@@ -85,8 +91,29 @@ def measure(page, model, x, y, link) -> Costs:
     finally:
         for handle in handles:
             handle.remove()
+    alone = ddp_alone(page, model, x, y)
     return Costs(max(blocking - ring, 0.0), max(handed - blocking, 0.0),
-                 max(hooked - plain, 0.0) / len(params))  # fmt: skip
+                 max(hooked - plain, 0.0) / len(params),
+                 max(alone - plain, 0.0) / len(params))  # fmt: skip
+
+
+def ddp_alone(page, model, x, y) -> float:
+    """One step of a per-parameter DDP over a group of this rank alone (collective: every rank
+    makes every group): DDP's whole machinery, with no byte to move."""
+    import copy
+
+    from minipar.parallel import DistributedDataParallel
+
+    groups = [minipar.new_group([r], name=f"ddp-alone-{r}") for r in range(page.size)]
+    ddp = DistributedDataParallel(copy.deepcopy(model), group=groups[page.rank],
+                                  bucket_cap_mb=0, algorithm="ring")  # fmt: skip
+
+    def step() -> None:
+        for q in ddp.parameters():
+            q.grad = None
+        ((ddp(x) - y) ** 2).mean().backward()
+
+    return fastest(page, step, 10)
 
 
 def exposed(costs: Costs, sizes: list[int], p: int, link, copy_Bps: float) -> dict:
@@ -95,7 +122,8 @@ def exposed(costs: Costs, sizes: list[int], p: int, link, copy_Bps: float) -> di
     used = cost.predict("all_reduce", "ring", len(sizes), p, link) + costs.call_s
     naive = sum(ring) + len(sizes) * costs.call_s
     hooks = len(sizes) * costs.hook_s
-    per_parameter = naive + len(sizes) * costs.handoff_s + hooks + used
+    used_bytes = cost.predict("all_reduce", "ring", len(sizes), p, link)  # its call: in own_s
+    per_parameter = naive + len(sizes) * costs.own_s + used_bytes
     psi = sum(sizes)
     bucket = (cost.predict("all_reduce", "ring", psi, p, link) + costs.call_s + costs.handoff_s
               + hooks + psi / copy_Bps + used)  # fmt: skip

@@ -19,7 +19,7 @@ import numpy as np
 import minipar
 from minipar import cost
 from minipar.course import claims as C
-from minipar.course.lessons import hardware
+from minipar.course.lessons import hardware, single_copy
 from minipar.course.lessons.page import Page, fmt_bytes, fmt_rate, fmt_time
 from minipar.course.machine import link_bits
 from minipar.launcher.cluster import link as links
@@ -76,12 +76,6 @@ def hierarchy_rows():
 def nvlink_to_hbm() -> float:
     """The seed's "about a quarter": NVLink 5's 1.8 TB/s (total) over HBM's 8 TB/s."""
     return hardware.B200.nvlink_total / hardware.B200.hbm_rate
-
-
-# a large message inside a node, in memory copies of its bytes: MPICH's shared-memory transport
-# copies it twice (the sender into shared cells, the receiver out), the two copies at once
-# sharing the memory's bandwidth (docs/bench.md's profile: 5 passes for a ring step's 2)
-COPIES = 2.0
 
 
 def claims() -> list[str]:
@@ -295,6 +289,14 @@ def machine_section(page: Page) -> None:
     link = machine.message
     nbytes = (16 if page.quick else 64) << 20
     reps, pairs = (3, 5) if page.quick else (5, 9)
+    copies = single_copy.copies(page.comm)  # 1 where the kernel lets MPI read the peer's pages
+    how = (
+        "one copy: MPICH's cross-memory attach, the receiver reading the sender's pages "
+        "(process_vm_readv worked between ranks 0 and 1 just now)"
+        if copies == 1
+        else "two copies: no cross-memory attach between ranks 0 and 1 here, so the bytes go "
+        "through MPICH's shared cells, copied in by the sender and out by the receiver"
+    )
     page.prediction("this machine")
     page.say(f"[dim]message latency: {machine.basis}[/]")
     page.table(
@@ -302,14 +304,10 @@ def machine_section(page: Page) -> None:
         ["quantity", "predicted>"],
         [
             ("message latency (alpha)", fmt_time(link.alpha)),
-            (f"one-way time of {fmt_bytes(nbytes)} / one memory copy of it", f"{COPIES:.3g}x"),
+            (f"one-way time of {fmt_bytes(nbytes)} / one memory copy of it", f"{copies:.3g}x"),
         ],
     )
-    page.say(
-        "[dim]A large message inside a node is two copies through MPICH's small shared cells, "
-        "which stay in cache: memory sees the bytes read once and written once, as in one "
-        "numpy copy of them (cost.links' shared-window link prices it so).[/]"
-    )
+    page.say(f"[dim]A large message inside a node here: {how}.[/]")
     latency = page.gather(ping_pong(page.comm, 8, 50 if page.quick else 200))[0]
     src, dst = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
     np.copyto(dst, src)  # its pages touched once, so the copy times memory, not page faults
@@ -333,9 +331,9 @@ def machine_section(page: Page) -> None:
     )
     page.claim("one message's latency (8 B)", link.alpha + 8 * link.beta, latency, "s",
                C.LATENCY_BOUND, basis=machine.basis)  # fmt: skip
-    page.ratio_claim(f"one-way time of {fmt_bytes(nbytes)} / one memory copy of it", COPIES,
+    page.ratio_claim(f"one-way time of {fmt_bytes(nbytes)} / one memory copy of it", copies,
                      moved, f"one numpy copy of {fmt_bytes(nbytes)} on rank 0",
-                     C.LATENCY_BOUND, basis="one copy's memory traffic")  # fmt: skip
+                     C.LATENCY_BOUND, basis="copies: process_vm_readv tried now")  # fmt: skip
     page.say(
         f"On a B200 the link/memory ratio is {nvlink_to_hbm():.3g}. Here both 'links' are memory: "
         "a message is one or two copies through shared memory plus Python's overhead."

@@ -63,8 +63,9 @@ def sync_section(page: Page) -> None:
     page.say(f"[dim]a collective step costs {fmt_time(link.alpha)} (of which minipar's Python "
              f"{fmt_time(machine.step_s)}): {machine.basis}. Measured at the start of this "
              f"lesson: a call on a torch tensor adds {fmt_time(costs.call_s)}, the progress "
-             f"thread's hand-off {fmt_time(costs.handoff_s)}, DDP's hook "
-             f"{fmt_time(costs.hook_s)} a parameter, the memory copy "
+             f"thread's hand-off {fmt_time(costs.handoff_s)}, a hook copying a gradient "
+             f"{fmt_time(costs.hook_s)} a parameter, DDP's own work (a per-parameter DDP on a "
+             f"group of one rank) {fmt_time(costs.own_s)} a parameter, the memory copy "
              f"{fmt_rate(machine.copy_Bps)}.[/]")  # fmt: skip
     ddps = {cap: DistributedDataParallel(build(page.quick), bucket_cap_mb=cap, algorithm="ring")
             for cap in (0, 25)}  # fmt: skip
@@ -82,8 +83,9 @@ def sync_section(page: Page) -> None:
     )
     if p >= page.cores:
         page.say("[dim]No core is left for the progress thread while backward runs, so the "
-                 "model overlaps nothing: per-parameter DDP pays the hand-off and the hook on "
-                 "every tensor, and comes out slower than naive.[/]")  # fmt: skip
+                 "model overlaps nothing: per-parameter DDP pays its own work (hook, copies, "
+                 "launch, hand-off, wait) on every tensor, and comes out slower than "
+                 "naive.[/]")  # fmt: skip
     page.measurement("the trace ledger and the clock")
     with minipar.trace() as t:
         one_step(model, x, y, after=lambda: naive_all_reduce(model, p))
