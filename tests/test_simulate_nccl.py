@@ -91,10 +91,12 @@ def test_channels_across_nodes_run_at_the_nics_rate_and_pipeline():
 
 
 def test_nvlink_sharp_sums_in_the_switch():
-    """Each GPU's port carries n (1 + 1/p) bytes at 0.85 of NCCL's NVLink, after 25 us."""
-    for p in (4, 8):
-        nvls = row("all_reduce", p, H100, GiB, "nvls", "Simple")
-        want = 25 * US + GiB * (1 + 1 / p) / (0.85 * NVLINK)
+    """Each GPU's port carries n (1 + 1/p) bytes at 0.85 of NCCL's NVLink, after 25 us, plus
+    two loops of the three-stage pipeline: 16 channels x p heads x a chunk (1 GiB: 128 KiB;
+    4 MiB on 8 GPUs: 16 KiB, as 4 MiB < 2 loops of 32 KiB chunks = 8 MiB)."""
+    for p, n, chunk in ((4, GiB, 128 << 10), (8, GiB, 128 << 10), (8, 4 << 20, 16 << 10)):
+        nvls = row("all_reduce", p, H100, n, "nvls", "Simple")
+        want = 25 * US + (n + 2 * 16 * p * chunk) * (1 + 1 / p) / (0.85 * NVLINK)
         assert nvls["time_s"] == pytest.approx(want, rel=1e-9) and nvls["wrong"] == 0
         assert nvls["messages"] == 0
 

@@ -257,7 +257,10 @@ def nccl_time(collective: str, algorithm: str, protocol: str, nbytes: float, p: 
         algbw = bus * 0.5 * tree_correction(protocol, nbytes)
     else:  # NVLS: reduce-scatter and all-gather through the switch, pipelined (x2)
         latency = a_intra
-        algbw = bus * 2 * p / steps if collective == "all_reduce" else bus
+        # tuning.cc (2.27 on) takes (c-1)/c of the NVLink, c the NVLS graph's channels: one a
+        # GPU of the node (search.cc); all-gather and reduce-scatter also (p-1)/p
+        share = (p - 1) / p
+        algbw = bus * share * (2 * p / steps if collective == "all_reduce" else share)
     return BASE[family][protocol] * US + latency + nbytes / algbw
 
 
