@@ -19,6 +19,10 @@ a later one instead of queueing behind it.
 A send completes when its bytes arrive (MPI's rendezvous), or, `pipelined`, when its last byte
 has left the sender's port: NCCL keeps 8 slots of a step in flight on every connection
 (NCCL_STEPS), so a rank starts its next step while the last one's latency is still on the wire.
+
+`post`: seconds a message across nodes holds its sender's NIC port at least (NCCL's proxy
+thread posts one chunk at a time, proxy.py); the message itself still arrives n beta + alpha
+after it starts, so only the next message on that port waits.
 """
 
 from __future__ import annotations
@@ -76,8 +80,9 @@ class Port:
 class Network:
     """The links of a cluster (cluster.py) and the busy ports, for one simulated world."""
 
-    def __init__(self, cluster, size: int, contention: bool = True, pipelined: bool = False):
+    def __init__(self, cluster, size: int, contention=True, pipelined=False, post=0.0):
         self.cluster, self.size, self.contention = cluster, size, contention
+        self.post = post  # seconds a cross-node message holds its NIC out at least
         self.pipelined = pipelined  # a send completes when it leaves its port, not on arrival
         self.departure = 0.0  # when the last message booked left its sender's port
         k = cluster.per_node
@@ -102,10 +107,12 @@ class Network:
         if not self.contention or d == 0.0:
             self.departure = t + d
             return t + d + link.alpha
+        held = d  # how long the sender's port is busy: the bytes, or the proxy's post
         if inside:
             out = self.outs[src] or self._mine(self.outs, src, ("out", src))
             into = self.ins[dst] or self._mine(self.ins, dst, ("in", dst))
         else:
+            held = max(d, self.post)
             out = self.nic_outs[src] or self._mine(
                 self.nic_outs, src, ("nic-out", self.node[src], self.nic[src])
             )
@@ -114,12 +121,12 @@ class Network:
             )
         start = t
         while True:  # the first stretch free on both ports
-            a = out.earliest(start, d)
+            a = out.earliest(start, held)
             b = into.earliest(a, d)
             if a == b:
                 break
             start = b
-        out.hold(a, a + d)
+        out.hold(a, a + held)
         into.hold(a, a + d)
         if self.messages >= self.next_prune and self.horizon is not None:
             # a sweep costs a bisect a port: at most one every 4 messages a port

@@ -47,20 +47,23 @@ class Run:
 class World:
     """What one simulated world shares: its network and how many bytes a real byte stands for."""
 
-    def __init__(self, cluster: Cluster, size: int, scale: float, contention: bool, pipelined):
+    def __init__(self, cluster: Cluster, size, scale, contention, pipelined, post=0.0):
         self.cluster, self.size, self.scale = cluster, size, scale
-        self.network = Network(cluster, size, contention, pipelined)
+        self.network = Network(cluster, size, contention, pipelined, post)
         self.groups: dict = {}  # (world ranks, scale) -> SimGroup, for group() below
 
 
-def simulate(fn, ranks: int, cluster: Cluster, scale=1.0, contention=True, pipelined=False) -> Run:
+def simulate(
+    fn, ranks: int, cluster: Cluster, scale=1.0, contention=True, pipelined=False, post=0.0
+) -> Run:
     """fn(rank) on `ranks` simulated ranks of `cluster`; the first error any rank raised is
     raised here (a deadlock names the ranks that waited). `pipelined`: a send completes when
-    it leaves its port (NCCL's slots in flight, network.py), not when it arrives."""
+    it leaves its port (NCCL's slots in flight, network.py), not when it arrives; `post`:
+    seconds a message across nodes holds its NIC at least (NCCL's proxy, proxy.py)."""
     check_count(ranks, "ranks")
     if not scale > 0:
         raise ValueError(f"scale (simulated bytes per real byte) must be > 0, got {scale!r}")
-    world = World(cluster, ranks, float(scale), contention, pipelined)
+    world = World(cluster, ranks, float(scale), contention, pipelined, post)
     scheduler = Scheduler()
     group = SimGroup(world, range(ranks), "w")
     saved = (process.world, dict(process.groups), process.fast_paths, process.debug, process.nodes)

@@ -28,7 +28,7 @@ import numpy as np
 from minipar import cost
 from minipar.collectives import api, layout, registry
 from minipar.cost.links import Hierarchy, Link
-from minipar.simulate import protocols
+from minipar.simulate import protocols, proxy
 from minipar.simulate.nccl_tree import all_reduce_nccl_tree
 from minipar.simulate.nvls import all_reduce_nvls, nvls_seconds
 from minipar.simulate.rings import all_reduce_rings, ring_groups
@@ -86,7 +86,10 @@ def row(collective, ranks, cluster, nbytes, algorithm, protocol=None, contention
     step, n, want = _step(collective, ran, p, cluster, sim, flow, chunks)
     scale = nbytes / (4 * n)
     cpu = time.process_time()
-    run = simulate(step, p, sim, scale, contention, pipelined=proto is not None)
+    post = 0.0
+    if ran == NCCL_TREE and proto is not None:  # the head GPU's proxy posts chunk by chunk
+        post = proxy.post_seconds(nbytes, proto, nodes, cluster.per_node, cluster.nics, chunks)
+    run = simulate(step, p, sim, scale, contention, pipelined=proto is not None, post=post)
     cpu = time.process_time() - cpu
     wrong = sum(not np.array_equal(x, want(r)) for r, x in enumerate(run.results))
     seconds = run.time + base
