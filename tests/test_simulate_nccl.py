@@ -279,3 +279,20 @@ def test_nvls_starts_at_the_last_arrival():
     run = simulate(step, 4, H100)
     assert run.clocks == pytest.approx([3e-3 + 5e-6] * 4, rel=1e-12)
     assert all((x == 10.0).all() for x in run.results)
+
+
+def test_nccls_tree_chunks_as_its_calccollchunking_worked_by_hand():
+    """NCCL 2.26.2 enqueue.cc, worked here: an LL128 slot is 4,915,200 / 8 = 614,400 bytes,
+    576,000 of data; on 4 x 8 (ppn 8) the tree's steps are 1 + 2 + 0.8 = 3.8, so at 4 MiB on
+    16 channels the chunk halves to 72,000 (< 30.4 chunks a channel, down to 128 KiB), then
+    36,000 and 18,000 (< 7.6, down to 32 KiB), rounded to 1,920-byte grains: 17,280; loops
+    ceil(4 MiB / (16 x 17,280)) = 16; 2 channels a GPU, so 32 posts a direction. 8 B by LL:
+    one channel (8 < 2 x 512 x 8 bytes), one loop, one post."""
+    from minipar.simulate import proxy
+
+    assert proxy.tree_posts(4 << 20, "LL128", 4, 8, 8) == (16, 17280, 16, 32)
+    assert proxy.tree_posts(1 << 20, "LL128", 2, 8, 8) == (16, 17280, 4, 8)
+    assert proxy.tree_posts(8, "LL", 2, 8, 8) == (1, 32768, 1, 1)
+    assert proxy.post_seconds(4 << 20, "LL128", 4, 8, 8, pieces=16) == pytest.approx(2e-6)
+    assert proxy.post_seconds(4 << 20, "LL128", 1, 8, 8, pieces=16) == 0.0, "one node"
+    assert proxy.post_seconds(8, "LL", 4, 8, 8, pieces=1) == 0.0, "one chunk: the tuner's hop"

@@ -81,3 +81,17 @@ def test_a_groups_own_byte_scale_prices_its_messages():
     world_message, group_message = ALPHA + 800 * BETA, ALPHA + 80_000 * BETA
     assert run.clocks[1] == pytest.approx(world_message + group_message, rel=1e-12)
     assert run.bytes == pytest.approx(800 + 80_000)
+
+
+def test_a_post_floor_delays_the_next_message_on_the_nic_not_the_first():
+    """NCCL's proxy posts one chunk at a time (simulate/proxy.py): a message across nodes holds
+    its NIC out for `post` seconds at least, yet arrives n beta + alpha after it starts."""
+    cluster = clusters.custom(Link("shaped", ALPHA, BETA, 0.0), 4).with_per_node(2)
+    post, n = 20e-6, 1e3  # 1 us of bytes, a 20 us post
+    net = Network(cluster, 4, post=post)
+    first = net.send(0, 2, n, 0.0)
+    assert first == pytest.approx(n * BETA + ALPHA), "the first message: the wire's time"
+    second = net.send(0, 2, n, 0.0)
+    assert second == pytest.approx(post + n * BETA + ALPHA), "the next waits for the post"
+    inside = net.send(0, 1, n, 0.0)
+    assert inside == pytest.approx(n * BETA + ALPHA), "NVLink messages take no post"

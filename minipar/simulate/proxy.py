@@ -74,8 +74,9 @@ def tree_posts(nbytes: float, protocol: str, nodes: int, ppn: int, nics: int) ->
 
 def post_seconds(nbytes: float, protocol: str, nodes: int, ppn: int, nics: int, pieces: int):
     """Seconds each of a simulated tree's `pieces` network messages holds its sender's NIC at
-    least: the head GPU's posts a direction, spread over the pieces that stand for them."""
+    least: the head GPU's posts a direction, spread over the pieces that stand for them. One
+    chunk a channel costs nothing more: the tuner's network hop latency has its post in it."""
     if nodes < 2:
         return 0.0
-    posts = tree_posts(nbytes, protocol, nodes, ppn, nics)[3]
-    return POST_US * 1e-6 * posts / pieces
+    _, _, loops, posts = tree_posts(nbytes, protocol, nodes, ppn, nics)
+    return 0.0 if loops == 1 else POST_US * 1e-6 * posts / pieces
