@@ -18,7 +18,7 @@ makes is NCCL's chunking (src/enqueue.cc, NCCL 2.26.2; the same in 2.30.7):
     loops      chunks a channel moves: bytes / (channels x chunk), rounded up
 
 so a tree's head GPU posts loops chunks a direction for each channel it heads (channels / NICs).
-At 4 MiB on 4 x 8 H100 that is 15 chunks of 17 KB a channel, 30 posts (30 us) where the wire
+At 4 MiB on 4 x 8 H100 that is 16 chunks of 17 KB a channel, 32 posts (32 us) where the wire
 needs 10: mid sizes across nodes are the proxy's, not the link's. The simulator charges it as a
 floor on the sending NIC port: a message holds the port at least its share of those posts
 (`post_seconds`), its bytes still arrive at the wire's pace (network.py), so one chunk alone
