@@ -95,3 +95,22 @@ def test_a_post_floor_delays_the_next_message_on_the_nic_not_the_first():
     assert second == pytest.approx(post + n * BETA + ALPHA), "the next waits for the post"
     inside = net.send(0, 1, n, 0.0)
     assert inside == pytest.approx(n * BETA + ALPHA), "NVLink messages take no post"
+
+
+def test_streamed_hops_inside_a_node_cut_through_and_the_network_hop_stores():
+    """NCCL's LL128 forwards each 128-byte line as its flag lands (prims_ll128.h): a chain of
+    k hops of n bytes inside a node ends at n beta + k alpha + (k - 1) 128 beta, not
+    k (n beta + alpha). A message to another node lands whole at the wire's pace (`wire`),
+    while its NIC stays held at the link's own (slower, priced) rate for the next message."""
+    cluster = clusters.custom(Link("shaped", ALPHA, BETA, 0.0), 4).with_per_node(3)
+    n, wire = 1e6, BETA / 4  # 1 ms of bytes inside; the wire 4x the priced rate across
+    net = Network(cluster, 6, stream=True, wire=wire)
+    t = 0.0
+    for src in (0, 1):  # 0 -> 1 -> 2, each forwarding from its first line
+        t = net.send(src, src + 1, n, t)
+        assert t == pytest.approx(net.whole - n * BETA + 128 * BETA), "acts on the first line"
+    assert net.whole == pytest.approx(n * BETA + 2 * ALPHA + 128 * BETA), "cut through"
+    across = net.send(3, 0, n, 0.0)
+    assert across == pytest.approx(n * wire + ALPHA), "across nodes: whole, at the wire's pace"
+    after = net.send(3, 1, n, 0.0)
+    assert after == pytest.approx(n * BETA + n * wire + ALPHA), "the NIC held at its own rate"

@@ -13,7 +13,11 @@ interLat)`): up the chain, up log2(nodes) network hops, and back down.
 
 The two heads are different GPUs (so different NICs), as NCCL's channels spread the trees over
 a node's NICs. Each half streams through in `chunks` pieces at once (runner.concurrently), so
-chunk c rides one hop behind chunk c-1: a pipelined tree, as NCCL's.
+chunk c rides one hop behind chunk c-1: a pipelined tree, as NCCL's. With LL and LL128 (issue
+73) the pieces are NCCL's own chunks, one a loop of its channels (proxy.py, enqueue.cc
+calcCollChunking), and the hops differ as NCCL's do: inside a node a part cuts through, line
+by line (network.py `stream`: prims_ll128.h forwards each line as its flag lands), across nodes
+it leaves once whole (net.cc sendProxyProgress posts a full slot) and lands at the wire's pace.
 """
 
 from __future__ import annotations
@@ -48,6 +52,10 @@ def all_reduce_nccl_tree(x, per_node: int, chunks: int = 1) -> None:
     nodes = p // per_node
     halves = layout.bounds(len(x), 2)
     thunks = []
+
+    def away(peer: int) -> bool:
+        return peer // per_node != rank // per_node
+
     for tree in range(2):
         parent, children = tree_links(rank, per_node, nodes, tree)
         half = layout.chunk(x, halves, tree)
@@ -57,21 +65,35 @@ def all_reduce_nccl_tree(x, per_node: int, chunks: int = 1) -> None:
             tag = 2 * c + tree
             thunks.append(
                 lambda part=part, tag=tag, up=parent, down=children: _reduce_broadcast(
-                    comm, part, up, down, tag
+                    comm, part, up, down, tag, away
                 )
             )
     concurrently(thunks)
 
 
-def _reduce_broadcast(comm, part, parent, children, tag) -> None:
+def _reduce_broadcast(comm, part, parent, children, tag, away) -> None:
     """Up: add every child's part, pass the sum to the parent; down: take the parent's
-    result, pass it to every child."""
+    result, pass it to every child. Inside a node a part may stream (network.py `stream`: a
+    rank forwards from the first line it got); a part for another node leaves only once what
+    it carries has landed whole (`away`: NCCL's proxy posts full slots), and the rank is done
+    when its result has."""
+    task = comm.task
+    ready = task.clock  # when every byte this rank's part depends on has landed
     incoming = [part.copy() for _ in children]
     for buf, child in zip(incoming, children):
-        comm.recv(buf, child, tag)
+        request = comm.irecv(buf, child, tag)
+        request.wait()
+        ready = max(ready, request.whole)
         part += buf
     if parent is not None:
+        if away(parent):
+            task.clock = max(task.clock, ready)
         comm.send(part, parent, tag)
-        comm.recv(part, parent, tag)
+        request = comm.irecv(part, parent, tag)
+        request.wait()
+        ready = max(ready, request.whole)
     for child in children:
+        if away(child):
+            task.clock = max(task.clock, ready)
         comm.send(part, child, tag)
+    task.clock = max(task.clock, ready)

@@ -23,6 +23,17 @@ has left the sender's port: NCCL keeps 8 slots of a step in flight on every conn
 `post`: seconds a message across nodes holds its sender's NIC port at least (NCCL's proxy
 thread posts one chunk at a time, proxy.py); the message itself still arrives n beta + alpha
 after it starts, so only the next message on that port waits.
+
+`stream`: a message inside a node is cut through, as NCCL's LL and LL128 forward each line as
+its flag lands (src/device/prims_ll128.h): the receiver may act on it from its first line,
+start + line + alpha (`send`'s return), while its last byte lands at start + n beta + alpha
+(`whole`, kept for the transport). A rank that forwards it moves the same bytes at the same
+rate, so its message ends a line behind the one it forwards. Messages across nodes are whole:
+NCCL's proxy posts a slot only once it is full (proxy.py). `wire` (seconds a byte, the
+protocol's flags included): such a message lands at the NIC's pace, while its sender's port
+stays held at the link's priced rate (the kernel's: the protocol's efficiency and NCCL's tree
+correction), as with `post`: a slot waits for the wire once, the kernel's rate bounds the
+stream of them.
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_right
 
+LINE = 128  # bytes: an LL128 line, what a streamed hop waits for before it forwards
 PRUNE_EVERY = 1 << 14  # messages between two sweeps that drop intervals no message can reach
 
 
@@ -80,8 +92,20 @@ class Port:
 class Network:
     """The links of a cluster (cluster.py) and the busy ports, for one simulated world."""
 
-    def __init__(self, cluster, size: int, contention=True, pipelined=False, post=0.0):
+    def __init__(
+        self,
+        cluster,
+        size: int,
+        contention=True,
+        pipelined=False,
+        post=0.0,
+        stream=False,
+        wire=None,
+    ):
         self.cluster, self.size, self.contention = cluster, size, contention
+        self.stream = stream  # messages inside a node cut through (LL, LL128)
+        self.wire = wire  # seconds a byte across nodes, where not the link's beta
+        self.whole = 0.0  # when the last message booked landed whole
         self.post = post  # seconds a cross-node message holds its NIC out at least
         self.pipelined = pipelined  # a send completes when it leaves its port, not on arrival
         self.departure = 0.0  # when the last message booked left its sender's port
@@ -105,14 +129,19 @@ class Network:
         link = self.cluster.intra if inside else self.cluster.inter
         d = nbytes * link.beta
         if not self.contention or d == 0.0:
+            if not inside and self.wire is not None:
+                d = nbytes * self.wire
             self.departure = t + d
-            return t + d + link.alpha
+            self.whole = t + d + link.alpha
+            return self._first(inside, t, d, link)
         held = d  # how long the sender's port is busy: the bytes, or the proxy's post
         if inside:
             out = self.outs[src] or self._mine(self.outs, src, ("out", src))
             into = self.ins[dst] or self._mine(self.ins, dst, ("in", dst))
         else:
             held = max(d, self.post)
+            if self.wire is not None:  # the bytes land at the wire's pace
+                d = nbytes * self.wire
             out = self.nic_outs[src] or self._mine(
                 self.nic_outs, src, ("nic-out", self.node[src], self.nic[src])
             )
@@ -135,7 +164,15 @@ class Network:
             for port in self.ports.values():
                 port.prune(horizon)
         self.departure = a + d
-        return a + d + link.alpha
+        self.whole = a + d + link.alpha
+        return self._first(inside, a, d, link)
+
+    def _first(self, inside: bool, start: float, d: float, link) -> float:
+        """When the receiver may act on a message that started at `start`: its first line if
+        it streams (inside a node, `stream`), else its last byte."""
+        if self.stream and inside:
+            return start + min(d, LINE * link.beta) + link.alpha
+        return start + d + link.alpha
 
     def _mine(self, table: list, rank: int, key) -> Port:
         table[rank] = port = self._port(key)

@@ -92,6 +92,9 @@ LL_MAX_BW_NET = {2: 39.0, 3: 20.4}
 NVLINK_LINK_BW = {"h100": 20.6, "b200": 40.1}  # topo.h SM90_NVLINK_BW, SM100_NVLINK_BW (GB/s)
 NVLINKS = 18  # NVLink 4 and 5 GPUs: 18 links each (H100 SXM, B200 datasheets)
 NVLS_EFFICIENCY = {"h100": 0.85, "b200": 0.74}  # tuning.cc nvlsEfficiency: Hopper, Blackwell
+# the data's share of the bytes a protocol puts on a wire: LL stores 4 bytes of flag with every
+# 4 of data, LL128 8 with every 120 (src/device/prims_ll.h, prims_ll128.h)
+WIRE_SHARE = {"LL": 0.5, "LL128": 120 / 128, "Simple": 1.0}
 PER_CHANNEL_LL128 = 36.7  # perChMaxRingLL128Bws, Hopper (GB/s a channel)
 
 # which protocol family each simulated algorithm is priced as

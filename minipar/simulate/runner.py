@@ -47,23 +47,35 @@ class Run:
 class World:
     """What one simulated world shares: its network and how many bytes a real byte stands for."""
 
-    def __init__(self, cluster: Cluster, size, scale, contention, pipelined, post=0.0):
+    def __init__(self, cluster: Cluster, size, scale, contention, pipelined, **network):
         self.cluster, self.size, self.scale = cluster, size, scale
-        self.network = Network(cluster, size, contention, pipelined, post)
+        self.network = Network(cluster, size, contention, pipelined, **network)
         self.groups: dict = {}  # (world ranks, scale) -> SimGroup, for group() below
 
 
 def simulate(
-    fn, ranks: int, cluster: Cluster, scale=1.0, contention=True, pipelined=False, post=0.0
+    fn,
+    ranks: int,
+    cluster: Cluster,
+    scale=1.0,
+    contention=True,
+    pipelined=False,
+    post=0.0,
+    stream=False,
+    wire=None,
 ) -> Run:
     """fn(rank) on `ranks` simulated ranks of `cluster`; the first error any rank raised is
     raised here (a deadlock names the ranks that waited). `pipelined`: a send completes when
     it leaves its port (NCCL's slots in flight, network.py), not when it arrives; `post`:
-    seconds a message across nodes holds its NIC at least (NCCL's proxy, proxy.py)."""
+    seconds a message across nodes holds its NIC at least (NCCL's proxy, proxy.py); `stream`:
+    messages inside a node cut through, line by line (NCCL's LL and LL128, network.py);
+    `wire`: seconds a byte across nodes where not the link's (network.py)."""
     check_count(ranks, "ranks")
     if not scale > 0:
         raise ValueError(f"scale (simulated bytes per real byte) must be > 0, got {scale!r}")
-    world = World(cluster, ranks, float(scale), contention, pipelined, post)
+    world = World(
+        cluster, ranks, float(scale), contention, pipelined, post=post, stream=stream, wire=wire
+    )
     scheduler = Scheduler()
     group = SimGroup(world, range(ranks), "w")
     saved = (process.world, dict(process.groups), process.fast_paths, process.debug, process.nodes)

@@ -22,6 +22,7 @@ runs NCCL's pick for the size.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -83,13 +84,22 @@ def row(collective, ranks, cluster, nbytes, algorithm, protocol=None, contention
     if ran == NCCL_TREE:
         sim = protocols.flow_level_trees(sim, nodes)
     chunks = tree_chunks(nbytes, proto) if proto is not None and ran in TREES else 1
+    stream = ran == NCCL_TREE and proto in ("LL", "LL128")
+    if stream:  # NVLink hops cut through; the network moves NCCL's chunks, one a loop
+        chunks = proxy.tree_posts(nbytes, proto, nodes, cluster.per_node, cluster.nics)[2]
     step, n, want = _step(collective, ran, p, cluster, sim, flow, chunks)
     scale = nbytes / (4 * n)
     cpu = time.process_time()
     post = 0.0
     if ran == NCCL_TREE and proto is not None:  # the head GPU's proxy posts chunk by chunk
         post = proxy.post_seconds(nbytes, proto, nodes, cluster.per_node, cluster.nics, chunks)
-    run = simulate(step, p, sim, scale, contention, pipelined=proto is not None, post=post)
+    wire = None
+    if stream:  # a network hop lands a slot at the NIC's pace (network.py `wire`)
+        wire = protocols.flow_level_trees(cluster, nodes).inter.beta / protocols.WIRE_SHARE[proto]
+        if chunks == 1:  # one slot a channel: no stream of slots for the kernel's rate to pace
+            sim = replace(sim, inter=replace(sim.inter, beta=wire))
+    pipelined = proto is not None
+    run = simulate(step, p, sim, scale, contention, pipelined, post=post, stream=stream, wire=wire)
     cpu = time.process_time() - cpu
     wrong = sum(not np.array_equal(x, want(r)) for r, x in enumerate(run.results))
     seconds = run.time + base

@@ -35,7 +35,7 @@ class SimGroup:
         self.world, self.global_ranks, self.gid = world, list(global_ranks), gid
         self.scale = world.scale if scale is None else scale  # simulated bytes per real byte
         self.size = len(self.global_ranks)
-        self.unexpected: dict = {}  # (src, dst, tag) -> deque of (data, arrival) not yet received
+        self.unexpected: dict = {}  # (src, dst, tag) -> (data, arrival, whole)s not yet received
         self.posted: dict = {}  # (src, dst, tag) -> deque of receives waiting for a message
         self.splits: dict = {}  # child gid -> what the members met with (split)
         self.members: list = [None] * self.size  # each rank's SimCommunicator
@@ -51,6 +51,7 @@ class SimRequest(Request):
         self.comm, self.kind, self.peer, self.tag, self.nbytes = comm, kind, peer, tag, nbytes
         self.done = False
         self.buf, self.arrival = buf, arrival
+        self.whole = arrival  # a receive: when its last byte landed (later if it streamed)
         self.posted_at = comm.task.clock if comm.task is not None else 0.0
 
     blocking = True  # wait_all calls _block: the task sleeps instead of polling
@@ -70,13 +71,14 @@ class SimRequest(Request):
         self.comm.task.block(self)
         return self._poll()
 
-    def deliver(self, data, arrival: float) -> None:
+    def deliver(self, data, arrival: float, whole: float | None = None) -> None:
         buf = self.buf
         if type(buf) is np.ndarray and type(data) is np.ndarray and buf.nbytes == data.nbytes:
             np.copyto(buf, data)  # the common case, on every message
         else:
             self._deliver_other(data)
         self.arrival = max(arrival, self.posted_at)
+        self.whole = max(arrival if whole is None else whole, self.arrival)
         task = self.comm.task
         if task.waiting is self:
             task.scheduler.wake(task)
@@ -123,14 +125,14 @@ class SimCommunicator(Communicator):
         arrival = network.send(
             self.world_rank, group.global_ranks[dst], nbytes * group.scale, self.task.clock
         )
-        done = network.departure if network.pipelined else arrival  # before others send
+        done = network.departure if network.pipelined else network.whole  # before others send
         key = (self.rank, dst, tag)
         waiting = group.posted.get(key)
         if waiting:
-            waiting.popleft().deliver(data, arrival)
+            waiting.popleft().deliver(data, arrival, network.whole)
         else:
             queue = group.unexpected.setdefault(key, deque())
-            queue.append((data, arrival))
+            queue.append((data, arrival, network.whole))
             if len(queue) > RUN_AHEAD:  # the receiver lags: let it catch up (memory)
                 self.task.scheduler.pause(self.task)
         return SimRequest(self, "send", dst, tag, nbytes, arrival=done)
