@@ -16,8 +16,12 @@ left, nor a file of theirs in /tmp or /dev/shm outside their own folders, nor an
 their TMPDIR.
 
 The users, their processes and every file they made are removed at the end, also when the run
-is interrupted (Ctrl-C, SIGTERM, SIGHUP). Prints the grades, the seconds per grade (min /
-median / max) and the CPU the machine spent while grading (/proc/stat).
+is interrupted (Ctrl-C, SIGTERM, SIGHUP): a grade still running gets SIGTERM first (it cleans up
+after itself, as on a course platform's time limit), SIGKILL only STOP_GRACE seconds later.
+With --keep the users' folders stay for the next run; what a kept TMPDIR still holds (an earlier
+run's) is removed before round 1 and said, so that it is not counted as this run's. Prints the
+grades, the seconds per grade (min / median / max) and the CPU the machine spent while grading
+(/proc/stat).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from grade_class import ROOT, cpu_times, grade_is_right, submission, write_submi
 PREFIX = "minipar-grade-"
 PYTHON = "/usr/bin/python3"
 SHARED = ("/tmp", "/dev/shm")  # where a job's leftovers of every user would lie
+STOP_GRACE = 30.0  # seconds a grade has, after SIGTERM, to clean up before SIGKILL
 
 
 class Interrupted(Exception):
@@ -76,7 +81,9 @@ class Users:
         self.names = [f"{PREFIX}{i}" for i in range(n)]
         self.top, self.uids, self.running = top, {}, []
 
-    def make(self) -> None:
+    def make(self) -> list[str]:
+        """The users made, each with its folders; what a kept run's TMPDIRs held, removed."""
+        earlier = []
         for name in self.names:
             if _exists(name):  # a killed run's: nothing of it is wanted
                 self._kill_all(name)
@@ -90,6 +97,10 @@ class Users:
             for sub in ("home", "tmp"):
                 shutil.chown(home / sub, name, name)
             home.chmod(0o700)
+            for entry in os.listdir(home / "tmp"):  # a kept run's: not this run's leftovers
+                earlier.append(f"{name}: {entry}")
+                _remove(str(home / "tmp" / entry))
+        return earlier
 
     def home(self, name: str) -> Path:
         return self.top / name
@@ -106,12 +117,14 @@ class Users:
         return found
 
     def remove(self, keep: bool) -> list[str]:
-        """Every user's processes killed (by pid: only these users'), their files in /tmp and
-        /dev/shm removed, the users deleted; the run's folder too unless kept. What was found
-        left (nothing, after a clean run)."""
-        for proc in self.running:
+        """A grade still running stopped (_stop), then every user's processes killed (by pid:
+        only these users'), their files in /tmp and /dev/shm removed, the users deleted; the
+        run's folder too unless kept. What was found left (nothing, after a clean run)."""
+        for proc in self.running:  # all at once; then each waited for
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.running:
+            _stop(proc)
         left = self.leftovers()
         for name, uid in self.uids.items():
             self._kill_all(name)
@@ -131,6 +144,19 @@ class Users:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.1)
+
+
+def _stop(proc: subprocess.Popen) -> str:
+    """SIGTERM to a grade's process group, then SIGKILL after STOP_GRACE s: a SIGKILLed grade
+    runs no clean-up (its folders stay until its user's next grade). What it still printed."""
+    for sig, wait in ((signal.SIGTERM, STOP_GRACE), (signal.SIGKILL, None)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            return proc.communicate(timeout=wait)[0] or ""  # its pipe read: it never blocks
+        except subprocess.TimeoutExpired:
+            continue
+    return ""
 
 
 def _exists(name: str) -> bool:
@@ -236,8 +262,7 @@ def grade_round(users: Users, kinds: dict, nodes: int, timeout: float) -> dict:
         try:
             text, _ = proc.communicate(timeout=max(1.0, began + timeout - time.monotonic()))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            text = proc.communicate()[0] + f"\n(killed after {timeout:g} s)"
+            text = _stop(proc) + f"\n(stopped after {timeout:g} s)"
         seconds = time.monotonic() - began
         users.running.remove(proc)
         out = users.home(name) / "results.json"
@@ -295,7 +320,9 @@ def main() -> int:
     users = Users(args.users, top)
     seconds, wrong, left, code = [], [], [], 1
     try:
-        users.make()
+        earlier = users.make()
+        if earlier:
+            print(f"removed from the kept TMPDIRs, an earlier run's: {'; '.join(earlier)}")
         print(f"{args.users} users, their venvs from {args.python}:", flush=True)
         make_venvs(users, args.python)
         for n in range(args.rounds):

@@ -9,7 +9,7 @@ import time
 import lanes
 import pytest
 
-from minipar.launcher import shm_leftovers, stop
+from minipar.launcher import own_folder, shm_leftovers, stop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -85,7 +85,7 @@ def bytecode_cache(config) -> None:
     if hasattr(config, "workerinput"):  # an xdist worker: the controller cleans up
         return
     if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        made = tempfile.mkdtemp(prefix="minipar-inductor-")
+        made = own_folder.make("inductor")  # named after us: a killed session's is swept
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = made
         config.add_cleanup(lambda: shutil.rmtree(made, ignore_errors=True))
     if not os.environ.get("PYTHONPYCACHEPREFIX"):

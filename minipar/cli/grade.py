@@ -18,7 +18,9 @@ rank, the failing rank's error first and the others' as what followed (course/st
 them at once). After an exercise's first failure its later tests are not run. The ranks run only
 the chosen exercises' cases; waits time out after GRADE_TIMEOUT seconds (MINIPAR_TIMEOUT
 overrides it), so a deadlock is named within seconds. Progress goes to stderr (Progress). Exit
-status 0 only when every test passed.
+status 0 only when every test passed. SIGTERM or SIGHUP stops a grade as Ctrl-C does, with
+nothing left behind (exit 128 + the signal's number; --json's file says it was stopped); what a
+SIGKILLed grade left, the next grade removes (launcher/own_folder.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import io
 import json
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -37,7 +40,8 @@ from pathlib import Path
 from minipar.course import batch, exercises, gradebook, sandbox, submission
 from minipar.course.gradebook import Result
 from minipar.course.stepdiff import SENTINEL
-from minipar.launcher.cluster import needs
+from minipar.launcher import own_folder, stop
+from minipar.launcher.cluster import leftovers, needs
 from minipar.launcher.cluster.nodes import EmulationError
 from minipar.testing import pool
 
@@ -147,6 +151,11 @@ class Collector:
     def __init__(self, hidden: tuple = ()):
         self.results: list[Result] = []
         self.hidden = {Path(h).resolve() for h in hidden}  # the instructor's hidden test files
+        self.stopped: BaseException | None = None  # Ctrl-C, SIGTERM or SIGHUP: no grade
+
+    def pytest_keyboard_interrupt(self, excinfo):
+        """pytest ends the session on it (its clean-ups run) and returns: run() raises it."""
+        self.stopped = excinfo.value
 
     def _record(self, item, error, seconds: float) -> None:
         exercise, test = _exercise_and_test(item.nodeid)
@@ -339,7 +348,12 @@ def run(
     collector = Collector(tuple(extra))
     if nodes:
         needs.check("minipar grade --nodes")  # everything it lacks, before any rank starts
+    leftovers.sweep_grader()  # what a killed grader left: SIGKILL runs no clean-up
     with contextlib.ExitStack() as stack:
+        # SIGTERM and SIGHUP (a platform's time limit, a closed terminal) stop the grade as
+        # Ctrl-C does: every clean-up below runs (the copy, the wall's child, the nodes, the
+        # tests' folders); by default they would end this process with none
+        stack.enter_context(stop.signals_raise(once=True))
         if walled:
             secret = [str(hidden_tests)] if hidden_tests else []
             folder = stack.enter_context(
@@ -364,6 +378,8 @@ def run(
         quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
         with quiet:
             pytest.main(args, plugins=[collector, *([Progress()] if progress else [])])
+        if collector.stopped is not None:
+            raise collector.stopped
     return collector.results
 
 
@@ -380,7 +396,7 @@ def _walled(folder: Path, chosen, hidden: list[str]):
     found = submission.files(folder, known)
     if chosen is not None:
         found = {k: v for k, v in found.items() if k in chosen}
-    with tempfile.TemporaryDirectory(prefix="minipar-grade-") as scratch:
+    with tempfile.TemporaryDirectory(prefix=own_folder.prefix("grade")) as scratch:
         submission.admit(found, Path(scratch), exercises.tree("solutions"))
         needed = [Path(scratch), Path(sys.prefix), Path(__file__).resolve().parents[1]]
         hide = os.pathsep.join(str(h) for h in map(lambda h: Path(h).resolve(), hidden)
@@ -625,6 +641,10 @@ def main(args) -> int:
     except (FileNotFoundError, ValueError, EmulationError) as error:
         err.print(f"[bold red]minipar grade:[/] {error}")
         return _stopped(args, points, f"{error}", 2)
+    except KeyboardInterrupt as error:  # Ctrl-C, or stop.Terminated: SIGTERM, SIGHUP
+        signum = getattr(error, "signum", signal.SIGINT)
+        err.print(f"[bold red]minipar grade:[/] stopped by {signal.Signals(signum).name}")
+        return _stopped(args, points, f"stopped by {signal.Signals(signum).name}", 128 + signum)
     except Exception as error:  # noqa: BLE001 - the results file is written whatever happened
         err.print(f"[bold red]minipar grade:[/] stopped: {type(error).__name__}: {error}")
         return _stopped(args, points, f"{type(error).__name__}: {error}", 1)

@@ -90,7 +90,7 @@ class Wall:
         env = {k: v for k, v in os.environ.items() if k != SEALED_ENV}
         env["PYTHONDONTWRITEBYTECODE"] = "1"  # nothing written beside a student's files
         env[HIDE_ENV] = os.pathsep.join(self.hidden)
-        command = [sys.executable, "-m", "minipar.course.sandbox", self.folder]
+        command = [sys.executable, "-m", "minipar.course.sandbox", self.folder, str(os.getpid())]
         self.child = subprocess.Popen(
             isolated(self.hidden) + command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, env=env, start_new_session=True, cwd=self.folder,
@@ -275,11 +275,15 @@ def _answer(modules: dict, folder: str, request: dict):
     return codec.encode(fn(*codec.decode(request["args"]), **codec.decode(request["kwargs"])))
 
 
-def serve(folder: str) -> None:
+def serve(folder: str, grader: int | None = None) -> None:
     """Answer the grader's requests, one JSON line each, on the stdout this process started
-    with (what the student prints goes to stderr)."""
+    with (what the student prints goes to stderr). With `grader` (its pid), this process dies
+    with it."""
     import faulthandler
     import traceback
+
+    if grader is not None:
+        _die_with(grader)
 
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
@@ -301,5 +305,19 @@ def serve(folder: str) -> None:
         replies.flush()
 
 
+def _die_with(grader: int) -> None:
+    """SIGKILL this process when the grader dies (Linux's PR_SET_PDEATHSIG; set here, after
+    setpriv changed who we are, which clears it): a SIGKILLed grader runs no clean-up, and a
+    student's endless loop would spin on with nobody to read its answer."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != grader:  # it died before we asked
+        os._exit(1)
+
+
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None)

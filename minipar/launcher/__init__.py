@@ -7,6 +7,7 @@ mpiexec.py   find the mpiexec of the MPI mpi4py loads and run a job under it (`m
 relay.py     each rank's output through its own pipe, forwarded in whole lines
 notebook.py  `minipar.launch(fn, args, n)`: a function on n MPI ranks from a notebook
 stop.py      ending a job: SIGTERM, a grace, then SIGKILL; hydra's leftovers after an abort
+own_folder.py  a process's folders in TMPDIR, named after it: a killed one's are swept
 cluster/     emulated nodes on this machine (`minipar run --nodes N --link RATE`)
 
 Light to import: no torch, no MPI.

@@ -77,9 +77,10 @@ TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
-def signals_raise():
+def signals_raise(once: bool = False):
     """Inside: SIGTERM and SIGHUP raise Terminated; once state["removing"] is set, one is kept
-    and raised at the block's end (a second signal must not cut the clean-up short). A signal
+    and raised at the block's end (a second signal must not cut the clean-up short). `once`:
+    the first signal sets it (what the block does on Terminated is all clean-up). A signal
     ignored (nohup's SIGHUP) stays ignored; outside the main thread (a notebook's) only Ctrl-C
     can stop the job."""
     state = {"removing": False, "pending": None}
@@ -89,6 +90,7 @@ def signals_raise():
 
     def handler(signum, frame):
         if not state["removing"]:
+            state["removing"] = once
             raise Terminated(signum)
         state["pending"] = signum  # raised once the clean-up is done
 

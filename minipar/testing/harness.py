@@ -21,16 +21,17 @@ started (either way) to PATH, to count them.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import glob
 import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 
 from minipar import launcher
+from minipar.launcher import own_folder
 from minipar.launcher.cluster.job import emulated
 from minipar.state import process
 from minipar.testing import case
@@ -149,25 +150,29 @@ def close() -> list:
 
 @functools.cache
 def _on_nodes(suite: str, size: int, timeout: float, nodes: int, link: str) -> SuiteResult:
-    with emulated(nodes, link) as cluster:
-        return launch_suite(suite, size, "mpi", timeout, cluster)
+    return launch_suite(suite, size, "mpi", timeout, nodes=(nodes, link))
 
 
 # -- one launch per suite (MINIPAR_TEST_POOL=0; and what the pool replaced) -----------------
-def launch_suite(suite: str, size: int, backend: str, timeout: float, cluster=None) -> SuiteResult:
+def launch_suite(
+    suite: str, size: int, backend: str, timeout: float, cluster=None, nodes=None
+) -> SuiteResult:
     """Launch `suite` on `size` ranks for this call alone (on an EmulatedCluster's nodes when
-    given); its folder is removed afterwards."""
-    outdir = tempfile.mkdtemp(prefix="minipar-test-")
+    given, or on `nodes` = (N, link) made for it); its folder is removed afterwards. Nodes made
+    here are taken down before the results are read and the folder removed: a rank of a job
+    that timed out may write in it until its node goes."""
+    outdir = own_folder.make("test")
     argv = ["-m", "minipar.testing.worker", suite, outdir]
     env_timeout = os.environ.get("MINIPAR_TIMEOUT")
     os.environ["MINIPAR_TIMEOUT"] = env_timeout or CASE_TIMEOUT
     start = time.monotonic()
     _log_launch("suite", suite, size, backend)
     try:
-        if backend == "mpi":
-            done = launcher.run(size, argv, timeout=timeout, capture=True, cluster=cluster)
-        else:
-            done = _spawn(argv + ["--backend", "torch", "--size", str(size)], timeout)
+        with emulated(*nodes) if nodes else contextlib.nullcontext(cluster) as on:
+            if backend == "mpi":
+                done = launcher.run(size, argv, timeout=timeout, capture=True, cluster=on)
+            else:
+                done = _spawn(argv + ["--backend", "torch", "--size", str(size)], timeout)
         ranks, notes = _read_results(outdir, size, case_names(suite, size), done)
     finally:
         if env_timeout is None:

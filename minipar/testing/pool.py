@@ -41,11 +41,10 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 from minipar import launcher
-from minipar.launcher import shm_leftovers, stop
+from minipar.launcher import own_folder, shm_leftovers, stop
 from minipar.launcher.mpiexec import FORK_SERVER_ENV
 from minipar.testing import case, wire, zygote
 
@@ -240,7 +239,7 @@ class Job:
 
     def __init__(self, size: int, backend: str, fork_server=None):
         self.size, self.backend, self.fork_server = size, backend, fork_server
-        self.folder = tempfile.mkdtemp(prefix="minipar-pool-")
+        self.folder = own_folder.make("pool")  # named after us: a killed session's is swept
         self.log = open(os.path.join(self.folder, "job.log"), "w+")
         self.conns: dict[int, wire.Connection] = {}
         self.pids: dict[int, int] = {}
@@ -275,7 +274,8 @@ class Job:
         )  # fmt: skip
         try:
             self._accept(listener, token)
-        except BaseException:  # interrupted while starting: leave nothing running
+        except BaseException:  # interrupted while starting: leave nothing running (at once:
+            self.usable = False  # a rank not yet connected could not be asked to quit)
             self.close()
             raise
         finally:
@@ -510,24 +510,31 @@ class Job:
         A job that did not end well keeps the end of its log and the ranks' output (with
         their stacks, if they did not leave in time) in `last_words`."""
         late = False
-        if self.proc.poll() is None and self.usable:
-            self.ask_to_quit()
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                late = True
-                self.dump_stacks(range(self.size))
-        self.kill()
-        if self.proc.returncode != 0:
-            self.last_words = (
-                f"{'still running after' if late else 'ended within'} {grace:g} "
-                f"s of quit\n{self.log_tail()}{self.outputs(range(self.size))}"
-            )
-        for conn in self.conns.values():
-            conn.close()
-        self.selector.close()
-        self.log.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        try:
+            late = self.proc.poll() is None and self.usable and not self._quits(grace)
+        finally:  # interrupted while it waits (Ctrl-C, SIGTERM): the job and its folder still go
+            self.kill()
+            if self.proc.returncode != 0:
+                self.last_words = (
+                    f"{'still running after' if late else 'ended within'} {grace:g} "
+                    f"s of quit\n{self.log_tail()}{self.outputs(range(self.size))}"
+                )
+            for conn in self.conns.values():
+                conn.close()
+            self.selector.close()
+            self.log.close()
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _quits(self, grace: float) -> bool:
+        """Ask the ranks to quit; whether the job ended within `grace` s (if not, the ranks
+        print their stacks first)."""
+        self.ask_to_quit()
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.dump_stacks(range(self.size))
+            return False
+        return True
 
 
 def _result(message: dict) -> dict:

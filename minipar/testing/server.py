@@ -18,8 +18,10 @@ hello. Then, until told to quit:
 Every rank reads the same requests from its own connection (a rank waits for the next one in
 the kernel, using no CPU, however long pytest is busy elsewhere); the control group carries
 what the ranks must agree on. When a case leaves the job unusable the rank says so in "synced"
-and waits for the pytest process to end the job. A rank whose connection closes (pytest gone)
-leaves the job, and rank 0 removes the job's folder.
+and waits for the pytest process to end the job. A rank whose connection closes (pytest gone:
+killed, it ended no job) leaves the job without MPI_Finalize, which a peer may never reach:
+it removes the shared-memory segments it maps first (MPICH's, its windows'; nobody will
+attach to them again), and rank 0 the job's folder.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import sys
 import traceback
 
 import minipar
+from minipar.launcher import shm_leftovers
 from minipar.testing import case, spawn, wire
 from minipar.testing.groups import watchdog_paused
 from minipar.testing.isolation import Isolation
@@ -53,20 +56,33 @@ def serve(backend: str, address: str, folder: str) -> None:
                "token": os.environ.get(wire.TOKEN_ENV, "")})  # fmt: skip
     gc.freeze()  # what start-up made is kept: the collections after each batch skip it (zygote.py)
     idle = backend == "mpi"  # between batches no watchdog looks (warm ranks cost no CPU)
-    while True:
-        with watchdog_paused(idle, lambda: [control, *isolation.groups.alive()]):
-            request = conn.receive()
-        if request is None:  # the pytest process is gone: so is this job
-            if comm.rank == 0:
-                shutil.rmtree(folder, ignore_errors=True)
-            os._exit(0)
-        if request["op"] == "quit":
-            break
-        if not run_batch(request, conn, isolation, comm.size, capture):
-            conn.receive()  # the job is spent: wait until pytest ends it
-            os._exit(1)
+    try:
+        while True:
+            with watchdog_paused(idle, lambda: [control, *isolation.groups.alive()]):
+                request = conn.receive()
+            if request is None:  # the pytest process is gone: so is this job
+                _leave(comm.rank, folder)
+            if request["op"] == "quit":
+                break
+            if not run_batch(request, conn, isolation, comm.size, capture):
+                conn.receive()  # the job is spent: wait until pytest ends it
+                os._exit(1)
+    except ConnectionError:  # gone while this rank sent a case's result
+        _leave(comm.rank, folder)
     control.barrier()
     minipar.finalize()
+
+
+def _leave(rank: int, folder: str) -> None:
+    """Leave a job whose pytest process is gone: its segments unlinked, its folder removed."""
+    for path in shm_leftovers.mapped([os.getpid()]):
+        try:
+            os.remove(path)  # the mappings stay valid for the ranks that still hold them
+        except OSError:
+            pass
+    if rank == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+    os._exit(0)
 
 
 def run_batch(request: dict, conn, isolation, size: int, capture) -> bool:

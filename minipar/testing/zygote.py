@@ -45,6 +45,7 @@ import tempfile
 import time
 
 from minipar import exercises
+from minipar.launcher import own_folder
 
 ZYGOTE_ENV = "MINIPAR_TEST_ZYGOTE"  # "0": no fork server, every rank starts cold
 MAX_FDS = 64  # descriptors a client may hand over (a rank under hydra has about 15)
@@ -75,7 +76,7 @@ class Server:
     def __init__(self, env: dict):
         env = dict(env)
         env.setdefault("OMP_NUM_THREADS", "1")  # as the launcher gives each rank
-        self.folder = tempfile.mkdtemp(prefix="minipar-zygote-")
+        self.folder = own_folder.make("zygote")  # named after us: a killed session's is swept
         # torch._dynamo makes its compile cache's folder when imported: in ours, not in TMPDIR
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(self.folder, "torchinductor"))
         self.address = os.path.join(self.folder, "sock")
