@@ -31,6 +31,7 @@ The model of each variant's exposed communication (the step less the compute-onl
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 
@@ -100,8 +101,7 @@ def measure(page, model, x, y, link) -> Costs:
 def ddp_alone(page, model, x, y) -> float:
     """One step of a per-parameter DDP over a group of this rank alone (collective: every rank
     makes every group): DDP's whole machinery, with no byte to move."""
-    import copy
-
+    # here, not at the top of the file: DDP loads torch, only when the lesson measures
     from minipar.parallel import DistributedDataParallel
 
     groups = [minipar.new_group([r], name=f"ddp-alone-{r}") for r in range(page.size)]
