@@ -97,7 +97,9 @@ def run_schedule(page: Page, name: str, m: int, v: int, t: float):
     chunks = [sleep_stage(t, width) for _ in range(v)]
     pipe = Pipeline(chunks if v > 1 else chunks[0], n_microbatches=m, schedule=name,
                     loss_fn=lambda out, y: (out - y).pow(2).mean(), virtual_stages=v)  # fmt: skip
-    pipe.step(torch.ones(4 * m, width), torch.zeros(4 * m, width))
+    # the input asks for its gradient, so the first stage's backward sleeps its input-gradient
+    # share too: every stage equal, as the formula assumes (else stage 0's B would cost nothing)
+    pipe.step(torch.ones(4 * m, width, requires_grad=True), torch.zeros(4 * m, width))
     memory = page.gather((pipe.peak_in_flight, pipe.peak_activation_bytes))
     per_rank = page.gather(pipe.events)
     return Timeline.from_events(per_rank), memory, per_rank
