@@ -42,8 +42,8 @@ shm = os.stat("/dev/shm").st_dev
 said = " ".join(map(str, ("MADE", comm.rank, os.getpid(), shm, *segments(), *topology_files())))
 os.write(1, (said + "\n").encode())  # one write: two ranks' lines on one pipe never interleave
 comm.Barrier()
-if comm.rank == 0:
-    print("ranks ready", flush=True)
+if comm.rank == 0:  # one write too (print may write the line and its newline apart)
+    os.write(1, b"ranks ready\n")
 mode = sys.argv[1] if len(sys.argv) > 1 else "wait"
 if mode == "die" and comm.rank == 1:
     os.kill(os.getpid(), signal.SIGKILL)
