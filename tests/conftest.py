@@ -120,7 +120,9 @@ def pytest_configure(config):
         tempfile.gettempdir(), f"minipar-tests-no-calibration-{os.getpid()}", "none.json"
     )
     bytecode_cache(config)
-    config.addinivalue_line("markers", "slow: long-running (extended runs only)")
+    config.addinivalue_line(
+        "markers", "slow: long-running: CI's long checks only (MINIPAR_EXTENDED=1), skipped else"
+    )
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped, with why, without)")
     config.addinivalue_line(
         "markers", "cold: an own_job test whose ranks must start cold (not forked warm)"
@@ -245,6 +247,10 @@ def exercise_impl(request):
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("MINIPAR_EXTENDED") != "1":  # the README's suite stays short
+        for item in items:
+            if item.get_closest_marker("slow") is not None:
+                item.add_marker(pytest.mark.skip(reason="MINIPAR_EXTENDED=1 (CI's long checks)"))
     gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu:
         return

@@ -121,6 +121,7 @@ def test_relative_slope_fits_a_line_and_weighs_sizes_alike():
     assert max(abs(e) for e in errors[:-1]) < 0.2 and abs(errors[-1]) < 0.5, errors
 
 
+@pytest.mark.slow  # CI's long checks only (MINIPAR_EXTENDED=1)
 @pytest.mark.own_job
 @pytest.mark.timeout(150)
 def test_two_rank_run(tmp_path):

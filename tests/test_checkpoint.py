@@ -20,6 +20,8 @@ from minipar.models import checkpoint_files, checkpoint_loader, checkpoint_piece
 from minipar.parallel.tensor import plan
 from minipar.testing import harness
 
+pytestmark = pytest.mark.slow  # CI's long checks only (MINIPAR_EXTENDED=1)
+
 SUITE = ranks_suite("checkpoint.py")
 SIZES = [4, 8] if os.environ.get("MINIPAR_EXTENDED") == "1" else [4]
 

@@ -125,6 +125,7 @@ def test_the_account_of_a_restart():
     assert (r3["step_reached"], r3["resumed_from"], r3["steps_lost"]) == (6, 6, 0)
 
 
+@pytest.mark.slow  # CI's long checks only (MINIPAR_EXTENDED=1)
 def test_a_killed_rank_restarts_from_the_last_checkpoint(tmp_path):
     folder, log = str(tmp_path / "ck"), str(tmp_path / "restarts.json")
     done = minipar(

@@ -29,6 +29,8 @@ import pytest
 from minipar import exercises
 from minipar.launcher import shm_leftovers
 
+pytestmark = pytest.mark.slow  # CI's long checks only (MINIPAR_EXTENDED=1)
+
 SOLUTIONS = exercises.tree("solutions")
 LONG = pytest.mark.skipif(
     os.environ.get("MINIPAR_EXTENDED") != "1", reason="MINIPAR_EXTENDED=1 (CI's long checks)"

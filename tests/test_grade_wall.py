@@ -266,6 +266,7 @@ def test_wall_hides_the_answers_and_the_results_and_starts_no_process(tmp_open):
 # -- the whole grader, in one command: attacks beside honest work -------------------------------
 
 
+@pytest.mark.slow  # CI's long checks only (MINIPAR_EXTENDED=1)
 def test_grade_attacks_gain_nothing_and_honest_work_keeps_its_points(tmp_path):
     """One `minipar grade --impl` run over a submission where each exercise holds another
     attack; the results file is the grader's and the exit status says not all passed."""

@@ -81,7 +81,10 @@ def run_pool_suite(monkeypatch, mode: str, size: int = 2, backend: str = "mpi", 
     return failed
 
 
-@pytest.mark.parametrize("backend", ["mpi", "torch"])
+@pytest.mark.parametrize(
+    "backend",
+    ["mpi", pytest.param("torch", marks=pytest.mark.slow)],  # torch's: CI's long checks
+)
 def test_hung_case_names_its_ranks_and_the_rest_run(monkeypatch, backend):
     failed = run_pool_suite(monkeypatch, "hang", backend=backend)
     limit = harness.load_suite(POOL_SUITE).CASE_LIMIT  # the suite's, when it hangs on purpose

@@ -161,6 +161,7 @@ def test_tutorial_programs_under_torch_multiprocessing(tmp_path, monkeypatch):
     assert len(ours[0]) == 15 and ours[0]["group_all_reduce"].item() == 2.0, ours[0]
 
 
+@pytest.mark.slow  # CI's long checks only (MINIPAR_EXTENDED=1)
 @pytest.mark.own_job  # init_process_group's MPI recipe
 def test_tutorial_programs_under_its_mpi_recipe(tmp_path, monkeypatch):
     """mpiexec -n 4 and the tutorial's `init_process(0, 0, run, backend='mpi')` with minipar,

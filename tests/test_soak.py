@@ -28,6 +28,7 @@ def test_soak_short():
 MISMATCH_SOAK = os.path.join(ROOT, "scripts", "mismatch_soak.py")
 
 
+@pytest.mark.slow  # CI's long checks only (MINIPAR_EXTENDED=1)
 def test_mismatch_soak_short():
     """300 randomized calls on 4 ranks, one in 20 with a mistake of a random kind on one rank:
     every mistake caught on every rank of its group, no clean call raising, exit status 0

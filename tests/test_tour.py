@@ -13,6 +13,7 @@ from conftest import warm_python
 from minipar.cli import tour
 
 
+@pytest.mark.slow  # CI's long checks only (MINIPAR_EXTENDED=1)
 @pytest.mark.own_job
 def test_quick_tour_runs_every_core_step():
     start = time.monotonic()
