@@ -188,3 +188,26 @@ def test_a_student_who_prints_does_not_garble_the_walls_replies():
     finally:
         wall.close()
         shutil.rmtree(top)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root: the student's process runs as nobody")
+def test_as_root_the_submission_goes_where_nobody_can_enter(tmp_path, monkeypatch):
+    """A root-only TMPDIR (0700) would make every one-process test a PermissionError for the
+    student's process (nobody): the grader's copy goes to /tmp instead."""
+    import tempfile
+
+    from minipar.course import submission
+
+    private = tmp_path / "root-only"
+    private.mkdir(mode=0o700)
+    open_one = tmp_path / "open"
+    open_one.mkdir()
+    for p in (tmp_path, open_one):
+        os.chmod(p, 0o755)
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    assert not submission.others_can_enter(str(private))
+    assert submission.reachable_tmp() != str(private)
+    assert submission.others_can_enter(submission.reachable_tmp())
+    ancestors_open = all(os.stat(p).st_mode & 0o001 for p in (open_one, *open_one.parents))
+    monkeypatch.setattr(tempfile, "tempdir", str(open_one))
+    assert submission.reachable_tmp() == (str(open_one) if ancestors_open else "/tmp")

@@ -396,7 +396,8 @@ def _walled(folder: Path, chosen, hidden: list[str]):
     found = submission.files(folder, known)
     if chosen is not None:
         found = {k: v for k, v in found.items() if k in chosen}
-    with tempfile.TemporaryDirectory(prefix=own_folder.prefix("grade")) as scratch:
+    where = submission.reachable_tmp()  # as root, a folder `nobody` can enter
+    with tempfile.TemporaryDirectory(prefix=own_folder.prefix("grade"), dir=where) as scratch:
         submission.admit(found, Path(scratch), exercises.tree("solutions"))
         needed = [Path(scratch), Path(sys.prefix), Path(__file__).resolve().parents[1]]
         hide = os.pathsep.join(str(h) for h in map(lambda h: Path(h).resolve(), hidden)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from pathlib import Path
 
 from minipar.course import policy
@@ -32,6 +33,28 @@ def files(folder: Path, known: set[str] | None = None) -> dict[str, Path]:
             continue
         found.setdefault(path.stem, path)
     return found
+
+
+def reachable_tmp() -> str | None:
+    """Where the grader's copy of a submission can go so that its unprivileged processes reach
+    it: None (the temporary directory) unless the grader runs as root, whose student processes
+    run as `nobody`; then $TMPDIR where every folder above it lets others through, else /tmp,
+    else /dev/shm (a root-only TMPDIR would make every one-process test a PermissionError)."""
+    if os.geteuid() != 0:
+        return None
+    for base in (tempfile.gettempdir(), "/tmp", "/dev/shm"):
+        if others_can_enter(base):
+            return base
+    return None
+
+
+def others_can_enter(path: str) -> bool:
+    """Whether a user with no claim on them may pass through `path` and every folder above it."""
+    try:
+        where = Path(path).resolve()
+        return all(os.stat(p).st_mode & 0o001 for p in (where, *where.parents))
+    except OSError:
+        return False
 
 
 def admit(found: dict[str, Path], scratch: Path, solutions: Path) -> dict[str, list[str]]:
