@@ -45,7 +45,7 @@ import tempfile
 import time
 
 from minipar import exercises
-from minipar.launcher import own_folder
+from minipar.launcher import own_folder, shm_leftovers
 
 ZYGOTE_ENV = "MINIPAR_TEST_ZYGOTE"  # "0": no fork server, every rank starts cold
 MAX_FDS = 64  # descriptors a client may hand over (a rank under hydra has about 15)
@@ -273,8 +273,17 @@ def _reap(ranks, selector) -> None:
 
 
 def _kill_all(ranks) -> None:
+    """Kill every rank (the Pool is gone), reap them, and unlink the segments they mapped: a
+    rank spinning in a student's loop never reaches its own clean-up."""
+    segments = shm_leftovers.mapped(list(ranks))
     for pid in ranks:
         _signal(pid, signal.SIGKILL)
+    for pid in ranks:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:  # reaped already
+            pass
+    shm_leftovers.remove(segments)
 
 
 def _signal(pid: int, signum: int) -> None:
