@@ -34,6 +34,7 @@ import time
 
 from minipar import exercises
 from minipar.exercises import COVER_ENV, HIDE_ENV, guard, hidden_paths  # noqa: F401 (grade.py)
+from minipar.launcher import stop
 
 SEALED_ENV = "MINIPAR_GRADE_SEALED"  # the grader's pid: its exercise modules come through a Wall
 TIMEOUT_ENV = "MINIPAR_GRADE_CALL_TIMEOUT"
@@ -309,11 +310,7 @@ def _die_with(grader: int) -> None:
     """SIGKILL this process when the grader dies (Linux's PR_SET_PDEATHSIG; set here, after
     setpriv changed who we are, which clears it): a SIGKILLed grader runs no clean-up, and a
     student's endless loop would spin on with nobody to read its answer."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
+    if not stop.die_with_parent():
         return
     if os.getppid() != grader:  # it died before we asked
         os._exit(1)

@@ -51,6 +51,18 @@ def stop(proc: subprocess.Popen, grace: float = 2.0, ranks=()) -> None:
         shm_leftovers.remove(held, job)
 
 
+def die_with_parent() -> bool:
+    """Have the kernel SIGKILL this process when its parent dies (Linux's PR_SET_PDEATHSIG: a
+    SIGKILLed parent runs no clean-up); False where it cannot be asked (not Linux)."""
+    try:
+        import ctypes  # here: only the processes that ask load it
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
 def signal_pid(pid: int, sig: int) -> None:
     """os.kill, where a negative pid names a process group; quiet if it is already gone."""
     try:

@@ -45,7 +45,7 @@ import tempfile
 import time
 
 from minipar import exercises
-from minipar.launcher import own_folder, shm_leftovers
+from minipar.launcher import own_folder, shm_leftovers, stop
 
 ZYGOTE_ENV = "MINIPAR_TEST_ZYGOTE"  # "0": no fork server, every rank starts cold
 MAX_FDS = 64  # descriptors a client may hand over (a rank under hydra has about 15)
@@ -299,7 +299,7 @@ def _become(request: dict, fds: list[int], conn, keep) -> None:
     server's closed, its environment, directory, argv and path; then run the module."""
     code = 1
     try:
-        _die_with_parent()
+        stop.die_with_parent()  # the server dies: so does this rank
         os.setsid()  # a session of its own, as hydra gives each rank: no signal of the server's
         signal.set_wakeup_fd(-1)
         for signum in (signal.SIGCHLD, *FORWARDED):
@@ -487,17 +487,6 @@ def _free_requests(mpi) -> None:
                 obj.Free()
             except Exception:  # noqa: BLE001
                 pass
-
-
-def _die_with_parent() -> None:
-    """SIGKILL this process when the server dies (Linux; elsewhere nothing)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 # -- the wire: one request with descriptors, then JSON lines back ------------------------------

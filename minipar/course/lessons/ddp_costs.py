@@ -119,11 +119,11 @@ def ddp_alone(page, model, x, y) -> float:
 def exposed(costs: Costs, sizes: list[int], p: int, link, copy_Bps: float) -> dict:
     """Each variant's exposed communication by the model (the module docstring's sums)."""
     ring = [cost.predict("all_reduce", "ring", n, p, link) for n in sizes]
-    used = cost.predict("all_reduce", "ring", len(sizes), p, link) + costs.call_s
+    used_bytes = cost.predict("all_reduce", "ring", len(sizes), p, link)  # DDP's `used` map
+    used = used_bytes + costs.call_s
     naive = sum(ring) + len(sizes) * costs.call_s
     hooks = len(sizes) * costs.hook_s
-    used_bytes = cost.predict("all_reduce", "ring", len(sizes), p, link)  # its call: in own_s
-    per_parameter = naive + len(sizes) * costs.own_s + used_bytes
+    per_parameter = naive + len(sizes) * costs.own_s + used_bytes  # its call: in own_s
     psi = sum(sizes)
     bucket = (cost.predict("all_reduce", "ring", psi, p, link) + costs.call_s + costs.handoff_s
               + hooks + psi / copy_Bps + used)  # fmt: skip
