@@ -375,6 +375,10 @@ def run(
         # one warm job at a time: the cases go by world size in order, so a job is not used
         # again once the next size starts, and each rank holds ~100 MB of its own
         stack.enter_context(_environ(pool.WARM_ENV, "0"))
+        if not nodes:  # the fork server imports torch while pytest collects and the
+            from minipar.testing import harness  # one-process tests run: ~3 s a grade
+
+            harness.pool().start_fork_server()
         quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
         with quiet:
             pytest.main(args, plugins=[collector, *([Progress()] if progress else [])])

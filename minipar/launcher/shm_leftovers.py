@@ -46,10 +46,11 @@ def mapped(pids) -> set[str]:
     for pid in pids:
         try:
             with open(f"/proc/{pid}/maps") as f:
-                lines = f.read().splitlines()
+                text = f.read()
         except OSError:  # gone already, or not ours to read
             continue
-        for line in lines:
+        # a rank with torch loaded maps some 1,500 regions, a handful of them in /dev/shm
+        for line in (line for line in text.splitlines() if SHM in line):
             fields = line.split(maxsplit=5)  # address, perms, offset, device, inode, path
             path = fields[5].strip() if len(fields) == 6 else ""
             if _segment(path) and not path.endswith(" (deleted)"):

@@ -186,6 +186,14 @@ class Pool:
         self.jobs[key] = job  # most recently used last
         return job
 
+    def start_fork_server(self) -> None:
+        """Start the fork server now without waiting for it (its torch import overlaps what
+        this process does before its first job: `minipar grade` collects and runs the
+        one-process tests meanwhile); fork_server() waits for it when a job needs it."""
+        if zygote.enabled() and self.zygote is None and not os.environ.get(FORK_SERVER_ENV):
+            self.zygote = zygote.Server(launch_environ())
+            self.sessions.append(self.zygote.proc.pid)
+
     def fork_server(self):
         """The fork server that starts this session's ranks warm (started on first use; or the
         one MINIPAR_FORK_SERVER names, a parent pytest's), or None: MINIPAR_TEST_ZYGOTE=0, or
