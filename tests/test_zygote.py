@@ -14,7 +14,7 @@ import pytest
 from conftest import ranks_suite
 
 from minipar import launcher
-from minipar.testing import harness, zygote
+from minipar.testing import harness, pool, zygote
 
 SUITE = ranks_suite("harness_zygote.py")
 SCRIPT = textwrap.dedent("""
@@ -107,6 +107,33 @@ def test_a_pytest_inside_a_test_borrows_the_server(tmp_path):
     assert "own server False 1" in done.stdout, done.stdout
     assert server.proc.poll() is None and os.path.exists(server.address), "the server ended"
     harness.run_suite.__wrapped__(SUITE, 2, "mpi").check("rank_is_itself")  # and still serves
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs Linux /proc")
+def test_a_fork_server_started_early_forks_the_first_jobs_ranks(monkeypatch):
+    """`minipar grade` starts its pool's fork server before pytest collects (its torch import
+    overlaps the one-process tests): the jobs then use that server, none other is started,
+    and the pool still ends it. A borrowed server (MINIPAR_FORK_SERVER) is never doubled."""
+    monkeypatch.delenv(launcher.mpiexec.FORK_SERVER_ENV, raising=False)
+    own = pool.Pool()
+    try:
+        own.start_fork_server()
+        early = own.zygote
+        assert early is not None and early.proc.poll() is None
+        own.start_fork_server()  # again: the same server, not a second
+        assert own.zygote is early and own.sessions == [early.proc.pid]
+        job = own._job(2, "mpi")
+        assert job.error is None, job.error
+        parents = {pid: open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]
+                   for pid in job.pids.values()}  # fmt: skip
+        assert set(parents.values()) == {str(early.proc.pid)}, parents
+    finally:
+        own.close()
+    assert early.proc.poll() is not None, "the pool left its early fork server running"
+    monkeypatch.setenv(launcher.mpiexec.FORK_SERVER_ENV, early.address)
+    borrower = pool.Pool()
+    borrower.start_fork_server()
+    assert borrower.zygote is None and borrower.sessions == []
 
 
 def test_a_rank_has_the_threads_its_job_asked_for(monkeypatch):

@@ -2,7 +2,7 @@
 step each way of synchronising gradients costs by the model that prices them.
 
     costs = measure(page, model, x, y)     # collective: every rank
-    exposed(costs, sizes, p, machine)      # {"naive": s, "per parameter": s, "one bucket": s}
+    exposed(costs, sizes, p, link)         # {"naive": s, "per parameter": s, "one bucket": s}
 
 The quantities, each measured the fastest of a few runs (a run other processes interrupted is
 slower, never faster):
@@ -17,6 +17,8 @@ slower, never faster):
                DDP on a group of this rank alone (its hooks, the copies into and out of its
                buckets, the launches, the progress thread's hand-offs and waits, the closing
                `used` call), less the plain backward
+    bucket_s   the same for a DDP of one 25 MB bucket, the whole step's: its hooks, the copy
+               of every gradient into the bucket, one launch and hand-off, the `used` call
 
 The model of each variant's exposed communication (the step less the compute-only step):
 
@@ -25,8 +27,8 @@ The model of each variant's exposed communication (the step less the compute-onl
                    closing `used` all-reduce; nothing overlaps where the ranks have no spare
                    core (the progress thread waits for the backward to end), so it is never
                    faster than naive
-    one bucket     ring(Psi) + call_s + handoff_s + hooks + the copy into the bucket (Psi bytes
-                   at the memory copy measured at the start) + the closing `used` all-reduce
+    one bucket     ring(Psi) + call_s + bucket_s (DDP's own work, the copies included) + the
+                   bytes of the closing `used` all-reduce
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class Costs:
     handoff_s: float
     hook_s: float
     own_s: float
+    bucket_s: float = 0.0
 
 
 def fastest(page, fn, reps: int = 20) -> float:
@@ -92,21 +95,21 @@ def measure(page, model, x, y, link) -> Costs:
     finally:
         for handle in handles:
             handle.remove()
-    alone = ddp_alone(page, model, x, y)
+    alone, bucket = ddp_alone(page, model, x, y, 0), ddp_alone(page, model, x, y, 25)
     return Costs(max(blocking - ring, 0.0), max(handed - blocking, 0.0),
                  max(hooked - plain, 0.0) / len(params),
-                 max(alone - plain, 0.0) / len(params))  # fmt: skip
+                 max(alone - plain, 0.0) / len(params), max(bucket - plain, 0.0))  # fmt: skip
 
 
-def ddp_alone(page, model, x, y) -> float:
-    """One step of a per-parameter DDP over a group of this rank alone (collective: every rank
-    makes every group): DDP's whole machinery, with no byte to move."""
+def ddp_alone(page, model, x, y, cap_mb: float = 0) -> float:
+    """One step of a DDP (buckets of cap_mb; 0: one a parameter) over a group of this rank alone
+    (collective: every rank makes every group): DDP's whole machinery, no byte to move."""
     # here, not at the top of the file: DDP loads torch, only when the lesson measures
     from minipar.parallel import DistributedDataParallel
 
-    groups = [minipar.new_group([r], name=f"ddp-alone-{r}") for r in range(page.size)]
+    groups = [minipar.new_group([r], name=f"ddp-alone-{cap_mb}-{r}") for r in range(page.size)]
     ddp = DistributedDataParallel(copy.deepcopy(model), group=groups[page.rank],
-                                  bucket_cap_mb=0, algorithm="ring")  # fmt: skip
+                                  bucket_cap_mb=cap_mb, algorithm="ring")  # fmt: skip
 
     def step() -> None:
         for q in ddp.parameters():
@@ -116,15 +119,13 @@ def ddp_alone(page, model, x, y) -> float:
     return fastest(page, step, 10)
 
 
-def exposed(costs: Costs, sizes: list[int], p: int, link, copy_Bps: float) -> dict:
+def exposed(costs: Costs, sizes: list[int], p: int, link) -> dict:
     """Each variant's exposed communication by the model (the module docstring's sums)."""
     ring = [cost.predict("all_reduce", "ring", n, p, link) for n in sizes]
     used_bytes = cost.predict("all_reduce", "ring", len(sizes), p, link)  # DDP's `used` map
-    used = used_bytes + costs.call_s
     naive = sum(ring) + len(sizes) * costs.call_s
-    hooks = len(sizes) * costs.hook_s
     per_parameter = naive + len(sizes) * costs.own_s + used_bytes  # its call: in own_s
     psi = sum(sizes)
-    bucket = (cost.predict("all_reduce", "ring", psi, p, link) + costs.call_s + costs.handoff_s
-              + hooks + psi / copy_Bps + used)  # fmt: skip
+    bucket = cost.predict("all_reduce", "ring", psi, p, link) + costs.call_s + costs.bucket_s
+    bucket += used_bytes  # its call: in bucket_s
     return {"naive": naive, "per parameter": per_parameter, "one bucket": bucket}

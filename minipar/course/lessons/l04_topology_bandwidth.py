@@ -13,6 +13,7 @@ and to clusters of nodes joined by InfiniBand. `minipar bench` is the full versi
 
 from __future__ import annotations
 
+import math
 import time
 from functools import partial
 
@@ -272,14 +273,16 @@ def mpi_model(page: Page, machine, nbytes: int, inter, call_s: float = 0.0) -> f
     then MPICH's algorithm: on one node each of its steps one MPI exchange of that step's
     message, timed now (mpi_exchange: whatever protocol MPI picks at that size), and its
     reductions at the measured gamma; on both links when the ranks span nodes, a bare MPI
-    message's latency per step (C, no minipar Python)."""
+    message's latency per step (C, no minipar Python). MPICH reduces with its own loop, not
+    numpy's: its reductions at its own rate, timed now (reduce_gamma)."""
     algorithm = mpich_algorithm(nbytes, page.size)
     m = machine.message
+    moved = cost.traffic("all_reduce", algorithm, nbytes, page.size)
+    gamma = reduce_gamma(page, moved.bytes_reduced / max(round(math.log2(page.size)), 1), "mpi")
     if inter is None:
-        moved = cost.traffic("all_reduce", algorithm, nbytes, page.size)
         step = mpi_exchange(page, moved.bytes_sent / max(moved.steps, 1))
-        return call_s + moved.steps * step + moved.bytes_reduced * m.gamma
-    inside = cost.Link("a bare MPI message", machine.bare_s, m.beta, m.gamma, machine.basis)
+        return call_s + moved.steps * step + moved.bytes_reduced * gamma
+    inside = cost.Link("a bare MPI message", machine.bare_s, m.beta, gamma, machine.basis)
     wire = cost.Link(inter.name, inter.alpha - machine.step_s, inter.beta, inter.gamma)
     return call_s + cost.predict_on_nodes("all_reduce", algorithm, nbytes, *shape(page), inside,
                                           wire)  # fmt: skip
@@ -302,13 +305,33 @@ def mpi_exchange(page: Page, nbytes: float, reps: int = 20) -> float:
     return timed_now[nbytes]
 
 
+def reduce_gamma(page: Page, nbytes: float, by: str = "numpy", reps: int = 20) -> float:
+    """Seconds per byte of a float32 sum of nbytes into a buffer, as a step reduces its chunk,
+    timed now: `by` "numpy" (np.add, minipar's reduction) or "mpi" (MPI.SUM.Reduce_local, the
+    loop MPICH runs inside MPI_Allreduce: the wheel's sums 2-4x slower than numpy's here). The
+    fastest of reps, the slowest rank's (collective; timed once a size)."""
+    timed_now = vars(page).setdefault("reduce_gammas", {})
+    if (nbytes, by) not in timed_now:
+        a = np.ones(max(int(nbytes) // 4, 1), np.float32)
+        b = np.ones_like(a)
+        if by == "mpi":
+            from mpi4py import MPI  # only on the MPI transport, which has page.comm.mpi
+
+            op = lambda: MPI.SUM.Reduce_local(a, b)  # noqa: E731
+        else:
+            op = lambda: np.add(a, b, out=b)  # noqa: E731
+        op()  # warm up
+        timed_now[nbytes, by] = fastest(page, op, reps) / a.nbytes
+    return timed_now[nbytes, by]
+
+
 def mpi_ring_model(page: Page, machine, n: int) -> float:
     """Seconds of minipar's ring over MPI (ring@mpi) of n bytes: 2(p-1) steps, each one MPI
     exchange of its n/p-byte chunk timed now (mpi_exchange) plus minipar's Python per step,
-    and (p-1)/p n bytes reduced at the measured gamma."""
+    and (p-1)/p n bytes reduced at numpy's rate on an n/p chunk, timed now (reduce_gamma)."""
     p = page.size
     step = mpi_exchange(page, n / p) + machine.step_s
-    return 2 * (p - 1) * step + (p - 1) / p * n * machine.collective.gamma
+    return 2 * (p - 1) * step + (p - 1) / p * n * reduce_gamma(page, n / p)
 
 
 def mpi_call_cost(page: Page, reps: int = 200) -> float:
@@ -346,9 +369,10 @@ def source(machine) -> str:
 
 def fit_section(page: Page, fits, machine, inter=None) -> None:
     p = page.size
-    gamma = (p - 1) / p * machine.collective.gamma  # the reduction's share, priced apart
+    # the reduction's share priced apart, (p-1)/p n bytes at numpy's rate on the ring's chunk
+    sizes = [s * p / (2 * (p - 1)) for _, s, _ in fits]  # n, from the bytes each rank sent
+    rest = [t - (p - 1) / p * n * reduce_gamma(page, n / p) for n, (_, _, t) in zip(sizes, fits)]
     steps, sent, seconds = zip(*fits)
-    rest = [t - s * p / (2 * (p - 1)) * gamma for _, s, t in fits]
     fit = calibration.fit_link(steps, sent, [max(r, 1e-9) for r in rest])
     page.measurement(
         "alpha and beta fitted to the ring's times (least squares; alpha, the fit's "

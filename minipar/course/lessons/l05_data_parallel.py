@@ -58,7 +58,7 @@ def sync_section(page: Page) -> None:
     machine = page.machine()
     link = machine.collective  # a collective step's cost: the message + minipar's Python
     costs = ddp_costs.measure(page, model, x, y, link)
-    model_s = ddp_costs.exposed(costs, sizes, p, link, machine.copy_Bps)
+    model_s = ddp_costs.exposed(costs, sizes, p, link)
     page.prediction("gradient all-reduce, per parameter and bucketed")
     page.say(f"[dim]a collective step costs {fmt_time(link.alpha)} (of which minipar's Python "
              f"{fmt_time(machine.step_s)}): {machine.basis}. Measured at the start of this "
