@@ -199,3 +199,35 @@ def _graded_in_full(place: Path) -> None:
     results = json.loads(again.results.read_text())
     mine = [r for r in results if r["exercise"] == "ex12_checkpoint_interval"]
     assert mine and all(r["status"] == "passed" for r in mine), again.said()
+
+
+def test_sigterm_stops_a_class_and_every_grader_in_it(place):
+    """`minipar grade --submissions`: SIGTERM while a student's function spins stops every
+    submission's grader as a timeout does, exits 128 + 15 and leaves TMPDIR as it was (the
+    batch's copy of the uploads included)."""
+    uploads = place / "uploads"
+    uploads.mkdir(mode=0o755)
+    os.chmod(uploads, 0o755)
+    submission(place, "ex12_checkpoint_interval", SPIN, folder="uploads/ann")
+    env = dict(os.environ, TMPDIR=str(place / "tmp"))
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    argv = ["-m", "minipar", "grade", "--submissions", str(uploads), "--out", str(place / "out")]
+    batch = subprocess.Popen([sys.executable, *argv], env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True)  # fmt: skip
+    try:
+        end = time.monotonic() + 120
+        while not [p for p in _running_in(place / "tmp") if p != batch.pid]:
+            assert batch.poll() is None and time.monotonic() < end, batch.stderr.read()
+            time.sleep(0.1)
+        time.sleep(3.0)  # past the grader's start: the wall's child spins in ex12
+        batch.send_signal(signal.SIGTERM)
+        _, said = batch.communicate(timeout=60)
+    finally:
+        if batch.poll() is None:
+            os.killpg(batch.pid, signal.SIGKILL)
+            batch.wait()
+    assert batch.returncode == 128 + signal.SIGTERM, said
+    assert "stopped by SIGTERM" in said, said
+    assert not _gone(place / "tmp"), "a grader or a student's process outlived the class"
+    assert os.listdir(place / "tmp") == []

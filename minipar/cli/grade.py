@@ -685,15 +685,21 @@ def _class(args, points: Path, err) -> int:
                   "--jobs must be 1 or more and --timeout above 0")  # fmt: skip
         return 2
     try:
-        graded = batch.grade_all(
-            Path(args.submissions), Path(args.out), args.jobs, args.timeout,
-            Path(args.roster) if args.roster else None, points,
-            say=lambda line: print(line, file=sys.stderr, flush=True),
-            hidden_tests=Path(args.hidden_tests) if args.hidden_tests else None,
-        )  # fmt: skip
+        with stop.signals_raise(once=True):  # SIGTERM, SIGHUP: every grader stops, cleanly
+            graded = batch.grade_all(
+                Path(args.submissions), Path(args.out), args.jobs, args.timeout,
+                Path(args.roster) if args.roster else None, points,
+                say=lambda line: print(line, file=sys.stderr, flush=True),
+                hidden_tests=Path(args.hidden_tests) if args.hidden_tests else None,
+            )  # fmt: skip
     except (FileNotFoundError, ValueError) as error:
         err.print(f"[bold red]minipar grade:[/] {error}")
         return 2
+    except KeyboardInterrupt as error:  # Ctrl-C, or stop.Terminated: SIGTERM, SIGHUP
+        signum = getattr(error, "signum", signal.SIGINT)
+        err.print(f"[bold red]minipar grade:[/] stopped by {signal.Signals(signum).name}: the "
+                  f"graded submissions' results are in {args.out}, no grades.csv")  # fmt: skip
+        return 128 + signum
     full = all(all(t["status"] == "passed" for t in g.get("tests", [])) for g in graded.values())
     return 0 if full else 1
 

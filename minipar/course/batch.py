@@ -24,11 +24,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 from pathlib import Path
 
 from minipar.course import exercises, gradebook, handout, similarity, submission
+from minipar.launcher import own_folder
 
 HIDE_ALSO_ENV = "MINIPAR_GRADE_HIDE_ALSO"  # more paths the graded code may not open
 
@@ -62,6 +64,40 @@ def assignment(points: Path) -> tuple[list[str], dict[str, float]]:
     return names, {n: table.get(n, default) for n in names}
 
 
+class Graders:
+    """The graders running now, one a submission: a batch stopped part-way (Ctrl-C, SIGTERM,
+    SIGHUP) stops them all, and starts none after."""
+
+    def __init__(self):
+        self.children: set = set()
+        self.stopped = False
+        self.lock = threading.Lock()
+
+    def start(self, command: list[str], **popen):
+        """The grader process, started; None once the batch is stopping."""
+        with self.lock:
+            if self.stopped:
+                return None
+            child = subprocess.Popen(command, start_new_session=True, **popen)
+            self.children.add(child)
+            return child
+
+    def done(self, child) -> None:
+        with self.lock:
+            self.children.discard(child)
+
+    def stop_all(self) -> None:
+        """Every running grader stopped as a timeout stops one (_stop), side by side."""
+        with self.lock:
+            self.stopped = True
+            children = list(self.children)
+        stoppers = [threading.Thread(target=_stop, args=(c,)) for c in children]
+        for t in stoppers:
+            t.start()
+        for t in stoppers:
+            t.join()
+
+
 def grade_one(
     name: str,
     folder: Path,
@@ -70,7 +106,8 @@ def grade_one(
     timeout: float,
     hide: tuple = (),
     hidden_tests: Path | None = None,
-) -> dict:
+    graders: Graders | None = None,
+) -> dict | None:
     """Grade one submission in a `minipar grade` process of its own; its results.json (one of
     zeros if it did not finish). `hide`: paths its code may not open (every student's results
     and uploads: nothing of one student's process reaches another's grade or work)."""
@@ -81,15 +118,19 @@ def grade_one(
                "gradescope", "--json", str(results), "--points", str(points)]  # fmt: skip
     command += ["--hidden-tests", str(hidden_tests)] if hidden_tests else []
     start, why = time.monotonic(), ""
+    graders = graders or Graders()
     with open(target / "grader.log", "w") as log:
         env = {**os.environ, HIDE_ALSO_ENV: os.pathsep.join(str(h) for h in hide)}
-        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True, env=env)  # fmt: skip
+        child = graders.start(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        if child is None:  # the batch is stopping: this one is not started
+            return None
         try:
             child.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             why = f"the grade of this submission did not finish within {timeout:g} s"
             _stop(child)
+        finally:
+            graders.done(child)
     if why or not results.exists():
         why = why or f"the grader ended (status {child.returncode}) without results"
         names, _ = assignment(points)
@@ -202,13 +243,15 @@ def grade_all(
     names, worth = assignment(points)
     listed = roster_names(roster) if roster else None
     out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="minipar-batch-") as unpacked:
+    # named after this process: a SIGKILLed batch's copy is swept by the next grade
+    with tempfile.TemporaryDirectory(prefix=own_folder.prefix("batch")) as unpacked:
         folders = submissions(folder, Path(unpacked))
-        graded, start = {}, time.monotonic()
-        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        graded, start, graders = {}, time.monotonic(), Graders()
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=jobs)
+        try:
             hide = (out.resolve(), Path(folder).resolve(), Path(unpacked).resolve())
-            futures = {pool.submit(grade_one, s, f, out, points, timeout, hide, hidden_tests): s
-                       for s, f in folders.items()}  # fmt: skip
+            futures = {pool.submit(grade_one, s, f, out, points, timeout, hide, hidden_tests,
+                                   graders): s for s, f in folders.items()}  # fmt: skip
             for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
                 student = futures[future]
                 graded[student] = future.result()
@@ -217,6 +260,11 @@ def grade_all(
                 say(f"[{done}/{len(folders)}] {student}: {graded[student].get('score', 0):g} of "
                     f"{sum(worth.values()):g} in {graded[student]['minipar_seconds']:g} s "
                     f"({spent:.0f} s so far, about {left:.0f} s left)")  # fmt: skip
+        except BaseException:  # Ctrl-C, SIGTERM: the graders stop and clean up, then this
+            graders.stop_all()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
         write_csv(out / "grades.csv", graded, names, worth, listed)
         alike = write_similarity(out / "similarity.md", folders, names, root)
     say(

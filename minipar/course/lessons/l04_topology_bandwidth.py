@@ -253,7 +253,9 @@ def bench_section(page: Page, machine, inter=None) -> list[tuple]:
             paired,
             f"MPI_Allreduce of the same {fmt_bytes(n)}",
             tolerance,
-            basis=f"{machine.basis}; MPI exchanges timed now; MPICH's {mpich_algorithm(n, p)}",
+            basis=f"{machine.basis}; MPI exchanges timed now; MPICH's {mpich_algorithm(n, p)}; "
+            f"sums timed now: numpy's {fmt_rate(1 / reduce_gamma(page, n / p))}, MPICH's "
+            f"{fmt_rate(1 / reduce_gamma(page, mpi_sum_chunk(n, p), 'mpi'))}",
         )
     return fits
 
@@ -278,7 +280,7 @@ def mpi_model(page: Page, machine, nbytes: int, inter, call_s: float = 0.0) -> f
     algorithm = mpich_algorithm(nbytes, page.size)
     m = machine.message
     moved = cost.traffic("all_reduce", algorithm, nbytes, page.size)
-    gamma = reduce_gamma(page, moved.bytes_reduced / max(round(math.log2(page.size)), 1), "mpi")
+    gamma = reduce_gamma(page, mpi_sum_chunk(nbytes, page.size), "mpi")
     if inter is None:
         step = mpi_exchange(page, moved.bytes_sent / max(moved.steps, 1))
         return call_s + moved.steps * step + moved.bytes_reduced * gamma
@@ -303,6 +305,14 @@ def mpi_exchange(page: Page, nbytes: float, reps: int = 20) -> float:
         op()  # warm up
         timed_now[nbytes] = fastest(page, op, reps)
     return timed_now[nbytes]
+
+
+def mpi_sum_chunk(nbytes: int, p: int) -> float:
+    """The bytes one of MPICH's reduction steps sums, on average: what it reduces over its
+    log2(p) reducing steps (all of n in each for recursive doubling; n/2, n/4, ... for
+    Rabenseifner's reduce-scatter)."""
+    moved = cost.traffic("all_reduce", mpich_algorithm(nbytes, p), nbytes, p)
+    return moved.bytes_reduced / max(round(math.log2(p)), 1)
 
 
 def reduce_gamma(page: Page, nbytes: float, by: str = "numpy", reps: int = 20) -> float:

@@ -90,7 +90,8 @@ def sweep() -> list[str]:
     return removed
 
 
-GRADER = ("grade", "test", "pool", "zygote", "inductor")  # a grader's (a test session's) folders
+# a grader's folders (a test session's; a batch's copy of the uploads)
+GRADER = ("grade", "test", "pool", "zygote", "inductor", "batch")
 
 
 def sweep_grader() -> list[str]:
