@@ -247,7 +247,8 @@ def test_a_gpus_nvlink_binds_when_its_nics_are_faster():
 
     fast = replace(H100, inter=replace(H100.inter, beta=1 / 400e9))
     p, steps = 16, 30
-    size_term = nccl_time("all_reduce", "ring", "Simple", GiB, p, fast) - nccl_time(
+    # at 1 GiB the ring's latency is NCCL's plateau, 1.4 x (test below); at 0 bytes it is not
+    size_term = nccl_time("all_reduce", "ring", "Simple", GiB, p, fast) - 1.4 * nccl_time(
         "all_reduce", "ring", "Simple", 0, p, fast
     )
     assert size_term == pytest.approx(GiB * steps / (p * NVLINK * 8 / 7), rel=1e-9)
@@ -296,3 +297,44 @@ def test_nccls_tree_chunks_as_its_calccollchunking_worked_by_hand():
     assert proxy.post_seconds(4 << 20, "LL128", 4, 8, 8, pieces=16) == pytest.approx(2e-6)
     assert proxy.post_seconds(4 << 20, "LL128", 1, 8, 8, pieces=16) == 0.0, "one node"
     assert proxy.post_seconds(8, "LL", 4, 8, 8, pieces=1) == 0.0, "one chunk: the tuner's hop"
+
+
+def test_nccls_tuner_caps_a_channels_rate_across_nodes():
+    """NCCL 2.26.2 tuning.cc ncclTopoTuneModel, worked by hand for 8 x 8 H100 at 64 MiB: the
+    graph has 8 channels (a NIC each); on more than 2 nodes a channel carries at most 36.0
+    GB/s by the tree, 29.0 by the tree's LL128, 36.7 by the ring's LL128. Tree LL128: 8 x
+    29.0 = 232 GB/s bus, half of it algbw, x 0.9 (treeCorrectionFactor, LL128, 2^20 x 64 B);
+    the three best pairs within 1%, the tree's LL128 the cheapest (NCCL's own pick)."""
+    n, p = 64 * MiB, 64
+    tree_ll128 = (14.0 + 2 * (7 * 1.25 + 3 * 8.5)) * US + n / (8 * 29.0e9 * 0.5 * 0.9)
+    tree_simple = (8.4 + 2 * (7 * 4.0 + 3 * 14.0)) * US + n / (8 * 36.0e9 * 0.5 * 0.8)
+    ring_ll128 = (14.0 + 112 * 1.9 + 14 * 4.0) * US + n * 126 / (64 * 8 * 36.7e9)
+    assert nccl_time("all_reduce", "double_tree", "LL128", n, p, H100) == pytest.approx(tree_ll128)
+    assert nccl_time("all_reduce", "double_tree", "Simple", n, p, H100) == pytest.approx(
+        tree_simple
+    )
+    assert nccl_time("all_reduce", "ring", "LL128", n, p, H100) == pytest.approx(ring_ll128)
+    assert tree_ll128 == pytest.approx(725.3 * US, abs=0.1 * US)
+    assert choose("all_reduce", n, p, H100) == ("double_tree", "LL128")
+    # one node: no network channel to cap (the ring's LL128 at 0.92 of NVLink, as before)
+    one = nccl_time("all_gather", "ring", "LL128", GiB, 8, H100)
+    assert one == pytest.approx((14.0 + 7 * 1.9) * US + GiB * 7 / (8 * 0.92 * NVLINK))
+
+
+def test_nccls_multi_node_simple_ring_pays_its_plateau():
+    """ncclTopoGetAlgoTime: the Simple ring's all-reduce latency across nodes x 1.4 once
+    bytes / (channels x ranks) >= 64, channels 16 (2 a NIC): on 2 x 8 from 16 KiB."""
+    p, lat = 16, (8.4 + 28 * 3.4 + 2 * 14.0) * US  # 28 intra steps at max(3.4, 3 x 1 us)
+    at = 16 << 10  # 16,384 / (16 x 16) = 64 bytes
+    bus = 400e9  # min(NVLink x 8/7, 8 NICs x 50 GB/s)
+    assert nccl_time("all_reduce", "ring", "Simple", at, p, H100) == pytest.approx(
+        1.4 * lat + at * 30 / (p * bus)
+    )
+    below = at - 4
+    assert nccl_time("all_reduce", "ring", "Simple", below, p, H100) == pytest.approx(
+        lat + below * 30 / (p * bus)
+    )
+    # one node: never
+    assert nccl_time("all_reduce", "ring", "Simple", GiB, 8, H100) == pytest.approx(
+        (8.4 + 14 * 3.4) * US + GiB * 14 / (8 * NVLINK)
+    )

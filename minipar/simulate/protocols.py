@@ -31,17 +31,30 @@ are NCCL's defaults for Hopper and Blackwell (tuning.cc, ncclTunerConstantsDefau
                      nodes of x86 Intel hosts 39 on two, 20.4 beyond); ring LL128: 0.92;
                      tree Simple 0.92, tree LL 1/3.8, tree LL128 7/9 in a node, 120/128
                      across; NVLS 0.85 of NVLink (nvlsEfficiency)
+    channel caps     across nodes the tuner also caps a bus bandwidth at the graph's channels
+                     (a NIC each) x a per-channel figure: ring LL128 36.7; tree 41.4 on 2
+                     nodes, 36.0 beyond; tree LL128 36.7, 29.0 (GB/s, Hopper; `channel_cap`)
+    plateau          a Simple ring's all-reduce across nodes pays 1.4 x its latency from 64
+                     bytes a channel and rank on (`plateau`)
 
-The simulator runs the chosen algorithm's own file with its messages priced so (`priced`): a hop
-costs hop[class][a][p] and its bytes at the protocol's share of the link, and the collective
-starts base[a][p] late. The tuner (`choose`) ranks the pairs by NCCL's own formula (`nccl_time`).
-With no protocol the links are the cluster's as given: every closed form stays exact.
+The caps and the plateau enter only the tuner's ranking (`nccl_time`): the simulated links keep
+the protocol's share of the line rate, since the measured trees across nodes run faster than
+the capped formula (4 x 8 at 16 MiB: 258-286 us measured, 287 simulated, 347 with the caps on
+the links).
+
+The simulator runs the chosen algorithm's own file with its messages priced so (`priced`): a
+hop costs hop[class][a][p] and its bytes at the protocol's share of the link, and the
+collective starts base[a][p] late. The tuner (`choose`) ranks the pairs by NCCL's own formula
+(`nccl_time`). With no protocol the links are the cluster's as given: every closed form stays
+exact.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+
+from minipar.simulate.proxy import CHANNELS_PER_NIC
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 US = 1e-6
@@ -96,6 +109,16 @@ NVLS_EFFICIENCY = {"h100": 0.85, "b200": 0.74}  # tuning.cc nvlsEfficiency: Hopp
 # 4 of data, LL128 8 with every 120 (src/device/prims_ll.h, prims_ll128.h)
 WIRE_SHARE = {"LL": 0.5, "LL128": 120 / 128, "Simple": 1.0}
 PER_CHANNEL_LL128 = 36.7  # perChMaxRingLL128Bws, Hopper (GB/s a channel)
+# NCCL's tuner caps a bus bandwidth across nodes at the graph's channels x a per-channel
+# figure (tuning.cc ncclTopoTuneModel: perChMaxRingLL128Bws, perChMaxTreeBws,
+# perChMaxTreeLL128Bws; GB/s, on 2 nodes / on more; Hopper's the same in 2.26.2 and 2.30.7,
+# Blackwell's 2.30.7's). The graph runs a channel a NIC where
+# every GPU has its NIC (an 8-NIC H100 node logs "Pattern 4, nChannels 8, bw 48/48"), and the
+# trees are searched for the rings' channel count (search.cc ncclTopoCompareGraphs).
+PER_CHANNEL_NET = {
+    "h100": {"ring LL128": (36.7, 36.7), "tree": (41.4, 36.0), "tree LL128": (36.7, 29.0)},
+    "b200": {"ring LL128": (40.0, 40.0), "tree": (42.8, 24.0), "tree LL128": (31.67, 20.0)},
+}
 
 # which protocol family each simulated algorithm is priced as
 FAMILY = {
@@ -141,6 +164,24 @@ def efficiency(family: str, protocol: str, cluster, nodes: int) -> tuple[float, 
         if nodes > 1:
             inter = min(inter, cap * cluster.inter.beta / cluster.nics)
     return intra, inter
+
+
+def channel_cap(family: str, protocol: str, cluster, nodes: int) -> float:
+    """Bytes/s NCCL's tuner allows (family, protocol) across nodes at most: the graph's
+    channels (a NIC each) x its per-channel figure; the tree's LL128 under both of its caps,
+    its other protocols under the tree's (tuning.cc applies the tree's cap, then LL128's)."""
+    caps = PER_CHANNEL_NET.get(cluster.name)
+    if caps is None or nodes < 2 or family == "nvls":
+        return float("inf")
+    at, channels = (0 if nodes <= 2 else 1), cluster.nics
+    if family == "ring":
+        return channels * caps["ring LL128"][at] * 1e9 if protocol == "LL128" else float("inf")
+    cap = channels * caps["tree"][at] * 1e9
+    if protocol == "LL":
+        cap /= 3.8
+    elif protocol == "LL128":
+        cap = min(cap * 120 / 128, channels * caps["tree LL128"][at] * 1e9)
+    return cap
 
 
 def intra_hw(cluster) -> str:
@@ -249,7 +290,8 @@ def nccl_time(collective: str, algorithm: str, protocol: str, nbytes: float, p: 
     if nodes > 1:  # a GPU's NVLink carries (c-1)/c of a ring step, its NIC 1/c (channels)
         c = cluster.nics
         nvlink = bus * c / (c - 1) if c > 1 else float("inf")
-        bus = min(nvlink, e_inter * c / cluster.inter.beta)
+        cap = channel_cap(family, protocol, cluster, nodes)
+        bus = min(nvlink, e_inter * c / cluster.inter.beta, cap)
     if family == "ring":
         inter_steps = 0 if nodes == 1 else (2 if collective == "all_reduce" else 1) * (nodes - 1)
         latency = (steps - inter_steps) * a_intra + inter_steps * a_inter
@@ -264,7 +306,22 @@ def nccl_time(collective: str, algorithm: str, protocol: str, nbytes: float, p: 
         # GPU of the node (search.cc); all-gather and reduce-scatter also (p-1)/p
         share = (p - 1) / p
         algbw = bus * share * (2 * p / steps if collective == "all_reduce" else share)
-    return BASE[family][protocol] * US + latency + nbytes / algbw
+    latency += BASE[family][protocol] * US
+    if plateau(collective, family, protocol, nbytes, p, cluster, nodes):
+        latency *= PLATEAU
+    return latency + nbytes / algbw
+
+
+PLATEAU = 1.4  # ncclTopoGetAlgoTime: a multi-node Simple ring's latency, compute capability 8+
+
+
+def plateau(collective, family, protocol, nbytes, p, cluster, nodes) -> bool:
+    """NCCL's "plateau effect of ring" (tuning.cc ncclTopoGetAlgoTime, 2.26.2 and 2.30.7): an
+    all-reduce by the Simple ring across nodes pays 1.4 x its latency once every channel's
+    share of a rank is 64 bytes or more (the communicator's channels: 2 a NIC, proxy.py)."""
+    if (collective, family, protocol) != ("all_reduce", "ring", "Simple") or nodes < 2:
+        return False
+    return nbytes / (CHANNELS_PER_NIC * cluster.nics * p) >= 64
 
 
 CANDIDATES = {
