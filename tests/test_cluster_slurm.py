@@ -9,7 +9,9 @@
 - refused before anything starts where Slurm is not installed, or without root;
 - Slurm's PMI-2 plugin reads a PMI-1 request in one read of 1024 bytes: a `put` longer than that
   is cut ("value not properly terminated"); MPICH's UCX netmod can send one under srun
-  (docs/cluster.md, "Practise on Slurm").
+  (docs/cluster.md, "Practise on Slurm");
+- so under `srun --mpi=pmi2` on two nodes minipar starts the mpich wheel on its OFI netmod (rank
+  0 says so), and a job that leaves shared windows open ends with status 0 (issue 69).
 The daemons' checks run with MINIPAR_EXTENDED=1 (CI's cluster step, which installs Slurm: about
 45 s, 20 up/down cycles with Slurm included) and are skipped with the reason where Slurm and
 munge are not installed (apt-get install -y slurm-wlm munge) or without root.
@@ -39,6 +41,7 @@ from minipar.launcher.cluster import rootless, slurm
 from minipar.testing import harness
 
 EXTENDED = os.environ.get("MINIPAR_EXTENDED") == "1"
+SHM_AT_EXIT = os.path.join(ROOT, "tests", "scripts", "shm_at_exit.py")
 LACKS = slurm.missing()
 installed = pytest.mark.skipif(
     bool(LACKS) or rootless.wanted(),
@@ -200,4 +203,26 @@ def test_a_pmi1_request_past_1024_bytes_is_cut(cluster_cli):
                       put, "1077")  # fmt: skip
     assert "PUT 1077 bytes" in cut.stdout, cut.stdout + cut.stderr
     assert "mpi/pmi2: value not properly terminated in client request" in cut.stderr, cut.stderr
+    cluster_cli.ok("down")
+
+
+@emulation
+@installed
+@pytest.mark.skipif(mpiexec.mpi_flavor() == "openmpi", reason="the mpich wheel's PMI-1 under Slurm")
+@pytest.mark.skipif(not EXTENDED, reason="MINIPAR_EXTENDED=1 (CI's cluster step)")
+def test_the_wheel_under_srun_pmi2_runs_on_ofi_and_ends_with_status_0(cluster_cli):
+    """Issue 69: `srun -N 2 --ntasks-per-node=2 --mpi=pmi2`, no netmod set by the user: minipar
+    picks MPICH's OFI netmod before MPI_Init (rank 0 says so, once); a ring@shm all-reduce on
+    each node's group (its windows left open at the end) sums 1 + 2 and 3 + 4, one across the
+    nodes 1 + 2 + 3 + 4; and the job exits 0, MPI_Finalize's fabric close included."""
+    cluster_cli.env.pop("MPIR_CVAR_CH4_NETMOD", None)
+    cluster_cli.ok("up", "--nodes", "2", "--slurm")
+    done = cluster_cli("shell", "node0", "--", "srun", "-N", "2", "--ntasks-per-node=2",
+                       "--mpi=pmi2", sys.executable, SHM_AT_EXIT)  # fmt: skip
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-3000:]
+    rows = sorted(line.split()[1:] for line in done.stdout.splitlines() if line.startswith("SUMS"))
+    assert rows == [[str(r), "3" if r < 2 else "7", "10", "ofi"] for r in range(4)], said[-3000:]
+    assert said.count("Using MPICH's OFI module instead (MPIR_CVAR_CH4_NETMOD=ofi)") == 1, said
+    assert "fabricclose" not in said, said[-3000:]
     cluster_cli.ok("down")

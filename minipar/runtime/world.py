@@ -19,7 +19,7 @@ import traceback
 import warnings
 
 from minipar.comm.guards import ending, leaving, watchdog
-from minipar.comm.setup import mpisetup
+from minipar.comm.setup import mpisetup, netmod
 from minipar.comm.transport import mpi
 from minipar.comm.transport import torch as torch_comm
 from minipar.comm.transport.base import NonMember, env_mismatch_after, env_timeout
@@ -94,6 +94,7 @@ def init(
         backend = detect_backend()
     if backend == "mpi":
         mpisetup.check_before_init()  # a launcher of another MPI: say so, before MPI_Init aborts
+        netmod.choose()  # srun on 2+ nodes: the mpich wheel's OFI netmod, before MPI_Init
         comm = mpi.world(seconds)
         mpisetup.check_world(comm.size)  # n singletons where the launcher started n ranks
         # a rank leaving while others wait for it says so (comm/guards/leaving.py)

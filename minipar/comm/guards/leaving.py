@@ -16,13 +16,15 @@ the waiting ranks are doomed anyway, and learn nothing by waiting out their time
 the ranks compare what each of their groups saw (comm/guards/ending.py, unless finalize() did): a
 mismatch no wait raised is printed by every rank of its group, which ends with status 1; a peer
 that waits for this rank meanwhile asks it what it is doing (comm/guards/stall.py), hears that it is
-leaving, and both raise. Then the watchdog stops and the answers to questions that came late
-are taken. Leftovers of calls this rank already saw fail (a mismatch the program was told of)
-are nobody's wait: MPI_Finalize is then left to mpi4py, which ignores its failure, as before.
-With nothing found, the rank calls MPI_Finalize itself, right after the probe (mpi4py would do
-it at the very end of the interpreter's teardown, tens of milliseconds later, a wider window for
-a message to slip in). One that still slips in (MPI_Finalize progresses the network first) fails
-the finalize: the rank then says so and exits at once, and mpiexec ends the job.
+leaving, and both raise. Then the watchdog stops, minipar's shared windows are freed
+(comm/transport/shm.py: MPI_Win_free is collective, and one left open fails MPI_Finalize on
+MPICH's OFI netmod), and the answers to questions that came late are taken. Leftovers of calls this
+rank already saw fail (a mismatch the program was told of) are nobody's wait: MPI_Finalize is
+then left to mpi4py, which ignores its failure, as before. With nothing found, the rank calls
+MPI_Finalize itself, right after the probe (mpi4py would do it at the very end of the
+interpreter's teardown, tens of milliseconds later, a wider window for a message to slip in).
+One that still slips in (MPI_Finalize progresses the network first) fails the finalize: the
+rank then says so and exits at once, and mpiexec ends the job.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import sys
 import time
 
 from minipar.comm.guards import ending, watchdog
+from minipar.comm.transport import shm
 from minipar.comm.transport.base import CONTROL_TAG, NOTICE_TAG, SEQ_BITS
 from minipar.state import process
 
@@ -113,6 +116,7 @@ def _at_exit() -> None:
         os._exit(1)
     if texts is None or world._control_spent:  # a control all-gather is still pending (a rank
         return  # never came to the comparison): leave MPI alone, mpi4py finalizes or not
+    shm.free_all()  # the ranks left the comparison together: the windows' collective frees
     take_control_messages()
     found = watchdog.oldest(world, MPI.Status())
     if found:  # leftovers of calls this rank already saw fail (a mismatch): nobody waits

@@ -29,6 +29,16 @@ write into its buffer as soon as the call returns.
 A `SharedNode` belongs to one group (`node_of(comm)`); calls on it run one at a time, in the
 order the caller issued them (a ticket taken in the caller's thread), so an async call on the
 progress thread and a blocking one on the main thread never share the segments at once.
+
+Every SharedNode made is kept here until exit, when `free_all` frees its windows just before
+MPI_Finalize (comm/guards/leaving.py): MPI_Win_free is collective, so a window cannot be freed
+when one rank drops its group, and mpi4py frees nothing when its object is collected. One left
+open fails MPICH's MPI_Finalize on its OFI netmod, on every rank: each window registers its
+memory with the OFI domain (`win_allgather`, src/mpid/ch4/netmod/ofi/ofi_win.c; only
+`MPIDI_OFI_mpi_win_free_hook` closes it), libfabric refuses to close a domain that still has a
+registration (-FI_EBUSY, `ofi_domain_close`), MPICH ignores that in
+`MPIDI_OFI_mpi_finalize_hook` (ofi_init.c), and then the fabric, whose domain is still open,
+refuses too: "OFI call fabricclose failed (... Device or resource busy)", exit 15.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -52,6 +63,8 @@ MAX_SEGMENT = int(os.environ.get("MINIPAR_SHM_BYTES", 64 << 20))  # data bytes p
 BLOCK_BYTES = int(os.environ.get("MINIPAR_SHM_BLOCK", 1 << 20))  # a pipeline block, all chunks
 LAG = int(os.environ.get("MINIPAR_SHM_LAG", 8))  # blocks between publishing and reading them
 WAITS = ("publish its data", "finish reducing its chunk", "finish reading my segment")
+MADE: list = []  # every SharedNode of this process, in the order made: free_all frees them
+FREE_WITHIN = 10.0  # seconds free_all waits for a node's peers (they left the exit check with it)
 
 
 def node_of(comm, what: str = "shared memory"):
@@ -73,6 +86,7 @@ def node_of(comm, what: str = "shared memory"):
         everyone = comm.mpi.allreduce(int(local.Get_size() == comm.size), op=MPI.MIN)
         if everyone:
             node = SharedNode(comm, local)
+            MADE[:] = [n for n in MADE if n.holds()] + [node]
         else:
             local.Free()
     comm._shm_node = node
@@ -83,7 +97,8 @@ class SharedNode:
     """The shared segments of one node-local group, their counters and the call order."""
 
     def __init__(self, comm, local):
-        self.comm, self.mpi, self.rank, self.size = comm, local, comm.rank, comm.size
+        self._comm, self.gid = weakref.ref(comm), comm.gid  # MADE keeps the node, not the group
+        self.mpi, self.rank, self.size = local, comm.rank, comm.size
         self.win, self.capacity, self.round = None, 0, 0
         self.blocks = 0  # blocks finished in earlier rounds: READY and REDUCED count blocks
         self.segments, self.headers = [], []
@@ -91,6 +106,29 @@ class SharedNode:
         self.windows_made = 0  # their serial numbers (the same on every rank)
         self._order = threading.Condition()
         self._issued = self._turn = 0
+
+    @property
+    def comm(self):
+        """The group (None once it is gone: only free_all uses the node then)."""
+        return self._comm()
+
+    def holds(self) -> bool:
+        """Whether a window or the node's communicator is still open here."""
+        return bool(self.mpi) or bool(self.win) or any(w.win for w in self.buffers)
+
+    def free(self) -> None:
+        """Free the windows (buffers' in allocation order, then the staging one) and the node's
+        communicator: collective over the node's group, as on every member. Those a caller
+        freed already (testing/groups.py) are null handles, skipped."""
+        for buffer in self.buffers:
+            if buffer.win:
+                buffer.free()
+        self.buffers, self.segments, self.headers = [], [], []
+        if self.win:
+            self.win.Unlock_all()
+            self.win.Free()
+        if self.mpi:
+            self.mpi.Free()
 
     # -- call order --------------------------------------------------------------------------
     def ticket(self) -> int:
@@ -230,6 +268,32 @@ class SharedNode:
                 )
             time.sleep(0)
         self.win.Sync()
+
+
+def free_all(within: float = FREE_WITHIN) -> bool:
+    """Free every SharedNode's windows (at exit, before MPI_Finalize); False when a peer did not
+    come within `within` seconds (a rank that ended otherwise), the rest then left open.
+
+    Sorted by group id, which every member shares (a stable sort keeps a reused id's nodes in
+    the order made), so two ranks of two node groups free them in the same order, never each
+    waiting in another group's MPI_Win_free. A barrier bounded in time goes before each node's
+    frees: MPI_Win_free blocks until every member calls it (MPICH's `MPIDIG_mpi_win_free`
+    begins with a barrier, src/mpid/ch4/src/mpidig_win.c)."""
+    for node in sorted(MADE, key=lambda n: n.gid):
+        if node.mpi and not _arrived(node.mpi.Ibarrier(), within):
+            return False
+        node.free()
+    MADE.clear()
+    return True
+
+
+def _arrived(request, within: float) -> bool:
+    end = time.monotonic() + within
+    while not request.Test():
+        if time.monotonic() > end:
+            return False
+        time.sleep(1e-3)
+    return True
 
 
 def _round(head) -> str:

@@ -19,8 +19,8 @@ Lifetime. MPI_Win_free is collective, so a window cannot be freed when one rank 
 buffer. Dropping it marks the window unused on that rank (a weakref on the array the caller's
 views keep alive); the next allocation on the node asks every rank (one small all-gather, with
 the group's timeout) and frees, on every rank alike, the windows that no rank uses any more.
-The rest are freed with MPI at exit. The node keeps its windows in `node.buffers` (state of the
-group's SharedNode, which the communicator holds: it lives and dies with the group).
+The rest are freed at exit, just before MPI_Finalize (shm.free_all). The node keeps its
+windows in `node.buffers` (state of the group's SharedNode, which shm.py keeps until then).
 """
 
 from __future__ import annotations
