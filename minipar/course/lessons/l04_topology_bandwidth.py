@@ -335,6 +335,18 @@ def reduce_gamma(page: Page, nbytes: float, by: str = "numpy", reps: int = 20) -
     return timed_now[nbytes, by]
 
 
+def exchange_bandwidth(page: Page, chunks: list[float]) -> float | None:
+    """Bytes/s of a ring step's exchange, from MPI exchanges of the smallest and largest chunk
+    timed now (mpi_exchange: each rank sends to the next and receives from the previous at
+    once, as the ring does, where a ping-pong sends one way at a time); None without MPI or
+    with no slope (collective)."""
+    if getattr(page.comm, "mpi", None) is None or len(chunks) < 2:
+        return None
+    small, large = min(chunks), max(chunks)
+    slope = (mpi_exchange(page, large) - mpi_exchange(page, small)) / (large - small)
+    return 1 / slope if slope > 0 else None
+
+
 def mpi_ring_model(page: Page, machine, n: int) -> float:
     """Seconds of minipar's ring over MPI (ring@mpi) of n bytes: 2(p-1) steps, each one MPI
     exchange of its n/p-byte chunk timed now (mpi_exchange) plus minipar's Python per step,
@@ -394,14 +406,14 @@ def fit_section(page: Page, fits, machine, inter=None) -> None:
         if fit.physical
         else ("fitted here", "unphysical", f"[red]{fit.why}[/]")
     )
-    page.table(
-        None,
-        ["", "alpha>", "bandwidth 1/beta>"],
-        [
-            fitted,
-            (f"this machine ({source(machine)})", fmt_time(model.alpha), fmt_rate(1 / model.beta)),
-        ],  # fmt: skip
-    )
+    rows = [
+        fitted,
+        (f"this machine ({source(machine)})", fmt_time(model.alpha), fmt_rate(1 / model.beta)),
+    ]
+    both_ways = exchange_bandwidth(page, [n / p for n in sizes]) if inter is None else None
+    if both_ways is not None:
+        rows.append(("an MPI exchange of the ring's chunks, timed now", "", fmt_rate(both_ways)))
+    page.table(None, ["", "alpha>", "bandwidth 1/beta>"], rows)
     if inter is not None:
         page.say("[dim]The ring crosses both links here: its fit mixes them, so it is shown, "
                  "not judged against this machine's in-node link.[/]")  # fmt: skip
@@ -409,10 +421,15 @@ def fit_section(page: Page, fits, machine, inter=None) -> None:
         page.claim("the fit's intercept (a collective step's cost)", model.alpha, fit.alpha, "s",
                    C.LATENCY_BOUND,
                    basis=machine.basis)  # fmt: skip
-        largest = max(s * p / (2 * (p - 1)) / p for _, s, _ in fits)  # the ring's largest message
-        faster = beyond_the_sweep(largest, model.beta, 1 / fit.bandwidth, machine)
-        page.claim("fitted bandwidth 1/beta", 1 / model.beta, fit.bandwidth, "B/s",
-                   C.BANDWIDTH_BOUND, basis=machine.basis, causes=[faster])  # fmt: skip
+        if both_ways is not None:  # a ring step sends and receives at once: priced so
+            page.claim("fitted bandwidth 1/beta", both_ways, fit.bandwidth, "B/s",
+                       C.BANDWIDTH_BOUND, basis="MPI exchanges of the ring's smallest and "
+                       "largest chunks (each rank sending and receiving), timed now")  # fmt: skip
+        else:
+            largest = max(sizes) / p  # the ring's largest message
+            faster = beyond_the_sweep(largest, model.beta, 1 / fit.bandwidth, machine)
+            page.claim("fitted bandwidth 1/beta", 1 / model.beta, fit.bandwidth, "B/s",
+                       C.BANDWIDTH_BOUND, basis=machine.basis, causes=[faster])  # fmt: skip
     else:
         page.claim("the fit is physical (alpha >= 0, beta > 0)", True, False, "",
                    C.EXACT, causes=[fit.why])  # fmt: skip
