@@ -120,6 +120,9 @@ def test_reading_another_process_returns_its_bytes_or_none():
     buf = np.array([7, 8, 9], np.int64)
     assert single_copy.read_other(os.getpid(), buf.ctypes.data, 16) == buf[:2].tobytes()
     assert single_copy.read_other(2**22 + 12345, buf.ctypes.data, 8) is None  # past pid_max
+    out = np.zeros(2, np.int64)
+    assert single_copy.read_into(os.getpid(), buf.ctypes.data + 8, out)
+    assert out.tolist() == [8, 9]
 
 
 def outputs(number, name):

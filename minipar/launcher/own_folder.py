@@ -17,7 +17,8 @@ import os
 import re
 import tempfile
 
-# minipar-KIND-PID-... (grade, test, pool, zygote, inductor, batch, io) and a node's minipar-PID-JOB-...
+# minipar-KIND-PID-... (grade, test, pool, zygote, inductor, batch, io) and a node's
+# minipar-PID-JOB-...
 OWNED = re.compile(r"^minipar-(?:([a-z]+)-)?(\d+)-")
 
 

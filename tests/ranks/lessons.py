@@ -102,6 +102,9 @@ def cma_probe():
     if os.geteuid() == 0:
         assert got, "root may read a process of its own: cma_works must say True"
     assert single_copy.copies(w) == (1.0 if got else 2.0)
+    took = single_copy.read_seconds(w, 1 << 20, 3)  # lesson 01's one copy between the ranks
+    assert (took is not None) == got, f"read_seconds {took} where cma_works says {got}"
+    assert took is None or 0 < took < 1.0, took
 
 
 def cases(size):
