@@ -43,7 +43,7 @@ from minipar.course.stepdiff import SENTINEL
 from minipar.launcher import own_folder, stop
 from minipar.launcher.cluster import leftovers, needs
 from minipar.launcher.cluster.nodes import EmulationError
-from minipar.testing import pool
+from minipar.testing import harness, pool
 
 TESTS = Path("tests") / "test_exercises.py"
 GRADE_TIMEOUT = "5"  # seconds any wait may take while grading: a deadlock is named quickly
@@ -376,9 +376,7 @@ def run(
         # again once the next size starts, and each rank holds ~100 MB of its own
         stack.enter_context(_environ(pool.WARM_ENV, "0"))
         if not nodes:  # the fork server imports torch while pytest collects and the
-            from minipar.testing import harness  # one-process tests run: ~3 s a grade
-
-            harness.pool().start_fork_server()
+            harness.pool().start_fork_server()  # one-process tests run: ~3 s a grade
         quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
         with quiet:
             pytest.main(args, plugins=[collector, *([Progress()] if progress else [])])
