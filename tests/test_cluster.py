@@ -583,9 +583,10 @@ def _train(tmp, *run_args, layout=("--dp", "3", "--tp", "2"), steps=6, folder="c
 @pytest.mark.parametrize("fault", ["kill-node:1@step=3", "pull-link:1@step=3"])
 def test_training_restarts_on_the_nodes_left(fault, tmp_path):
     """dp 3 x tp 2 on 3 nodes; node1 killed (or its cable pulled) after step 3: the job ends,
-    starts again on 2 nodes at dp 2 x tp 2 from the checkpoint of step 2 and finishes. Its
-    final weights are, bit for bit, those of a run that makes the same change at the same step
-    without a fault (dp 3 x tp 2 to step 2, then dp 2 x tp 2 to step 6, on one node)."""
+    starts again on 2 nodes at dp 2 x tp 2 from the checkpoint of step 2 (of step 4 where the
+    fault came late) and finishes. Its final weights are, bit for bit, those of a run that
+    makes the same change at the same step without a fault (dp 3 x tp 2 to that step, then dp
+    2 x tp 2 to step 6, on one node)."""
     import json
 
     import torch
@@ -598,9 +599,12 @@ def test_training_restarts_on_the_nodes_left(fault, tmp_path):
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     (restart,) = json.loads(log.read_text())["restarts"]
     assert restart["nodes_after"] == 2 and restart["ranks_after"] == 4, restart
-    assert restart["resumed_from"] == 2 and restart["steps_lost"] == restart["step_reached"] - 2
+    # the checkpoint of step 2, or of step 4 where the kill landed after it was whole (a busy
+    # machine: the fault's signal is late); the reference changes layout at the same step
+    resumed = restart["resumed_from"]
+    assert resumed in (2, 4) and restart["steps_lost"] == restart["step_reached"] - resumed
     assert "refitted to 4 ranks: dp 3 -> 2" in done.stderr, done.stderr[-3000:]
-    first = _train(tmp_path, "-n", "6", steps=2, folder="ref")
+    first = _train(tmp_path, "-n", "6", steps=resumed, folder="ref")
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
     then = _train(tmp_path, "-n", "4", layout=("--dp", "2", "--tp", "2"), folder="ref")
     assert then.returncode == 0, (then.stdout + then.stderr)[-3000:]
