@@ -16,9 +16,10 @@ slower, never faster):
     own_s      DDP's own work in one step, per parameter, with nothing to send: a per-parameter
                DDP on a group of this rank alone (its hooks, the copies into and out of its
                buckets, the launches, the progress thread's hand-offs and waits, the closing
-               `used` call), less the plain backward
+               `used` call), less the plain backward and less each launch's call (a blocking
+               call on a group of one: the Python that call_s prices in naive already)
     bucket_s   the same for a DDP of one 25 MB bucket, the whole step's: its hooks, the copy
-               of every gradient into the bucket, one launch and hand-off, the `used` call
+               of every gradient into the bucket, its hand-off and wait, the `used` call
 
 The model of each variant's exposed communication (the step less the compute-only step):
 
@@ -96,9 +97,14 @@ def measure(page, model, x, y, link) -> Costs:
         for handle in handles:
             handle.remove()
     alone, bucket = ddp_alone(page, model, x, y, 0), ddp_alone(page, model, x, y, 25)
+    # a call's own Python on a group of one: the alone DDPs paid it a launch, and call_s prices
+    # it already (naive's and the bucket's calls), so it comes off their own work
+    mine = [minipar.new_group([r], name=f"call-alone-{r}") for r in range(page.size)][page.rank]
+    single = fastest(page, lambda: minipar.all_reduce(small, algorithm="ring", group=mine))
+    n = len(params)
     return Costs(max(blocking - ring, 0.0), max(handed - blocking, 0.0),
-                 max(hooked - plain, 0.0) / len(params),
-                 max(alone - plain, 0.0) / len(params), max(bucket - plain, 0.0))  # fmt: skip
+                 max(hooked - plain, 0.0) / n, max(alone - plain - n * single, 0.0) / n,
+                 max(bucket - plain - single, 0.0))  # fmt: skip
 
 
 def ddp_alone(page, model, x, y, cap_mb: float = 0) -> float:
