@@ -96,10 +96,11 @@ def measure(page, model, x, y, link) -> Costs:
     finally:
         for handle in handles:
             handle.remove()
-    alone, bucket = ddp_alone(page, model, x, y, 0), ddp_alone(page, model, x, y, 25)
+    # every rank makes every group; each uses its own: DDP's machinery with no byte to move
+    mine = [minipar.new_group([r], name=f"ddp-alone-{r}") for r in range(page.size)][page.rank]
+    alone, bucket = ddp_alone(page, mine, model, x, y, 0), ddp_alone(page, mine, model, x, y, 25)
     # a call's own Python on a group of one: the alone DDPs paid it a launch, and call_s prices
     # it already (naive's and the bucket's calls), so it comes off their own work
-    mine = [minipar.new_group([r], name=f"call-alone-{r}") for r in range(page.size)][page.rank]
     single = fastest(page, lambda: minipar.all_reduce(small, algorithm="ring", group=mine))
     n = len(params)
     return Costs(max(blocking - ring, 0.0), max(handed - blocking, 0.0),
@@ -107,15 +108,15 @@ def measure(page, model, x, y, link) -> Costs:
                  max(bucket - plain - single, 0.0))  # fmt: skip
 
 
-def ddp_alone(page, model, x, y, cap_mb: float = 0) -> float:
-    """One step of a DDP (buckets of cap_mb; 0: one a parameter) over a group of this rank alone
-    (collective: every rank makes every group): DDP's whole machinery, no byte to move."""
+def ddp_alone(page, alone, model, x, y, cap_mb: float = 0) -> float:
+    """One step of a DDP (buckets of cap_mb; 0: one a parameter) over `alone`, a group of this
+    rank alone (collective: the fastest of 10, the slowest rank's): DDP's whole machinery, no
+    byte to move."""
     # here, not at the top of the file: DDP loads torch, only when the lesson measures
     from minipar.parallel import DistributedDataParallel
 
-    groups = [minipar.new_group([r], name=f"ddp-alone-{cap_mb}-{r}") for r in range(page.size)]
-    ddp = DistributedDataParallel(copy.deepcopy(model), group=groups[page.rank],
-                                  bucket_cap_mb=cap_mb, algorithm="ring")  # fmt: skip
+    ddp = DistributedDataParallel(copy.deepcopy(model), group=alone, bucket_cap_mb=cap_mb,
+                                  algorithm="ring")  # fmt: skip
 
     def step() -> None:
         for q in ddp.parameters():

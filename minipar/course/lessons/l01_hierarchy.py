@@ -288,9 +288,7 @@ def cores_apart(page: Page, src, dst, reps: int, together: float) -> str:
     """A measured cause, or "": whether ranks 0 and 1 share no cache or memory path now (a
     hypervisor may place a VM's two cores apart, and move them): a copy on both at once as fast
     as on rank 0 alone (collective)."""
-    alone = copy_time(src, dst, reps) if page.rank == 0 else 0.0
-    page.comm.barrier()
-    alone = page.gather(alone)[0]
+    alone = page.gather(copy_time(src, dst, reps) if page.rank == 0 else 0.0)[0]  # others wait
     if together > 1.5 * alone:  # the two copies contended (1.9x here): the cores share a path
         return ""
     return (f"ranks 0 and 1 ran on cores that share no cache now: a copy on both at once took "

@@ -295,16 +295,14 @@ def mpi_exchange(page: Page, nbytes: float, reps: int = 20) -> float:
     next and receives from the previous, as one step of a collective does), the fastest of
     reps, the slowest rank's (collective; timed once a size in a lesson's run, every rank
     asking in the same order, so the ring's and MPI's steps of one size are priced alike)."""
-    timed_now = vars(page).setdefault("mpi_exchanges", {})
-    if nbytes not in timed_now:
-        mpi = page.comm.mpi
+
+    def make():
         a = np.ones(max(int(nbytes) // 4, 1), np.float32)
         b = np.empty_like(a)
         right, left = (page.rank + 1) % page.size, (page.rank - 1) % page.size
-        op = lambda: mpi.Sendrecv(a, right, 7, b, left, 7)  # noqa: E731
-        op()  # warm up
-        timed_now[nbytes] = fastest(page, op, reps)
-    return timed_now[nbytes]
+        return lambda: page.comm.mpi.Sendrecv(a, right, 7, b, left, 7)
+
+    return timed_once(page, ("exchange", nbytes), make, reps)
 
 
 def mpi_sum_chunk(nbytes: int, p: int) -> float:
@@ -320,19 +318,30 @@ def reduce_gamma(page: Page, nbytes: float, by: str = "numpy", reps: int = 20) -
     timed now: `by` "numpy" (np.add, minipar's reduction) or "mpi" (MPI.SUM.Reduce_local, the
     loop MPICH runs inside MPI_Allreduce: the wheel's sums 2-4x slower than numpy's here). The
     fastest of reps, the slowest rank's (collective; timed once a size)."""
-    timed_now = vars(page).setdefault("reduce_gammas", {})
-    if (nbytes, by) not in timed_now:
-        a = np.ones(max(int(nbytes) // 4, 1), np.float32)
+    count = max(int(nbytes) // 4, 1)
+
+    def make():
+        a = np.ones(count, np.float32)
         b = np.ones_like(a)
         if by == "mpi":
             from mpi4py import MPI  # only on the MPI transport, which has page.comm.mpi
 
-            op = lambda: MPI.SUM.Reduce_local(a, b)  # noqa: E731
-        else:
-            op = lambda: np.add(a, b, out=b)  # noqa: E731
+            return lambda: MPI.SUM.Reduce_local(a, b)
+        return lambda: np.add(a, b, out=b)
+
+    return timed_once(page, ("sum", by, nbytes), make, reps) / (4 * count)
+
+
+def timed_once(page: Page, key, make, reps: int) -> float:
+    """fastest() of the op that make() builds, after a warm-up call: timed once per key in a
+    lesson's run and kept on the page (collective: every rank asks for the same keys in the
+    same order)."""
+    timed_now = vars(page).setdefault("timed_now", {})
+    if key not in timed_now:
+        op = make()
         op()  # warm up
-        timed_now[nbytes, by] = fastest(page, op, reps) / a.nbytes
-    return timed_now[nbytes, by]
+        timed_now[key] = fastest(page, op, reps)
+    return timed_now[key]
 
 
 def exchange_bandwidth(page: Page, chunks: list[float]) -> float | None:
