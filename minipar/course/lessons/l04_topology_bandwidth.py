@@ -316,7 +316,7 @@ def mpi_sum_chunk(nbytes: int, p: int) -> float:
 def reduce_gamma(page: Page, nbytes: float, by: str = "numpy", reps: int = 20) -> float:
     """Seconds per byte of a float32 sum of nbytes into a buffer, as a step reduces its chunk,
     timed now: `by` "numpy" (np.add, minipar's reduction) or "mpi" (MPI.SUM.Reduce_local, the
-    loop MPICH runs inside MPI_Allreduce: the wheel's sums 2-4x slower than numpy's here). The
+    loop MPICH runs inside MPI_Allreduce: the wheel's sums 2-5x slower than numpy's here). The
     fastest of reps, the slowest rank's (collective; timed once a size)."""
     count = max(int(nbytes) // 4, 1)
 
