@@ -6,11 +6,15 @@ not a test). Run under minipar's launcher, once a placement:
     MPIR_CVAR_CH4_CMA_ENABLE=0 python -m minipar run -n 2 scripts/core_placement.py --big
                                                     # MPICH's cross-memory attach turned off
     python -m minipar run -n 4 scripts/core_placement.py --crossover # 4 ranks on 2 cores
+    python -m minipar run -n 2 scripts/core_placement.py --coherence # sums after a peer read
 
 Rank 0 prints one line each: the one-way time of MPI ping-pongs (8 B to 16 MiB; touched
 buffers, the fastest of 20), a 16 MiB copy on rank 0 alone and on both ranks at once (shared
 cache: they contend), numpy's and MPICH's float32 sums (MPI.SUM.Reduce_local), and with
---crossover recursive doubling against the ring on every rank.
+--crossover recursive doubling against the ring on every rank; with --coherence a float32 sum
+into a buffer as a ring's reduce-scatter step finds it (the right neighbour has just read it
+with an MPI message: its lines sit in the other core's cache) against the same sum on private
+lines, numpy's and MPICH's, at sizes in and beyond the cache.
 """
 
 import sys
@@ -65,6 +69,35 @@ def per_call(algorithm: str, n: int, reps: int = 20) -> float:
     return max(c.allgather(best))
 
 
+def after_peer_read(n: int, by: str, peer_read: bool, reps: int = 40) -> float:
+    """The fastest sum of n bytes into `mine` (the slowest rank's), each after the right
+    neighbour read `mine` with a Sendrecv (peer_read) or after a Sendrecv of other buffers."""
+    mine, received, other = (np.ones(n // 4, np.float32) for _ in range(3))
+    right, left = (r + 1) % c.size, (r - 1) % c.size
+    op = (lambda: MPI.SUM.Reduce_local(received, mine)) if by == "mpi" else (
+        lambda: np.add(mine, received, out=mine))  # fmt: skip
+    best = float("inf")
+    for _ in range(reps):
+        c.Sendrecv(mine if peer_read else other, right, 8, received, left, 8)
+        c.Barrier()
+        t0 = time.perf_counter()
+        op()
+        best = min(best, time.perf_counter() - t0)
+    return max(c.allgather(best))
+
+
+if "--coherence" in sys.argv:
+    for n in (128 << 10, 512 << 10, 4 << 20):
+        t = {(by, seen): after_peer_read(n, by, seen) for by in ("numpy", "mpi")
+             for seen in (False, True)}  # fmt: skip
+        if r == 0:
+            print(
+                f"{n >> 10} KiB float32 sum: numpy {t['numpy', False] * 1e6:.1f} us on private "
+                f"lines, {t['numpy', True] * 1e6:.1f} us after the neighbour read them; MPICH "
+                f"{t['mpi', False] * 1e6:.1f} / {t['mpi', True] * 1e6:.1f} us",
+                flush=True,
+            )
+    sys.exit(0)
 if "--crossover" in sys.argv:
     for n in (8, 1 << 10, 16 << 10, 64 << 10):
         rd, ring = per_call("recursive_doubling", n), per_call("ring", n)

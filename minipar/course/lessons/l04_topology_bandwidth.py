@@ -86,21 +86,27 @@ def timed(page: Page, op, reps: int, warm: bool = True) -> float:
     return spread(page, op, reps, warm)[1]
 
 
-def fastest(page: Page, op, reps: int) -> float:
+def fastest(page: Page, op, reps: int, prepare=None) -> float:
     """The fastest of reps (barrier; op()), each the slowest rank's time, op warmed up by the
     caller: one side of an alternated pair. A run that other processes interrupted is slower,
     never faster, so the fastest is the least disturbed on a shared machine."""
-    return spread(page, op, reps, warm=False)[0]
+    return spread(page, op, reps, warm=False, prepare=prepare)[0]
 
 
-def spread(page: Page, op, reps: int, warm: bool = True) -> tuple[float, float, float]:
+def spread(
+    page: Page, op, reps: int, warm: bool = True, prepare=None
+) -> tuple[float, float, float]:
     """(min, median, max) over reps of (barrier; op()), each the slowest rank's time, after one
-    untimed warm-up call (unless warm is False: the caller warmed it up)."""
+    untimed warm-up call (unless warm is False: the caller warmed it up); `prepare()`, when
+    given, runs after each barrier, untimed, right before op (it puts the buffers in the state
+    op meets: no wait comes between them, in which an idle core could write its cache back)."""
     if warm:
         op()
     mine = []
     for _ in range(reps):
         page.comm.barrier()
+        if prepare is not None:
+            prepare()
         t0 = time.perf_counter()
         op()
         mine.append(time.perf_counter() - t0)
@@ -236,6 +242,7 @@ def bench_section(page: Page, machine, inter=None) -> list[tuple]:
         caption="roofline: the floor's time / the measured time; the ring and MPI_Allreduce "
         "alternated, pair by pair",
     )
+    say_coherence(page, [n for n, *_, paired in judged if paired is not None])
     for n, model, t, floor, paired in judged:
         bound = "latency" if n < knee else "bandwidth"
         tolerance = C.LATENCY_BOUND if n < knee else C.BANDWIDTH_BOUND
@@ -258,6 +265,23 @@ def bench_section(page: Page, machine, inter=None) -> list[tuple]:
             f"{fmt_rate(1 / reduce_gamma(page, mpi_sum_chunk(n, p), 'mpi'))}",
         )
     return fits
+
+
+def say_coherence(page: Page, sizes: list[int]) -> None:
+    """What the ring's sums cost where its chunks stay in cache: a sum into lines the neighbour
+    has just read against the same sum on private lines, both timed now (collective)."""
+    fits = [n for n in sizes if 1 << 10 <= n // page.size <= 1 << 20]  # in a core's cache
+    if not fits or getattr(page.comm, "mpi", None) is None:
+        return
+    n = max(fits) // page.size
+    shared, private = (reduce_gamma(page, n, private=flag) * n for flag in (False, True))
+    page.say(
+        f"A ring step adds the chunk it received into one its neighbour has just read (the "
+        f"all-gather sent it). A sum of {fmt_bytes(n)} took {fmt_time(shared)} so, "
+        f"{fmt_time(private)} on lines no other core had read: each line is first taken back "
+        "from the other core's cache. Both are timed now, and the models below price the "
+        "ring's and MPICH's sums the first way."
+    )
 
 
 PAIRS = 5  # alternated pairs a ratio is judged on (--quick; twice as many in the full lesson)
@@ -313,34 +337,52 @@ def mpi_sum_chunk(nbytes: int, p: int) -> float:
     return moved.bytes_reduced / max(round(math.log2(p)), 1)
 
 
-def reduce_gamma(page: Page, nbytes: float, by: str = "numpy", reps: int = 20) -> float:
-    """Seconds per byte of a float32 sum of nbytes into a buffer, as a step reduces its chunk,
-    timed now: `by` "numpy" (np.add, minipar's reduction) or "mpi" (MPI.SUM.Reduce_local, the
-    loop MPICH runs inside MPI_Allreduce: the wheel's sums 2-5x slower than numpy's here). The
-    fastest of reps, the slowest rank's (collective; timed once a size)."""
+def reduce_gamma(
+    page: Page, nbytes: float, by: str = "numpy", reps: int = 20, private: bool = False
+) -> float:
+    """Seconds per byte of a float32 sum of nbytes into a buffer, as a reduce-scatter step
+    reduces its chunk, timed now: `by` "numpy" (np.add, minipar's reduction) or "mpi"
+    (MPI.SUM.Reduce_local, the loop MPICH runs inside MPI_Allreduce: the wheel's sums 2-5x
+    slower than numpy's on private memory here). The fastest of reps, the slowest rank's
+    (collective; timed once a size).
+
+    Each repetition first puts the buffers where a step finds them (over MPI): the chunk it
+    adds into was read by the right neighbour a moment ago (the previous call's all-gather sent
+    it, straight out of this buffer: one copy by the kernel, on the neighbour's core), and what
+    it adds was just received. Writing a line that sits in another core's cache first takes
+    it back from there: at sizes that stay in cache that, not the add, is the step's time
+    (measured here: 128 KiB in 3 us with the lines private, 32-33 us after the neighbour read
+    them, while MPICH's slower scalar loop went from 10 to 14 us: docs/records/
+    2026-12-08-coherence.txt). With `private`, the same sum on lines no other core has seen."""
     count = max(int(nbytes) // 4, 1)
+    mpi = getattr(page.comm, "mpi", None)
 
     def make():
-        a = np.ones(count, np.float32)
-        b = np.ones_like(a)
+        received, mine = np.ones(count, np.float32), np.ones(count, np.float32)
+        right, left = (page.rank + 1) % page.size, (page.rank - 1) % page.size
         if by == "mpi":
             from mpi4py import MPI  # only on the MPI transport, which has page.comm.mpi
 
-            return lambda: MPI.SUM.Reduce_local(a, b)
-        return lambda: np.add(a, b, out=b)
+            op = lambda: MPI.SUM.Reduce_local(received, mine)  # noqa: E731
+        else:
+            op = lambda: np.add(mine, received, out=mine)  # noqa: E731
+        if mpi is None or page.size < 2 or private:
+            return op
+        return op, lambda: mpi.Sendrecv(mine, right, 8, received, left, 8)  # as a ring step
 
-    return timed_once(page, ("sum", by, nbytes), make, reps) / (4 * count)
+    return timed_once(page, ("sum", by, nbytes, private), make, reps) / (4 * count)
 
 
 def timed_once(page: Page, key, make, reps: int) -> float:
-    """fastest() of the op that make() builds, after a warm-up call: timed once per key in a
-    lesson's run and kept on the page (collective: every rank asks for the same keys in the
-    same order)."""
+    """fastest() of the op that make() builds (or of (op, prepare): prepare() runs before each
+    repetition, untimed), after a warm-up call: timed once per key in a lesson's run and kept
+    on the page (collective: every rank asks for the same keys in the same order)."""
     timed_now = vars(page).setdefault("timed_now", {})
     if key not in timed_now:
-        op = make()
+        built = make()
+        op, prepare = built if isinstance(built, tuple) else (built, None)
         op()  # warm up
-        timed_now[key] = fastest(page, op, reps)
+        timed_now[key] = fastest(page, op, reps, prepare)
     return timed_now[key]
 
 
