@@ -13,6 +13,8 @@ when on and really not when off (else the comparison would prove nothing).
 - pieces (a ring all-reduce of a numpy buffer over MPI whose chunks span more than one piece:
   fast/pieces.py): the same bits on and off for every op with signed zeros, on uneven chunks
   and a short last piece; taken on, not off, not with a trace open, not in the student edition;
+- scratch sums (the same ring whose chunks fit in cache: fast/scratch_sums.py): the same checks,
+  and not taken where its chunks are out of its range;
 - in place (a buffer from minipar.empty, which lives in the window): `auto` runs the ring either
   way; on, the trace shows "ring@shm" and every message read in place ("shm-in-place"), off,
   "ring" over MPI messages, and the bits agree, for the same ops.
@@ -31,7 +33,7 @@ import minipar
 from minipar import cost
 from minipar.collectives import call as call_module
 from minipar.collectives import registry
-from minipar.collectives.fast import lean, pieces
+from minipar.collectives.fast import lean, pieces, scratch_sums
 from minipar.collectives.reduce_op import as_op
 from minipar.state import process
 
@@ -297,6 +299,67 @@ def pieces_case():
     assert counted[0] == 0, f"the pieced ring ran {counted[0]} times under a trace or a hand-out"
 
 
+@contextlib.contextmanager
+def counting_scratch_rings():
+    """Count the ring all-reduces that ran on fast/scratch_sums.py (routing takes it by name)."""
+    counted, real = [0], scratch_sums.all_reduce_ring_scratch
+
+    def scratch(*args):
+        counted[0] += 1
+        return real(*args)
+
+    scratch_sums.all_reduce_ring_scratch = scratch
+    try:
+        yield counted
+    finally:
+        scratch_sums.all_reduce_ring_scratch = real
+
+
+def scratch_sums_case():
+    w = world()
+    p, r = w.size, w.rank
+    n = p * (cost.SHM_MIN_BYTES // 4 + 3) + 1  # uneven chunks, above the routed smallest size
+    for dtype, ops in ((np.float32, FAST_OPS), (np.float64, ["sum", "min"]), (np.int32, ["sum"])):
+        for op in ops:
+            got = []
+            for on in (True, False):
+                with fast_paths(on), counting_scratch_rings() as counted:
+                    x = data(n, dtype, 13 * r + 5)
+                    minipar.all_reduce(x, op=op, algorithm="ring")
+                    got.append((x, counted[0]))
+            (on_out, on_count), (off_out, off_count) = got
+            what = f"scratch-sums ring all_reduce {np.dtype(dtype)} {op} on {p} ranks"
+            expected = _reference(n, dtype, op, p, lambda q: 13 * q + 5)
+            close = np.allclose(on_out, expected, rtol=1e-5, atol=1e-5)
+            assert close, f"{what}: not the reduction of the inputs"
+            same_bits(on_out, off_out, what)
+            same_bits(on_out, w.allgather_object(on_out)[0], f"{what}: rank 0's bits")
+            assert on_count == (p > 1) and off_count == 0, (what, on_count, off_count)
+    with counting_scratch_rings() as counted:
+        with minipar.trace():  # a trace records the ring's own messages: the plain ring runs
+            minipar.all_reduce(data(n, np.float32, r), algorithm="ring")
+        real = pieces.ring_is_minipars
+        pieces.ring_is_minipars = lambda: False  # the student edition: the student's ring runs
+        try:
+            minipar.all_reduce(data(n, np.float32, r), algorithm="ring")
+        finally:
+            pieces.ring_is_minipars = real
+        small = cost.SHM_MIN_BYTES // 4 - 1  # under the smallest size routing considers
+        large = p * (scratch_sums.CACHED_BYTES // 4 + 1)  # over it
+        for count in (small, large):
+            minipar.all_reduce(data(count, np.float32, r), algorithm="ring")
+    assert counted[0] == 0, f"the scratch-sums ring ran {counted[0]} times out of its place"
+
+
+def _reference(n, dtype, op, p, seed_of):
+    """The reduction of every rank's input, computed here from the seeds (numpy, in float64)."""
+    inputs = np.stack([data(n, dtype, seed_of(q)).astype(np.float64) for q in range(p)])
+    name = "sum" if op == "avg" else op
+    out = {"sum": inputs.sum(0), "product": inputs.prod(0), "min": inputs.min(0),
+           "max": inputs.max(0)}[name]  # fmt: skip
+    return out / p if op == "avg" else out
+
+
 def in_place_case():
     w = world()
     p, r = w.size, w.rank
@@ -357,6 +420,7 @@ def cases(size):
         "direct_steps": direct_case,
         "windows": windows_case,
         "pieces": pieces_case,
+        "scratch_sums": scratch_sums_case,
         "in_place": in_place_case,
         "switch": switch_case,
     }

@@ -20,7 +20,9 @@ The trace shows the choice: a call that went through the windows is recorded wit
 
 A ring all-reduce that stays on MPI (no window link, a numpy buffer, no trace open) and whose
 chunks span more than one piece runs as pieces.py: the same messages cut in pieces, the same
-bits. It is minipar's own ring only: the student edition runs the student's (`ring_is_minipars`).
+bits; one whose chunks fit in cache runs as scratch_sums.py: the same messages, its partial sums
+kept in scratch, the same bits. Both are minipar's own ring only: the student edition runs the
+student's (`ring_is_minipars`).
 
 A buffer that lives in a window already (`minipar.empty`, DDP's buckets, FSDP's flat vectors:
 comm/transport/shm_buffers.py) is reduced where it lies, with no copy in (in_place.py; path
@@ -36,7 +38,7 @@ import numpy as np
 
 from minipar import cost
 from minipar.collectives import registry
-from minipar.collectives.fast import in_place, pieces, windows
+from minipar.collectives.fast import in_place, pieces, scratch_sums, windows
 from minipar.collectives.registry import split
 from minipar.comm.transport import buffers, shm, shm_buffers
 from minipar.state import process
@@ -159,8 +161,9 @@ _SHM_LINK_KEY = os.fsencode(cost.SHM_LINK_ENV) if os.name != "nt" else cost.SHM_
 
 
 def _pieced(comm, collective: str, name, fn, nbytes: int, buf):
-    """(name, function) of a ring all-reduce over MPI: pieces.py's where it keeps the bits and
-    wins (a numpy buffer whose chunks span pieces, MPI, no trace, minipar's own ring), else fn."""
+    """(name, function) of a ring all-reduce over MPI where it keeps the bits and wins (a numpy
+    buffer, MPI, no trace, minipar's own ring): pieces.py's when its chunks span pieces,
+    scratch_sums.py's when they fit in cache, else fn."""
     if (
         collective == "all_reduce"
         and name == "ring"
@@ -168,10 +171,12 @@ def _pieced(comm, collective: str, name, fn, nbytes: int, buf):
         and not process.traces
         and type(buf) is np.ndarray
         and comm.backend == "mpi"
-        and pieces.worth_it(nbytes, comm.size)
         and pieces.ring_is_minipars()
     ):
-        return name, pieces.all_reduce_ring_pieces
+        if pieces.worth_it(nbytes, comm.size):
+            return name, pieces.all_reduce_ring_pieces
+        if scratch_sums.worth_it(nbytes, comm.size):
+            return name, scratch_sums.all_reduce_ring_scratch
     return name, fn
 
 
