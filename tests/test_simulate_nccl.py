@@ -212,6 +212,21 @@ def test_the_per_class_table_of_a_hand_worked_set():
     }
 
 
+def test_a_class_of_low_figures_has_a_geomean_above_its_worst():
+    """Two 2-node mid-size figures simulated 25.2% and 30.1% low (the ratios 0.748, 0.699):
+    worst |r - 1| = 30.1%; geomean exp((|ln 0.748| + |ln 0.699|) / 2) - 1 = exp((0.29035 +
+    0.35810) / 2) - 1 = 38.3%. Not a typo: the columns are two measures, and the table says so."""
+    from minipar.simulate.validate import MEASURES, class_table, table_lines
+
+    results = [{"bytes": n, "nodes": 2, "ratio": r, "split": "held-out", "held": True}
+               for n, r in ((MiB, 0.748), (4 * MiB, 0.699))]  # fmt: skip
+    mid = next(t for t in class_table(results) if t["nodes"] == 2)
+    assert mid["worst"] == pytest.approx(0.301)
+    assert mid["geomean"] == pytest.approx(0.383, abs=5e-4) and mid["geomean"] > mid["worst"]
+    assert 1 / 0.7 - 1 == pytest.approx(0.4286, abs=1e-4) and "30% low counts 43%" in MEASURES
+    assert any(MEASURES in line for line in table_lines([]))
+
+
 # -- rules that change the answer only on some shapes (issue 72's planted bugs) -----------------
 
 
