@@ -353,3 +353,19 @@ def test_nccls_multi_node_simple_ring_pays_its_plateau():
     assert nccl_time("all_reduce", "ring", "Simple", GiB, 8, H100) == pytest.approx(
         (8.4 + 14 * 3.4) * US + GiB * 14 / (8 * NVLINK)
     )
+
+
+def test_nccls_tuner_prices_nvls_tree_across_nodes_by_its_own_formula():
+    """NVLSTree is not simulated; NCCL's tuner's figure for it is (tuning.cc), worked by hand:
+    2.26.2 on 2 x 8 H100 at 16 MiB: 25 + 2 x 1 x 14 = 53 us, 8 heads x min(48, 48) GB/s x 5/6
+    = 320 GB/s, 53 + 16,777,216 / 320e3 = 105.43 us; 2.30.7: 25 + 2 x 20.9 = 66.8 us, a
+    channel min(48 x 0.85 x 7/8 x 2 = 71.4, 48 x 2, 57.7) = 57.7, 8 x 57.7 x 16/30 = 246.19
+    GB/s, 66.8 + 68.148 = 134.948 us; 2.26.2 on 8 x 8 at 64 MiB: 25 + 2 x 3 x 14 = 109 us, 8 x
+    48 / 2 x 5/6 = 160 GB/s, 109 + 419.43 = 528.43 us. One node, or no NVLink SHARP: none."""
+    from minipar.simulate.nvls import tree_tuner_seconds
+
+    assert tree_tuner_seconds(16 * MiB, 16, H100, "2.26") == pytest.approx(105.4288 * US)
+    assert tree_tuner_seconds(16 * MiB, 16, H100, "2.30") == pytest.approx(134.9484 * US)
+    assert tree_tuner_seconds(64 * MiB, 64, H100, "2.26") == pytest.approx(528.4304 * US)
+    assert tree_tuner_seconds(16 * MiB, 8, H100) is None
+    assert tree_tuner_seconds(16 * MiB, 16, clusters.preset("pcie")) is None
