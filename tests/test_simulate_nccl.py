@@ -212,6 +212,21 @@ def test_the_per_class_table_of_a_hand_worked_set():
     }
 
 
+def test_a_class_of_low_figures_has_a_geomean_above_its_worst():
+    """Two 2-node mid-size figures simulated 25.2% and 30.1% low (the ratios 0.748, 0.699):
+    worst |r - 1| = 30.1%; geomean exp((|ln 0.748| + |ln 0.699|) / 2) - 1 = exp((0.29035 +
+    0.35810) / 2) - 1 = 38.3%. Not a typo: the columns are two measures, and the table says so."""
+    from minipar.simulate.validate import MEASURES, class_table, table_lines
+
+    results = [{"bytes": n, "nodes": 2, "ratio": r, "split": "held-out", "held": True}
+               for n, r in ((MiB, 0.748), (4 * MiB, 0.699))]  # fmt: skip
+    mid = next(t for t in class_table(results) if t["nodes"] == 2)
+    assert mid["worst"] == pytest.approx(0.301)
+    assert mid["geomean"] == pytest.approx(0.383, abs=5e-4) and mid["geomean"] > mid["worst"]
+    assert 1 / 0.7 - 1 == pytest.approx(0.4286, abs=1e-4) and "30% low counts 43%" in MEASURES
+    assert any(MEASURES in line for line in table_lines([]))
+
+
 # -- rules that change the answer only on some shapes (issue 72's planted bugs) -----------------
 
 
@@ -338,3 +353,19 @@ def test_nccls_multi_node_simple_ring_pays_its_plateau():
     assert nccl_time("all_reduce", "ring", "Simple", GiB, 8, H100) == pytest.approx(
         (8.4 + 14 * 3.4) * US + GiB * 14 / (8 * NVLINK)
     )
+
+
+def test_nccls_tuner_prices_nvls_tree_across_nodes_by_its_own_formula():
+    """NVLSTree is not simulated; NCCL's tuner's figure for it is (tuning.cc), worked by hand:
+    2.26.2 on 2 x 8 H100 at 16 MiB: 25 + 2 x 1 x 14 = 53 us, 8 heads x min(48, 48) GB/s x 5/6
+    = 320 GB/s, 53 + 16,777,216 / 320e3 = 105.43 us; 2.30.7: 25 + 2 x 20.9 = 66.8 us, a
+    channel min(48 x 0.85 x 7/8 x 2 = 71.4, 48 x 2, 57.7) = 57.7, 8 x 57.7 x 16/30 = 246.19
+    GB/s, 66.8 + 68.148 = 134.948 us; 2.26.2 on 8 x 8 at 64 MiB: 25 + 2 x 3 x 14 = 109 us, 8 x
+    48 / 2 x 5/6 = 160 GB/s, 109 + 419.43 = 528.43 us. One node, or no NVLink SHARP: none."""
+    from minipar.simulate.nvls import tree_tuner_seconds
+
+    assert tree_tuner_seconds(16 * MiB, 16, H100, "2.26") == pytest.approx(105.4288 * US)
+    assert tree_tuner_seconds(16 * MiB, 16, H100, "2.30") == pytest.approx(134.9484 * US)
+    assert tree_tuner_seconds(64 * MiB, 64, H100, "2.26") == pytest.approx(528.4304 * US)
+    assert tree_tuner_seconds(16 * MiB, 8, H100) is None
+    assert tree_tuner_seconds(16 * MiB, 16, clusters.preset("pcie")) is None

@@ -28,8 +28,11 @@ the last arrival plus that time.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from minipar.simulate.protocols import NVLS_EFFICIENCY
 from minipar.state import process
 
 # transport/nvls.cc: NVLS_NCHANNELS_SM90 16, NVLS_NCHANNELS_SM100_NVL 24 (one node) and
@@ -75,3 +78,42 @@ def nvls_seconds(priced_cluster):
         return hop + (nbytes + fill) * (1 + 1 / p) * beta
 
     return seconds
+
+
+# -- NVLSTree across nodes: NCCL's tuner's figure (not simulated yet) ----------------------------
+#
+# Across nodes NCCL also ranks NVLSTree (NVLink SHARP inside each node, a tree of the nodes'
+# NVLS heads across; src/device/all_reduce.h RunWorkColl<AllReduce, NVLS_TREE, Simple>),
+# where the nodes have NVLink SHARP. Its tuner's figure changed between releases (tuning.cc
+# ncclTopoTuneModel): base 0, NVLink hop 25 us in both; the network hop 14 us (2.26.2, 2.28.3)
+# or 20.9 (2.30.7); bandwidth a channel min(bwIntra, bwInter, halved beyond 2 nodes) with the
+# all-reduce ratio 5/6 (2.26.2), or min(bwIntra x nvlsEfficiency x (c-1)/c x 2, bwInter x 2 on
+# at most 2 nodes, perChMaxNVLSTreeBw) with nRanks / nsteps (2.28 on). The NVLS graph has a
+# head a NIC ("NVLS Head 0..7" on 2 x 8 H100, NVIDIA/nccl-tests#319); its bandwidth is taken
+# as the ring graph's 48 GB/s a channel on these nodes (search.cc sm90SpeedArrayInter's top,
+# "bw 48/48" in NVIDIA/nccl#1453's log): NCCL's log of the NVLS graph was not found.
+NVLS_TREE_NET_HOP_US = {"2.26": 14.0, "2.30": 20.9}
+NVLS_TREE_PER_CHANNEL = {"h100": (57.7, 45.5), "b200": (96.0, 80.0)}  # perChMaxNVLSTreeBws
+NVLS_GRAPH_BW = 48.0  # GB/s a channel, intra and inter (assumed: the ring graph's)
+
+
+def tree_tuner_seconds(nbytes: float, p: int, cluster, version: str = "2.26") -> float | None:
+    """Seconds NCCL's tuner (`version` "2.26" or "2.30") gives an NVLSTree all-reduce of
+    nbytes on p ranks of `cluster`, or None where it has no NVLink SHARP or one node."""
+    nodes = -(-p // cluster.per_node)
+    caps = NVLS_TREE_PER_CHANNEL.get(cluster.name)
+    if caps is None or nodes < 2:
+        return None
+    latency = 25.0 + 2 * int(math.log2(nodes)) * NVLS_TREE_NET_HOP_US[version]
+    return (latency + nbytes / (1e3 * _nvls_tree_algbw(p, nodes, cluster, version))) * 1e-6
+
+
+def _nvls_tree_algbw(p: int, nodes: int, cluster, version: str) -> float:
+    """GB/s of algorithm bandwidth NCCL's tuner gives NVLSTree (a channel a NIC's head)."""
+    c, bw_intra, bw_inter = cluster.nics, NVLS_GRAPH_BW, NVLS_GRAPH_BW
+    if version == "2.26":
+        return c * min(bw_intra, bw_inter if nodes <= 2 else bw_inter / 2) * 5 / 6
+    intra = bw_intra * NVLS_EFFICIENCY[cluster.name] * (c - 1) / c * 2  # two operations pipelined
+    inter = bw_inter * (2 if nodes <= 2 else 1)
+    per_channel = min(intra, inter, NVLS_TREE_PER_CHANNEL[cluster.name][0 if nodes <= 2 else 1])
+    return c * per_channel * p / (2 * (p - 1))
