@@ -7,6 +7,8 @@ The fresh group is dropped afterwards, so messages left over from the abandoned 
 meet a later one.
 """
 
+import time
+
 import numpy as np
 
 import minipar
@@ -120,6 +122,32 @@ def barrier_timeout():
                 raise AssertionError("a control call ran on a group whose barrier timed out")
 
 
+def barrier_asleep_timeout():
+    """The barrier waited for asleep (lessons' ranks that are not timed) is bounded as well."""
+    w, g, away = abandoned("late_asleep")
+    if w.size < 2:
+        return
+    started = time.monotonic()
+    messages = gather_messages(w, lambda: g.barrier_asleep(0.01))
+    for message in messages[:-1]:
+        assert "barrier on group late_asleep: timed out after" in message, message
+    if not away:
+        assert time.monotonic() - started >= TIMEOUT, "it gave up before its timeout"
+
+
+def barrier_asleep_waits():
+    """Every rank leaves the barrier waited for asleep only after the last has come (it comes
+    0.2 s late here)."""
+    w = world()
+    g = minipar.new_group(list(range(w.size)), name="asleep")
+    g.barrier()
+    started = time.monotonic()
+    if g.rank == g.size - 1:
+        time.sleep(0.2)
+    g.barrier_asleep(0.005)
+    assert time.monotonic() - started >= 0.2 or w.size == 1, "left before the last rank came"
+
+
 def debug_check_timeout():
     """Debug mode's fingerprint exchange names the rank that never came."""
     w, g, away = abandoned("late_debug")
@@ -150,5 +178,7 @@ def cases(size):
     table["timeout.async"] = async_timeout
     table["timeout.p2p_recv"] = p2p_timeout
     table["timeout.transport_barrier"] = barrier_timeout
+    table["timeout.barrier_asleep"] = barrier_asleep_timeout
+    table["barrier_asleep.waits"] = barrier_asleep_waits
     table["timeout.debug_check"] = debug_check_timeout
     return table

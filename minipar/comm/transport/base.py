@@ -399,6 +399,17 @@ class Communicator:
         """
         wait_all([self._post_barrier()], self.timeout, f"barrier on group {self.name}")
 
+    def barrier_asleep(self, nap: float = 1e-3) -> None:
+        """The transport's barrier, waited for asleep: `nap` seconds between polls from the
+        first, bounded by the timeout. For ranks with nothing to do while others are timed: a
+        wait that spins or yields still takes turns on the cores the timed ranks need."""
+        request = self._post_barrier()
+        deadline = time.monotonic() + (0.0 if request.blocking else self.timeout)
+        while time.monotonic() < deadline and not request.test():
+            time.sleep(nap)
+        left = max(deadline - time.monotonic(), 0.0) if not request.blocking else self.timeout
+        wait_all([request], left, f"barrier on group {self.name}")  # done, or the timeout's error
+
     # -- collectives bookkeeping --------------------------------------------------------
     def next_collective_tag(self, sig, sig_hash=None) -> tuple[int, int]:
         """(sequence number, tag) for the next collective call on this group, whose signature

@@ -131,11 +131,13 @@ class Page:
         tolerance: claims.Tolerance = claims.BANDWIDTH_BOUND,
         kind: str = "time",
         causes=(),
+        timed_on: int | None = None,
         **fields,
     ) -> Claim:
         """Judge one predict-then-measure pair, print its verdict and keep its record. causes:
         what this lesson measured that explains a miss (more ranks than cores is added for
-        timing claims); fields: bound=(lo, hi), spread=(min, median, max), basis="...",
+        timing claims, counting the `timed_on` ranks that ran the timing when not all of them
+        did); fields: bound=(lo, hi), spread=(min, median, max), basis="...",
         reference="..." (a ratio's alternated reference), seconds=(a, b)."""
         share = fields.pop("cpu", None)
         if kind == "time":
@@ -149,7 +151,7 @@ class Page:
                     share = self.cpu_since(self.begun)
             self.mark = self.snapshot()
             self.load = self.gather(self._load_now(during=True))[0]
-            causes = [*causes, *claims.environment_causes(self.size, self.cores)]
+            causes = [*causes, *claims.environment_causes(timed_on or self.size, self.cores)]
             if self.measured_on and str(fields.get("basis", "")).startswith("measured at"):
                 causes.append(f"the prediction's links were measured at this lesson's start "
                               f"while the run did not get its cores: "
@@ -181,11 +183,12 @@ class Page:
         reference: str,
         tolerance=claims.BANDWIDTH_BOUND,
         causes=(),
+        timed_on: int | None = None,
         **fields,
     ) -> Claim:
         """A timing claim measured as a ratio against `reference`, run alternately (page.
         alternate): judged on the pairs' median, the absolute medians kept as information."""
-        return self.claim(what, predicted, pairs.ratio, "x", tolerance, "time", causes,
+        return self.claim(what, predicted, pairs.ratio, "x", tolerance, "time", causes, timed_on,
                           spread=pairs.spread, reference=reference, seconds=pairs.seconds,
                           cpu=pairs.cpu,
                           **fields)  # fmt: skip
