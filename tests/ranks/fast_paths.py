@@ -195,6 +195,38 @@ def direct_case():
             assert direct_somewhere, f"{collective}: no algorithm took the direct path with it on"
 
 
+def torch_view_case():
+    """A blocking all-reduce of a CPU torch tensor runs on its memory as numpy (the direct
+    steps) for the ops whose kernels agree, with the same bits as torch's path; not for MIN and
+    MAX, not async, not under a trace."""
+    w = world()
+    p, r = w.size, w.rank
+    n = 3 * p * 1000 + 1  # uneven chunks (the ring: the lean path runs recursive doubling only)
+    cases = [(torch.float32, ["sum", "avg", "product"]), (torch.float64, ["sum"]),
+             (torch.int64, ["sum", "bxor"]), (torch.float32, ["min", "max"])]  # fmt: skip
+    for dtype, ops in cases:
+        for op in ops:
+            got = []
+            for on in (True, False):
+                with fast_paths(on), counting_direct_steps() as counted:
+                    x = torch.from_numpy(data(n, torch.empty(0, dtype=dtype).numpy().dtype,
+                                              7 * r + 3))  # fmt: skip
+                    minipar.all_reduce(x, op=op, algorithm="ring")
+                    got.append((x, counted[0]))
+            (on_out, on_steps), (off_out, off_steps) = got
+            what = f"torch {dtype} {op} ring all_reduce on {p} ranks"
+            same_bits(on_out, off_out, what)
+            exact = op not in ("min", "max")
+            assert off_steps == 0 and (on_steps > 0) == (exact and p > 1), (what, on_steps)
+    x = torch.ones(n)
+    with counting_direct_steps() as counted:
+        minipar.all_reduce(x, algorithm="ring", async_op=True).wait()
+        with minipar.trace():
+            minipar.all_reduce(x, algorithm="ring")
+    assert counted[0] == 0, f"{counted[0]} direct steps for an async call or under a trace"
+    assert torch.equal(x, torch.full((n,), float(p * p))), "the two calls' sums are wrong"
+
+
 @contextlib.contextmanager
 def windows_always_win():
     """A window link that beats any MPI algorithm, named by MINIPAR_SHM_LINK as `minipar bench
@@ -421,6 +453,7 @@ def cases(size):
         "windows": windows_case,
         "pieces": pieces_case,
         "scratch_sums": scratch_sums_case,
+        "torch_view": torch_view_case,
         "in_place": in_place_case,
         "switch": switch_case,
     }
