@@ -250,8 +250,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, algorithm="auto", async_op=F
     buffers.check(tensor, "tensor", writable=True)
     check_op(op, tensor)
     x = buffers.flat(tensor)
-    if not async_op:
-        x = fast.numpy_view(comm, x, op)  # a CPU tensor's steps on numpy's fast path
+    x = fast.numpy_view(comm, x, op)  # a CPU tensor's steps on numpy's fast path
     return run_call(
         comm,
         "all_reduce",
