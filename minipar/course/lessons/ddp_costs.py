@@ -7,8 +7,13 @@ step each way of synchronising gradients costs by the model that prices them.
 The quantities, each measured the fastest of a few runs (a run other processes interrupted is
 slower, never faster):
 
-    call_s     one blocking all-reduce of a small torch gradient, less the model's time for its
-               bytes on a collective step's cost: what a call on a torch tensor adds
+    call_s     the naive sync of the lesson's own gradients right after a backward wrote them
+               (a blocking all-reduce and a division a tensor), less the model's time for their
+               bytes on a collective step's cost, per tensor: what a call on a gradient adds
+               (a call on a small tensor that nothing has just written costs a fraction of it)
+    launch_s   one blocking all-reduce of a small torch tensor, less the model's time for its
+               bytes: a call's own cost, what each of DDP's launches pays (DDP reduces its
+               buckets, which its hooks filled, not the gradients backward wrote)
     handoff_s  the same all-reduce with async_op=True and wait(), less the blocking one: the
                progress thread taking the job and handing it back
     hook_s     one post-accumulate-grad hook that copies its gradient into a bucket, per
@@ -17,18 +22,19 @@ slower, never faster):
                DDP on a group of this rank alone (its hooks, the copies into and out of its
                buckets, the launches, the progress thread's hand-offs and waits, the closing
                `used` call), less the plain backward and less each launch's call (a blocking
-               call on a group of one: the Python that call_s prices in naive already)
+               call on a group of one: the Python that launch_s prices already)
     bucket_s   the same for a DDP of one 25 MB bucket, the whole step's: its hooks, the copy
                of every gradient into the bucket, its hand-off and wait, the `used` call
 
 The model of each variant's exposed communication (the step less the compute-only step):
 
     naive          sum over tensors of (ring(size) + call_s)
-    per parameter  the same, plus DDP's own work (own_s per tensor), plus the bytes of DDP's
+    per parameter  sum over tensors of (ring(size) + launch_s), plus DDP's own work (own_s per
+                   tensor), plus the bytes of DDP's
                    closing `used` all-reduce; nothing overlaps where the ranks have no spare
                    core (the progress thread waits for the backward to end), so it is never
                    faster than naive
-    one bucket     ring(Psi) + call_s + bucket_s (DDP's own work, the copies included) + the
+    one bucket     ring(Psi) + launch_s + bucket_s (DDP's own work, the copies included) + the
                    bytes of the closing `used` all-reduce
 """
 
@@ -49,13 +55,17 @@ class Costs:
     hook_s: float
     own_s: float
     bucket_s: float = 0.0
+    launch_s: float = 0.0
 
 
-def fastest(page, fn, reps: int = 20) -> float:
-    """The fastest of reps (barrier; fn()), the slowest rank's time (collective)."""
+def fastest(page, fn, reps: int = 20, prepare=None) -> float:
+    """The fastest of reps (barrier; fn()), the slowest rank's time (collective); `prepare()`,
+    when given, runs before each barrier, untimed."""
     fn()  # warm up
     best = float("inf")
     for _ in range(reps):
+        if prepare is not None:
+            prepare()
         page.comm.barrier()
         t0 = time.perf_counter()
         fn()
@@ -73,7 +83,6 @@ def measure(page, model, x, y, link) -> Costs:
     handed = fastest(
         page, lambda: minipar.all_reduce(small, algorithm="ring", async_op=True).wait()
     )
-    ring = cost.predict("all_reduce", "ring", small.nbytes, page.size, link)
     params = list(model.parameters())
     slots = [torch.empty_like(q) for q in params]
 
@@ -83,6 +92,14 @@ def measure(page, model, x, y, link) -> Costs:
         ((model(x) - y) ** 2).mean().backward()
 
     plain = fastest(page, backward, 10)
+
+    def naive() -> None:  # lesson 05's naive sync, on the gradients backward has just written
+        for q in params:
+            minipar.all_reduce(q.grad, algorithm="ring")
+            q.grad.div_(page.size)
+
+    synced = fastest(page, naive, 10, prepare=backward)
+    rings = sum(cost.predict("all_reduce", "ring", 4 * q.numel(), page.size, link) for q in params)
 
     def into(slot):
         def hook(param) -> None:  # DDP's _grad_ready, less the launch: the copy into a bucket
@@ -99,13 +116,14 @@ def measure(page, model, x, y, link) -> Costs:
     # every rank makes every group; each uses its own: DDP's machinery with no byte to move
     mine = [minipar.new_group([r], name=f"ddp-alone-{r}") for r in range(page.size)][page.rank]
     alone, bucket = ddp_alone(page, mine, model, x, y, 0), ddp_alone(page, mine, model, x, y, 25)
-    # a call's own Python on a group of one: the alone DDPs paid it a launch, and call_s prices
-    # it already (naive's and the bucket's calls), so it comes off their own work
+    # a call's own Python on a group of one: the alone DDPs paid it a launch, and launch_s
+    # prices it already, so it comes off their own work
     single = fastest(page, lambda: minipar.all_reduce(small, algorithm="ring", group=mine))
     n = len(params)
-    return Costs(max(blocking - ring, 0.0), max(handed - blocking, 0.0),
+    launch = max(blocking - cost.predict("all_reduce", "ring", small.nbytes, page.size, link), 0.0)
+    return Costs(max(synced - rings, 0.0) / n, max(handed - blocking, 0.0),
                  max(hooked - plain, 0.0) / n, max(alone - plain - n * single, 0.0) / n,
-                 max(bucket - plain - single, 0.0))  # fmt: skip
+                 max(bucket - plain - single, 0.0), launch)  # fmt: skip
 
 
 def ddp_alone(page, alone, model, x, y, cap_mb: float = 0) -> float:
@@ -131,8 +149,8 @@ def exposed(costs: Costs, sizes: list[int], p: int, link) -> dict:
     ring = [cost.predict("all_reduce", "ring", n, p, link) for n in sizes]
     used_bytes = cost.predict("all_reduce", "ring", len(sizes), p, link)  # DDP's `used` map
     naive = sum(ring) + len(sizes) * costs.call_s
-    per_parameter = naive + len(sizes) * costs.own_s + used_bytes  # its call: in own_s
+    per_parameter = sum(ring) + len(sizes) * (costs.launch_s + costs.own_s) + used_bytes
     psi = sum(sizes)
-    bucket = cost.predict("all_reduce", "ring", psi, p, link) + costs.call_s + costs.bucket_s
+    bucket = cost.predict("all_reduce", "ring", psi, p, link) + costs.launch_s + costs.bucket_s
     bucket += used_bytes  # its call: in bucket_s
     return {"naive": naive, "per parameter": per_parameter, "one bucket": bucket}

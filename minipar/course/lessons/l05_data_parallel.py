@@ -62,7 +62,9 @@ def sync_section(page: Page) -> None:
     page.prediction("gradient all-reduce, per parameter and bucketed")
     page.say(f"[dim]a collective step costs {fmt_time(link.alpha)} (of which minipar's Python "
              f"{fmt_time(machine.step_s)}): {machine.basis}. Measured at the start of this "
-             f"lesson: a call on a torch tensor adds {fmt_time(costs.call_s)}, the progress "
+             f"lesson: a call on a gradient backward has just written adds "
+             f"{fmt_time(costs.call_s)} (on a small tensor {fmt_time(costs.launch_s)}: what each "
+             f"of DDP's launches pays), the progress "
              f"thread's hand-off {fmt_time(costs.handoff_s)}, a hook copying a gradient "
              f"{fmt_time(costs.hook_s)} a parameter, DDP's own work (a per-parameter DDP on a "
              f"group of one rank) {fmt_time(costs.own_s)} a parameter, the memory copy "
