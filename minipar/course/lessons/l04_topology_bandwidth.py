@@ -626,21 +626,46 @@ def one_copy_section(page: Page, machine) -> None:
 def window_model(page: Page, machine, n: int) -> float:
     """Seconds of the all-reduce over shared windows of a private buffer of n bytes, priced at
     rates measured now (collective): my (p-1) chunks copied into my segment and my result put
-    there at the private copy rate; my chunk reduced from the peers' segments, and their p-1
-    results copied out, at the rates of reading what another core has just written (cost.
-    roofline.peer_rates); three steps, each a collective step's cost (windows.py's schedule,
-    cost.shm_traffic's bytes)."""
+    there at the private copy rate; my chunk reduced from the peers' segments into my segment
+    as the schedule does it (schedule_add_rate); the p-1 results copied out at the rate of
+    reading what another core has just written (cost.roofline.peer_rates); three steps, each a
+    collective step's cost (windows.py's schedule, cost.shm_traffic's bytes)."""
     p = page.size
     count = max(roofline.MIN_BYTES, n // p) // 4
     mine = minipar.empty(count, np.float32)
     theirs = shm_buffers.twins(shm.node_of(page.comm), mine)[(page.rank + 1) % p].view(np.float32)
     slowest = lambda t: max(page.gather(t))  # noqa: E731 - the rates are the slowest rank's
-    peer_copy, peer_add = roofline.peer_rates(
+    peer_copy, _ = roofline.peer_rates(
         mine, theirs, np.zeros(count, np.float32), page.comm.barrier, slowest
     )
     c = (p - 1) / p * n
-    return (3 * machine.collective.alpha + (c + n / p) / machine.copy_Bps + c / peer_add
-            + c / peer_copy)  # fmt: skip
+    return (3 * machine.collective.alpha + (c + n / p) / machine.copy_Bps
+            + c / schedule_add_rate(page, mine, theirs) + c / peer_copy)  # fmt: skip
+
+
+def schedule_add_rate(page: Page, mine, theirs, reps: int = 10) -> float:
+    """Bytes/s of the windows' reduction as their schedule runs it (collective): my private
+    chunk plus the right neighbour's published one (`theirs`, just written there) into a
+    second buffer of my segment, which the neighbours read out after each round (their gather,
+    untimed): three arrays, and lines another core read a moment ago to write. cost.roofline.
+    peer_rates' add, into its private input, has two: at 4 MiB on 2 ranks it priced the
+    schedule's sum of 2 MiB at 141-148 us, which took 284-314 us inside the schedule
+    (docs/records/2026-12-08-coherence.txt)."""
+    p = page.size
+    out = minipar.empty(len(mine), np.float32)  # my result's place; the peers read it
+    their_out = shm_buffers.twins(shm.node_of(page.comm), out)[(page.rank + 1) % p]
+    private, scratch = np.ones(len(mine), np.float32), np.zeros(len(mine), np.float32)
+    best = float("inf")
+    for turn in range(reps + 1):
+        mine.fill(turn % 7)  # published: the neighbour adds it next
+        page.comm.barrier()
+        t0 = time.perf_counter()
+        np.add(private, theirs, out=out)
+        took = time.perf_counter() - t0
+        page.comm.barrier()
+        np.copyto(scratch, their_out.view(np.float32))  # the gather: my line read by a peer
+        best = min(best, took) if turn else best  # the first round warms up
+    return mine.nbytes / max(max(page.gather(best)), 1e-9)
 
 
 def windows_against_mpi(page: Page, machine, x) -> None:
