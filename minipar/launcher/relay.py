@@ -154,8 +154,8 @@ class Relay:
 
     def _read(self, sel, wait: float) -> None:
         ready = sel.select(wait)
-        now = time.monotonic()  # one moment for all: streams closed in one select went at once
-        for key, _ in ready:
+        now = time.monotonic()
+        for order, (key, _) in enumerate(ready):
             fd = key.fd
             try:
                 chunk = os.read(fd, 65536)
@@ -163,7 +163,9 @@ class Relay:
                 continue
             if not chunk:
                 sel.unregister(fd)
-                self._closed(fd, now)
+                # streams closed in one select: in the order the kernel saw them close (epoll's
+                # ready list is first come, first served), which a busy relay reads at once
+                self._closed(fd, now + order * 1e-9)
                 continue
             data = self.pending.pop(fd, b"") + chunk
             cut = data.rfind(b"\n") + 1
