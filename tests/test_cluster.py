@@ -20,6 +20,7 @@ every ending, 3D training with --check across 2 nodes, the launch on 2 nodes of 
 """
 
 import functools
+import glob
 import json
 import os
 import re
@@ -307,10 +308,11 @@ def _machine() -> dict:
 
 def _left_by(owner: int) -> list[str]:
     """What the job whose `minipar run` had pid `owner` left: namespaces (their links and
-    queues with them), its nodes' folder, its ranks' pipes. Other jobs' are not counted: they
-    may run beside this test. The folders by a pattern of this test's own (relay.py's
-    minipar-io-PID-*, the nodes' minipar-PID-JOB-files-*), not the sweep's."""
-    ours = re.compile(rf"^minipar-(io-)?{owner}-")
+    queues with them), its nodes' folder, its ranks' pipes, its Open MPI session folders. Other
+    jobs' are not counted: they may run beside this test. The folders by a pattern of this
+    test's own (relay.py's minipar-io-PID-*, mpiexec.py's minipar-mpi-PID-*, the nodes'
+    minipar-PID-JOB-files-*), not the sweep's."""
+    ours = re.compile(rf"^minipar-(io-|mpi-)?{owner}-")
     mine = [n for n in os.listdir(tempfile.gettempdir()) if ours.match(n)]
     return [n for n in namespaces() if n.startswith(f"minipar-{owner}-")] + mine
 
@@ -385,13 +387,40 @@ def test_nothing_is_left_behind():
     """The five endings at once, one job each on nodes of its own (mostly waiting: start-ups,
     signals, clean-ups; at once they take about what one takes alone), and none leaves
     anything, nor touches another job's."""
-    before = _machine()
+    before, sessions = _machine(), _sessions()
     with ThreadPoolExecutor(len(ENDINGS)) as pool:
         for _ in range(20 if EXTENDED else 1):
             owners = dict(zip(ENDINGS, pool.map(_named_ending, ENDINGS)))
             for kind, owner in owners.items():
                 assert _left_by(owner) == [], kind
     assert _machine() == before
+    left = _dead_sessions(_sessions() - sessions)
+    assert left == set(), f"Open MPI's session folders left in TMPDIR: {left}"
+
+
+def _sessions() -> set[str]:
+    """Open MPI's session folders in the temporary directory: ompi.PID of its launcher,
+    prted.PID of a daemon (each removes its own as it ends, unless it is killed)."""
+    tmp = tempfile.gettempdir()
+    return set(glob.glob(os.path.join(tmp, "ompi.*")) + glob.glob(os.path.join(tmp, "prted.*")))
+
+
+def _dead_sessions(found: set[str], wait: float = 10.0) -> set[str]:
+    """Those of `found` still there once their process is gone (waiting up to `wait` s for a
+    launcher that is still ending): what a killed node's or job's left. A live one's (a warm
+    job of the test pool beside this test) is not counted."""
+
+    def alive(path: str) -> bool:
+        try:
+            with open(f"/proc/{path.rsplit('.', 1)[1]}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except (OSError, IndexError):
+            return False
+
+    deadline = time.monotonic() + wait
+    while any(alive(p) for p in found) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return {p for p in found if os.path.exists(p) and not alive(p)}
 
 
 @emulation

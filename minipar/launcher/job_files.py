@@ -19,6 +19,10 @@ while it runs and removes it when it ends, unless it is killed (or the job abort
 random; a file of that kind written since the job began, owned by this user and held open by no
 process is a dead job's, and is removed (`dead_topology_files`).
 
+Open MPI's launcher and daemons keep session folders (ompi.PID, prted.PID), which a killed one
+leaves: minipar's launcher gives the job a folder of its own for them (mpiexec.session_folder),
+removed with the rest.
+
 `stale_segments()` is the sweep's (cluster/leftovers.py): MPICH segments of this user that no
 process maps or holds open any more, a minute old or more: what a SIGKILLed launcher's job
 left, found by the next `minipar doctor` or `minipar run --nodes`.
@@ -30,6 +34,7 @@ import ctypes
 import glob
 import os
 import re
+import shutil
 import socket
 import time
 
@@ -196,8 +201,10 @@ class JobFiles:
     """The files one job (mpiexec with pid `pid`, started at `began`) may leave behind.
     segments=False: its ranks had a /dev/shm of their own (emulated nodes, enter.py)."""
 
-    def __init__(self, pid: int, began: float, segments: bool = True, host: str | None = None):
+    def __init__(self, pid: int, began: float, segments: bool = True, host: str | None = None,
+                 session: str | None = None):  # fmt: skip
         self.pid, self.began, self.segments, self.host = pid, began, segments, host
+        self.session = session  # the job's folder for Open MPI's session folders, if any
 
     def left(self) -> list[str]:
         """What the job left that is still there: its segments, dead topology files."""
@@ -208,4 +215,8 @@ class JobFiles:
 
     def remove(self) -> list[str]:
         """Remove what the job left (once it has ended: its ranks are gone); the paths."""
-        return remove(self.left())
+        removed = remove(self.left())
+        if self.session and os.path.isdir(self.session):
+            shutil.rmtree(self.session, ignore_errors=True)
+            removed.append(self.session)
+        return removed

@@ -19,7 +19,7 @@ import time
 
 from minipar.comm.setup import mpisetup
 from minipar.cost.links import EMULATED_LINK_ENV
-from minipar.launcher import job_files, shm_leftovers, stop
+from minipar.launcher import job_files, own_folder, shm_leftovers, stop
 from minipar.launcher.cluster import mpi_args
 from minipar.launcher.relay import Relay, tag_from_env
 
@@ -69,6 +69,10 @@ def cores() -> int:
 
 
 ROOT_CONSENT = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
+# Open MPI's launcher and daemons (PRRTE) keep a session folder each in TMPDIR, ompi.PID and
+# prted.PID, removed as they end, not when they are killed (a node lost, a timeout): the job's
+# go in a folder of its own, which the launcher removes however the job ends (job_files)
+SESSION_BASE = "PRTE_MCA_prte_tmpdir_base"
 
 
 def is_root() -> bool:
@@ -158,11 +162,21 @@ def run(n: int, argv: list[str], timeout: float | None = None, capture: bool = F
     return run_relayed(cmd, env, relay, timeout, cluster)
 
 
+def session_folder(env: dict) -> str | None:
+    """For an Open MPI job: a new folder of the job's own for its session folders, named in
+    env (SESSION_BASE), which JobFiles removes when the job ends; None for MPICH's, or where
+    the caller named one."""
+    if SESSION_BASE in env or mpi_flavor() != "openmpi":
+        return None
+    env[SESSION_BASE] = folder = own_folder.make("mpi")
+    return folder
+
+
 def run_relayed(cmd, env, relay, timeout: float | None = None, cluster=None):
     """Run cmd (built with this relay), forwarding the ranks' whole lines as they come. However
     the job ends (SIGTERM, SIGHUP or Ctrl-C to this process included: Terminated or
     KeyboardInterrupt raised once it is stopped), what it left in /dev/shm and /tmp is removed."""
-    began = time.time()
+    began, session = time.time(), session_folder(env)
     with stop.signals_raise() as state:
         try:
             proc = subprocess.Popen(cmd, env=env, start_new_session=True,
@@ -170,7 +184,7 @@ def run_relayed(cmd, env, relay, timeout: float | None = None, cluster=None):
         except BaseException:
             relay.close()
             raise
-        files = job_files.JobFiles(proc.pid, began, segments=cluster is None)
+        files = job_files.JobFiles(proc.pid, began, segments=cluster is None, session=session)
         try:
             status = relay.pump(proc, timeout)
         finally:
@@ -188,12 +202,12 @@ def run_command(cmd, env, timeout: float | None = None, capture: bool = False, c
     """Run cmd in its own process group, so a timeout or Ctrl-C (SIGTERM, SIGHUP) kills every
     process it started; what the job left in /dev/shm and /tmp is removed however it ends."""
     kwargs = {"env": env, "start_new_session": True, "text": True}
-    began = time.time()
+    began, session = time.time(), session_folder(env)
     if capture:
         kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     with stop.signals_raise() as state:
         proc = subprocess.Popen(cmd, **kwargs)
-        files = job_files.JobFiles(proc.pid, began, segments=cluster is None)
+        files = job_files.JobFiles(proc.pid, began, segments=cluster is None, session=session)
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
