@@ -285,6 +285,7 @@ def say_coherence(page: Page, sizes: list[int]) -> None:
     )
 
 
+SUM_MIN_BYTES = 64 << 10  # a sum's rate is timed on this many bytes at least (reduce_gamma)
 PAIRS = 5  # alternated pairs a ratio is judged on (--quick; twice as many in the full lesson)
 MPICH_SHORT = 2048  # MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE: MPICH's all-reduce switches above it
 
@@ -354,8 +355,10 @@ def reduce_gamma(
     it back from there: at sizes that stay in cache that, not the add, is the step's time
     (measured here: 128 KiB in 3 us with the lines private, 32-33 us after the neighbour read
     them, while MPICH's slower scalar loop went from 10 to 14 us: docs/records/
-    2026-12-08-coherence.txt). With `private`, the same sum on lines no other core has seen."""
-    count = max(int(nbytes) // 4, 1)
+    2026-12-08-coherence.txt). With `private`, the same sum on lines no other core has seen.
+    A rate per byte: below SUM_MIN_BYTES the sum is timed at that size, as the roofline's
+    kernels are (a call on a few bytes is its Python, which a collective step's cost prices)."""
+    count = max(int(nbytes), SUM_MIN_BYTES) // 4
     mpi = getattr(page.comm, "mpi", None)
 
     def make():
@@ -371,7 +374,7 @@ def reduce_gamma(
             return op
         return op, lambda: mpi.Sendrecv(mine, right, 8, received, left, 8)  # as a ring step
 
-    return timed_once(page, ("sum", by, nbytes, private), make, reps) / (4 * count)
+    return timed_once(page, ("sum", by, 4 * count, private), make, reps) / (4 * count)
 
 
 def timed_once(page: Page, key, make, reps: int) -> float:
