@@ -687,11 +687,15 @@ def windows_against_mpi(page: Page, machine, x) -> None:
     for op in ops:
         op()  # warm up
     paired = page.alternate(*(partial(fastest, page, op, 3) for op in ops), 3)
+    start = page.snapshot()
     want = window_model(page, machine, n) / mpi_ring_model(page, machine, n)
+    share = page.cpu_since(start)  # the rates the model was priced at: did the run have its cores?
+    why = (f"the window model's rates were measured while the run did not get its cores: "
+           f"{share.describe()}") if share.busy else ""  # fmt: skip
     won = "won" if paired.ratio < 1 else "lost"
     page.say(f"Here the windows {won}: {paired.ratio:.2f}x MPI's time, pair by pair.")
     page.ratio_claim(f"all-reduce over windows / over MPI at {fmt_bytes(n)}", want, paired,
-                     f"ring@mpi of the same {fmt_bytes(n)}", C.BANDWIDTH_BOUND,
+                     f"ring@mpi of the same {fmt_bytes(n)}", C.BANDWIDTH_BOUND, causes=[why],
                      basis=f"window reads and MPI exchanges measured now; "
                            f"{machine.basis}")  # fmt: skip
 
