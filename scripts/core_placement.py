@@ -7,6 +7,7 @@ not a test). Run under minipar's launcher, once a placement:
                                                     # MPICH's cross-memory attach turned off
     python -m minipar run -n 4 scripts/core_placement.py --crossover # 4 ranks on 2 cores
     python -m minipar run -n 2 scripts/core_placement.py --coherence # sums after a peer read
+    python -m minipar run -n 2 scripts/core_placement.py --rings     # the ring's fast forms
 
 Rank 0 prints one line each: the one-way time of MPI ping-pongs (8 B to 16 MiB; touched
 buffers, the fastest of 20), a 16 MiB copy on rank 0 alone and on both ranks at once (shared
@@ -14,7 +15,9 @@ cache: they contend), numpy's and MPICH's float32 sums (MPI.SUM.Reduce_local), a
 --crossover recursive doubling against the ring on every rank; with --coherence a float32 sum
 into a buffer as a ring's reduce-scatter step finds it (the right neighbour has just read it
 with an MPI message: its lines sit in the other core's cache) against the same sum on private
-lines, numpy's and MPICH's, at sizes in and beyond the cache.
+lines, numpy's and MPICH's, at sizes in and beyond the cache; with --rings the ring all-reduce
+as routed (fast/scratch_sums.py up to 512 KiB chunks) against ring.py's own (ring@mpi) and
+MPI_Allreduce, and 64 floats as a torch tensor against a numpy array (medians of 200 calls).
 """
 
 import sys
@@ -86,6 +89,37 @@ def after_peer_read(n: int, by: str, peer_read: bool, reps: int = 40) -> float:
     return max(c.allgather(best))
 
 
+def median_call(op, reps=200) -> float:
+    op()
+    times = []
+    for _ in range(reps):
+        c.Barrier()
+        t0 = time.perf_counter()
+        op()
+        times.append(max(c.allgather(time.perf_counter() - t0)))
+    return float(np.median(times))
+
+
+if "--rings" in sys.argv:
+    import torch
+
+    for n in (256 << 10, 1 << 20, 2 << 20):
+        x = np.zeros(n // 4, np.float32)
+        t = {a: median_call(lambda a=a, x=x: minipar.all_reduce(x, algorithm=a))
+             for a in ("ring", "ring@mpi")}  # fmt: skip
+        t["MPI"] = median_call(lambda x=x: c.Allreduce(MPI.IN_PLACE, x))
+        if r == 0:
+            print(f"{n >> 10} KiB all-reduce, median: " + ", ".join(
+                f"{k} {v * 1e6:.0f} us" for k, v in t.items()), flush=True)  # fmt: skip
+    small = {"torch": torch.zeros(64), "numpy": np.zeros(64, np.float32)}
+    t = {
+        k: median_call(lambda v=v: minipar.all_reduce(v, algorithm="ring"))
+        for k, v in small.items()
+    }
+    if r == 0:
+        print(f"64 floats, ring: torch tensor {t['torch'] * 1e6:.1f} us, numpy array "
+              f"{t['numpy'] * 1e6:.1f} us", flush=True)  # fmt: skip
+    sys.exit(0)
 if "--coherence" in sys.argv:
     for n in (128 << 10, 512 << 10, 4 << 20):
         t = {(by, seen): after_peer_read(n, by, seen) for by in ("numpy", "mpi")

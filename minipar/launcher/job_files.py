@@ -215,8 +215,13 @@ class JobFiles:
 
     def remove(self) -> list[str]:
         """Remove what the job left (once it has ended: its ranks are gone); the paths."""
-        removed = remove(self.left())
-        if self.session and os.path.isdir(self.session):
-            shutil.rmtree(self.session, ignore_errors=True)
-            removed.append(self.session)
-        return removed
+        return remove(self.left()) + remove_session(self.session)
+
+
+def remove_session(folder: str | None) -> list[str]:
+    """Remove a job's folder for Open MPI's session folders (mpiexec.session_folder), if any;
+    [folder] when it was there."""
+    if not folder or not os.path.isdir(folder):
+        return []
+    shutil.rmtree(folder, ignore_errors=True)
+    return [folder]

@@ -183,6 +183,7 @@ def run_relayed(cmd, env, relay, timeout: float | None = None, cluster=None):
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
         except BaseException:
             relay.close()
+            job_files.remove_session(session)
             raise
         files = job_files.JobFiles(proc.pid, began, segments=cluster is None, session=session)
         try:
@@ -206,7 +207,11 @@ def run_command(cmd, env, timeout: float | None = None, capture: bool = False, c
     if capture:
         kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     with stop.signals_raise() as state:
-        proc = subprocess.Popen(cmd, **kwargs)
+        try:
+            proc = subprocess.Popen(cmd, **kwargs)
+        except BaseException:
+            job_files.remove_session(session)
+            raise
         files = job_files.JobFiles(proc.pid, began, segments=cluster is None, session=session)
         try:
             out, err = proc.communicate(timeout=timeout)

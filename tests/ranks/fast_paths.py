@@ -25,6 +25,7 @@ Inputs are random floats (so a different order of operations shows in the last b
 import contextlib
 import os
 import tempfile
+from functools import partial
 
 import numpy as np
 import torch
@@ -157,19 +158,25 @@ def _all_to_all(x, alg):
 
 
 @contextlib.contextmanager
-def counting_direct_steps():
-    """Count the steps that take fast/direct.py's exchange (call.py calls it by this name)."""
-    counted, real = [0], call_module.exchange
+def counting(module, name: str):
+    """Count the calls of module.name while the block runs (the code under test calls it by
+    that name: call.py the exchange, routing.py the ring's fast forms)."""
+    counted, real = [0], getattr(module, name)
 
-    def exchange(*args, **kwargs):
+    def counter(*args, **kwargs):
         counted[0] += 1
         return real(*args, **kwargs)
 
-    call_module.exchange = exchange
+    setattr(module, name, counter)
     try:
         yield counted
     finally:
-        call_module.exchange = real
+        setattr(module, name, real)
+
+
+def counting_direct_steps():
+    """Count the steps that take fast/direct.py's exchange."""
+    return counting(call_module, "exchange")
 
 
 def direct_case():
@@ -284,19 +291,48 @@ def windows_case():
 
 @contextlib.contextmanager
 def counting_pieced_rings(piece_bytes: int):
-    """Count the ring all-reduces that ran on fast/pieces.py (routing takes it by this name), its
-    pieces shrunk to piece_bytes so that a small buffer spans many of them."""
-    counted, real, size = [0], pieces.all_reduce_ring_pieces, pieces.PIECE_BYTES
-
-    def pieced(*args):
-        counted[0] += 1
-        return real(*args)
-
-    pieces.all_reduce_ring_pieces, pieces.PIECE_BYTES = pieced, piece_bytes
+    """Count the ring all-reduces that ran on fast/pieces.py, its pieces shrunk to piece_bytes so
+    that a small buffer spans many of them."""
+    size, pieces.PIECE_BYTES = pieces.PIECE_BYTES, piece_bytes
     try:
-        yield counted
+        with counting(pieces, "all_reduce_ring_pieces") as counted:
+            yield counted
     finally:
-        pieces.all_reduce_ring_pieces, pieces.PIECE_BYTES = real, size
+        pieces.PIECE_BYTES = size
+
+
+def ring_on_and_off(counter, n: int, seed: int, cases):
+    """(dtype, op, result on, result off, runs counted on, runs counted off) of a ring all-reduce
+    of n elements, the fast paths on then off, for each (dtype, ops) in cases; `counter()`
+    counts the fast form's runs."""
+    for dtype, ops in cases:
+        for op in ops:
+            got = []
+            for on in (True, False):
+                with fast_paths(on), counter() as counted:
+                    x = data(n, dtype, seed)
+                    minipar.all_reduce(x, op=op, algorithm="ring")
+                    got.append((x, counted[0]))
+            (on_out, on_count), (off_out, off_count) = got
+            yield dtype, op, on_out, off_out, on_count, off_count
+
+
+def ring_not_taken(counter, n: int, seed: int, counts=()) -> int:
+    """How many times the fast form `counter()` counts ran for a ring all-reduce of n elements
+    under a trace (which records the ring's own messages), in the student edition (the
+    student's ring runs), and of each element count in `counts`."""
+    with counter() as counted:
+        with minipar.trace():
+            minipar.all_reduce(data(n, np.float32, seed), algorithm="ring")
+        real = pieces.ring_is_minipars
+        pieces.ring_is_minipars = lambda: False
+        try:
+            minipar.all_reduce(data(n, np.float32, seed), algorithm="ring")
+        finally:
+            pieces.ring_is_minipars = real
+        for count in counts:
+            minipar.all_reduce(data(count, np.float32, seed), algorithm="ring")
+    return counted[0]
 
 
 def pieces_case():
@@ -304,84 +340,38 @@ def pieces_case():
     p, r = w.size, w.rank
     n = p * (cost.SHM_MIN_BYTES // 4 + 3) + 1  # uneven chunks, above the windows' smallest size
     piece = 4 * 1000  # 1000 elements of float32: a chunk's last piece is short
-    for dtype, ops in ((np.float32, FAST_OPS), (np.float64, ["sum", "min"]), (np.int32, ["sum"])):
-        for op in ops:
-            got = []
-            for on in (True, False):
-                with (
-                    fast_paths(on),
-                    counting_pieced_rings(piece * np.dtype(dtype).itemsize // 4) as counted,
-                ):
-                    x = data(n, dtype, 11 * r + 2)
-                    minipar.all_reduce(x, op=op, algorithm="ring")
-                    got.append((x, counted[0]))
-            (on_out, on_count), (off_out, off_count) = got
+    cases = ((np.float32, FAST_OPS), (np.float64, ["sum", "min"]), (np.int32, ["sum"]))
+    for dtype, ops in cases:
+        counter = partial(counting_pieced_rings, piece * np.dtype(dtype).itemsize // 4)
+        runs = ring_on_and_off(counter, n, 11 * r + 2, [(dtype, ops)])
+        for _, op, on_out, off_out, on_count, off_count in runs:
             what = f"pieced ring all_reduce {np.dtype(dtype)} {op} on {p} ranks"
             same_bits(on_out, off_out, what)
             same_bits(on_out, w.allgather_object(on_out)[0], f"{what}: rank 0's bits")
             assert on_count == (p > 1) and off_count == 0, (what, on_count, off_count)
-    with counting_pieced_rings(piece) as counted:
-        with minipar.trace():  # a trace records the ring's own messages: the plain ring runs
-            minipar.all_reduce(data(n, np.float32, r), algorithm="ring")
-        real = pieces.ring_is_minipars
-        pieces.ring_is_minipars = lambda: False  # the student edition: the student's ring runs
-        try:
-            minipar.all_reduce(data(n, np.float32, r), algorithm="ring")
-        finally:
-            pieces.ring_is_minipars = real
-    assert counted[0] == 0, f"the pieced ring ran {counted[0]} times under a trace or a hand-out"
-
-
-@contextlib.contextmanager
-def counting_scratch_rings():
-    """Count the ring all-reduces that ran on fast/scratch_sums.py (routing takes it by name)."""
-    counted, real = [0], scratch_sums.all_reduce_ring_scratch
-
-    def scratch(*args):
-        counted[0] += 1
-        return real(*args)
-
-    scratch_sums.all_reduce_ring_scratch = scratch
-    try:
-        yield counted
-    finally:
-        scratch_sums.all_reduce_ring_scratch = real
+    ran = ring_not_taken(partial(counting_pieced_rings, piece), n, r)
+    assert ran == 0, f"the pieced ring ran {ran} times under a trace or a hand-out"
 
 
 def scratch_sums_case():
     w = world()
     p, r = w.size, w.rank
     n = p * (cost.SHM_MIN_BYTES // 4 + 3) + 1  # uneven chunks, above the routed smallest size
-    for dtype, ops in ((np.float32, FAST_OPS), (np.float64, ["sum", "min"]), (np.int32, ["sum"])):
-        for op in ops:
-            got = []
-            for on in (True, False):
-                with fast_paths(on), counting_scratch_rings() as counted:
-                    x = data(n, dtype, 13 * r + 5)
-                    minipar.all_reduce(x, op=op, algorithm="ring")
-                    got.append((x, counted[0]))
-            (on_out, on_count), (off_out, off_count) = got
-            what = f"scratch-sums ring all_reduce {np.dtype(dtype)} {op} on {p} ranks"
-            expected = _reference(n, dtype, op, p, lambda q: 13 * q + 5)
-            close = np.allclose(on_out, expected, rtol=1e-5, atol=1e-5)
-            assert close, f"{what}: not the reduction of the inputs"
-            same_bits(on_out, off_out, what)
-            same_bits(on_out, w.allgather_object(on_out)[0], f"{what}: rank 0's bits")
-            assert on_count == (p > 1) and off_count == 0, (what, on_count, off_count)
-    with counting_scratch_rings() as counted:
-        with minipar.trace():  # a trace records the ring's own messages: the plain ring runs
-            minipar.all_reduce(data(n, np.float32, r), algorithm="ring")
-        real = pieces.ring_is_minipars
-        pieces.ring_is_minipars = lambda: False  # the student edition: the student's ring runs
-        try:
-            minipar.all_reduce(data(n, np.float32, r), algorithm="ring")
-        finally:
-            pieces.ring_is_minipars = real
-        small = cost.SHM_MIN_BYTES // 4 - 1  # under the smallest size routing considers
-        large = p * (scratch_sums.CACHED_BYTES // 4 + 1)  # over it
-        for count in (small, large):
-            minipar.all_reduce(data(count, np.float32, r), algorithm="ring")
-    assert counted[0] == 0, f"the scratch-sums ring ran {counted[0]} times out of its place"
+    counter = partial(counting, scratch_sums, "all_reduce_ring_scratch")
+    cases = ((np.float32, FAST_OPS), (np.float64, ["sum", "min"]), (np.int32, ["sum"]))
+    runs = ring_on_and_off(counter, n, 13 * r + 5, cases)
+    for dtype, op, on_out, off_out, on_count, off_count in runs:
+        what = f"scratch-sums ring all_reduce {np.dtype(dtype)} {op} on {p} ranks"
+        expected = _reference(n, dtype, op, p, lambda q: 13 * q + 5)
+        close = np.allclose(on_out, expected, rtol=1e-5, atol=1e-5)
+        assert close, f"{what}: not the reduction of the inputs"
+        same_bits(on_out, off_out, what)
+        same_bits(on_out, w.allgather_object(on_out)[0], f"{what}: rank 0's bits")
+        assert on_count == (p > 1) and off_count == 0, (what, on_count, off_count)
+    small = cost.SHM_MIN_BYTES // 4 - 1  # under the smallest size routing considers
+    large = p * (scratch_sums.CACHED_BYTES // 4 + 1)  # over it
+    ran = ring_not_taken(counter, n, r, (small, large))
+    assert ran == 0, f"the scratch-sums ring ran {ran} times out of its place"
 
 
 def _reference(n, dtype, op, p, seed_of):

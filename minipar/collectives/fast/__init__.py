@@ -40,9 +40,8 @@ def all_reduce(comm, tensor, op, algorithm) -> bool:
 def numpy_view(comm, x, op):
     """x's memory as a numpy array for an all-reduce over MPI when x is a CPU torch tensor: the
     steps then take direct.py's requests (numpy buffers only), where a torch tensor's steps pay
-    minipar's Request objects and views (about 60 us a call here: 86 us against 27 for 64
-    floats). Only where numpy's kernels give torch's bits (lean.EXACT_OPS) and nothing records
-    the call; x itself otherwise."""
+    minipar's Request objects and views. Only where numpy's kernels give torch's bits
+    (lean.EXACT_OPS) and nothing records the call; x itself otherwise."""
     if type(x) is np.ndarray or not process.fast_paths or process.traces or comm.backend != "mpi":
         return x
     view = lean._torch_view(x, op)

@@ -18,9 +18,9 @@ two scratch chunks. Every element is reduced as ring.py reduces it (x_c op recei
 the same rank at the same step), so the bits are the ring's. Taken (fast/routing.py) where
 pieces.py is, for a ring of 64 KiB or more whose chunks are CACHED_BYTES or less; never in the
 student edition.
-Measured against ring.py's order in bare mpi4py on 2 ranks (medians): 256 KiB 75 -> 50 us,
-1 MiB 228 -> 165 us (MPI_Allreduce 42 and 184 us); 2 MiB 302 -> 361 us: the copy back costs
-more than it saves once a chunk leaves the cache.
+Measured on 2 ranks against ring.py's own (ring@mpi), medians (docs/records/2026-12-08-
+coherence.txt, scripts/core_placement.py --rings): 256 KiB 75-76 against 91-98 us, 1 MiB
+207-227 against 258 us; at 2 MiB (chunks of 1 MiB, not taken) the two are alike, 363-400 us.
 """
 
 from __future__ import annotations

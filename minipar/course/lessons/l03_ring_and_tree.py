@@ -262,7 +262,7 @@ def crossover_section(page: Page) -> None:
     p, group = timed_ranks(page)
     pair = ("recursive_doubling", "ring")
     n_star = crossover(*pair, p, link)
-    timed = {"ring": "ring@mpi"}  # the ring as ring.py writes it: no fast path (fast/__init__.py)
+    timed = ("recursive_doubling", "ring@mpi")  # the ring as ring.py writes it: no fast path
     page.prediction(f"where the ring starts to beat recursive doubling ({link.name})")
     page.say(f"[dim]{machine.basis}[/]")
     page.say(
@@ -282,10 +282,7 @@ def crossover_section(page: Page) -> None:
     for nbytes in sizes:
         reps = 20 if nbytes <= 64 << 10 else 3
         paired = page.alternate(
-            *(
-                partial(time_all_reduce, page, timed.get(a, a), nbytes, reps, 2, group)
-                for a in pair
-            ),
+            *(partial(time_all_reduce, page, a, nbytes, reps, 2, group) for a in timed),
             3 if page.quick else 5,
         )
         times = paired.seconds

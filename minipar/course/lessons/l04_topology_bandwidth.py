@@ -448,8 +448,7 @@ def fit_section(page: Page, fits, machine, inter=None) -> None:
     p = page.size
     # the reduction's share priced apart, (p-1)/p n bytes at numpy's rate on the ring's chunk,
     # on private lines: what taking back lines a neighbour read costs the sum varies from run to
-    # run here (a 256 KiB ring took 60 us in some runs, 80-90 in others, against 32-40 us for
-    # that sum alone), and subtracted whole it left some fits no bytes to fit
+    # run on this host, and subtracted whole it left some runs' fits no bytes to fit
     sizes = [s * p / (2 * (p - 1)) for _, s, _ in fits]  # n, from the bytes each rank sent
     rest = [
         t - (p - 1) / p * n * reduce_gamma(page, n / p, private=True)
